@@ -1,0 +1,48 @@
+"""Storage implementations of stello-graph (import as `stello_graph.checkpoints`).
+
+* `SqliteMainStorage` - the reference `MainStorage`, in a SQLite file shared safely by
+  threads, asyncio tasks and processes.
+* `InMemoryMainStorage` - the same semantics in plain Python objects, for tests.
+* `open_sqlite(path)` - the storage and a LangGraph checkpointer (`StelloSqliteSaver`) on the
+  same SQLite file. These names load LangGraph, so they are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from stello_graph.checkpoints.memory import InMemoryMainStorage
+from stello_graph.checkpoints.sqlite import SqliteMainStorage
+
+if TYPE_CHECKING:
+    from stello_graph.checkpoints.saver import StelloSqliteSaver, open_sqlite, sqlite_saver
+
+_LAZY = {
+    "StelloSqliteSaver": "stello_graph.checkpoints.saver",
+    "open_sqlite": "stello_graph.checkpoints.saver",
+    "sqlite_saver": "stello_graph.checkpoints.saver",
+}
+
+__all__ = [
+    # storages
+    "InMemoryMainStorage",
+    "SqliteMainStorage",
+    # LangGraph checkpointers on the same file
+    "StelloSqliteSaver",
+    "open_sqlite",
+    "sqlite_saver",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stello_graph.checkpoints' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,176 @@
+"""The SQLite schema of `SqliteMainStorage` and its migrations.
+
+Every table is prefixed `stello_` (the file is often shared with a LangGraph checkpointer and
+the application's own tables) and scoped by `tree_id`. The applied migrations are listed in
+`stello_schema` (one row per version); `MIGRATIONS[n - 1]` brings a database from version
+`n - 1` to `n`. To change the schema, append a migration: never edit one that was released.
+
+Tables (version 1):
+
+* `stello_sessions` - one row per session: meta, system prompt, insight, memory (L2 or
+  synthesis) and its cursor, the user-turn count, `created_seq` (creation order within the
+  tree) and `next_seq` (the seq of the next record, so seqs are never reused after a trim).
+* `stello_records` - L3, one row per message, keyed by `(tree_id, session_id, seq)`.
+* `stello_nodes` - the topology; `position` is the creation order within the tree.
+* `stello_globals` - the tree's key-value store (JSON values).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from sqlite_utils import Database
+from sqlite_utils.db import ForeignKey
+
+from stello_graph.errors import SchemaVersionError
+from stello_graph.models import utcnow
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_version", "migrate", "read_version"]
+
+SESSIONS = "stello_sessions"
+RECORDS = "stello_records"
+NODES = "stello_nodes"
+GLOBALS = "stello_globals"
+SCHEMA = "stello_schema"
+
+Migration = Callable[[Database], None]
+"""Changes the schema through a `sqlite_utils.Database`, inside the migration transaction."""
+
+
+def _compound_fk(table: str, columns: tuple[str, str], other: str, on_delete: str) -> ForeignKey:
+    return ForeignKey(
+        table,
+        None,
+        other,
+        None,
+        columns=columns,
+        other_columns=("tree_id", "id"),
+        is_compound=True,
+        on_delete=on_delete,
+    )
+
+
+def _v1_initial(db: Database) -> None:
+    db.table(SESSIONS).create(
+        {
+            "tree_id": str,
+            "id": str,
+            "label": str,
+            "role": str,
+            "status": str,
+            "tags": str,
+            "metadata": str,
+            "created_at": str,
+            "updated_at": str,
+            "created_seq": int,
+            "system_prompt": str,
+            "insight": str,
+            "memory": str,
+            "memory_through": int,
+            "turn_count": int,
+            "next_seq": int,
+        },
+        pk=("tree_id", "id"),
+        not_null={
+            *("tree_id", "id", "label", "role", "status", "tags", "metadata"),
+            *("created_at", "updated_at", "created_seq"),
+            *("memory_through", "turn_count", "next_seq"),
+        },
+        defaults={
+            "tags": "[]",
+            "metadata": "{}",
+            "memory_through": 0,
+            "turn_count": 0,
+            "next_seq": 0,
+        },
+    )
+    sessions = db.table(SESSIONS)
+    sessions.create_index(["tree_id", "created_seq"], "stello_sessions_order", unique=True)
+    # get_all_session_l2s / list_sessions(role=, status=): one range scan, already ordered.
+    sessions.create_index(["tree_id", "role", "status", "created_seq"], "stello_sessions_by_kind")
+    db.table(RECORDS).create(
+        {
+            "tree_id": str,
+            "session_id": str,
+            "seq": int,
+            "type": str,
+            "data": str,
+            "created_at": str,
+        },
+        pk=("tree_id", "session_id", "seq"),
+        not_null={"tree_id", "session_id", "seq", "type", "data", "created_at"},
+        foreign_keys=[_compound_fk(RECORDS, ("tree_id", "session_id"), SESSIONS, "CASCADE")],
+    )
+    db.table(NODES).create(
+        {"tree_id": str, "id": str, "parent_id": str, "label": str, "position": int},
+        pk=("tree_id", "id"),
+        not_null={"tree_id", "id", "label", "position"},
+        foreign_keys=[
+            _compound_fk(NODES, ("tree_id", "id"), SESSIONS, "CASCADE"),
+            _compound_fk(NODES, ("tree_id", "parent_id"), NODES, "NO ACTION"),
+        ],
+    )
+    db.table(NODES).create_index(["tree_id", "parent_id", "position"], "stello_nodes_children")
+    db.table(NODES).create_index(["tree_id", "position"], "stello_nodes_order", unique=True)
+    db.table(GLOBALS).create(
+        {"tree_id": str, "key": str, "value": str},
+        pk=("tree_id", "key"),
+        not_null={"tree_id", "key", "value"},
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_initial,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def read_version(conn: sqlite3.Connection) -> int:
+    """The schema version of the database (0 for a database stello never wrote)."""
+    found = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (SCHEMA,)
+    ).fetchone()
+    if found is None:
+        return 0
+    version: int = conn.execute(f"SELECT COALESCE(MAX(version), 0) FROM {SCHEMA}").fetchone()[0]
+    return version
+
+
+def check_version(version: int, where: str) -> None:
+    """Refuse a database written by a newer stello-graph.
+
+    Raises:
+        SchemaVersionError: `version` is newer than `SCHEMA_VERSION`.
+    """
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"The database {where} has stello schema version {version}, but this version of "
+            f"stello-graph only knows versions up to {SCHEMA_VERSION}: upgrade stello-graph."
+        )
+
+
+def migrate(conn: sqlite3.Connection, where: str, *, begin: Callable[[], object]) -> int:
+    """Apply the missing migrations in one transaction; return the version reached.
+
+    `begin` opens the write transaction (`BEGIN IMMEDIATE`, retried when busy); the version is
+    read again inside it, since another process may have migrated the file meanwhile.
+    """
+    if read_version(conn) == SCHEMA_VERSION:
+        return SCHEMA_VERSION
+    begin()
+    try:
+        version = read_version(conn)
+        check_version(version, where)
+        db = Database(conn, recursive_triggers=False, execute_plugins=False)
+        db.table(SCHEMA).create({"version": int, "applied_at": str}, pk="version", ignore=True)
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            MIGRATIONS[target - 1](db)
+            conn.execute(
+                f"INSERT INTO {SCHEMA} (version, applied_at) VALUES (?, ?)",
+                (target, utcnow().isoformat()),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return SCHEMA_VERSION

@@ -1,0 +1,136 @@
+"""How stored values are encoded: LangChain messages, session meta, JSON values, datetimes.
+
+Both backends go through these functions, so a value read back from the in-memory storage is
+exactly what the SQLite storage would have returned (JSON turns tuples into lists and dict
+keys into strings; naive datetimes are taken as UTC).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+    message_to_dict,
+    messages_from_dict,
+)
+
+from stello_graph.errors import InvalidInputError
+from stello_graph.models import SessionMeta
+
+__all__ = [
+    "EncodedMessage",
+    "MetaRow",
+    "decode_message",
+    "dumps",
+    "encode_message",
+    "from_iso",
+    "message_role",
+    "meta_to_row",
+    "row_to_meta",
+    "to_iso",
+]
+
+EncodedMessage = tuple[str, str]
+"""`(role, json)` of one L3 record, as stored."""
+
+MetaRow = tuple[str, str, str, str, str, str, str, str]
+"""`(id, label, role, status, tags, metadata, created_at, updated_at)` of a session."""
+
+
+def dumps(value: Any, *, what: str) -> str:
+    """`value` as compact JSON text that SQLite can store.
+
+    Raises:
+        InvalidInputError: `value` is not JSON-serialisable or holds a lone surrogate.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{what} must be JSON-serialisable: {exc}") from exc
+    return check_encodable(text, what=what)
+
+
+def check_encodable(text: str, *, what: str) -> str:
+    """`text` unchanged, once it is known to encode as UTF-8 (no lone surrogates)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInputError(f"{what} holds text that is not valid unicode: {exc}") from exc
+    return text
+
+
+def message_role(message: BaseMessage) -> str:
+    """The role a record is filtered by: `human`, `ai`, `tool`, `system` (chunks included)."""
+    for cls, role in _ROLE_OF_CLASS:
+        if isinstance(message, cls):
+            return role
+    return message.type
+
+
+_ROLE_OF_CLASS: tuple[tuple[type[BaseMessage], str], ...] = (
+    (HumanMessage, "human"),
+    (AIMessage, "ai"),
+    (ToolMessage, "tool"),
+    (SystemMessage, "system"),
+)
+
+
+def encode_message(message: BaseMessage) -> EncodedMessage:
+    """One message as `(role, json)`; the JSON is `message_to_dict`'s."""
+    return message_role(message), dumps(message_to_dict(message), what="A message")
+
+
+def decode_message(data: str) -> BaseMessage:
+    """The message stored as `data` by `encode_message`."""
+    return messages_from_dict([json.loads(data)])[0]
+
+
+def to_iso(value: datetime) -> str:
+    """ISO-8601 text in UTC; a naive datetime is taken to be UTC already."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat()
+
+
+def from_iso(text: str) -> datetime:
+    """The timezone-aware datetime written by `to_iso`."""
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def meta_to_row(meta: SessionMeta) -> MetaRow:
+    """The columns of a session's meta, validated for storage."""
+    return (
+        meta.id,
+        check_encodable(meta.label, what="The session label"),
+        meta.role,
+        meta.status,
+        dumps(list(meta.tags), what="The session tags"),
+        dumps(meta.metadata, what="The session metadata"),
+        to_iso(meta.created_at),
+        to_iso(meta.updated_at),
+    )
+
+
+def row_to_meta(row: Sequence[Any]) -> SessionMeta:
+    """The `SessionMeta` stored as `row` (see `MetaRow`)."""
+    sid, label, role, status, tags, metadata, created_at, updated_at = row
+    return SessionMeta(
+        id=sid,
+        label=label,
+        role=role,
+        status=status,
+        tags=tuple(json.loads(tags)),
+        metadata=json.loads(metadata),
+        created_at=from_iso(created_at),
+        updated_at=from_iso(updated_at),
+    )

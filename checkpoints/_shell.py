@@ -1,0 +1,498 @@
+"""The part of a `MainStorage` that does not depend on where the data lives.
+
+`StorageShell` implements every method of the `MainStorage` protocol, sync and async, once:
+it validates arguments (so both backends refuse the same inputs with the same errors), runs
+the backend's primitive operations (`_op_*`) under the lock of `Transactions`, and composes
+them (topology checks, paging, compare-and-clear, ...). A backend implements only the
+`_op_*` methods and the `TransactionHooks`; they are always called with the lock held, with
+arguments already validated, and a write is always inside a transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    MetaRow,
+    dumps,
+    message_role,
+    meta_to_row,
+)
+from stello_graph.checkpoints._txn import TransactionHooks, Transactions
+from stello_graph.checkpoints._validate import (
+    append_args,
+    check_identifier,
+    check_meta,
+    check_node,
+    check_non_negative,
+    check_optional_text,
+    check_text,
+    memory_args,
+    page_args,
+    session_filter_args,
+)
+from stello_graph.errors import (
+    NodeHasChildrenError,
+    NodeNotFoundError,
+    SessionNotFoundError,
+    TopologyCycleError,
+)
+from stello_graph.models import ChildL2, SessionMeta, SessionRole, SessionStatus, TopologyNode
+
+__all__ = ["FIELDS", "StorageShell", "tree_order"]
+
+FIELDS = frozenset({"system_prompt", "insight", "memory", "memory_through", "turn_count"})
+"""Per-session values read and written through `_op_get_fields` / `_op_set_fields`."""
+
+
+class StorageShell(ABC):
+    """Validation, locking and composition shared by the storage backends."""
+
+    def __init__(self, tree_id: str, hooks: TransactionHooks) -> None:
+        self._tree_id = check_identifier(tree_id, "tree_id")
+        self._txn = Transactions(hooks)
+
+    @property
+    def tree_id(self) -> str:
+        """The tree this storage is bound to."""
+        return self._tree_id
+
+    # -- backend primitives ---------------------------------------------------------------
+    @abstractmethod
+    def _op_session_exists(self, session_id: str) -> bool: ...
+    @abstractmethod
+    def _op_get_session(self, session_id: str) -> SessionMeta | None: ...
+    @abstractmethod
+    def _op_put_session(self, row: MetaRow) -> None:
+        """Insert or replace the meta; keep the rest; relabel the session's node."""
+
+    @abstractmethod
+    def _op_list_sessions(
+        self, status: SessionStatus | None, role: SessionRole | None
+    ) -> list[SessionMeta]: ...
+    @abstractmethod
+    def _op_append(
+        self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
+    ) -> int: ...
+    @abstractmethod
+    def _op_records(self, session_id: str) -> Sequence[BaseMessage]:
+        """Every record in order; the sequence may be shared and must not be mutated."""
+
+    @abstractmethod
+    def _op_count(self, session_id: str) -> int: ...
+    @abstractmethod
+    def _op_drop_oldest(self, session_id: str, count: int) -> None: ...
+    @abstractmethod
+    def _op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
+        """The named `FIELDS` of the session, or `None` when it does not exist."""
+
+    @abstractmethod
+    def _op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
+        """Set `FIELDS`; raise `SessionNotFoundError` when the session does not exist."""
+
+    @abstractmethod
+    def _op_l2s(self) -> list[ChildL2]: ...
+    @abstractmethod
+    def _op_get_node(self, node_id: str) -> TopologyNode | None: ...
+    @abstractmethod
+    def _op_put_node(self, node: TopologyNode) -> None:
+        """Insert (at the end of the creation order) or update parent and label."""
+
+    @abstractmethod
+    def _op_children(self, parent_id: str) -> list[TopologyNode]: ...
+    @abstractmethod
+    def _op_all_nodes(self) -> list[TopologyNode]:
+        """Every node, in creation order."""
+
+    @abstractmethod
+    def _op_delete_sessions(self, session_ids: list[str]) -> None:
+        """Delete the sessions with all their data and nodes (children come first)."""
+
+    @abstractmethod
+    def _op_get_global(self, key: str) -> str | None: ...
+    @abstractmethod
+    def _op_put_global(self, key: str, value: str) -> None: ...
+
+    # -- transactions ---------------------------------------------------------------------
+    def transaction(self) -> AbstractContextManager[None]:
+        """A re-entrant context in which every write is atomic.
+
+        The outermost `transaction()` takes the storage's lock until it ends (other threads
+        and tasks wait); nested ones are savepoints: an exception leaving a nested block
+        undoes that block only. Nested blocks must not run concurrently (in gathered tasks)
+        inside one transaction.
+        """
+        return self._txn.transaction()
+
+    def atransaction(self) -> AbstractAsyncContextManager[None]:
+        """The async twin of `transaction()`; waiting for the lock never blocks the loop."""
+        return self._txn.atransaction()
+
+    # -- meta -----------------------------------------------------------------------------
+    def get_session(self, session_id: str) -> SessionMeta | None:
+        """The session's meta, or `None`."""
+        return self._txn.read(self._op_get_session, check_identifier(session_id))
+
+    def put_session(self, meta: SessionMeta) -> None:
+        """Insert or replace the meta (keeping records, memory, ...) and relabel its node."""
+        self._txn.write(self._op_put_session, meta_to_row(check_meta(meta)))
+
+    def list_sessions(
+        self,
+        *,
+        status: SessionStatus | None = None,
+        role: SessionRole | None = None,
+        tags: Sequence[str] = (),
+    ) -> list[SessionMeta]:
+        """Sessions in creation order, with the status, the role and all the `tags` given."""
+        return self._txn.read(self._list_sessions, *session_filter_args(status, role, tags))
+
+    def get_main_session(self) -> SessionMeta | None:
+        """The first-created session with role `main`, or `None`."""
+        return self._txn.read(self._main_session)
+
+    def get_all_session_l2s(self) -> list[ChildL2]:
+        """The L2 of every active standard session that has one, in creation order."""
+        return self._txn.read(self._op_l2s)
+
+    # -- L3 records -----------------------------------------------------------------------
+    def append_records(
+        self, session_id: str, messages: Sequence[BaseMessage], *, user_turn: bool = False
+    ) -> int:
+        """Append messages atomically (and with `user_turn` count a turn); return the count."""
+        args = append_args(session_id, messages, user_turn)
+        return self._txn.write(self._op_append, *args)
+
+    def list_records(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        role: str | None = None,
+    ) -> list[BaseMessage]:
+        """Records in append order; `role` filters first, then `offset` / `limit` page."""
+        args = page_args(session_id, limit, offset, role)
+        return self._txn.read(self._list_records, *args)
+
+    def count_records(self, session_id: str) -> int:
+        """The number of L3 records (0 for a missing session)."""
+        return self._txn.read(self._op_count, check_identifier(session_id))
+
+    def get_turn_count(self, session_id: str) -> int:
+        """User turns committed with `append_records(..., user_turn=True)`."""
+        return self._txn.read(self._number, check_identifier(session_id), "turn_count")
+
+    def trim_records(self, session_id: str, keep_last: int) -> int:
+        """Drop all but the newest `keep_last` records; move the L2 cursor back as much."""
+        sid, keep = check_identifier(session_id), check_non_negative(keep_last, "keep_last")
+        return self._txn.write(self._trim, sid, keep)
+
+    # -- system prompt, insight, memory ---------------------------------------------------
+    def get_system_prompt(self, session_id: str) -> str | None:
+        """The system prompt, or `None`."""
+        return self._txn.read(self._text, check_identifier(session_id), "system_prompt")
+
+    def put_system_prompt(self, session_id: str, prompt: str | None) -> None:
+        """Set the system prompt; `None` removes it."""
+        values = {"system_prompt": check_optional_text(prompt, "prompt")}
+        self._txn.write(self._op_set_fields, check_identifier(session_id), values)
+
+    def get_insight(self, session_id: str) -> str | None:
+        """The pending insight, read without consuming it."""
+        return self._txn.read(self._text, check_identifier(session_id), "insight")
+
+    def put_insight(self, session_id: str, insight: str) -> None:
+        """Replace the pending insight."""
+        values = {"insight": check_text(insight, "insight")}
+        self._txn.write(self._op_set_fields, check_identifier(session_id), values)
+
+    def clear_insight(self, session_id: str, *, expected: str | None = None) -> bool:
+        """Remove the insight (only if it is still `expected`, when given); `True` if removed."""
+        args = check_identifier(session_id), check_optional_text(expected, "expected")
+        return self._txn.write(self._clear_insight, *args)
+
+    def get_memory(self, session_id: str) -> str | None:
+        """The L2 (the synthesis, for the main session), or `None`."""
+        return self._txn.read(self._text, check_identifier(session_id), "memory")
+
+    def put_memory(self, session_id: str, memory: str, *, through: int | None = None) -> None:
+        """Replace the memory; `through` (records covered) is kept when `None`."""
+        sid, values = memory_args(session_id, memory, through)
+        self._txn.write(self._op_set_fields, sid, values)
+
+    def get_memory_through(self, session_id: str) -> int:
+        """How many records, from the first, the memory covers (0 if none)."""
+        return self._txn.read(self._number, check_identifier(session_id), "memory_through")
+
+    # -- topology -------------------------------------------------------------------------
+    def put_node(self, node: TopologyNode) -> None:
+        """Insert, move or relabel a node; a moved node keeps its place in creation order."""
+        self._txn.write(self._put_node, check_node(node))
+
+    def get_node(self, node_id: str) -> TopologyNode | None:
+        """The node, or `None`."""
+        return self._txn.read(self._op_get_node, check_identifier(node_id, "node_id"))
+
+    def get_children(self, parent_id: str) -> list[TopologyNode]:
+        """Direct children, in creation order."""
+        return self._txn.read(self._op_children, check_identifier(parent_id, "parent_id"))
+
+    def get_ancestors(self, node_id: str) -> list[TopologyNode]:
+        """Parent, grandparent, ... up to the root (nearest first)."""
+        return self._txn.read(self._ancestors, check_identifier(node_id, "node_id"))
+
+    def get_tree(self) -> list[TopologyNode]:
+        """Every node in depth-first pre-order: a parent, then each child's subtree in turn,
+        siblings in creation order (the order in which a tree view lists them)."""
+        return tree_order(self._txn.read(self._op_all_nodes))
+
+    def remove_node(self, node_id: str, *, cascade: bool = False) -> list[str]:
+        """Remove a node (and with `cascade` its subtree) together with its sessions' data.
+
+        Returns the removed ids, the node first, then its descendants breadth-first.
+
+        Raises:
+            NodeNotFoundError: there is no such node.
+            NodeHasChildrenError: the node has children and `cascade` is false.
+        """
+        nid = check_identifier(node_id, "node_id")
+        return self._txn.write(self._remove_node, nid, bool(cascade))
+
+    # -- global key-value -----------------------------------------------------------------
+    def get_global(self, key: str) -> Any:
+        """The JSON value stored under `key`, or `None`."""
+        return _loads(self._txn.read(self._op_get_global, check_identifier(key, "key")))
+
+    def put_global(self, key: str, value: Any) -> None:
+        """Store a JSON-serialisable value under `key` (replacing any previous one)."""
+        text = dumps(value, what="A global value")
+        self._txn.write(self._op_put_global, check_identifier(key, "key"), text)
+
+    # -- async twins ----------------------------------------------------------------------
+    async def aget_session(self, session_id: str) -> SessionMeta | None:
+        return await self._txn.aread(self._op_get_session, check_identifier(session_id))
+
+    async def aput_session(self, meta: SessionMeta) -> None:
+        await self._txn.awrite(self._op_put_session, meta_to_row(check_meta(meta)))
+
+    async def alist_sessions(
+        self,
+        *,
+        status: SessionStatus | None = None,
+        role: SessionRole | None = None,
+        tags: Sequence[str] = (),
+    ) -> list[SessionMeta]:
+        args = session_filter_args(status, role, tags)
+        return await self._txn.aread(self._list_sessions, *args)
+
+    async def aget_main_session(self) -> SessionMeta | None:
+        return await self._txn.aread(self._main_session)
+
+    async def aget_all_session_l2s(self) -> list[ChildL2]:
+        return await self._txn.aread(self._op_l2s)
+
+    async def aappend_records(
+        self, session_id: str, messages: Sequence[BaseMessage], *, user_turn: bool = False
+    ) -> int:
+        args = append_args(session_id, messages, user_turn)
+        return await self._txn.awrite(self._op_append, *args)
+
+    async def alist_records(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        role: str | None = None,
+    ) -> list[BaseMessage]:
+        args = page_args(session_id, limit, offset, role)
+        return await self._txn.aread(self._list_records, *args)
+
+    async def acount_records(self, session_id: str) -> int:
+        return await self._txn.aread(self._op_count, check_identifier(session_id))
+
+    async def aget_turn_count(self, session_id: str) -> int:
+        sid = check_identifier(session_id)
+        return await self._txn.aread(self._number, sid, "turn_count")
+
+    async def atrim_records(self, session_id: str, keep_last: int) -> int:
+        sid, keep = check_identifier(session_id), check_non_negative(keep_last, "keep_last")
+        return await self._txn.awrite(self._trim, sid, keep)
+
+    async def aget_system_prompt(self, session_id: str) -> str | None:
+        return await self._txn.aread(self._text, check_identifier(session_id), "system_prompt")
+
+    async def aput_system_prompt(self, session_id: str, prompt: str | None) -> None:
+        values = {"system_prompt": check_optional_text(prompt, "prompt")}
+        await self._txn.awrite(self._op_set_fields, check_identifier(session_id), values)
+
+    async def aget_insight(self, session_id: str) -> str | None:
+        return await self._txn.aread(self._text, check_identifier(session_id), "insight")
+
+    async def aput_insight(self, session_id: str, insight: str) -> None:
+        values = {"insight": check_text(insight, "insight")}
+        await self._txn.awrite(self._op_set_fields, check_identifier(session_id), values)
+
+    async def aclear_insight(self, session_id: str, *, expected: str | None = None) -> bool:
+        args = check_identifier(session_id), check_optional_text(expected, "expected")
+        return await self._txn.awrite(self._clear_insight, *args)
+
+    async def aget_memory(self, session_id: str) -> str | None:
+        return await self._txn.aread(self._text, check_identifier(session_id), "memory")
+
+    async def aput_memory(
+        self, session_id: str, memory: str, *, through: int | None = None
+    ) -> None:
+        sid, values = memory_args(session_id, memory, through)
+        await self._txn.awrite(self._op_set_fields, sid, values)
+
+    async def aget_memory_through(self, session_id: str) -> int:
+        sid = check_identifier(session_id)
+        return await self._txn.aread(self._number, sid, "memory_through")
+
+    async def aput_node(self, node: TopologyNode) -> None:
+        await self._txn.awrite(self._put_node, check_node(node))
+
+    async def aget_node(self, node_id: str) -> TopologyNode | None:
+        return await self._txn.aread(self._op_get_node, check_identifier(node_id, "node_id"))
+
+    async def aget_children(self, parent_id: str) -> list[TopologyNode]:
+        pid = check_identifier(parent_id, "parent_id")
+        return await self._txn.aread(self._op_children, pid)
+
+    async def aget_ancestors(self, node_id: str) -> list[TopologyNode]:
+        return await self._txn.aread(self._ancestors, check_identifier(node_id, "node_id"))
+
+    async def aget_tree(self) -> list[TopologyNode]:
+        return tree_order(await self._txn.aread(self._op_all_nodes))
+
+    async def aremove_node(self, node_id: str, *, cascade: bool = False) -> list[str]:
+        nid = check_identifier(node_id, "node_id")
+        return await self._txn.awrite(self._remove_node, nid, bool(cascade))
+
+    async def aget_global(self, key: str) -> Any:
+        return _loads(await self._txn.aread(self._op_get_global, check_identifier(key, "key")))
+
+    async def aput_global(self, key: str, value: Any) -> None:
+        text = dumps(value, what="A global value")
+        await self._txn.awrite(self._op_put_global, check_identifier(key, "key"), text)
+
+    # -- compositions of primitives (run under the lock) ----------------------------------
+    def _field(self, session_id: str, name: str) -> Any:
+        values = self._op_get_fields(session_id, (name,))
+        return None if values is None else values[0]
+
+    def _text(self, session_id: str, name: str) -> str | None:
+        value: str | None = self._field(session_id, name)
+        return value
+
+    def _number(self, session_id: str, name: str) -> int:
+        value: int | None = self._field(session_id, name)
+        return value or 0
+
+    def _list_sessions(
+        self, status: SessionStatus | None, role: SessionRole | None, tags: tuple[str, ...]
+    ) -> list[SessionMeta]:
+        metas = self._op_list_sessions(status, role)
+        wanted = set(tags)
+        return [meta for meta in metas if wanted.issubset(meta.tags)] if wanted else metas
+
+    def _main_session(self) -> SessionMeta | None:
+        mains = self._op_list_sessions(None, "main")
+        return mains[0] if mains else None
+
+    def _list_records(
+        self, session_id: str, limit: int | None, offset: int, role: str | None
+    ) -> list[BaseMessage]:
+        records = self._op_records(session_id)
+        if role is not None:
+            records = [record for record in records if message_role(record) == role]
+        end = None if limit is None else offset + limit
+        return list(records[offset:end])
+
+    def _trim(self, session_id: str, keep_last: int) -> int:
+        through = self._field(session_id, "memory_through")
+        if through is None:
+            raise SessionNotFoundError(session_id)
+        dropped = self._op_count(session_id) - keep_last
+        if dropped <= 0:
+            return 0
+        self._op_drop_oldest(session_id, dropped)
+        self._op_set_fields(session_id, {"memory_through": max(0, through - dropped)})
+        return dropped
+
+    def _clear_insight(self, session_id: str, expected: str | None) -> bool:
+        values = self._op_get_fields(session_id, ("insight",))
+        if values is None:
+            raise SessionNotFoundError(session_id)
+        current = values[0]
+        if current is None or (expected is not None and current != expected):
+            return False
+        self._op_set_fields(session_id, {"insight": None})
+        return True
+
+    def _put_node(self, node: TopologyNode) -> None:
+        if not self._op_session_exists(node.id):
+            raise SessionNotFoundError(node.id)
+        parent_id = node.parent_id
+        if parent_id is not None:
+            if parent_id == node.id:
+                raise TopologyCycleError(node.id, parent_id)
+            if self._op_get_node(parent_id) is None:
+                raise NodeNotFoundError(parent_id)
+            if any(above.id == node.id for above in self._ancestors(parent_id)):
+                raise TopologyCycleError(node.id, parent_id)
+        self._op_put_node(node)
+
+    def _ancestors(self, node_id: str) -> list[TopologyNode]:
+        found: list[TopologyNode] = []
+        seen = {node_id}
+        node = self._op_get_node(node_id)
+        while node is not None and node.parent_id is not None and node.parent_id not in seen:
+            node = self._op_get_node(node.parent_id)
+            if node is not None:
+                found.append(node)
+                seen.add(node.id)
+        return found
+
+    def _remove_node(self, node_id: str, cascade: bool) -> list[str]:
+        if self._op_get_node(node_id) is None:
+            raise NodeNotFoundError(node_id)
+        children = self._op_children(node_id)
+        if children and not cascade:
+            raise NodeHasChildrenError(node_id, len(children))
+        removed = [node_id]
+        index = 0
+        while index < len(removed):  # breadth-first: every parent before its children
+            removed.extend(child.id for child in self._op_children(removed[index]))
+            index += 1
+        self._op_delete_sessions(removed[::-1])
+        return removed
+
+
+def tree_order(nodes: list[TopologyNode]) -> list[TopologyNode]:
+    """`nodes` (in creation order) in depth-first pre-order, siblings in creation order."""
+    ids = {node.id for node in nodes}
+    children: dict[str | None, list[TopologyNode]] = {}
+    for node in nodes:
+        parent = node.parent_id if node.parent_id in ids else None
+        children.setdefault(parent, []).append(node)
+    ordered: list[TopologyNode] = []
+    stack = list(reversed(children.get(None, [])))
+    while stack:
+        node = stack.pop()
+        ordered.append(node)
+        stack.extend(reversed(children.get(node.id, [])))
+    return ordered
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)

@@ -1,0 +1,157 @@
+"""Argument checks at the storage boundary; every bad value raises `InvalidInputError`.
+
+They run before any lock is taken, so a bad call never waits and never writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar, get_args
+
+from langchain_core.messages import BaseMessage
+
+from stello_graph.checkpoints._serde import EncodedMessage, check_encodable, encode_message, to_iso
+from stello_graph.errors import InvalidInputError
+from stello_graph.models import SessionMeta, SessionRole, SessionStatus, TopologyNode, utcnow
+from stello_graph.storage import normalize_role
+
+__all__ = [
+    "append_args",
+    "check_identifier",
+    "check_instance",
+    "check_messages",
+    "check_meta",
+    "check_node",
+    "check_non_negative",
+    "check_one_of",
+    "check_optional_text",
+    "check_tags",
+    "check_text",
+    "memory_args",
+    "page_args",
+    "session_filter_args",
+]
+
+T = TypeVar("T")
+
+STATUSES: tuple[SessionStatus, ...] = get_args(SessionStatus)
+ROLES: tuple[SessionRole, ...] = get_args(SessionRole)
+
+
+def check_identifier(value: object, name: str = "session_id") -> str:
+    """A non-empty string usable as an id or key."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{name} must be a string, got {type(value).__name__}.")
+    if not value:
+        raise InvalidInputError(f"{name} must not be empty.")
+    return check_encodable(value, what=name)
+
+
+def check_text(value: object, name: str) -> str:
+    """Any string (possibly empty) that can be stored."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{name} must be a string, got {type(value).__name__}.")
+    return check_encodable(value, what=name)
+
+
+def check_optional_text(value: object, name: str) -> str | None:
+    """`None`, or a string that can be stored."""
+    return None if value is None else check_text(value, name)
+
+
+def check_non_negative(value: object, name: str) -> int:
+    """An `int` (not a `bool`) that is zero or more."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{name} must be an int, got {type(value).__name__}.")
+    if value < 0:
+        raise InvalidInputError(f"{name} must be zero or more, got {value}.")
+    return value
+
+
+def check_instance(value: object, cls: type[T], name: str) -> T:
+    """`value` itself, once known to be a `cls`."""
+    if not isinstance(value, cls):
+        raise InvalidInputError(f"{name} must be a {cls.__name__}, got {type(value).__name__}.")
+    return value
+
+
+def check_messages(value: object) -> list[BaseMessage]:
+    """A sequence of LangChain messages, as a list."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InvalidInputError(
+            f"messages must be a sequence of BaseMessage, got {type(value).__name__}."
+        )
+    for index, message in enumerate(value):
+        if not isinstance(message, BaseMessage):
+            raise InvalidInputError(
+                f"messages[{index}] must be a BaseMessage, got {type(message).__name__}."
+            )
+    return list(value)
+
+
+def check_one_of(value: Any, allowed: tuple[str, ...], name: str) -> Any:
+    """`None`, or one of the `allowed` literals."""
+    if value is not None and value not in allowed:
+        raise InvalidInputError(f"{name} must be one of {allowed!r} or None, got {value!r}.")
+    return value
+
+
+def check_tags(value: object) -> tuple[str, ...]:
+    """A sequence of tag strings (a bare string is refused: it is a sequence of letters)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InvalidInputError(f"tags must be a sequence of strings, got {value!r}.")
+    return tuple(check_text(tag, "each tag") for tag in value)
+
+
+def check_meta(value: object) -> SessionMeta:
+    """A `SessionMeta` with a usable id."""
+    meta = check_instance(value, SessionMeta, "meta")
+    check_identifier(meta.id, "meta.id")
+    return meta
+
+
+def check_node(value: object) -> TopologyNode:
+    """A `TopologyNode` with usable ids."""
+    node = check_instance(value, TopologyNode, "node")
+    check_identifier(node.id, "node.id")
+    if node.parent_id is not None:
+        check_identifier(node.parent_id, "node.parent_id")
+    check_text(node.label, "node.label")
+    return node
+
+
+# -- the arguments of one storage method, checked together ---------------------------------
+def session_filter_args(
+    status: object, role: object, tags: object
+) -> tuple[SessionStatus | None, SessionRole | None, tuple[str, ...]]:
+    return (
+        check_one_of(status, STATUSES, "status"),
+        check_one_of(role, ROLES, "role"),
+        check_tags(tags),
+    )
+
+
+def append_args(
+    session_id: object, messages: object, user_turn: object
+) -> tuple[str, list[EncodedMessage], str, bool]:
+    sid = check_identifier(session_id)
+    records = [encode_message(message) for message in check_messages(messages)]
+    return sid, records, to_iso(utcnow()), bool(user_turn)
+
+
+def page_args(
+    session_id: object, limit: object, offset: object, role: str | None
+) -> tuple[str, int | None, int, str | None]:
+    return (
+        check_identifier(session_id),
+        None if limit is None else check_non_negative(limit, "limit"),
+        check_non_negative(offset, "offset"),
+        normalize_role(role),
+    )
+
+
+def memory_args(session_id: object, memory: object, through: object) -> tuple[str, dict[str, Any]]:
+    values: dict[str, Any] = {"memory": check_text(memory, "memory")}
+    if through is not None:
+        values["memory_through"] = check_non_negative(through, "through")
+    return check_identifier(session_id), values

@@ -1,0 +1,253 @@
+"""`InMemoryMainStorage`: the `MainStorage` protocol over plain Python dicts.
+
+It is the reference for anyone writing a backend of their own: each `_op_*` method is one
+primitive the shared `StorageShell` composes (validation, locking, async twins and topology
+rules live there), and transactions are an undo log: every change records how to revert
+itself, a savepoint is a position in that log, and a rollback replays it backwards.
+
+Values go through the same encoding as in SQLite (messages and metadata via JSON), so what
+comes back is exactly what the SQLite storage would return, and a caller mutating an object
+it passed in or got back never changes the stored data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, decode_message, row_to_meta
+from stello_graph.checkpoints._shell import StorageShell
+from stello_graph.errors import SessionNotFoundError
+from stello_graph.models import ChildL2, SessionMeta, SessionRole, SessionStatus, TopologyNode
+
+__all__ = ["InMemoryMainStorage"]
+
+
+@dataclass
+class _Session:
+    row: MetaRow
+    """The encoded meta (see `_serde.MetaRow`); decoded into a fresh `SessionMeta` per read."""
+    created_seq: int
+    records: list[BaseMessage] = field(default_factory=list)
+    system_prompt: str | None = None
+    insight: str | None = None
+    memory: str | None = None
+    memory_through: int = 0
+    turn_count: int = 0
+
+
+@dataclass
+class _Node:
+    node: TopologyNode
+    position: int
+
+
+class _UndoLog:
+    """The `TransactionHooks` of in-memory data: how to revert each change since `begin`.
+
+    A savepoint is a position in the log; rolling back replays the log backwards to it.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[Callable[[], None]] = []
+        self._marks: list[int] = []
+
+    def record(self, undo: Callable[[], None]) -> None:
+        self._entries.append(undo)
+
+    def begin(self, *, wait: bool) -> bool:
+        self._entries.clear()
+        self._marks.clear()
+        return True
+
+    def commit(self) -> None:
+        self._entries.clear()
+
+    def rollback(self) -> None:
+        self._undo_to(0)
+
+    def savepoint(self, depth: int) -> None:
+        self._marks.append(len(self._entries))
+
+    def release(self, depth: int) -> None:
+        self._marks.pop()
+
+    def rollback_to(self, depth: int) -> None:
+        self._undo_to(self._marks.pop())
+
+    def _undo_to(self, mark: int) -> None:
+        while len(self._entries) > mark:
+            self._entries.pop()()
+
+
+class InMemoryMainStorage(StorageShell):
+    """A `MainStorage` kept in memory, for tests and experiments.
+
+    Thread-safe and asyncio-safe (same locking as `SqliteMainStorage`); transactions are
+    atomic and nest as savepoints. Nothing survives the process.
+
+    Example:
+        >>> from stello_graph.models import SessionMeta
+        >>> storage = InMemoryMainStorage()
+        >>> storage.put_session(SessionMeta(id="s1", label="Ideas"))
+        >>> storage.get_session("s1").label
+        'Ideas'
+    """
+
+    def __init__(self, *, tree_id: str = "default") -> None:
+        self._log = _UndoLog()
+        super().__init__(tree_id, self._log)
+        self._sessions: dict[str, _Session] = {}
+        self._nodes: dict[str, _Node] = {}
+        self._globals: dict[str, str] = {}
+        self._counter = 0
+
+    def __repr__(self) -> str:
+        return f"InMemoryMainStorage(tree_id={self.tree_id!r})"
+
+    def close(self) -> None:
+        """Wait for a running transaction; there is nothing else to release."""
+        self._txn.close(lambda: None)
+
+    def __enter__(self) -> InMemoryMainStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _set(self, target: object, name: str, value: Any) -> None:
+        """`setattr`, undone on rollback."""
+        old = getattr(target, name)
+        self._log.record(lambda: setattr(target, name, old))
+        setattr(target, name, value)
+
+    def _put(self, mapping: dict[str, Any], key: str, value: Any) -> None:
+        """`mapping[key] = value`, undone on rollback."""
+        if key in mapping:
+            old = mapping[key]
+            self._log.record(lambda: mapping.__setitem__(key, old))
+        else:
+            self._log.record(lambda: mapping.__delitem__(key))
+        mapping[key] = value
+
+    def _pop(self, mapping: dict[str, Any], key: str) -> None:
+        """`del mapping[key]`, undone on rollback."""
+        old = mapping.pop(key)
+        self._log.record(lambda: mapping.__setitem__(key, old))
+
+    def _next(self) -> int:
+        self._counter += 1  # never undone: creation numbers only need to increase
+        return self._counter
+
+    def _session(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise SessionNotFoundError(session_id) from None
+
+    # -- sessions -------------------------------------------------------------------------
+    def _op_session_exists(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    def _op_get_session(self, session_id: str) -> SessionMeta | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else row_to_meta(session.row)
+
+    def _op_put_session(self, row: MetaRow) -> None:
+        session_id, label = row[0], row[1]
+        session = self._sessions.get(session_id)
+        if session is None:
+            self._put(self._sessions, session_id, _Session(row, self._next()))
+        else:
+            self._set(session, "row", row)
+        node = self._nodes.get(session_id)
+        if node is not None:
+            self._set(node, "node", node.node.model_copy(update={"label": label}))
+
+    def _op_list_sessions(
+        self, status: SessionStatus | None, role: SessionRole | None
+    ) -> list[SessionMeta]:
+        metas = (row_to_meta(session.row) for session in self._in_creation_order())
+        return [
+            meta
+            for meta in metas
+            if (status is None or meta.status == status) and (role is None or meta.role == role)
+        ]
+
+    def _op_l2s(self) -> list[ChildL2]:
+        children = []
+        for session in self._in_creation_order():
+            session_id, label, role, status = session.row[:4]
+            if role == "standard" and status == "active" and session.memory is not None:
+                children.append(ChildL2(session_id=session_id, label=label, l2=session.memory))
+        return children
+
+    def _in_creation_order(self) -> list[_Session]:
+        return sorted(self._sessions.values(), key=lambda session: session.created_seq)
+
+    def _op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else tuple(getattr(session, name) for name in names)
+
+    def _op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
+        session = self._session(session_id)
+        for name, value in values.items():
+            self._set(session, name, value)
+
+    # -- records --------------------------------------------------------------------------
+    def _op_append(
+        self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
+    ) -> int:
+        session = self._session(session_id)
+        messages = [decode_message(data) for _, data in records]
+        self._set(session, "records", [*session.records, *messages])
+        if user_turn:
+            self._set(session, "turn_count", session.turn_count + 1)
+        return len(session.records)
+
+    def _op_records(self, session_id: str) -> Sequence[BaseMessage]:
+        session = self._sessions.get(session_id)
+        return () if session is None else session.records
+
+    def _op_count(self, session_id: str) -> int:
+        return len(self._op_records(session_id))
+
+    def _op_drop_oldest(self, session_id: str, count: int) -> None:
+        session = self._session(session_id)
+        self._set(session, "records", session.records[count:])
+
+    # -- topology -------------------------------------------------------------------------
+    def _op_get_node(self, node_id: str) -> TopologyNode | None:
+        entry = self._nodes.get(node_id)
+        return None if entry is None else entry.node
+
+    def _op_put_node(self, node: TopologyNode) -> None:
+        entry = self._nodes.get(node.id)
+        if entry is None:
+            self._put(self._nodes, node.id, _Node(node, self._next()))
+        else:
+            self._set(entry, "node", node)
+
+    def _op_children(self, parent_id: str) -> list[TopologyNode]:
+        entries = [entry for entry in self._nodes.values() if entry.node.parent_id == parent_id]
+        return [entry.node for entry in sorted(entries, key=lambda entry: entry.position)]
+
+    def _op_all_nodes(self) -> list[TopologyNode]:
+        entries = sorted(self._nodes.values(), key=lambda entry: entry.position)
+        return [entry.node for entry in entries]
+
+    def _op_delete_sessions(self, session_ids: list[str]) -> None:
+        for session_id in session_ids:
+            if session_id in self._nodes:
+                self._pop(self._nodes, session_id)
+            self._pop(self._sessions, session_id)
+
+    # -- globals --------------------------------------------------------------------------
+    def _op_get_global(self, key: str) -> str | None:
+        return self._globals.get(key)
+
+    def _op_put_global(self, key: str, value: str) -> None:
+        self._put(self._globals, key, value)

@@ -1,0 +1,414 @@
+"""`SqliteMainStorage`: the reference `MainStorage`, one SQLite file (or connection).
+
+One connection per storage, guarded by one lock (see `_txn`): a storage can be shared by
+threads and asyncio tasks; several storages (or processes) can share one file. The file is
+opened in WAL mode with `synchronous=NORMAL`; writers wait for each other through SQLite's
+busy timeout and, beyond it, a few retries of `BEGIN IMMEDIATE`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from stello_graph.checkpoints import _schema
+from stello_graph.checkpoints._cache import RecordCache
+from stello_graph.checkpoints._schema import GLOBALS, NODES, RECORDS, SESSIONS
+from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, decode_message, row_to_meta
+from stello_graph.checkpoints._shell import FIELDS, StorageShell
+from stello_graph.checkpoints._validate import check_identifier, check_non_negative
+from stello_graph.errors import (
+    InvalidInputError,
+    NotADatabaseError,
+    SessionNotFoundError,
+    StorageError,
+)
+from stello_graph.models import ChildL2, SessionMeta, SessionRole, SessionStatus, TopologyNode
+
+__all__ = ["SqliteMainStorage"]
+
+_META = "id, label, role, status, tags, metadata, created_at, updated_at"
+_BEGIN_RETRIES = 6
+
+
+class SqliteMainStorage(StorageShell):
+    """A `MainStorage` in a SQLite database, bound to one tree.
+
+    Args:
+        path_or_connection: a file path (created if missing), `":memory:"`, or an open
+            `sqlite3.Connection`. A connection given is used as is (opened with
+            `check_same_thread=False` if threads or asyncio will use the storage, with rows as
+            tuples) and is not closed by `close()`; it must not be used by anyone else.
+        tree_id: the tree this storage reads and writes; other trees in the same file stay
+            invisible.
+        busy_timeout: seconds a write waits for another connection's transaction.
+        record_cache_size: how many sessions' decoded records to keep (0 disables).
+
+    Raises:
+        NotADatabaseError: the file is not a SQLite database.
+        SchemaVersionError: the database was written by a newer stello-graph (it is left
+            untouched).
+
+    Example:
+        >>> from stello_graph.models import SessionMeta
+        >>> with SqliteMainStorage(":memory:", tree_id="alice") as storage:
+        ...     storage.put_session(SessionMeta(id="s1", label="Ideas"))
+        ...     storage.count_records("s1")
+        0
+    """
+
+    def __init__(
+        self,
+        path_or_connection: str | os.PathLike[str] | sqlite3.Connection,
+        *,
+        tree_id: str = "default",
+        busy_timeout: float = 30.0,
+        record_cache_size: int = 256,
+    ) -> None:
+        check_identifier(tree_id, "tree_id")  # before a connection is opened, not after
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)):
+            raise InvalidInputError(f"busy_timeout must be a number, got {busy_timeout!r}.")
+        self._cache = RecordCache(check_non_negative(record_cache_size, "record_cache_size"))
+        self._conn, self._owns_conn, self.path = _connect(path_or_connection)
+        self._hooks = _Hooks(self._conn, self._cache, max(0, int(busy_timeout * 1000)))
+        super().__init__(tree_id, self._hooks)
+        self._closed = False
+        try:
+            self._open()
+        except BaseException:
+            self._release_connection()
+            raise
+
+    def _open(self) -> None:
+        conn, where = self._conn, repr(self.path)
+        if conn.in_transaction:
+            raise InvalidInputError("The connection given has an open transaction.")
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._hooks.busy_ms}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            version = _schema.read_version(conn)
+            # Refuse a newer schema before anything (journal mode included) changes the file.
+            _schema.check_version(version, where)
+            if self.path not in ("", ":memory:"):
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            _schema.migrate(conn, where, begin=lambda: self._hooks.begin(wait=True))
+        except sqlite3.DatabaseError as exc:
+            if "not a database" in str(exc):
+                raise NotADatabaseError(f"{where} is not a SQLite database ({exc}).") from exc
+            raise StorageError(f"Cannot open the database {where}: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise StorageError(f"Cannot open the database {where}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the connection (when the storage opened it); waits for a running transaction."""
+        if not self._closed:
+            self._txn.close(self._release_connection)
+
+    def _release_connection(self) -> None:
+        self._closed = True
+        self._cache.clear()
+        if self._owns_conn:
+            self._conn.close()
+
+    def __enter__(self) -> SqliteMainStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteMainStorage({self.path!r}, tree_id={self.tree_id!r})"
+
+    # -- SQL helpers ----------------------------------------------------------------------
+    def _q(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQLite failed on {self.path!r}: {exc}") from exc
+
+    def _qmany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        try:
+            self._conn.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQLite failed on {self.path!r}: {exc}") from exc
+
+    def _sync_cache(self) -> None:
+        self._cache.sync(self._q("PRAGMA data_version").fetchone()[0])
+
+    # -- sessions -------------------------------------------------------------------------
+    def _op_session_exists(self, session_id: str) -> bool:
+        sql = f"SELECT 1 FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        return self._q(sql, (self.tree_id, session_id)).fetchone() is not None
+
+    def _op_get_session(self, session_id: str) -> SessionMeta | None:
+        sql = f"SELECT {_META} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        row = self._q(sql, (self.tree_id, session_id)).fetchone()
+        return None if row is None else row_to_meta(row)
+
+    def _op_put_session(self, row: MetaRow) -> None:
+        tree = self.tree_id
+        self._q(
+            f"""INSERT INTO {SESSIONS} (tree_id, {_META}, created_seq)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?,
+                (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM {SESSIONS} WHERE tree_id = ?))
+            ON CONFLICT (tree_id, id) DO UPDATE SET
+                label = excluded.label, role = excluded.role, status = excluded.status,
+                tags = excluded.tags, metadata = excluded.metadata,
+                created_at = excluded.created_at, updated_at = excluded.updated_at""",
+            (tree, *row, tree),
+        )
+        sql = f"UPDATE {NODES} SET label = ? WHERE tree_id = ? AND id = ?"
+        self._q(sql, (row[1], tree, row[0]))
+
+    def _op_list_sessions(
+        self, status: SessionStatus | None, role: SessionRole | None
+    ) -> list[SessionMeta]:
+        where, params = ["tree_id = ?"], [self.tree_id]
+        if role is not None:
+            where.append("role = ?")
+            params.append(role)
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        sql = f"SELECT {_META} FROM {SESSIONS} WHERE {' AND '.join(where)} ORDER BY created_seq"
+        return [row_to_meta(row) for row in self._q(sql, params)]
+
+    def _op_l2s(self) -> list[ChildL2]:
+        rows = self._q(
+            f"""SELECT id, label, memory FROM {SESSIONS}
+            WHERE tree_id = ? AND role = 'standard' AND status = 'active'
+                AND memory IS NOT NULL
+            ORDER BY created_seq""",
+            (self.tree_id,),
+        )
+        return [ChildL2(session_id=sid, label=label, l2=l2) for sid, label, l2 in rows]
+
+    def _op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
+        assert FIELDS.issuperset(names)
+        sql = f"SELECT {', '.join(names)} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        row = self._q(sql, (self.tree_id, session_id)).fetchone()
+        return None if row is None else tuple(row)
+
+    def _op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
+        assert FIELDS.issuperset(values)
+        columns = ", ".join(f"{name} = ?" for name in values)
+        sql = f"UPDATE {SESSIONS} SET {columns} WHERE tree_id = ? AND id = ?"
+        if self._q(sql, (*values.values(), self.tree_id, session_id)).rowcount == 0:
+            raise SessionNotFoundError(session_id)
+
+    # -- records --------------------------------------------------------------------------
+    def _op_append(
+        self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
+    ) -> int:
+        tree = self.tree_id
+        sql = f"SELECT next_seq FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        found = self._q(sql, (tree, session_id)).fetchone()
+        if found is None:
+            raise SessionNotFoundError(session_id)
+        first: int = found[0]
+        self._qmany(
+            f"""INSERT INTO {RECORDS} (tree_id, session_id, seq, type, data, created_at)
+            VALUES (?, ?, ?, ?, ?, ?)""",
+            [
+                (tree, session_id, first + index, role, data, at)
+                for index, (role, data) in enumerate(records)
+            ],
+        )
+        self._q(
+            f"""UPDATE {SESSIONS} SET next_seq = ?, turn_count = turn_count + ?
+            WHERE tree_id = ? AND id = ?""",
+            (first + len(records), int(user_turn), tree, session_id),
+        )
+        self._cache.extend(session_id, lambda: [decode_message(data) for _, data in records])
+        return self._op_count(session_id)
+
+    def _op_records(self, session_id: str) -> Sequence[BaseMessage]:
+        self._sync_cache()
+        cached = self._cache.get(session_id)
+        if cached is not None:
+            return cached
+        sql = f"SELECT data FROM {RECORDS} WHERE tree_id = ? AND session_id = ? ORDER BY seq"
+        records = [decode_message(data) for (data,) in self._q(sql, (self.tree_id, session_id))]
+        self._cache.put(session_id, records)
+        return records
+
+    def _op_count(self, session_id: str) -> int:
+        self._sync_cache()
+        cached = self._cache.get(session_id)
+        if cached is not None:
+            return len(cached)
+        sql = f"SELECT COUNT(*) FROM {RECORDS} WHERE tree_id = ? AND session_id = ?"
+        count: int = self._q(sql, (self.tree_id, session_id)).fetchone()[0]
+        return count
+
+    def _op_drop_oldest(self, session_id: str, count: int) -> None:
+        key = (self.tree_id, session_id)
+        self._q(
+            f"""DELETE FROM {RECORDS} WHERE tree_id = ? AND session_id = ? AND seq IN (
+                SELECT seq FROM {RECORDS} WHERE tree_id = ? AND session_id = ?
+                ORDER BY seq LIMIT ?)""",
+            (*key, *key, count),
+        )
+        self._cache.drop_oldest(session_id, count)
+
+    # -- topology -------------------------------------------------------------------------
+    def _op_get_node(self, node_id: str) -> TopologyNode | None:
+        sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? AND id = ?"
+        row = self._q(sql, (self.tree_id, node_id)).fetchone()
+        return None if row is None else _node(row)
+
+    def _op_put_node(self, node: TopologyNode) -> None:
+        tree = self.tree_id
+        self._q(
+            f"""INSERT INTO {NODES} (tree_id, id, parent_id, label, position)
+            VALUES (?, ?, ?, ?,
+                (SELECT COALESCE(MAX(position), 0) + 1 FROM {NODES} WHERE tree_id = ?))
+            ON CONFLICT (tree_id, id) DO UPDATE SET
+                parent_id = excluded.parent_id, label = excluded.label""",
+            (tree, node.id, node.parent_id, node.label, tree),
+        )
+
+    def _op_children(self, parent_id: str) -> list[TopologyNode]:
+        sql = f"""SELECT id, parent_id, label FROM {NODES}
+            WHERE tree_id = ? AND parent_id = ? ORDER BY position"""
+        return [_node(row) for row in self._q(sql, (self.tree_id, parent_id))]
+
+    def _op_all_nodes(self) -> list[TopologyNode]:
+        sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? ORDER BY position"
+        return [_node(row) for row in self._q(sql, (self.tree_id,))]
+
+    def _op_delete_sessions(self, session_ids: list[str]) -> None:
+        # ON DELETE CASCADE removes the records and the node of each session.
+        sql = f"DELETE FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        self._qmany(sql, [(self.tree_id, session_id) for session_id in session_ids])
+        for session_id in session_ids:
+            self._cache.discard(session_id)
+
+    # -- globals --------------------------------------------------------------------------
+    def _op_get_global(self, key: str) -> str | None:
+        sql = f"SELECT value FROM {GLOBALS} WHERE tree_id = ? AND key = ?"
+        row = self._q(sql, (self.tree_id, key)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _op_put_global(self, key: str, value: str) -> None:
+        self._q(
+            f"""INSERT INTO {GLOBALS} (tree_id, key, value) VALUES (?, ?, ?)
+            ON CONFLICT (tree_id, key) DO UPDATE SET value = excluded.value""",
+            (self.tree_id, key, value),
+        )
+
+
+class _Hooks:
+    """`TransactionHooks` over one connection, keeping the record cache exact."""
+
+    def __init__(self, conn: sqlite3.Connection, cache: RecordCache, busy_ms: int) -> None:
+        self._conn = conn
+        self._cache = cache
+        self.busy_ms = busy_ms
+
+    def begin(self, *, wait: bool) -> bool:
+        """`BEGIN IMMEDIATE`: take the write lock now, so no later statement can hit BUSY.
+
+        Waiting, it retries with backoff beyond the busy timeout; not waiting (a caller on
+        the event loop), it returns `False` at once if another connection writes.
+        """
+        if not wait:
+            self._exec("PRAGMA busy_timeout = 0")
+            try:
+                return self._try_begin()
+            finally:
+                self._exec(f"PRAGMA busy_timeout = {self.busy_ms}")
+        for attempt in range(_BEGIN_RETRIES):
+            if self._try_begin():
+                return True
+            time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+        if self._try_begin():
+            return True
+        raise StorageError(
+            f"The database stayed locked by another connection for {_BEGIN_RETRIES + 1} "
+            f"busy timeouts of {self.busy_ms} ms."
+        )
+
+    def _try_begin(self) -> bool:
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                return False
+            raise StorageError(f"Cannot begin a transaction: {exc}") from exc
+        return True
+
+    def commit(self) -> None:
+        self._exec("COMMIT")
+        self._cache.settle()
+
+    def rollback(self) -> None:
+        if self._conn.in_transaction:
+            self._exec("ROLLBACK")
+        self._cache.forget_touched()
+        self._cache.settle()
+
+    def savepoint(self, depth: int) -> None:
+        self._exec(f"SAVEPOINT stello_{depth}")
+
+    def release(self, depth: int) -> None:
+        self._exec(f"RELEASE stello_{depth}")
+
+    def rollback_to(self, depth: int) -> None:
+        if self._conn.in_transaction:  # an error may have ended the whole transaction
+            self._exec(f"ROLLBACK TO stello_{depth}")
+            self._exec(f"RELEASE stello_{depth}")
+        self._cache.forget_touched()
+
+    def _exec(self, sql: str) -> None:
+        try:
+            self._conn.execute(sql)
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _node(row: Sequence[Any]) -> TopologyNode:
+    return TopologyNode(id=row[0], parent_id=row[1], label=row[2])
+
+
+def _connect(
+    target: str | os.PathLike[str] | sqlite3.Connection,
+) -> tuple[sqlite3.Connection, bool, str]:
+    """`(connection, whether we own it, path)`; the path is `":memory:"` for memory."""
+    if isinstance(target, sqlite3.Connection):
+        # Python 3.12 `autocommit=` connections manage transactions themselves.
+        legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
+        if getattr(target, "autocommit", legacy) != legacy:
+            raise InvalidInputError(
+                "Open the connection without `autocommit=`: the storage manages transactions."
+            )
+        try:
+            files = {name: file for _, name, file in target.execute("PRAGMA database_list")}
+        except sqlite3.Error as exc:
+            raise InvalidInputError(f"The connection given cannot be used: {exc}") from exc
+        return target, False, files.get("main") or ":memory:"
+    if not isinstance(target, (str, os.PathLike)):
+        raise InvalidInputError(
+            "path_or_connection must be a path, ':memory:' or a sqlite3.Connection, "
+            f"got {type(target).__name__}."
+        )
+    path = os.fsdecode(os.fspath(target))
+    try:
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise StorageError(f"Cannot open the database {path!r}: {exc}") from exc
+    return conn, True, path

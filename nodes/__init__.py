@@ -1,0 +1,1 @@
+"""LangGraph nodes and routers of stello-graph (import as `stello_graph.nodes`)."""

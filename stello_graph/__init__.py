@@ -1,0 +1,134 @@
+"""stello-graph: session topology for LangGraph.
+
+A conversation becomes a tree of independent `Session`s under one `MainSession`. Each child
+keeps its raw history (L3) and an outward summary (L2, made by `consolidate`); the main
+session reads only the children's L2, `integrate`s them into a synthesis and pushes insights
+back to single children.
+
+The session core imported here does not load LangGraph. Names of the storage backends and of
+the orchestration layer are imported lazily, on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from stello_graph._base import TurnContext
+from stello_graph._stream import AsyncSessionStream, SessionStream
+from stello_graph.errors import (
+    ConsolidationError,
+    DuplicateSessionError,
+    FunctionCallError,
+    FunctionNotConfiguredError,
+    IntegrationError,
+    InvalidInputError,
+    MainSessionExistsError,
+    MainSessionForkError,
+    MainSessionNotFoundError,
+    ModelCallError,
+    ModelNotConfiguredError,
+    NodeHasChildrenError,
+    NodeNotFoundError,
+    NotADatabaseError,
+    NothingToIntegrateError,
+    SchemaVersionError,
+    SessionArchivedError,
+    SessionError,
+    SessionNotFoundError,
+    StelloError,
+    StelloUsageError,
+    StorageError,
+    StreamNotFinishedError,
+    ToolRoundLimitError,
+    TopologyCycleError,
+    TopologyError,
+)
+from stello_graph.main_session import MainSession
+from stello_graph.memory import ConsolidateFn, IntegrateFn, llm_consolidator, llm_integrator
+from stello_graph.models import (
+    ChildL2,
+    IntegrationResult,
+    SendResult,
+    SessionMeta,
+    TopologyNode,
+)
+from stello_graph.session import Session
+from stello_graph.storage import MainStorage, SessionStorage
+
+if TYPE_CHECKING:
+    from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
+
+
+__version__ = "0.1.0"
+
+_LAZY: dict[str, str] = {
+    "InMemoryMainStorage": "stello_graph.checkpoints",
+    "SqliteMainStorage": "stello_graph.checkpoints",
+}
+
+__all__ = [
+    # sessions
+    "Session",
+    "MainSession",
+    "SessionStream",
+    "AsyncSessionStream",
+    "TurnContext",
+    # models
+    "SessionMeta",
+    "TopologyNode",
+    "SendResult",
+    "ChildL2",
+    "IntegrationResult",
+    # memory functions
+    "ConsolidateFn",
+    "IntegrateFn",
+    "llm_consolidator",
+    "llm_integrator",
+    # storage
+    "SessionStorage",
+    "MainStorage",
+    "SqliteMainStorage",
+    "InMemoryMainStorage",
+    # errors
+    "StelloError",
+    "StelloUsageError",
+    "InvalidInputError",
+    "ModelNotConfiguredError",
+    "FunctionNotConfiguredError",
+    "MainSessionForkError",
+    "NothingToIntegrateError",
+    "StreamNotFinishedError",
+    "ToolRoundLimitError",
+    "SessionError",
+    "SessionNotFoundError",
+    "MainSessionNotFoundError",
+    "SessionArchivedError",
+    "DuplicateSessionError",
+    "MainSessionExistsError",
+    "TopologyError",
+    "NodeNotFoundError",
+    "NodeHasChildrenError",
+    "TopologyCycleError",
+    "ModelCallError",
+    "FunctionCallError",
+    "ConsolidationError",
+    "IntegrationError",
+    "StorageError",
+    "SchemaVersionError",
+    "NotADatabaseError",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stello_graph' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

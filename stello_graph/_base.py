@@ -1,0 +1,551 @@
+"""What `Session` and `MainSession` share: reading a turn's context, one model call, commit.
+
+A turn has three steps, each usable on its own by an orchestration layer (the LangGraph nodes
+in `stello_graph.nodes` use them):
+
+1. `turn_context()` reads the session (refusing archived ones) and returns a `TurnContext`:
+   the system message, the sanitised L3 history and the insight it carries.
+2. `invoke(prompt)` makes exactly one model call.
+3. `commit_turn(records, insight=...)` appends the turn's records in one transaction and,
+   only then, consumes the insight that was shown.
+
+`send` / `stream` are these three steps for a turn of one model call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, cast
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.runnables import Runnable, RunnableConfig
+
+from stello_graph._context import message_text, sanitize_history
+from stello_graph._stream import AsyncSessionStream, SessionStream
+from stello_graph._validate import (
+    check_id,
+    check_label,
+    check_metadata,
+    check_optional_text,
+    check_tags,
+    check_text,
+    new_id,
+)
+from stello_graph.errors import (
+    InvalidInputError,
+    ModelCallError,
+    ModelNotConfiguredError,
+    SessionArchivedError,
+    SessionNotFoundError,
+    StelloError,
+)
+from stello_graph.models import SendResult, SessionMeta, SessionRole, utcnow
+from stello_graph.storage import SessionStorage
+
+__all__ = ["SessionBase", "TurnContext", "check_loaded", "new_meta", "to_send_result"]
+
+ModelInput = Sequence[BaseMessage]
+_READ: Any = object()  # sentinel: read the insight from storage
+
+
+def _opt_str(value: object) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise InvalidInputError(f"insight must be a str or None, got {type(value).__name__}.")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnContext:
+    """A snapshot of what one turn of a session shows its model.
+
+    Attributes:
+        session_id: the session the turn runs on.
+        system: the leading system message (system prompt, identity, insight or synthesis).
+        history: the session's L3, sanitised (no incomplete tool-call groups).
+        insight: the insight shown in `system`, consumed when the turn commits.
+    """
+
+    session_id: str
+    system: SystemMessage | None
+    history: tuple[BaseMessage, ...]
+    insight: str | None = None
+
+    def prompt(self, pending: Sequence[BaseMessage] = ()) -> list[BaseMessage]:
+        """The messages of a model call: system, history, then the turn's records so far."""
+        head: list[BaseMessage] = [self.system] if self.system is not None else []
+        return [*head, *self.history, *pending]
+
+
+def _as_ai_message(reply: Any) -> AIMessage:
+    if isinstance(reply, AIMessage):
+        return reply
+    if isinstance(reply, str):
+        return AIMessage(content=reply)
+    if isinstance(reply, BaseMessage):
+        return AIMessage(content=reply.content)
+    raise ModelCallError(f"The model returned {type(reply).__name__}, not a chat message.")
+
+
+def to_send_result(reply: AIMessage) -> SendResult:
+    """The `SendResult` of a model reply."""
+    return SendResult(
+        content=message_text(reply.content),
+        tool_calls=list(reply.tool_calls),
+        usage=reply.usage_metadata,
+        message=reply,
+    )
+
+
+def _check_tool_results(results: object) -> list[ToolMessage]:
+    if isinstance(results, ToolMessage):
+        return [results]
+    if not isinstance(results, Sequence) or not results:
+        raise InvalidInputError("tool results must be a non-empty list of ToolMessage objects.")
+    bad = next((r for r in results if not isinstance(r, ToolMessage)), None)
+    if bad is not None:
+        raise InvalidInputError(
+            f"tool results must be ToolMessage objects, got {type(bad).__name__}."
+        )
+    return list(cast(Sequence[ToolMessage], results))
+
+
+class SessionBase:
+    """Shared machinery of `Session` and `MainSession`; not instantiated directly."""
+
+    role: ClassVar[SessionRole] = "standard"
+
+    def __init__(
+        self,
+        meta: SessionMeta,
+        storage: SessionStorage,
+        *,
+        model: BaseChatModel | None = None,
+        tools: Sequence[Any] | None = None,
+    ) -> None:
+        self._id = meta.id
+        self._meta = meta
+        self._storage = storage
+        self._model = model
+        self._tools: list[Any] = list(tools) if tools else []
+        self._bound: Runnable[ModelInput, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self._id!r}, label={self._meta.label!r})"
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        """The session id."""
+        return self._id
+
+    @property
+    def meta(self) -> SessionMeta:
+        """The session's meta, read from storage (so another writer's changes show)."""
+        self._meta = self._load_meta()
+        return self._meta
+
+    async def ameta(self) -> SessionMeta:
+        """Async twin of `meta`."""
+        self._meta = await self._aload_meta()
+        return self._meta
+
+    @property
+    def storage(self) -> SessionStorage:
+        return self._storage
+
+    @property
+    def model(self) -> BaseChatModel | None:
+        return self._model
+
+    @property
+    def tools(self) -> list[Any]:
+        """The tools bound to the session's model (LangChain tools or tool schemas)."""
+        return list(self._tools)
+
+    # -- storage reads ----------------------------------------------------------------------
+    def _load_meta(self) -> SessionMeta:
+        meta = self._storage.get_session(self._id)
+        if meta is None:
+            raise SessionNotFoundError(self._id)
+        return meta
+
+    async def _aload_meta(self) -> SessionMeta:
+        meta = await self._storage.aget_session(self._id)
+        if meta is None:
+            raise SessionNotFoundError(self._id)
+        return meta
+
+    def _active(self, meta: SessionMeta, operation: str) -> SessionMeta:
+        if meta.status == "archived":
+            raise SessionArchivedError(self._id, operation)
+        self._meta = meta
+        return meta
+
+    # -- context ----------------------------------------------------------------------------
+    def _memory_part(self) -> bool:
+        """Whether the system message carries the session's memory (the main's synthesis)."""
+        return False
+
+    def _system(
+        self, meta: SessionMeta, prompt: str | None, extra: str | None
+    ) -> SystemMessage | None:
+        raise NotImplementedError
+
+    def turn_context(self, *, operation: str = "send", insight: object = _READ) -> TurnContext:
+        """Read everything a turn shows the model; refuse if the session is archived.
+
+        `insight` replaces the stored insight (a multi-round turn keeps showing the insight
+        it started with, even if a newer one arrives meanwhile).
+        """
+        s = self._storage
+        meta = self._active(self._load_meta(), operation)
+        prompt = s.get_system_prompt(self._id)
+        if self._memory_part():
+            extra = s.get_memory(self._id)
+        else:
+            extra = s.get_insight(self._id) if insight is _READ else _opt_str(insight)
+        history = sanitize_history(s.list_records(self._id))
+        return self._turn_context(meta, prompt, extra, history)
+
+    async def aturn_context(
+        self, *, operation: str = "send", insight: object = _READ
+    ) -> TurnContext:
+        """Async twin of `turn_context`."""
+        s = self._storage
+        meta = self._active(await self._aload_meta(), operation)
+        prompt = await s.aget_system_prompt(self._id)
+        if self._memory_part():
+            extra = await s.aget_memory(self._id)
+        elif insight is _READ:
+            extra = await s.aget_insight(self._id)
+        else:
+            extra = _opt_str(insight)
+        history = sanitize_history(await s.alist_records(self._id))
+        return self._turn_context(meta, prompt, extra, history)
+
+    def _turn_context(
+        self,
+        meta: SessionMeta,
+        prompt: str | None,
+        extra: str | None,
+        history: list[BaseMessage],
+    ) -> TurnContext:
+        insight = None if self._memory_part() else extra
+        return TurnContext(self._id, self._system(meta, prompt, extra), tuple(history), insight)
+
+    # -- the model call ---------------------------------------------------------------------
+    def _runnable(self) -> Runnable[ModelInput, Any]:
+        if self._model is None:
+            raise ModelNotConfiguredError(
+                f"Session {self._id!r} has no chat model; pass model= to create() or load()."
+            )
+        if self._bound is None:
+            if self._tools:
+                try:
+                    self._bound = self._model.bind_tools(self._tools)
+                except NotImplementedError:
+                    raise ModelNotConfiguredError(
+                        f"{type(self._model).__name__} does not support tools "
+                        "(bind_tools is not implemented); use a tool-calling model."
+                    ) from None
+            else:
+                self._bound = self._model
+        return self._bound
+
+    def _config(self) -> RunnableConfig:
+        meta = self._meta
+        return {
+            "run_name": "stello.session",
+            "tags": ["stello:session"],
+            "metadata": {"stello_session_id": self._id, "stello_session_label": meta.label},
+        }
+
+    def _model_error(self, exc: Exception) -> ModelCallError:
+        return ModelCallError(
+            f"The model call of session {self._id!r} failed: {type(exc).__name__}: {exc}",
+            session_id=self._id,
+        )
+
+    def invoke(self, prompt: Sequence[BaseMessage]) -> AIMessage:
+        """One model call with `prompt`; provider errors become `ModelCallError`."""
+        runnable = self._runnable()
+        try:
+            return _as_ai_message(runnable.invoke(list(prompt), config=self._config()))
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._model_error(exc) from exc
+
+    async def ainvoke(self, prompt: Sequence[BaseMessage]) -> AIMessage:
+        """Async twin of `invoke`."""
+        runnable = self._runnable()
+        try:
+            return _as_ai_message(await runnable.ainvoke(list(prompt), config=self._config()))
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._model_error(exc) from exc
+
+    # -- commit -----------------------------------------------------------------------------
+    def commit_turn(self, records: Sequence[BaseMessage], *, insight: str | None = None) -> None:
+        """Append a turn's records in one transaction, then consume the insight it showed.
+
+        A turn that starts with a user message counts as one user turn. The insight is
+        cleared only if it is still the one shown (a newer one is kept for the next turn).
+        """
+        s = self._storage
+        with s.transaction():
+            s.append_records(self._id, records, user_turn=_is_user_turn(records))
+            if insight is not None:
+                s.clear_insight(self._id, expected=insight)
+
+    async def acommit_turn(
+        self, records: Sequence[BaseMessage], *, insight: str | None = None
+    ) -> None:
+        """Async twin of `commit_turn`."""
+        s = self._storage
+        async with s.atransaction():
+            await s.aappend_records(self._id, records, user_turn=_is_user_turn(records))
+            if insight is not None:
+                await s.aclear_insight(self._id, expected=insight)
+
+    # -- send -------------------------------------------------------------------------------
+    def send(self, content: str) -> SendResult:
+        """Send a user message: exactly one model call; the message and reply go to L3.
+
+        If the reply asks for tools, run them and pass their results to `send_tool_results`.
+        The text is stored exactly as given (text that looks like JSON is still user text).
+        """
+        human = HumanMessage(content=check_text(content))
+        ctx = self.turn_context()
+        reply = self.invoke(ctx.prompt([human]))
+        self.commit_turn([human, reply], insight=ctx.insight)
+        return to_send_result(reply)
+
+    async def asend(self, content: str) -> SendResult:
+        """Async twin of `send`."""
+        human = HumanMessage(content=check_text(content))
+        ctx = await self.aturn_context()
+        reply = await self.ainvoke(ctx.prompt([human]))
+        await self.acommit_turn([human, reply], insight=ctx.insight)
+        return to_send_result(reply)
+
+    def send_tool_results(self, results: Sequence[ToolMessage] | ToolMessage) -> SendResult:
+        """Continue a turn whose reply asked for tools: one model call with their results.
+
+        `results` must answer every tool call of the last reply in L3. The results and the
+        new reply are appended to L3 together.
+        """
+        tool_messages = _check_tool_results(results)
+        ctx = self.turn_context()
+        raw = self._storage.list_records(self._id)
+        history = _continue_history(self._id, raw, tool_messages)
+        reply = self.invoke(replace(ctx, history=history).prompt())
+        self.commit_turn([*tool_messages, reply], insight=ctx.insight)
+        return to_send_result(reply)
+
+    async def asend_tool_results(self, results: Sequence[ToolMessage] | ToolMessage) -> SendResult:
+        """Async twin of `send_tool_results`."""
+        tool_messages = _check_tool_results(results)
+        ctx = await self.aturn_context()
+        raw = await self._storage.alist_records(self._id)
+        history = _continue_history(self._id, raw, tool_messages)
+        reply = await self.ainvoke(replace(ctx, history=history).prompt())
+        await self.acommit_turn([*tool_messages, reply], insight=ctx.insight)
+        return to_send_result(reply)
+
+    # -- stream -----------------------------------------------------------------------------
+    def stream(self, content: str) -> SessionStream:
+        """Like `send`, yielding the reply's text chunks (`str`) as the model produces them.
+
+        The `SendResult` is `stream.result` once the stream is exhausted; the turn is
+        committed then. A stream closed early commits nothing and keeps the insight.
+        """
+        human = HumanMessage(content=check_text(content))
+        ctx = self.turn_context()
+        self._runnable()
+        return SessionStream(self._stream_turn(ctx, human))
+
+    def _stream_turn(self, ctx: TurnContext, human: HumanMessage) -> Iterator[str | SendResult]:
+        runnable = self._runnable()
+        total: AIMessageChunk | None = None
+        try:
+            for chunk in runnable.stream(ctx.prompt([human]), config=self._config()):
+                if not isinstance(chunk, AIMessageChunk):
+                    chunk = AIMessageChunk(content=message_text(_as_ai_message(chunk).content))
+                total = chunk if total is None else total + chunk
+                text = message_text(chunk.content)
+                if text:
+                    yield text
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._model_error(exc) from exc
+        reply = _chunk_to_message(total)
+        self.commit_turn([human, reply], insight=ctx.insight)
+        yield to_send_result(reply)
+
+    def astream(self, content: str) -> AsyncSessionStream:
+        """Async twin of `stream`: `async for chunk in session.astream("...")`."""
+        human = HumanMessage(content=check_text(content))
+        return AsyncSessionStream(self._astream_turn(human))
+
+    async def _astream_turn(self, human: HumanMessage) -> AsyncIterator[str | SendResult]:
+        ctx = await self.aturn_context()
+        runnable = self._runnable()
+        total: AIMessageChunk | None = None
+        try:
+            async for chunk in runnable.astream(ctx.prompt([human]), config=self._config()):
+                if not isinstance(chunk, AIMessageChunk):
+                    chunk = AIMessageChunk(content=message_text(_as_ai_message(chunk).content))
+                total = chunk if total is None else total + chunk
+                text = message_text(chunk.content)
+                if text:
+                    yield text
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._model_error(exc) from exc
+        reply = _chunk_to_message(total)
+        await self.acommit_turn([human, reply], insight=ctx.insight)
+        yield to_send_result(reply)
+
+    # -- records and prompt -----------------------------------------------------------------
+    def messages(
+        self, *, limit: int | None = None, offset: int = 0, role: str | None = None
+    ) -> list[BaseMessage]:
+        """L3 records as LangChain messages (copies: safe to change)."""
+        found = self._storage.list_records(self._id, limit=limit, offset=offset, role=role)
+        return [m.model_copy(deep=True) for m in found]
+
+    async def amessages(
+        self, *, limit: int | None = None, offset: int = 0, role: str | None = None
+    ) -> list[BaseMessage]:
+        """Async twin of `messages`."""
+        found = await self._storage.alist_records(self._id, limit=limit, offset=offset, role=role)
+        return [m.model_copy(deep=True) for m in found]
+
+    def system_prompt(self) -> str | None:
+        """The session's own system prompt (without identity, insight or synthesis)."""
+        return self._storage.get_system_prompt(self._id)
+
+    async def asystem_prompt(self) -> str | None:
+        return await self._storage.aget_system_prompt(self._id)
+
+    def set_system_prompt(self, prompt: str | None) -> None:
+        """Replace the system prompt (`None` removes it)."""
+        prompt = check_optional_text(prompt, "system_prompt")
+        self._active(self._load_meta(), "a system prompt change")
+        self._storage.put_system_prompt(self._id, prompt)
+
+    async def aset_system_prompt(self, prompt: str | None) -> None:
+        prompt = check_optional_text(prompt, "system_prompt")
+        self._active(await self._aload_meta(), "a system prompt change")
+        await self._storage.aput_system_prompt(self._id, prompt)
+
+    def _updated(
+        self,
+        meta: SessionMeta,
+        label: str | None,
+        tags: Sequence[str] | None,
+        metadata: dict[str, Any] | None,
+    ) -> SessionMeta:
+        changes: dict[str, Any] = {"updated_at": utcnow()}
+        if label is not None:
+            changes["label"] = check_label(label)
+        if tags is not None:
+            changes["tags"] = check_tags(tags)
+        if metadata is not None:
+            changes["metadata"] = check_metadata(metadata)
+        return meta.model_copy(update=changes)
+
+    def update_meta(
+        self,
+        *,
+        label: str | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SessionMeta:
+        """Change label, tags or metadata (each replaced when given); return the new meta."""
+        meta = self._active(self._load_meta(), "a meta update")
+        new = self._updated(meta, label, tags, metadata)
+        self._storage.put_session(new)
+        self._meta = new
+        return new
+
+    async def aupdate_meta(
+        self,
+        *,
+        label: str | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SessionMeta:
+        """Async twin of `update_meta`."""
+        meta = self._active(await self._aload_meta(), "a meta update")
+        new = self._updated(meta, label, tags, metadata)
+        await self._storage.aput_session(new)
+        self._meta = new
+        return new
+
+
+def new_meta(role: str, label: object, tags: object, metadata: object, id: object) -> SessionMeta:
+    return SessionMeta(
+        id=new_id() if id is None else check_id(id),
+        label=check_label(label),
+        role=role,
+        tags=check_tags(tags),
+        metadata=check_metadata(metadata),
+    )
+
+
+def check_loaded(meta: SessionMeta | None, session_id: str, role: str) -> SessionMeta:
+    if meta is None:
+        raise SessionNotFoundError(session_id)
+    if meta.role != role:
+        other = "MainSession" if meta.role == "main" else "Session"
+        raise InvalidInputError(
+            f"Session {session_id!r} has role {meta.role!r}; load it with {other}.load()."
+        )
+    return meta
+
+
+def _is_user_turn(records: Sequence[BaseMessage]) -> bool:
+    return bool(records) and isinstance(records[0], HumanMessage)
+
+
+def _chunk_to_message(total: AIMessageChunk | None) -> AIMessage:
+    if total is None:
+        return AIMessage(content="")
+    return AIMessage(
+        content=total.content,
+        tool_calls=total.tool_calls,
+        invalid_tool_calls=total.invalid_tool_calls,
+        usage_metadata=total.usage_metadata,
+        response_metadata=total.response_metadata,
+        additional_kwargs=total.additional_kwargs,
+        id=total.id,
+    )
+
+
+def _continue_history(
+    session_id: str, raw: list[BaseMessage], results: list[ToolMessage]
+) -> tuple[BaseMessage, ...]:
+    """History for a tool-continuation call: L3 plus `results`, which must close the group."""
+    combined = [*raw, *results]
+    clean = sanitize_history(combined)
+    kept = {id(m) for m in clean}
+    if not all(id(r) in kept for r in results):
+        raise InvalidInputError(
+            f"The tool results do not answer the open tool calls of session {session_id!r}: "
+            "every tool call of the last reply needs exactly one ToolMessage with its id."
+        )
+    return tuple(clean)

@@ -1,0 +1,136 @@
+"""Argument checks at the public boundary: every bad value gets an `InvalidInputError` naming it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stello_graph.errors import InvalidInputError
+
+__all__ = [
+    "MAX_ID_CHARS",
+    "MAX_INPUT_CHARS",
+    "MAX_LABEL_CHARS",
+    "MAX_TAG_CHARS",
+    "check_id",
+    "check_label",
+    "check_metadata",
+    "check_optional_text",
+    "check_tags",
+    "check_text",
+    "new_id",
+]
+
+MAX_INPUT_CHARS = 1_000_000
+"""Longest user message or system prompt accepted, in characters."""
+MAX_LABEL_CHARS = 200
+MAX_TAG_CHARS = 100
+MAX_ID_CHARS = 128
+_CONTROL = {chr(c) for c in range(32)} - {"\t", "\n", "\r"}
+
+
+def new_id() -> str:
+    """A fresh session id."""
+    return str(uuid.uuid4())
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _check_encodable(value: str, what: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{what} contains a lone surrogate at position {exc.start}; it cannot be stored."
+        ) from None
+
+
+def check_text(value: object, what: str = "content") -> str:
+    """A user message: a non-blank string of at most `MAX_INPUT_CHARS` characters."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a str, got {_type_name(value)}.")
+    if not value.strip():
+        raise InvalidInputError(f"{what} is empty or only whitespace.")
+    if len(value) > MAX_INPUT_CHARS:
+        raise InvalidInputError(
+            f"{what} has {len(value):,} characters; the limit is {MAX_INPUT_CHARS:,}."
+        )
+    _check_encodable(value, what)
+    return value
+
+
+def check_optional_text(value: object, what: str) -> str | None:
+    """An optional text (a system prompt): `None`, or a string within `MAX_INPUT_CHARS`."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a str or None, got {_type_name(value)}.")
+    if len(value) > MAX_INPUT_CHARS:
+        raise InvalidInputError(
+            f"{what} has {len(value):,} characters; the limit is {MAX_INPUT_CHARS:,}."
+        )
+    _check_encodable(value, what)
+    return value
+
+
+def _check_name(value: object, what: str, limit: int, *, allow_empty: bool) -> str:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a str, got {_type_name(value)}.")
+    if not allow_empty and not value.strip():
+        raise InvalidInputError(f"{what} is empty or only whitespace.")
+    if len(value) > limit:
+        raise InvalidInputError(f"{what} has {len(value)} characters; the limit is {limit}.")
+    bad = next((ch for ch in value if ch in _CONTROL or ch in "\n\r\t"), None)
+    if bad is not None:
+        raise InvalidInputError(f"{what} {value!r} contains the control character {bad!r}.")
+    _check_encodable(value, what)
+    return value
+
+
+def check_label(value: object) -> str:
+    """A session label: a one-line string of at most `MAX_LABEL_CHARS` (may be empty)."""
+    return _check_name(value, "label", MAX_LABEL_CHARS, allow_empty=True)
+
+
+def check_id(value: object, what: str = "session id") -> str:
+    """A session id: a non-blank one-line string of at most `MAX_ID_CHARS`."""
+    return _check_name(value, what, MAX_ID_CHARS, allow_empty=False)
+
+
+def check_tags(value: object) -> tuple[str, ...]:
+    """Tags: a list or tuple of non-blank one-line strings; duplicates are dropped."""
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise InvalidInputError(
+            f"tags must be a list or tuple of strings, got {_type_name(value)}."
+        )
+    out: list[str] = []
+    for tag in value:
+        tag = _check_name(tag, "tag", MAX_TAG_CHARS, allow_empty=False)
+        if tag not in out:
+            out.append(tag)
+    return tuple(out)
+
+
+def check_metadata(value: object) -> dict[str, Any]:
+    """Metadata: a JSON-serialisable mapping with string keys (`None` means empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(f"metadata must be a dict, got {_type_name(value)}.")
+    bad_key = next((k for k in value if not isinstance(k, str)), None)
+    if bad_key is not None:
+        raise InvalidInputError(f"metadata keys must be strings, got {bad_key!r}.")
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"metadata must be JSON-serialisable: {exc}.") from None
+    if len(encoded) > MAX_INPUT_CHARS:
+        raise InvalidInputError(
+            f"metadata is {len(encoded):,} characters as JSON; the limit is {MAX_INPUT_CHARS:,}."
+        )
+    _check_encodable(encoded, "metadata")
+    return dict(json.loads(encoded))

@@ -1,0 +1,241 @@
+"""Typed errors raised by stello-graph.
+
+Every error derives from `StelloError`. Mistakes in how the library is called (bad
+arguments, missing configuration) derive from `StelloUsageError`; failures that happen at run
+time (a session that does not exist, a model that raised, a database that cannot be used)
+derive from the other branches::
+
+    StelloError
+    ├── StelloUsageError                 a developer mistake: fix the call
+    │   ├── InvalidInputError            bad argument value (also a ValueError)
+    │   ├── ModelNotConfiguredError      a call needs a chat model and none was given
+    │   ├── FunctionNotConfiguredError   consolidate / integrate / compress function missing
+    │   ├── MainSessionForkError         the main session cannot fork
+    │   ├── NothingToIntegrateError      integrate() found no child L2 to read
+    │   ├── StreamNotFinishedError       a stream's result was read before it ended
+    │   └── ScriptExhaustedError         (stello_graph.testing) a scripted model ran out
+    ├── SessionError
+    │   ├── SessionNotFoundError         no session with that id (also a LookupError)
+    │   │   └── MainSessionNotFoundError the tree has no main session yet
+    │   ├── SessionArchivedError         the session is archived and refuses the operation
+    │   ├── DuplicateSessionError        a session with that id already exists
+    │   └── MainSessionExistsError       the tree already has a main session
+    ├── TopologyError
+    │   ├── NodeNotFoundError            no topology node with that id (also a LookupError)
+    │   ├── NodeHasChildrenError         removing a node with children without cascade
+    │   └── TopologyCycleError           a move would put a node under its own subtree
+    ├── ModelCallError                   the chat model raised; the cause is chained
+    ├── ToolRoundLimitError              a turn asked for more tool rounds than allowed
+    ├── FunctionCallError
+    │   ├── ConsolidationError           the consolidate function failed or returned garbage
+    │   └── IntegrationError             the integrate function failed or returned garbage
+    └── StorageError                     the storage backend failed
+        ├── SchemaVersionError           the database was written by a newer schema
+        └── NotADatabaseError            the file is not a SQLite database
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConsolidationError",
+    "DuplicateSessionError",
+    "FunctionCallError",
+    "FunctionNotConfiguredError",
+    "IntegrationError",
+    "InvalidInputError",
+    "MainSessionExistsError",
+    "MainSessionForkError",
+    "MainSessionNotFoundError",
+    "ModelCallError",
+    "ModelNotConfiguredError",
+    "NodeHasChildrenError",
+    "NodeNotFoundError",
+    "NotADatabaseError",
+    "NothingToIntegrateError",
+    "SchemaVersionError",
+    "SessionArchivedError",
+    "SessionError",
+    "SessionNotFoundError",
+    "StelloError",
+    "StelloUsageError",
+    "StorageError",
+    "StreamNotFinishedError",
+    "ToolRoundLimitError",
+    "TopologyCycleError",
+    "TopologyError",
+]
+
+
+class StelloError(Exception):
+    """Base class of every error raised by stello-graph."""
+
+
+class StelloUsageError(StelloError):
+    """The library was called the wrong way; the message says how to fix the call."""
+
+
+class InvalidInputError(StelloUsageError, ValueError):
+    """An argument has a value the library cannot accept (empty text, wrong type, ...)."""
+
+
+class ModelNotConfiguredError(StelloUsageError):
+    """An operation needs a chat model, and none was given to the session."""
+
+
+class FunctionNotConfiguredError(StelloUsageError):
+    """consolidate / integrate / compress was called with no function given or bound."""
+
+
+class MainSessionForkError(StelloUsageError):
+    """The main session does not fork; children are created by the orchestration layer."""
+
+
+class NothingToIntegrateError(StelloUsageError):
+    """`integrate()` found no active child session with an L2 to read."""
+
+
+class StreamNotFinishedError(StelloUsageError):
+    """A stream's `result` was read before the stream was consumed to its end."""
+
+
+class SessionError(StelloError):
+    """Base class of errors about one session."""
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class SessionNotFoundError(SessionError, LookupError):
+    """No session with the given id exists in this storage (and tree)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"Session {session_id!r} does not exist.", session_id=session_id)
+
+
+class MainSessionNotFoundError(SessionNotFoundError):
+    """The tree has no main session yet (create one with `MainSession.create`)."""
+
+    def __init__(self, tree_id: str) -> None:
+        SessionError.__init__(
+            self,
+            f"Tree {tree_id!r} has no main session; create one with MainSession.create().",
+        )
+        self.tree_id = tree_id
+
+
+class SessionArchivedError(SessionError):
+    """The session is archived: it accepts no new turns, forks, consolidations or updates."""
+
+    def __init__(self, session_id: str, operation: str = "this operation") -> None:
+        super().__init__(
+            f"Session {session_id!r} is archived and refuses {operation}.",
+            session_id=session_id,
+        )
+        self.operation = operation
+
+
+class DuplicateSessionError(SessionError):
+    """A session with the requested id already exists."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"A session with id {session_id!r} already exists; pass another id or none.",
+            session_id=session_id,
+        )
+
+
+class MainSessionExistsError(SessionError):
+    """The tree already has a main session; load it instead of creating another."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"This tree already has a main session ({session_id!r}); "
+            "use MainSession.load() or another tree_id.",
+            session_id=session_id,
+        )
+
+
+class TopologyError(StelloError):
+    """Base class of errors about the topology tree."""
+
+
+class NodeNotFoundError(TopologyError, LookupError):
+    """No topology node with the given id exists."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"Topology node {node_id!r} does not exist.")
+        self.node_id = node_id
+
+
+class NodeHasChildrenError(TopologyError):
+    """The node has children; remove them first or pass `cascade=True`."""
+
+    def __init__(self, node_id: str, children: int) -> None:
+        super().__init__(
+            f"Topology node {node_id!r} has {children} child node(s); "
+            "pass cascade=True to remove the whole subtree."
+        )
+        self.node_id = node_id
+        self.children = children
+
+
+class TopologyCycleError(TopologyError):
+    """The requested parent lies inside the node's own subtree."""
+
+    def __init__(self, node_id: str, parent_id: str) -> None:
+        super().__init__(
+            f"Cannot put node {node_id!r} under {parent_id!r}: "
+            f"{parent_id!r} is {node_id!r} itself or one of its descendants."
+        )
+        self.node_id = node_id
+        self.parent_id = parent_id
+
+
+class ModelCallError(StelloError):
+    """The chat model raised during a call; the original exception is the `__cause__`."""
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class ToolRoundLimitError(StelloError):
+    """A turn's model kept asking for tools past `max_tool_rounds`; nothing was committed."""
+
+    def __init__(self, session_id: str, limit: int) -> None:
+        super().__init__(
+            f"The turn on session {session_id!r} exceeded max_tool_rounds={limit}: the model "
+            "asked for tools again. Nothing of the turn was stored; raise the limit or change "
+            "the tools."
+        )
+        self.session_id = session_id
+        self.limit = limit
+
+
+class FunctionCallError(StelloError):
+    """A user-supplied (or default LLM-backed) memory function failed."""
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class ConsolidationError(FunctionCallError):
+    """The consolidate function raised or returned something other than text."""
+
+
+class IntegrationError(FunctionCallError):
+    """The integrate function raised or returned something other than an IntegrationResult."""
+
+
+class StorageError(StelloError):
+    """The storage backend failed in a way the caller cannot fix by changing arguments."""
+
+
+class SchemaVersionError(StorageError):
+    """The database was written by a newer version of stello-graph than this one."""
+
+
+class NotADatabaseError(StorageError):
+    """The file given as a database is not a SQLite database."""

@@ -1,0 +1,292 @@
+"""`MainSession`: the root of a topology, its global awareness layer.
+
+The main session reads only its children's L2 (never their L3), integrates them into a
+synthesis, and pushes targeted insights back to single children. It does not fork: children
+are created by the orchestration layer (`StelloAgent.fork`), or as standalone `Session`s.
+
+Example:
+    >>> from stello_graph import IntegrationResult, Session
+    >>> from stello_graph.checkpoints import InMemoryMainStorage
+    >>> storage = InMemoryMainStorage()
+    >>> main = MainSession.create(storage)
+    >>> child = Session.create(storage, label="Pricing")
+    >>> storage.put_memory(child.id, "Users want a free tier.")
+    >>> result = main.integrate(
+    ...     lambda children, current: IntegrationResult(
+    ...         synthesis="Free tier matters.", insights={children[0].session_id: "Mind cost."}
+    ...     )
+    ... )
+    >>> main.synthesis(), child.insight()
+    ('Free tier matters.', 'Mind cost.')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import SystemMessage
+
+from stello_graph._base import SessionBase, check_loaded, new_meta
+from stello_graph._calls import call_async, call_sync
+from stello_graph._context import synthesis_block, system_message
+from stello_graph._validate import check_id, check_optional_text
+from stello_graph.errors import (
+    FunctionNotConfiguredError,
+    IntegrationError,
+    InvalidInputError,
+    MainSessionExistsError,
+    MainSessionForkError,
+    MainSessionNotFoundError,
+    NothingToIntegrateError,
+    StelloError,
+)
+from stello_graph.memory import IntegrateFn
+from stello_graph.models import ChildL2, IntegrationResult, SessionMeta, TopologyNode
+from stello_graph.storage import MainStorage
+
+__all__ = ["MainSession"]
+
+
+def _integration(result: object, children: Sequence[ChildL2], main_id: str) -> IntegrationResult:
+    """Validate an integrate function's answer and keep only insights for the given children."""
+    if isinstance(result, Mapping):
+        try:
+            result = IntegrationResult.model_validate(dict(result))
+        except ValueError as exc:
+            raise IntegrationError(
+                f"The integrate function returned an invalid mapping: {exc}", session_id=main_id
+            ) from None
+    if not isinstance(result, IntegrationResult):
+        raise IntegrationError(
+            f"The integrate function returned {type(result).__name__}, "
+            "expected IntegrationResult(synthesis=..., insights={...}).",
+            session_id=main_id,
+        )
+    if not result.synthesis.strip():
+        raise IntegrationError("The integrate function returned an empty synthesis.")
+    allowed = {c.session_id for c in children}
+    insights = {
+        sid: text for sid, text in result.insights.items() if sid in allowed and text.strip()
+    }
+    return IntegrationResult(synthesis=result.synthesis, insights=insights)
+
+
+class MainSession(SessionBase):
+    """The root session of a tree. Create with `MainSession.create`, reopen with `load`."""
+
+    role = "main"
+
+    def __init__(
+        self,
+        meta: SessionMeta,
+        storage: MainStorage,
+        *,
+        model: BaseChatModel | None = None,
+        tools: Sequence[Any] | None = None,
+        integrate_fn: IntegrateFn | None = None,
+    ) -> None:
+        super().__init__(meta, storage, model=model, tools=tools)
+        self._main_storage = storage
+        self._integrate_fn = integrate_fn
+
+    @property
+    def storage(self) -> MainStorage:
+        return self._main_storage
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        storage: MainStorage,
+        *,
+        model: BaseChatModel | None = None,
+        label: str = "Main Session",
+        system_prompt: str | None = None,
+        integrate_fn: IntegrateFn | None = None,
+        tools: Sequence[Any] | None = None,
+        id: str | None = None,
+    ) -> MainSession:
+        """Create the tree's main session and its root TopologyNode, atomically.
+
+        Raises:
+            MainSessionExistsError: the tree already has a main session.
+        """
+        meta = new_meta("main", label, (), None, id)
+        prompt = check_optional_text(system_prompt, "system_prompt")
+        with storage.transaction():
+            existing = storage.get_main_session()
+            if existing is not None:
+                raise MainSessionExistsError(existing.id)
+            storage.put_session(meta)
+            if prompt:
+                storage.put_system_prompt(meta.id, prompt)
+            storage.put_node(TopologyNode(id=meta.id, parent_id=None, label=meta.label))
+        return cls(meta, storage, model=model, tools=tools, integrate_fn=integrate_fn)
+
+    @classmethod
+    async def acreate(
+        cls,
+        storage: MainStorage,
+        *,
+        model: BaseChatModel | None = None,
+        label: str = "Main Session",
+        system_prompt: str | None = None,
+        integrate_fn: IntegrateFn | None = None,
+        tools: Sequence[Any] | None = None,
+        id: str | None = None,
+    ) -> MainSession:
+        """Async twin of `create`."""
+        meta = new_meta("main", label, (), None, id)
+        prompt = check_optional_text(system_prompt, "system_prompt")
+        async with storage.atransaction():
+            existing = await storage.aget_main_session()
+            if existing is not None:
+                raise MainSessionExistsError(existing.id)
+            await storage.aput_session(meta)
+            if prompt:
+                await storage.aput_system_prompt(meta.id, prompt)
+            await storage.aput_node(TopologyNode(id=meta.id, parent_id=None, label=meta.label))
+        return cls(meta, storage, model=model, tools=tools, integrate_fn=integrate_fn)
+
+    @classmethod
+    def load(
+        cls,
+        storage: MainStorage,
+        *,
+        session_id: str | None = None,
+        model: BaseChatModel | None = None,
+        tools: Sequence[Any] | None = None,
+        integrate_fn: IntegrateFn | None = None,
+    ) -> MainSession:
+        """Open the tree's main session (or the main session with `session_id`).
+
+        Raises:
+            MainSessionNotFoundError: the tree has no main session.
+            SessionNotFoundError: no session has `session_id`.
+        """
+        if session_id is None:
+            found = storage.get_main_session()
+            if found is None:
+                raise MainSessionNotFoundError(storage.tree_id)
+            session_id = found.id
+        else:
+            found = storage.get_session(check_id(session_id))
+        meta = check_loaded(found, session_id, "main")
+        return cls(meta, storage, model=model, tools=tools, integrate_fn=integrate_fn)
+
+    @classmethod
+    async def aload(
+        cls,
+        storage: MainStorage,
+        *,
+        session_id: str | None = None,
+        model: BaseChatModel | None = None,
+        tools: Sequence[Any] | None = None,
+        integrate_fn: IntegrateFn | None = None,
+    ) -> MainSession:
+        """Async twin of `load`."""
+        if session_id is None:
+            found = await storage.aget_main_session()
+            if found is None:
+                raise MainSessionNotFoundError(storage.tree_id)
+            session_id = found.id
+        else:
+            found = await storage.aget_session(check_id(session_id))
+        meta = check_loaded(found, session_id, "main")
+        return cls(meta, storage, model=model, tools=tools, integrate_fn=integrate_fn)
+
+    # -- context ----------------------------------------------------------------------------
+    def _memory_part(self) -> bool:
+        return True
+
+    def _system(
+        self, meta: SessionMeta, prompt: str | None, extra: str | None
+    ) -> SystemMessage | None:
+        return system_message([prompt, synthesis_block(extra) if extra else None])
+
+    # -- synthesis and integration ----------------------------------------------------------
+    def synthesis(self) -> str | None:
+        """What the last integration produced."""
+        return self._storage.get_memory(self._id)
+
+    async def asynthesis(self) -> str | None:
+        return await self._storage.aget_memory(self._id)
+
+    def _integrator(self, fn: IntegrateFn | None) -> IntegrateFn:
+        chosen = fn if fn is not None else self._integrate_fn
+        if chosen is None:
+            raise FunctionNotConfiguredError(
+                "The main session has no integrate function: pass fn= or create it with "
+                "integrate_fn= (e.g. llm_integrator(model))."
+            )
+        if not callable(chosen):
+            raise InvalidInputError(f"fn must be callable, got {type(chosen).__name__}.")
+        return chosen
+
+    def _children(self, children: list[ChildL2]) -> list[ChildL2]:
+        if not children:
+            raise NothingToIntegrateError(
+                "No active child session has an L2 yet: consolidate some sessions first."
+            )
+        return children
+
+    def _fn_error(self, exc: Exception) -> IntegrationError:
+        return IntegrationError(
+            f"Integration failed: {type(exc).__name__}: {exc}", session_id=self._id
+        )
+
+    def integrate(self, fn: IntegrateFn | None = None) -> IntegrationResult:
+        """Integrate the L2 of the active children into a synthesis and insights.
+
+        The synthesis and every insight are written in one transaction; insights addressed
+        to sessions that were not among the inputs are dropped. Returns what was written.
+        """
+        chosen = self._integrator(fn)
+        s = self._main_storage
+        self._active(self._load_meta(), "integration")
+        children = self._children(s.get_all_session_l2s())
+        try:
+            raw = call_sync(chosen, list(children), s.get_memory(self._id))
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._fn_error(exc) from exc
+        result = _integration(raw, children, self._id)
+        with s.transaction():
+            s.put_memory(self._id, result.synthesis)
+            for session_id, insight in result.insights.items():
+                s.put_insight(session_id, insight)
+        return result
+
+    async def aintegrate(self, fn: IntegrateFn | None = None) -> IntegrationResult:
+        """Async twin of `integrate`."""
+        chosen = self._integrator(fn)
+        s = self._main_storage
+        self._active(await self._aload_meta(), "integration")
+        children = self._children(await s.aget_all_session_l2s())
+        try:
+            raw = await call_async(chosen, list(children), await s.aget_memory(self._id))
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._fn_error(exc) from exc
+        result = _integration(raw, children, self._id)
+        async with s.atransaction():
+            await s.aput_memory(self._id, result.synthesis)
+            for session_id, insight in result.insights.items():
+                await s.aput_insight(session_id, insight)
+        return result
+
+    # -- refused ----------------------------------------------------------------------------
+    def fork(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """The main session does not fork; use `StelloAgent.fork(main_id, ...)`."""
+        raise MainSessionForkError(
+            "The main session does not fork. Create children with StelloAgent.fork() "
+            "(the orchestration layer) or Session.create()."
+        )
+
+    async def afork(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """The main session does not fork; use `StelloAgent.afork(main_id, ...)`."""
+        self.fork()

@@ -1,0 +1,260 @@
+"""Memory functions: consolidate (L3 -> L2) and integrate (children's L2 -> synthesis + insights).
+
+Both are `Protocol`s: any callable with the right signature works, sync or async. The
+LLM-backed defaults `llm_consolidator` and `llm_integrator` turn any LangChain chat model into
+one. Their model calls are tagged `nostream`, so they never leak into the tokens a LangGraph
+`messages` stream shows the user.
+
+Example:
+    >>> from stello_graph.testing import ScriptedChatModel
+    >>> summarise = llm_consolidator(ScriptedChatModel(["The user prefers tea."]))
+    >>> summarise(None, [])
+    'The user prefers tea.'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, Protocol
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import RunnableConfig
+
+from stello_graph._context import message_text, transcript
+from stello_graph.models import ChildL2, IntegrationResult
+
+__all__ = [
+    "DEFAULT_CONSOLIDATE_PROMPT",
+    "DEFAULT_INTEGRATE_PROMPT",
+    "ConsolidateFn",
+    "IntegrateFn",
+    "LLMConsolidator",
+    "LLMIntegrator",
+    "llm_consolidator",
+    "llm_integrator",
+    "parse_integration",
+]
+
+
+class ConsolidateFn(Protocol):
+    """Distils L3 into L2: `(current_l2, records) -> new_l2`.
+
+    `records` are the L3 records not yet covered by `current_l2` (all of them on the first
+    consolidation), so a long session is never re-read in full. Return the new L2, which
+    replaces the old one. May be `async`.
+    """
+
+    def __call__(
+        self, current_l2: str | None, records: list[BaseMessage], /
+    ) -> str | Awaitable[str]: ...
+
+
+class IntegrateFn(Protocol):
+    """Integrates children's L2: `(children, current_synthesis) -> IntegrationResult`.
+
+    Sees only L2 (never L3). Returns the new synthesis and insights addressed by session id;
+    insights for ids that were not among `children` are dropped by the caller. May be `async`.
+    """
+
+    def __call__(
+        self, children: list[ChildL2], current_synthesis: str | None, /
+    ) -> IntegrationResult | Awaitable[IntegrationResult]: ...
+
+
+DEFAULT_CONSOLIDATE_PROMPT = """\
+You maintain the outward summary of one branch of a larger, branching conversation. \
+Other parts of the system read only this summary, never the conversation itself.
+Update the current summary with the new records: keep decisions, facts, conclusions, open \
+questions and the user's preferences; drop small talk and repetition. \
+Write plain prose of at most 200 words. Output only the summary."""
+
+DEFAULT_INTEGRATE_PROMPT = """\
+You are the main session of a branching conversation. Each branch below is an independent \
+line of thought, shown only through its summary.
+1. Write a synthesis: what the branches add up to, where they agree, conflict or depend on \
+each other, and what is still open.
+2. Where one branch would benefit from something another branch found, write a short, \
+concrete insight for that branch.
+Answer with one JSON object and nothing else:
+{"synthesis": "<text>", "insights": {"<session_id>": "<insight for that branch>"}}
+Use only the session ids listed below as keys of "insights"; leave out branches that need \
+no insight."""
+
+_NOSTREAM: RunnableConfig = {"tags": ["nostream"]}
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
+
+
+def _clean(text: str) -> str:
+    """Remove reasoning blocks (`<think>...</think>`, or an unclosed one) and outer space."""
+    text = _THINK.sub("", text)
+    opened = text.lower().find("<think>")
+    if opened != -1:
+        text = text[:opened]
+    return text.strip()
+
+
+def _config(kind: str) -> RunnableConfig:
+    return {"tags": [*_NOSTREAM["tags"], f"stello:{kind}"], "run_name": f"stello.{kind}"}
+
+
+class LLMConsolidator:
+    """A `ConsolidateFn` backed by a chat model (made by `llm_consolidator`)."""
+
+    def __init__(self, model: BaseChatModel, prompt: str | None = None) -> None:
+        self.model = model
+        self.prompt = prompt or DEFAULT_CONSOLIDATE_PROMPT
+
+    def messages(self, current_l2: str | None, records: Sequence[BaseMessage]) -> list[BaseMessage]:
+        """The prompt sent to the model."""
+        body = (
+            f"Current summary:\n{current_l2 or '(none yet)'}\n\n"
+            f"New records:\n{transcript(records) or '(none)'}\n\n"
+            "Write the updated summary."
+        )
+        return [SystemMessage(content=self.prompt), HumanMessage(content=body)]
+
+    def __call__(self, current_l2: str | None, records: list[BaseMessage], /) -> str:
+        reply = self.model.invoke(self.messages(current_l2, records), config=_config("consolidate"))
+        return _clean(message_text(reply.content))
+
+    async def acall(self, current_l2: str | None, records: list[BaseMessage], /) -> str:
+        reply = await self.model.ainvoke(
+            self.messages(current_l2, records), config=_config("consolidate")
+        )
+        return _clean(message_text(reply.content))
+
+
+def llm_consolidator(model: BaseChatModel, prompt: str | None = None) -> LLMConsolidator:
+    """A `ConsolidateFn` that asks `model` to update the L2 summary with the new records.
+
+    Args:
+        model: any LangChain chat model.
+        prompt: the system prompt of the summarising call (default `DEFAULT_CONSOLIDATE_PROMPT`).
+    """
+    return LLMConsolidator(model, prompt)
+
+
+def _json_objects(text: str) -> list[Any]:
+    """Every JSON value found in `text`: fenced blocks first, then each balanced `{...}`."""
+    found: list[Any] = []
+    decoder = json.JSONDecoder()
+    for block in _FENCE.findall(text):
+        with contextlib.suppress(ValueError):
+            found.append(json.loads(block))
+    for match in re.finditer(r"\{", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        found.append(value)
+    return found
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+_KEY_FIELDS = ("session_id", "sessionId", "id", "label")
+_TEXT_FIELDS = ("insight", "content", "text")
+
+
+def _insight_pairs(raw: Any) -> list[tuple[str, str]]:
+    if isinstance(raw, Mapping):
+        return [(str(k), _as_text(v)) for k, v in raw.items()]
+    pairs: list[tuple[str, str]] = []
+    if isinstance(raw, list):
+        for item in raw:
+            if not isinstance(item, Mapping):
+                continue
+            key = next((item[k] for k in _KEY_FIELDS if k in item), None)
+            text = next((item[k] for k in _TEXT_FIELDS if k in item), None)
+            if key is not None and text is not None:
+                pairs.append((str(key), _as_text(text)))
+    return pairs
+
+
+def _resolve_ids(pairs: list[tuple[str, str]], children: Sequence[ChildL2]) -> dict[str, str]:
+    """Keep insights addressed to given children, by id or (if unambiguous) by label."""
+    ids = {c.session_id for c in children}
+    by_label: dict[str, list[str]] = {}
+    for child in children:
+        by_label.setdefault(child.label.strip().casefold(), []).append(child.session_id)
+    insights: dict[str, str] = {}
+    for key, text in pairs:
+        key = key.strip()
+        target = key if key in ids else None
+        if target is None:
+            matches = by_label.get(key.casefold(), [])
+            target = matches[0] if len(matches) == 1 else None
+        if target is not None and text.strip():
+            insights[target] = text.strip()
+    return insights
+
+
+def parse_integration(text: str, children: Sequence[ChildL2]) -> IntegrationResult:
+    """Read an integrator model's answer, however it wrapped the JSON.
+
+    Copes with `<think>` blocks, code fences and prose around the object. Insights are kept
+    only for the given children (addressed by id, or by an unambiguous label). An answer with
+    no usable JSON becomes the synthesis as a whole, with no insights.
+    """
+    cleaned = _clean(text)
+    for value in _json_objects(cleaned):
+        if isinstance(value, Mapping) and "synthesis" in value:
+            synthesis = _as_text(value["synthesis"]).strip()
+            insights = _resolve_ids(_insight_pairs(value.get("insights", {})), children)
+            return IntegrationResult(synthesis=synthesis, insights=insights)
+    return IntegrationResult(synthesis=cleaned, insights={})
+
+
+class LLMIntegrator:
+    """An `IntegrateFn` backed by a chat model (made by `llm_integrator`)."""
+
+    def __init__(self, model: BaseChatModel, prompt: str | None = None) -> None:
+        self.model = model
+        self.prompt = prompt or DEFAULT_INTEGRATE_PROMPT
+
+    def messages(
+        self, children: Sequence[ChildL2], current_synthesis: str | None
+    ) -> list[BaseMessage]:
+        """The prompt sent to the model."""
+        branches = "\n\n".join(
+            f'<branch session_id="{c.session_id}" label="{c.label}">\n{c.l2}\n</branch>'
+            for c in children
+        )
+        body = (
+            f"Current synthesis:\n{current_synthesis or '(none yet)'}\n\n"
+            f"Branches:\n{branches}\n\nAnswer with the JSON object."
+        )
+        return [SystemMessage(content=self.prompt), HumanMessage(content=body)]
+
+    def __call__(
+        self, children: list[ChildL2], current_synthesis: str | None, /
+    ) -> IntegrationResult:
+        reply = self.model.invoke(
+            self.messages(children, current_synthesis), config=_config("integrate")
+        )
+        return parse_integration(message_text(reply.content), children)
+
+    async def acall(
+        self, children: list[ChildL2], current_synthesis: str | None, /
+    ) -> IntegrationResult:
+        reply = await self.model.ainvoke(
+            self.messages(children, current_synthesis), config=_config("integrate")
+        )
+        return parse_integration(message_text(reply.content), children)
+
+
+def llm_integrator(model: BaseChatModel, prompt: str | None = None) -> LLMIntegrator:
+    """An `IntegrateFn` that asks `model` for a synthesis and per-branch insights as JSON.
+
+    Args:
+        model: any LangChain chat model.
+        prompt: the system prompt of the integrating call (default `DEFAULT_INTEGRATE_PROMPT`).
+    """
+    return LLMIntegrator(model, prompt)

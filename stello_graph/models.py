@@ -1,0 +1,106 @@
+"""The data the session core and the storage exchange.
+
+`SessionMeta` and `TopologyNode` are kept apart on purpose: a session does not know where it
+sits in the tree, and the tree can be drawn without loading any session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from langchain_core.messages import AIMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.tool import ToolCall
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChildL2",
+    "IntegrationResult",
+    "SendResult",
+    "SessionMeta",
+    "SessionRole",
+    "SessionStatus",
+    "TopologyNode",
+    "utcnow",
+]
+
+SessionRole = Literal["standard", "main"]
+SessionStatus = Literal["active", "archived"]
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC (the only kind of time stored)."""
+    return datetime.now(UTC)
+
+
+class SessionMeta(BaseModel):
+    """What is known about a session, apart from its records and memory.
+
+    A session has no parent id and no depth: where it sits in the tree is kept by
+    `TopologyNode`, in the `MainStorage`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    """Unique id of the session (unique within one tree)."""
+    label: str
+    """Human-readable name; also the session's identity line in its prompt when non-empty."""
+    role: SessionRole = "standard"
+    """`"main"` for the root of a tree, `"standard"` for every other session."""
+    status: SessionStatus = "active"
+    """`"archived"` sessions refuse new turns, forks, consolidations and updates."""
+    tags: tuple[str, ...] = ()
+    """Organising tags."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Free-form JSON-serialisable data of the application."""
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class TopologyNode(BaseModel):
+    """One node of the topology tree; `id` is the id of the session it stands for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    parent_id: str | None = None
+    """`None` marks the root (the main session)."""
+    label: str = ""
+    """A copy of the session's label, so the tree can be drawn without loading sessions."""
+
+
+class ChildL2(BaseModel):
+    """One child's outward summary, as given to an `IntegrateFn`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    label: str
+    l2: str
+
+
+class IntegrationResult(BaseModel):
+    """What an `IntegrateFn` returns: the new synthesis and insights addressed by session id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    synthesis: str
+    insights: dict[str, str] = Field(default_factory=dict)
+    """Session id -> insight text. Insights for ids that were not among the inputs are dropped."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """The reply of one model call made by `Session.send` (or a stream, once it is done)."""
+
+    content: str
+    """The text of the reply (text blocks joined when the provider returns a list)."""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    """Tool calls the model asked for; the caller decides whether to run them."""
+    usage: UsageMetadata | None = None
+    """Token usage reported by the provider, when it reports any."""
+    message: AIMessage | None = None
+    """The full reply as stored in L3."""

@@ -1,0 +1,362 @@
+"""`Session`: one independent conversation (a child of the topology, role `standard`).
+
+A session keeps its own L3 (raw records), system prompt, L2 (its outward summary, written by
+`consolidate`) and the insight the main session last pushed to it. It does not know where it
+sits in the tree. Its model never sees its own L2.
+
+Example:
+    >>> from stello_graph.checkpoints import InMemoryMainStorage
+    >>> from stello_graph.testing import ScriptedChatModel
+    >>> storage = InMemoryMainStorage()
+    >>> model = ScriptedChatModel(["Tea, then.", "Green tea."])
+    >>> s = Session.create(storage, model=model, label="Drinks")
+    >>> s.send("Coffee or tea?").content
+    'Tea, then.'
+    >>> child = s.fork("Tea kinds", context="inherit")
+    >>> len(child.messages())
+    2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage, SystemMessage
+
+from stello_graph._base import SessionBase, check_loaded, new_meta
+from stello_graph._calls import call_async, call_sync
+from stello_graph._context import identity_line, insight_block, system_message
+from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
+from stello_graph._validate import check_id, check_optional_text, check_text
+from stello_graph.errors import (
+    ConsolidationError,
+    DuplicateSessionError,
+    FunctionNotConfiguredError,
+    InvalidInputError,
+    StelloError,
+)
+from stello_graph.memory import ConsolidateFn
+from stello_graph.models import SessionMeta, utcnow
+from stello_graph.storage import SessionStorage
+
+__all__ = ["Session"]
+
+
+def _consolidated(result: object, session_id: str) -> str:
+    if not isinstance(result, str):
+        raise ConsolidationError(
+            f"The consolidate function returned {type(result).__name__}, expected str.",
+            session_id=session_id,
+        )
+    if not result.strip():
+        raise ConsolidationError(
+            "The consolidate function returned an empty summary.", session_id=session_id
+        )
+    return result
+
+
+class Session(SessionBase):
+    """A child session of the topology. Create with `Session.create`, reopen with `load`."""
+
+    role = "standard"
+
+    def __init__(
+        self,
+        meta: SessionMeta,
+        storage: SessionStorage,
+        *,
+        model: BaseChatModel | None = None,
+        tools: Sequence[Any] | None = None,
+        consolidate_fn: ConsolidateFn | None = None,
+    ) -> None:
+        super().__init__(meta, storage, model=model, tools=tools)
+        self._consolidate_fn = consolidate_fn
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        storage: SessionStorage,
+        *,
+        model: BaseChatModel | None = None,
+        label: str = "New Session",
+        system_prompt: str | None = None,
+        tags: Sequence[str] = (),
+        metadata: dict[str, Any] | None = None,
+        id: str | None = None,
+        tools: Sequence[Any] | None = None,
+        consolidate_fn: ConsolidateFn | None = None,
+    ) -> Session:
+        """Create and store a new session.
+
+        Raises:
+            DuplicateSessionError: `id` is already taken.
+            InvalidInputError: a bad label, tags, metadata, id or system prompt.
+        """
+        meta = new_meta("standard", label, tags, metadata, id)
+        prompt = check_optional_text(system_prompt, "system_prompt")
+        with storage.transaction():
+            if storage.get_session(meta.id) is not None:
+                raise DuplicateSessionError(meta.id)
+            storage.put_session(meta)
+            if prompt:
+                storage.put_system_prompt(meta.id, prompt)
+        return cls(meta, storage, model=model, tools=tools, consolidate_fn=consolidate_fn)
+
+    @classmethod
+    async def acreate(
+        cls,
+        storage: SessionStorage,
+        *,
+        model: BaseChatModel | None = None,
+        label: str = "New Session",
+        system_prompt: str | None = None,
+        tags: Sequence[str] = (),
+        metadata: dict[str, Any] | None = None,
+        id: str | None = None,
+        tools: Sequence[Any] | None = None,
+        consolidate_fn: ConsolidateFn | None = None,
+    ) -> Session:
+        """Async twin of `create`."""
+        meta = new_meta("standard", label, tags, metadata, id)
+        prompt = check_optional_text(system_prompt, "system_prompt")
+        async with storage.atransaction():
+            if await storage.aget_session(meta.id) is not None:
+                raise DuplicateSessionError(meta.id)
+            await storage.aput_session(meta)
+            if prompt:
+                await storage.aput_system_prompt(meta.id, prompt)
+        return cls(meta, storage, model=model, tools=tools, consolidate_fn=consolidate_fn)
+
+    @classmethod
+    def load(
+        cls,
+        session_id: str,
+        storage: SessionStorage,
+        *,
+        model: BaseChatModel | None = None,
+        tools: Sequence[Any] | None = None,
+        consolidate_fn: ConsolidateFn | None = None,
+    ) -> Session:
+        """Open a stored session.
+
+        Raises:
+            SessionNotFoundError: there is no session with that id.
+            InvalidInputError: the id is the main session's (use `MainSession.load`).
+        """
+        meta = check_loaded(storage.get_session(check_id(session_id)), session_id, "standard")
+        return cls(meta, storage, model=model, tools=tools, consolidate_fn=consolidate_fn)
+
+    @classmethod
+    async def aload(
+        cls,
+        session_id: str,
+        storage: SessionStorage,
+        *,
+        model: BaseChatModel | None = None,
+        tools: Sequence[Any] | None = None,
+        consolidate_fn: ConsolidateFn | None = None,
+    ) -> Session:
+        """Async twin of `load`."""
+        found = await storage.aget_session(check_id(session_id))
+        meta = check_loaded(found, session_id, "standard")
+        return cls(meta, storage, model=model, tools=tools, consolidate_fn=consolidate_fn)
+
+    # -- context ----------------------------------------------------------------------------
+    def _system(
+        self, meta: SessionMeta, prompt: str | None, extra: str | None
+    ) -> SystemMessage | None:
+        return system_message(
+            [prompt, identity_line(meta.label), insight_block(extra) if extra else None]
+        )
+
+    # -- insight and memory -----------------------------------------------------------------
+    def insight(self) -> str | None:
+        """The pending insight from the main session (read without consuming it)."""
+        return self._storage.get_insight(self._id)
+
+    async def ainsight(self) -> str | None:
+        return await self._storage.aget_insight(self._id)
+
+    def set_insight(self, insight: str) -> None:
+        """Replace the pending insight; the next turn shows it once."""
+        text = check_text(insight, "insight")
+        self._active(self._load_meta(), "an insight")
+        self._storage.put_insight(self._id, text)
+
+    async def aset_insight(self, insight: str) -> None:
+        text = check_text(insight, "insight")
+        self._active(await self._aload_meta(), "an insight")
+        await self._storage.aput_insight(self._id, text)
+
+    def memory(self) -> str | None:
+        """The session's L2: its outward summary, as the main session sees it."""
+        return self._storage.get_memory(self._id)
+
+    async def amemory(self) -> str | None:
+        return await self._storage.aget_memory(self._id)
+
+    def _consolidator(self, fn: ConsolidateFn | None) -> ConsolidateFn:
+        chosen = fn if fn is not None else self._consolidate_fn
+        if chosen is None:
+            raise FunctionNotConfiguredError(
+                f"Session {self._id!r} has no consolidate function: pass fn= or create the "
+                "session with consolidate_fn= (e.g. llm_consolidator(model))."
+            )
+        if not callable(chosen):
+            raise InvalidInputError(f"fn must be callable, got {type(chosen).__name__}.")
+        return chosen
+
+    def _fn_error(self, exc: Exception) -> ConsolidationError:
+        return ConsolidationError(
+            f"Consolidating session {self._id!r} failed: {type(exc).__name__}: {exc}",
+            session_id=self._id,
+        )
+
+    def consolidate(self, fn: ConsolidateFn | None = None) -> str | None:
+        """Distil the records not yet covered into a new L2 (which replaces the old one).
+
+        Idempotent: with no new records since the last consolidation the function is not
+        called and the current L2 is returned. Returns `None` for a session with no records.
+        """
+        return self._consolidate(fn, require_active=True)
+
+    def _consolidate(self, fn: ConsolidateFn | None, *, require_active: bool) -> str | None:
+        chosen = self._consolidator(fn)
+        s = self._storage
+        meta = self._load_meta()
+        if require_active:
+            self._active(meta, "consolidation")
+        current, through = s.get_memory(self._id), s.get_memory_through(self._id)
+        records: list[BaseMessage] = s.list_records(self._id, offset=through)
+        if not records:
+            return current
+        try:
+            result = call_sync(chosen, current, list(records))
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._fn_error(exc) from exc
+        l2 = _consolidated(result, self._id)
+        s.put_memory(self._id, l2, through=through + len(records))
+        return l2
+
+    async def aconsolidate(self, fn: ConsolidateFn | None = None) -> str | None:
+        """Async twin of `consolidate`."""
+        chosen = self._consolidator(fn)
+        s = self._storage
+        self._active(await self._aload_meta(), "consolidation")
+        current, through = await s.aget_memory(self._id), await s.aget_memory_through(self._id)
+        records: list[BaseMessage] = await s.alist_records(self._id, offset=through)
+        if not records:
+            return current
+        try:
+            result = await call_async(chosen, current, list(records))
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._fn_error(exc) from exc
+        l2 = _consolidated(result, self._id)
+        await s.aput_memory(self._id, l2, through=through + len(records))
+        return l2
+
+    # -- fork and archive -------------------------------------------------------------------
+    def _child(
+        self,
+        meta: SessionMeta,
+        model: BaseChatModel | None,
+        tools: Sequence[Any] | None,
+    ) -> Session:
+        return Session(
+            meta,
+            self._storage,
+            model=model if model is not None else self._model,
+            tools=tools if tools is not None else self._tools,
+            consolidate_fn=self._consolidate_fn,
+        )
+
+    def fork(
+        self,
+        label: str,
+        *,
+        context: ForkContext = "none",
+        system_prompt: str | None = None,
+        prompt: str | None = None,
+        model: BaseChatModel | None = None,
+        tools: Sequence[Any] | None = None,
+        tags: Sequence[str] = (),
+        metadata: dict[str, Any] | None = None,
+        id: str | None = None,
+    ) -> Session:
+        """A new, independent session that starts from this one's context once.
+
+        Args:
+            label: the child's label.
+            context: `"none"` (default), `"inherit"` (all of L3) or a function that picks
+                records from L3. Incomplete tool-call groups are never copied; L2 and the
+                insight never are.
+            system_prompt: the child's system prompt; by default it inherits this one's.
+            prompt: the child's opening assistant line.
+            model, tools: override this session's model and tools for the child.
+            tags, metadata, id: the child's meta.
+
+        If this session has a TopologyNode, the child's node is written under it in the
+        same transaction as the child.
+        """
+        req = ForkRequest.build(
+            self._id,
+            label,
+            context=context,
+            system_prompt=system_prompt,
+            prompt=prompt,
+            tags=tags,
+            metadata=metadata,
+            id=id,
+        )
+        return self._child(fork_session(self._storage, req), model, tools)
+
+    async def afork(
+        self,
+        label: str,
+        *,
+        context: ForkContext = "none",
+        system_prompt: str | None = None,
+        prompt: str | None = None,
+        model: BaseChatModel | None = None,
+        tools: Sequence[Any] | None = None,
+        tags: Sequence[str] = (),
+        metadata: dict[str, Any] | None = None,
+        id: str | None = None,
+    ) -> Session:
+        """Async twin of `fork`."""
+        req = ForkRequest.build(
+            self._id,
+            label,
+            context=context,
+            system_prompt=system_prompt,
+            prompt=prompt,
+            tags=tags,
+            metadata=metadata,
+            id=id,
+        )
+        return self._child(await afork_session(self._storage, req), model, tools)
+
+    def archive(self) -> SessionMeta:
+        """Archive the session: from now on it refuses turns, forks, consolidation, updates."""
+        meta = self._load_meta()
+        if meta.status != "archived":
+            meta = meta.model_copy(update={"status": "archived", "updated_at": utcnow()})
+            self._storage.put_session(meta)
+        self._meta = meta
+        return meta
+
+    async def aarchive(self) -> SessionMeta:
+        """Async twin of `archive`."""
+        meta = await self._aload_meta()
+        if meta.status != "archived":
+            meta = meta.model_copy(update={"status": "archived", "updated_at": utcnow()})
+            await self._storage.aput_session(meta)
+        self._meta = meta
+        return meta

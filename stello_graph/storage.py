@@ -1,0 +1,260 @@
+"""Storage seams: `SessionStorage` (one session's data) and `MainStorage` (the whole tree).
+
+Storage is split by who consumes it: a `Session` needs only `SessionStorage`; the main session
+and the orchestration layer need `MainStorage`, which adds the batch read of every child's L2,
+the topology tree, listings and a global key-value store.
+
+Both are `Protocol`s: any object with these methods works. Every method has an async twin
+prefixed with `a` (`get_session` / `aget_session`). The reference implementations live in
+`stello_graph.checkpoints`: `SqliteMainStorage` and `InMemoryMainStorage`.
+
+Rules every implementation follows (the test suite holds both reference implementations to
+them, and can be pointed at a third):
+
+* Reads of something missing return `None` (or an empty list); writes to a session that does
+  not exist raise `SessionNotFoundError`.
+* L3 is append-only apart from `trim_records`; records come back in the order they were
+  appended, as LangChain message objects. Returned messages must not be mutated by callers.
+* `transaction()` makes every write inside it atomic and is re-entrant: a nested
+  `transaction()` joins (as a savepoint) the outer one, so the orchestration can create a
+  session and its `TopologyNode` atomically around calls that open transactions of their own.
+* A `MainStorage` is bound to one tree: it never reads or writes another tree's data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import Any, Literal, Protocol
+
+from langchain_core.messages import BaseMessage
+
+from stello_graph.models import ChildL2, SessionMeta, SessionRole, SessionStatus, TopologyNode
+
+__all__ = ["MainStorage", "RecordRole", "SessionStorage", "normalize_role"]
+
+RecordRole = Literal["human", "ai", "tool", "system", "user", "assistant"]
+"""Role filter of `list_records`: LangChain message types, with `user` / `assistant` aliases."""
+
+_ROLE_ALIASES = {"user": "human", "assistant": "ai"}
+_ROLES = frozenset({"human", "ai", "tool", "system"})
+
+
+def normalize_role(role: str | None) -> str | None:
+    """Map a role filter to the LangChain message type stored (`"user"` -> `"human"`).
+
+    Raises:
+        InvalidInputError: the role is not one of `RecordRole`.
+    """
+    if role is None:
+        return None
+    from stello_graph.errors import InvalidInputError
+
+    if not isinstance(role, str):
+        raise InvalidInputError(f"role must be a string, got {type(role).__name__}.")
+    normalized = _ROLE_ALIASES.get(role, role)
+    if normalized not in _ROLES:
+        raise InvalidInputError(
+            f"Unknown record role {role!r}; use one of human/user, ai/assistant, tool, system."
+        )
+    return normalized
+
+
+class SessionStorage(Protocol):
+    """The data of individual sessions: meta, L3 records, system prompt, insight and L2."""
+
+    # -- meta -----------------------------------------------------------------------------
+    def get_session(self, session_id: str) -> SessionMeta | None:
+        """The session's meta, or `None` when there is no such session."""
+        ...
+
+    def put_session(self, meta: SessionMeta) -> None:
+        """Insert or replace the session's meta (and the label of its topology node)."""
+        ...
+
+    # -- L3 records -----------------------------------------------------------------------
+    def append_records(
+        self, session_id: str, messages: Sequence[BaseMessage], *, user_turn: bool = False
+    ) -> int:
+        """Append messages to L3 atomically; return the number of records afterwards.
+
+        `user_turn=True` also counts one user turn, in the same write, so the count can
+        never drift from the records.
+        """
+        ...
+
+    def list_records(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        role: str | None = None,
+    ) -> list[BaseMessage]:
+        """Records in append order, optionally filtered by `role` and paged."""
+        ...
+
+    def count_records(self, session_id: str) -> int:
+        """The number of L3 records of the session (0 when there is no such session)."""
+        ...
+
+    def get_turn_count(self, session_id: str) -> int:
+        """The number of user turns committed with `append_records(..., user_turn=True)`."""
+        ...
+
+    def trim_records(self, session_id: str, keep_last: int) -> int:
+        """Drop all but the newest `keep_last` records; return how many were dropped.
+
+        The L2 cursor (`get_memory_through`) moves back by the number of dropped records.
+        """
+        ...
+
+    # -- system prompt, insight, memory ---------------------------------------------------
+    def get_system_prompt(self, session_id: str) -> str | None: ...
+
+    def put_system_prompt(self, session_id: str, prompt: str | None) -> None:
+        """Set the system prompt; `None` removes it."""
+        ...
+
+    def get_insight(self, session_id: str) -> str | None: ...
+
+    def put_insight(self, session_id: str, insight: str) -> None:
+        """Replace the pending insight (an insight is never appended to another)."""
+        ...
+
+    def clear_insight(self, session_id: str, *, expected: str | None = None) -> bool:
+        """Remove the pending insight; return whether one was removed.
+
+        With `expected`, only remove it if it is still that text: an insight written by a
+        newer integration while a turn was running is kept for the next turn.
+        """
+        ...
+
+    def get_memory(self, session_id: str) -> str | None:
+        """The session's memory: L2 for a standard session, the synthesis for the main one."""
+        ...
+
+    def put_memory(self, session_id: str, memory: str, *, through: int | None = None) -> None:
+        """Replace the memory; `through` records how many L3 records it covers."""
+        ...
+
+    def get_memory_through(self, session_id: str) -> int:
+        """How many L3 records (from the first) the current memory covers; 0 if none."""
+        ...
+
+    # -- transactions ---------------------------------------------------------------------
+    def transaction(self) -> AbstractContextManager[None]:
+        """A re-entrant context in which every write is atomic."""
+        ...
+
+    # -- async twins ----------------------------------------------------------------------
+    async def aget_session(self, session_id: str) -> SessionMeta | None: ...
+    async def aput_session(self, meta: SessionMeta) -> None: ...
+    async def aappend_records(
+        self, session_id: str, messages: Sequence[BaseMessage], *, user_turn: bool = False
+    ) -> int: ...
+    async def alist_records(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        role: str | None = None,
+    ) -> list[BaseMessage]: ...
+    async def acount_records(self, session_id: str) -> int: ...
+    async def aget_turn_count(self, session_id: str) -> int: ...
+    async def atrim_records(self, session_id: str, keep_last: int) -> int: ...
+    async def aget_system_prompt(self, session_id: str) -> str | None: ...
+    async def aput_system_prompt(self, session_id: str, prompt: str | None) -> None: ...
+    async def aget_insight(self, session_id: str) -> str | None: ...
+    async def aput_insight(self, session_id: str, insight: str) -> None: ...
+    async def aclear_insight(self, session_id: str, *, expected: str | None = None) -> bool: ...
+    async def aget_memory(self, session_id: str) -> str | None: ...
+    async def aput_memory(
+        self, session_id: str, memory: str, *, through: int | None = None
+    ) -> None: ...
+    async def aget_memory_through(self, session_id: str) -> int: ...
+    def atransaction(self) -> AbstractAsyncContextManager[None]: ...
+
+
+class MainStorage(SessionStorage, Protocol):
+    """Everything a `SessionStorage` does, plus the tree-wide reads and the topology."""
+
+    @property
+    def tree_id(self) -> str:
+        """The tree this storage is bound to."""
+        ...
+
+    def get_all_session_l2s(self) -> list[ChildL2]:
+        """The L2 of every active standard session that has one, in creation order."""
+        ...
+
+    def list_sessions(
+        self,
+        *,
+        status: SessionStatus | None = None,
+        role: SessionRole | None = None,
+        tags: Sequence[str] = (),
+    ) -> list[SessionMeta]:
+        """Sessions in creation order, filtered by status, role and (all of the) tags."""
+        ...
+
+    def get_main_session(self) -> SessionMeta | None:
+        """The tree's main session, if it has one."""
+        ...
+
+    # -- topology -------------------------------------------------------------------------
+    def put_node(self, node: TopologyNode) -> None:
+        """Insert a node or move/relabel an existing one.
+
+        Raises:
+            SessionNotFoundError: no session has the node's id.
+            NodeNotFoundError: the parent node does not exist.
+            TopologyCycleError: the new parent lies inside the node's subtree.
+        """
+        ...
+
+    def get_node(self, node_id: str) -> TopologyNode | None: ...
+
+    def get_children(self, parent_id: str) -> list[TopologyNode]:
+        """Direct children of a node, in the order they were created."""
+        ...
+
+    def get_ancestors(self, node_id: str) -> list[TopologyNode]:
+        """The parent, grandparent, ... up to the root (nearest first)."""
+        ...
+
+    def get_tree(self) -> list[TopologyNode]:
+        """Every node of the tree, parents before children, siblings in creation order."""
+        ...
+
+    def remove_node(self, node_id: str, *, cascade: bool = False) -> list[str]:
+        """Remove a node and the data of its session; return the removed ids.
+
+        Raises:
+            NodeHasChildrenError: the node has children and `cascade` is false.
+        """
+        ...
+
+    # -- global key-value -----------------------------------------------------------------
+    def get_global(self, key: str) -> Any: ...
+    def put_global(self, key: str, value: Any) -> None: ...
+
+    # -- async twins ----------------------------------------------------------------------
+    async def aget_all_session_l2s(self) -> list[ChildL2]: ...
+    async def alist_sessions(
+        self,
+        *,
+        status: SessionStatus | None = None,
+        role: SessionRole | None = None,
+        tags: Sequence[str] = (),
+    ) -> list[SessionMeta]: ...
+    async def aget_main_session(self) -> SessionMeta | None: ...
+    async def aput_node(self, node: TopologyNode) -> None: ...
+    async def aget_node(self, node_id: str) -> TopologyNode | None: ...
+    async def aget_children(self, parent_id: str) -> list[TopologyNode]: ...
+    async def aget_ancestors(self, node_id: str) -> list[TopologyNode]: ...
+    async def aget_tree(self) -> list[TopologyNode]: ...
+    async def aremove_node(self, node_id: str, *, cascade: bool = False) -> list[str]: ...
+    async def aget_global(self, key: str) -> Any: ...
+    async def aput_global(self, key: str, value: Any) -> None: ...

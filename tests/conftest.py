@@ -1,0 +1,66 @@
+"""Shared fixtures: one per real resource, parametrised over the storage backends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
+from stello_graph.storage import MainStorage
+
+Mode = Literal["sync", "async"]
+Storage = InMemoryMainStorage | SqliteMainStorage
+
+
+def open_storage(backend: str, tmp_path: Path, *, tree_id: str = "default") -> Storage:
+    """A fresh storage of the named backend (`memory` or `sqlite`, a file in `tmp_path`)."""
+    if backend == "memory":
+        return InMemoryMainStorage(tree_id=tree_id)
+    return SqliteMainStorage(tmp_path / "stello.db", tree_id=tree_id)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def main_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MainStorage]:
+    """A `MainStorage` of each backend, closed after the test."""
+    with open_storage(request.param, tmp_path) as storage:
+        yield storage
+
+
+class Api:
+    """Drives a storage through its sync methods or through their async twins, by name.
+
+    Written once, a test runs both ways: `await api("get_session", "s1")` calls
+    `storage.get_session("s1")` in sync mode and `await storage.aget_session("s1")` in async
+    mode.
+    """
+
+    def __init__(self, storage: MainStorage, mode: Mode) -> None:
+        self.storage = storage
+        self.mode = mode
+
+    def __repr__(self) -> str:
+        return f"Api({self.storage!r}, {self.mode!r})"
+
+    async def __call__(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self.mode == "sync":
+            return getattr(self.storage, method)(*args, **kwargs)
+        return await getattr(self.storage, f"a{method}")(*args, **kwargs)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        if self.mode == "sync":
+            with self.storage.transaction():
+                yield
+        else:
+            async with self.storage.atransaction():
+                yield
+
+
+@pytest.fixture(params=["sync", "async"])
+def api(request: pytest.FixtureRequest, main_storage: MainStorage) -> Api:
+    """`main_storage`, driven through its sync methods or its async twins."""
+    return Api(main_storage, request.param)

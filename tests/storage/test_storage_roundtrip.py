@@ -1,0 +1,134 @@
+"""Property tests: whatever goes into a storage comes back equal, in both backends."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.messages.tool import ToolCall
+
+from stello_graph.models import SessionMeta
+from stello_graph.storage import MainStorage
+
+_ids = itertools.count()
+
+FIXTURE_SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+NASTY = "\x00\x01'\";%_\\\n\u00e9\u4e2d\U0001f389\u202e\ufeff"
+texts = st.text() | st.text(st.sampled_from(NASTY))  # no lone surrogates: not unicode text
+big_texts = st.builds(
+    lambda piece, size: (piece * (size // len(piece) + 1))[:size],
+    st.text(min_size=1, max_size=64),
+    st.sampled_from([10_000, 300_000, 1_000_000]),
+)
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | texts,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(texts, children, max_size=4),
+    max_leaves=12,
+)
+json_dicts = st.dictionaries(texts, json_values, max_size=4)
+tool_calls = st.builds(
+    lambda name, args, call_id: ToolCall(name=name, args=args, id=call_id, type="tool_call"),
+    st.text(min_size=1, max_size=20),
+    json_dicts,
+    st.text(min_size=1, max_size=20),
+)
+messages: st.SearchStrategy[BaseMessage] = st.one_of(
+    st.builds(
+        lambda content, kwargs, msg_id: HumanMessage(content, additional_kwargs=kwargs, id=msg_id),
+        texts | big_texts,
+        json_dicts,
+        st.none() | st.text(max_size=10),
+    ),
+    st.builds(
+        lambda content, calls, meta: AIMessage(content, tool_calls=calls, response_metadata=meta),
+        texts,
+        st.lists(tool_calls, max_size=3),
+        json_dicts,
+    ),
+    st.builds(
+        lambda blocks: HumanMessage([{"type": "text", "text": text} for text in blocks]),
+        st.lists(texts, min_size=1, max_size=3),
+    ),
+    st.builds(
+        lambda content, call_id, status: ToolMessage(content, tool_call_id=call_id, status=status),
+        texts,
+        st.text(min_size=1, max_size=20),
+        st.sampled_from(["success", "error"]),
+    ),
+    st.builds(SystemMessage, texts),
+)
+metas = st.builds(
+    lambda label, tags, metadata, created, status, role: SessionMeta(
+        id=f"meta-{next(_ids)}",
+        label=label,
+        tags=tuple(tags),
+        metadata=metadata,
+        created_at=created,
+        updated_at=created,
+        status=status,
+        role=role,
+    ),
+    texts,
+    st.lists(texts, max_size=4),
+    json_dicts,
+    st.datetimes(
+        min_value=datetime(1970, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)
+    ),
+    st.sampled_from(["active", "archived"]),
+    st.sampled_from(["standard", "main"]),
+)
+
+
+@FIXTURE_SETTINGS
+@given(batch=st.lists(messages, min_size=1, max_size=5))
+def test_messages_round_trip(main_storage: MainStorage, batch: list[BaseMessage]) -> None:
+    session_id = f"records-{next(_ids)}"
+    main_storage.put_session(SessionMeta(id=session_id, label=""))
+    main_storage.append_records(session_id, batch[:1])
+    main_storage.list_records(session_id)  # cached in SQLite: appends must keep it exact
+    main_storage.append_records(session_id, batch[1:])
+    assert main_storage.list_records(session_id) == batch
+    assert main_storage.count_records(session_id) == len(batch)
+
+
+@FIXTURE_SETTINGS
+@given(meta=metas, prompt=texts, insight=texts, memory=texts | big_texts)
+def test_session_values_round_trip(
+    main_storage: MainStorage, meta: SessionMeta, prompt: str, insight: str, memory: str
+) -> None:
+    main_storage.put_session(meta)
+    main_storage.put_system_prompt(meta.id, prompt)
+    main_storage.put_insight(meta.id, insight)
+    main_storage.put_memory(meta.id, memory, through=3)
+    assert main_storage.get_session(meta.id) == meta
+    assert main_storage.get_system_prompt(meta.id) == prompt
+    assert main_storage.get_insight(meta.id) == insight
+    assert main_storage.get_memory(meta.id) == memory
+    if meta.tags:
+        assert meta.id in {found.id for found in main_storage.list_sessions(tags=meta.tags)}
+
+
+@FIXTURE_SETTINGS
+@given(key=st.text(min_size=1), value=json_values)
+def test_globals_round_trip(main_storage: MainStorage, key: str, value: Any) -> None:
+    main_storage.put_global(key, value)
+    assert main_storage.get_global(key) == value

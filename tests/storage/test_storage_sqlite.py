@@ -1,0 +1,502 @@
+"""What only the SQLite storage does: files, schema, trees in one file, cache, processes."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+
+import stello_graph.checkpoints
+from stello_graph.checkpoints import SqliteMainStorage, _schema
+from stello_graph.checkpoints import sqlite as sqlite_module
+from stello_graph.checkpoints._serde import decode_message as real_decode
+from stello_graph.errors import (
+    InvalidInputError,
+    NotADatabaseError,
+    SchemaVersionError,
+    SessionNotFoundError,
+    StorageError,
+)
+from stello_graph.models import ChildL2, SessionMeta, TopologyNode
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "stello.db"
+
+
+@pytest.fixture
+def raw(db_path: Path) -> Iterator[sqlite3.Connection]:
+    """A plain connection to the same file, as another program would have."""
+    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    yield conn
+    conn.close()
+
+
+def contents(messages: list[BaseMessage]) -> list[str]:
+    return [str(message.content) for message in messages]
+
+
+def populate(storage: SqliteMainStorage, prefix: str = "") -> None:
+    storage.put_session(SessionMeta(id="main", label=f"{prefix}Main", role="main"))
+    storage.put_node(TopologyNode(id="main", label=f"{prefix}Main"))
+    storage.put_session(SessionMeta(id="s1", label=f"{prefix}One", tags=("t",)))
+    storage.put_node(TopologyNode(id="s1", parent_id="main", label=f"{prefix}One"))
+    storage.append_records(
+        "s1", [HumanMessage(f"{prefix}q"), AIMessage(f"{prefix}a")], user_turn=True
+    )
+    storage.put_system_prompt("s1", f"{prefix}SYS")
+    storage.put_insight("s1", f"{prefix}INS")
+    storage.put_memory("s1", f"{prefix}L2", through=2)
+    storage.put_memory("main", f"{prefix}synthesis")
+    storage.put_global("g", {"who": prefix})
+
+
+def snapshot(storage: SqliteMainStorage) -> dict[str, Any]:
+    return {
+        "sessions": storage.list_sessions(),
+        "main": storage.get_main_session(),
+        "tree": storage.get_tree(),
+        "records": storage.list_records("s1"),
+        "count": storage.count_records("s1"),
+        "turns": storage.get_turn_count("s1"),
+        "prompt": storage.get_system_prompt("s1"),
+        "insight": storage.get_insight("s1"),
+        "memory": storage.get_memory("s1"),
+        "through": storage.get_memory_through("s1"),
+        "synthesis": storage.get_memory("main"),
+        "l2s": storage.get_all_session_l2s(),
+        "global": storage.get_global("g"),
+    }
+
+
+# -- opening ----------------------------------------------------------------------------------
+def test_exports() -> None:
+    assert stello_graph.checkpoints.__all__ == [
+        "InMemoryMainStorage",
+        "SqliteMainStorage",
+        "StelloSqliteSaver",
+        "open_sqlite",
+        "sqlite_saver",
+    ]
+    for name in stello_graph.checkpoints.__all__:
+        assert getattr(stello_graph.checkpoints, name).__module__.startswith(
+            "stello_graph.checkpoints."
+        )
+
+
+def test_pragmas_on_a_given_connection(db_path: Path) -> None:
+    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    with SqliteMainStorage(conn, busy_timeout=2.5) as storage:
+        assert storage.path == str(db_path)
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 2500
+    assert conn.execute("SELECT COUNT(*) FROM stello_sessions").fetchone()[0] == 0  # still open
+    conn.close()
+
+
+def test_in_memory_database() -> None:
+    with SqliteMainStorage(":memory:") as storage:
+        populate(storage)
+        assert storage.path == ":memory:"
+        assert storage.count_records("s1") == 2
+
+
+def test_bad_targets() -> None:
+    with pytest.raises(InvalidInputError, match="path_or_connection"):
+        SqliteMainStorage(42)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="record_cache_size"):
+        SqliteMainStorage(":memory:", record_cache_size=-1)
+    with pytest.raises(InvalidInputError, match="busy_timeout"):
+        SqliteMainStorage(":memory:", busy_timeout="1")  # type: ignore[arg-type]
+    closed = sqlite3.connect(":memory:")
+    closed.close()
+    with pytest.raises(InvalidInputError, match="cannot be used"):
+        SqliteMainStorage(closed)
+    busy = sqlite3.connect(":memory:", isolation_level=None)
+    busy.execute("BEGIN")
+    with pytest.raises(InvalidInputError, match="open transaction"):
+        SqliteMainStorage(busy)
+    busy.close()
+
+
+def test_directory_is_a_storage_error(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="Cannot open"):
+        SqliteMainStorage(tmp_path)
+
+
+def test_text_file_is_not_a_database(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("These are my notes, not a database.\n" * 200)
+    before = path.read_bytes()
+    with pytest.raises(NotADatabaseError, match=r"notes\.txt"):
+        SqliteMainStorage(path)
+    assert path.read_bytes() == before
+
+
+def test_newer_schema_is_refused_and_left_untouched(db_path: Path) -> None:
+    with SqliteMainStorage(db_path) as storage:
+        populate(storage)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("INSERT INTO stello_schema (version, applied_at) VALUES (99, 'future')")
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.close()
+    before = db_path.read_bytes()
+    with pytest.raises(SchemaVersionError) as caught:
+        SqliteMainStorage(db_path)
+    assert "99" in str(caught.value)
+    assert str(_schema.SCHEMA_VERSION) in str(caught.value)
+    assert db_path.read_bytes() == before
+    assert not Path(f"{db_path}-wal").exists()
+
+
+def test_schema_is_recorded_once(db_path: Path, raw: sqlite3.Connection) -> None:
+    SqliteMainStorage(db_path).close()
+    SqliteMainStorage(db_path).close()
+    rows = raw.execute("SELECT version FROM stello_schema").fetchall()
+    assert rows == [(version,) for version in range(1, _schema.SCHEMA_VERSION + 1)]
+    tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"stello_sessions", "stello_records", "stello_nodes", "stello_globals"} <= tables
+
+
+def test_migrations_run_in_order_in_one_transaction(
+    db_path: Path, raw: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with SqliteMainStorage(db_path) as storage:
+        populate(storage)
+    applied: list[str] = []
+
+    def add_column(db: Any) -> None:
+        applied.append("add_column")
+        db.table("stello_sessions").add_column("color", str)
+
+    def broken(db: Any) -> None:
+        applied.append("broken")
+        db.execute("CREATE TABLE stello_half_done (x)")
+        raise RuntimeError("migration bug")
+
+    monkeypatch.setattr(_schema, "MIGRATIONS", (*_schema.MIGRATIONS, add_column, broken))
+    monkeypatch.setattr(_schema, "SCHEMA_VERSION", len(_schema.MIGRATIONS))
+    with pytest.raises(RuntimeError, match="migration bug"):
+        SqliteMainStorage(db_path)
+    assert applied == ["add_column", "broken"]
+    columns = [row[1] for row in raw.execute("PRAGMA table_info(stello_sessions)")]
+    assert "color" not in columns  # the whole upgrade was rolled back
+    assert raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0] == 1
+
+    monkeypatch.setattr(_schema, "MIGRATIONS", (*_schema.MIGRATIONS[:-1],))
+    monkeypatch.setattr(_schema, "SCHEMA_VERSION", len(_schema.MIGRATIONS))
+    with SqliteMainStorage(db_path) as storage:
+        assert storage.count_records("s1") == 2
+    columns = [row[1] for row in raw.execute("PRAGMA table_info(stello_sessions)")]
+    assert "color" in columns
+    assert raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0] == 2
+
+
+def test_other_tables_in_the_file_are_kept(db_path: Path, raw: sqlite3.Connection) -> None:
+    raw.execute("CREATE TABLE checkpoints (thread_id TEXT, data BLOB)")
+    raw.execute("INSERT INTO checkpoints VALUES ('t', x'00')")
+    with SqliteMainStorage(db_path) as storage:
+        populate(storage)
+    assert raw.execute("SELECT thread_id FROM checkpoints").fetchall() == [("t",)]
+
+
+# -- persistence and trees ---------------------------------------------------------------------
+def test_everything_persists_across_reopen(db_path: Path) -> None:
+    with SqliteMainStorage(db_path) as storage:
+        populate(storage)
+        before = snapshot(storage)
+    with SqliteMainStorage(db_path) as storage:
+        assert snapshot(storage) == before
+        assert before["count"] == 2
+        assert before["l2s"] == [ChildL2(session_id="s1", label="One", l2="L2")]
+
+
+def test_trees_in_one_file_never_see_each_other(db_path: Path) -> None:
+    with (
+        SqliteMainStorage(db_path, tree_id="alice") as alice,
+        SqliteMainStorage(db_path, tree_id="bob") as bob,
+    ):
+        populate(alice, "alice-")
+        assert bob.list_sessions() == []
+        assert bob.get_tree() == []
+        assert bob.get_all_session_l2s() == []
+        assert bob.get_global("g") is None
+        assert bob.list_records("s1") == []
+        assert bob.get_main_session() is None
+        with pytest.raises(SessionNotFoundError):
+            bob.append_records("s1", [HumanMessage("x")])
+        populate(bob, "bob-")
+        alice_view, bob_view = snapshot(alice), snapshot(bob)
+        assert contents(alice_view["records"]) == ["alice-q", "alice-a"]
+        assert contents(bob_view["records"]) == ["bob-q", "bob-a"]
+        assert [n.label for n in bob_view["tree"]] == ["bob-Main", "bob-One"]
+        assert alice_view["global"] == {"who": "alice-"}
+        assert bob.remove_node("main", cascade=True) == ["main", "s1"]
+        assert snapshot(alice) == alice_view
+        assert bob.list_sessions() == []
+        assert alice.count_records("s1") == 2
+
+
+# -- the record cache ---------------------------------------------------------------------------
+def test_cache_follows_writes_of_another_connection(db_path: Path) -> None:
+    with SqliteMainStorage(db_path) as first, SqliteMainStorage(db_path) as second:
+        populate(first)
+        assert contents(first.list_records("s1")) == ["q", "a"]  # now cached
+        second.append_records("s1", [HumanMessage("from second")])
+        assert contents(first.list_records("s1")) == ["q", "a", "from second"]
+        assert first.count_records("s1") == 3
+        second.trim_records("s1", 1)
+        assert contents(first.list_records("s1")) == ["from second"]
+        second.remove_node("s1")
+        assert first.list_records("s1") == []
+        assert first.count_records("s1") == 0
+        first.put_session(SessionMeta(id="s1", label=""))
+        first.append_records("s1", [HumanMessage("again")])
+        assert contents(second.list_records("s1")) == ["again"]
+
+
+def test_cache_is_dropped_on_rollback(db_path: Path) -> None:
+    with SqliteMainStorage(db_path) as storage:
+        populate(storage)
+        storage.list_records("s1")
+
+        def change_cached_session_then_fail() -> None:
+            with storage.transaction():
+                storage.append_records("s1", [HumanMessage("undone")])
+                storage.trim_records("s1", 1)
+                assert contents(storage.list_records("s1")) == ["undone"]
+                with storage.transaction():
+                    storage.append_records("s1", [HumanMessage("undone too")])
+                raise ZeroDivisionError
+
+        with pytest.raises(ZeroDivisionError):
+            change_cached_session_then_fail()
+        assert contents(storage.list_records("s1")) == ["q", "a"]
+        storage.put_session(SessionMeta(id="s2", label=""))
+
+        def cache_an_uncommitted_session_then_fail() -> None:
+            with storage.transaction():
+                storage.append_records("s2", [HumanMessage("uncached then read")])
+                storage.list_records("s2")
+                raise ZeroDivisionError
+
+        with pytest.raises(ZeroDivisionError):
+            cache_an_uncommitted_session_then_fail()
+        assert storage.list_records("s2") == []
+
+
+def test_cached_records_are_not_decoded_again(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded = 0
+
+    def counting_decode(data: str) -> BaseMessage:
+        nonlocal decoded
+        decoded += 1
+        return real_decode(data)
+
+    monkeypatch.setattr(sqlite_module, "decode_message", counting_decode)
+    with SqliteMainStorage(db_path) as storage:
+        storage.put_session(SessionMeta(id="s", label=""))
+        storage.append_records("s", [HumanMessage(str(n)) for n in range(600)])
+        assert decoded == 0
+        assert len(storage.list_records("s")) == 600
+        assert decoded == 600
+        for turn in range(5):
+            storage.append_records("s", [HumanMessage(f"t{turn}"), AIMessage("r")])
+            assert len(storage.list_records("s")) == 602 + 2 * turn
+        assert decoded == 610  # only the appended records
+
+
+def test_cache_is_bounded_and_can_be_disabled(db_path: Path) -> None:
+    for size, expected in [(2, 2), (0, 0)]:
+        with SqliteMainStorage(db_path, tree_id=f"t{size}", record_cache_size=size) as storage:
+            for sid in ("a", "b", "c"):
+                storage.put_session(SessionMeta(id=sid, label=""))
+                storage.append_records(sid, [HumanMessage(sid)])
+                assert contents(storage.list_records(sid)) == [sid]
+            assert len(storage._cache) == expected
+            storage.append_records("a", [HumanMessage("a2")])
+            assert contents(storage.list_records("a")) == ["a", "a2"]
+
+
+# -- indexes and speed ---------------------------------------------------------------------------
+def test_every_query_uses_an_index(db_path: Path) -> None:
+    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    with SqliteMainStorage(conn) as storage:
+        populate(storage)
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        snapshot(storage)
+        storage.list_sessions(role="standard", status="active", tags=["t"])
+        storage.get_children("main")
+        storage.get_ancestors("s1")
+        storage.trim_records("s1", 1)
+        storage.remove_node("s1")
+        conn.set_trace_callback(None)
+        plans = {
+            statement: [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}")]
+            for statement in statements
+            if "stello_" in statement and not statement.startswith(("BEGIN", "COMMIT"))
+        }
+        assert len(plans) > 10
+        for statement, plan in plans.items():
+            assert not [step for step in plan if step.startswith("SCAN")], (statement, plan)
+            assert not [step for step in plan if "TEMP B-TREE" in step], (statement, plan)
+    conn.close()
+
+
+def best_of(runs: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def test_reads_stay_fast_on_big_trees(db_path: Path) -> None:
+    with SqliteMainStorage(db_path) as storage:
+        with storage.transaction():
+            storage.put_session(SessionMeta(id="main", label="", role="main"))
+            storage.put_node(TopologyNode(id="main"))
+            for n in range(10_000):
+                storage.put_session(SessionMeta(id=f"s{n}", label=f"S{n}"))
+                storage.put_memory(f"s{n}", f"summary {n}")
+                if n < 1_000:
+                    storage.put_node(TopologyNode(id=f"s{n}", parent_id="main"))
+            storage.put_session(SessionMeta(id="long", label=""))
+            storage.append_records("long", [HumanMessage(f"m{n}") for n in range(600)])
+        assert len(storage.get_all_session_l2s()) == 10_000
+        assert best_of(3, storage.get_all_session_l2s) < 0.100
+        assert best_of(3, lambda: storage.get_children("main")) < 0.020
+        storage.list_records("long")
+        assert best_of(3, lambda: storage.list_records("long")) < 0.005
+
+
+# -- sharing one file -----------------------------------------------------------------------------
+def test_storages_on_one_file_from_threads(db_path: Path) -> None:
+    with SqliteMainStorage(db_path) as setup:
+        setup.put_session(SessionMeta(id="shared", label=""))
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            with SqliteMainStorage(db_path) as storage:
+                for j in range(20):
+                    with storage.transaction():
+                        value = storage.get_global("n") or 0
+                        storage.put_global("n", value + 1)
+                    storage.append_records("shared", [HumanMessage(f"{index}:{j}")])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with SqliteMainStorage(db_path) as storage:
+        assert storage.get_global("n") == 120
+        assert len(set(contents(storage.list_records("shared")))) == 120
+
+
+PROCESS_SCRIPT = """
+import sys
+from stello_graph.checkpoints import SqliteMainStorage
+from langchain_core.messages import HumanMessage
+with SqliteMainStorage(sys.argv[1]) as storage:
+    for j in range(100):
+        with storage.transaction():
+            storage.put_global("n", (storage.get_global("n") or 0) + 1)
+        storage.append_records("shared", [HumanMessage(sys.argv[2] + str(j))])
+"""
+
+
+def test_two_processes_share_one_file(db_path: Path) -> None:
+    with SqliteMainStorage(db_path) as setup:
+        setup.put_session(SessionMeta(id="shared", label=""))
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROCESS_SCRIPT, str(db_path), name],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("p", "q")
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr
+    with SqliteMainStorage(db_path) as storage:
+        assert storage.get_global("n") == 200
+        assert len(set(contents(storage.list_records("shared")))) == 200
+
+
+def test_writes_wait_beyond_the_busy_timeout(db_path: Path, raw: sqlite3.Connection) -> None:
+    with SqliteMainStorage(db_path, busy_timeout=0.02) as storage:
+        raw.execute("BEGIN IMMEDIATE")
+        timer = threading.Timer(0.3, lambda: raw.execute("COMMIT"))
+        timer.start()
+        storage.put_global("k", "written")  # outlasts the 20 ms busy timeout
+        timer.join()
+        assert storage.get_global("k") == "written"
+
+
+async def test_async_write_waits_for_another_connection_off_the_loop(
+    db_path: Path, raw: sqlite3.Connection
+) -> None:
+    with SqliteMainStorage(db_path) as storage:
+        raw.execute("BEGIN IMMEDIATE")
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.2, raw.execute, "COMMIT")
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticking = asyncio.create_task(ticker())
+        await storage.aput_global("k", "written")
+        async with storage.atransaction():
+            await storage.aput_global("k2", "also")
+        ticking.cancel()
+        assert ticks >= 5  # the loop ran while the write waited
+        assert await storage.aget_global("k") == "written"
+
+
+def test_closed_storage_refuses_calls(db_path: Path) -> None:
+    storage = SqliteMainStorage(db_path)
+    storage.close()
+    storage.close()
+    with pytest.raises(StorageError, match="closed"):
+        storage.get_session("s1")
+    with pytest.raises(StorageError, match="closed"):
+        storage.put_global("k", 1)
+    with pytest.raises(StorageError, match="closed"):
+        asyncio.run(storage.aput_global("k", 1))
+
+
+@pytest.mark.parametrize("module", ["sqlite", "memory"])
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    found = importlib.import_module(f"stello_graph.checkpoints.{module}")
+    failures, tried = doctest.testmod(found, raise_on_error=False)
+    assert tried > 0
+    assert failures == 0

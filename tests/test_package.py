@@ -1,0 +1,108 @@
+"""Packaging and public-surface checks: import boundary, `__all__`, the wheel, the README."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import stello_graph
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE_MODULES = [
+    "stello_graph",
+    "stello_graph.errors",
+    "stello_graph.models",
+    "stello_graph.storage",
+    "stello_graph.session",
+    "stello_graph.main_session",
+    "stello_graph.memory",
+    "stello_graph.testing",
+    "stello_graph.checkpoints",
+]
+
+
+def run_python(code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return done.stdout
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_core_does_not_load_langgraph(module: str) -> None:
+    code = (
+        f"import json, sys, {module}\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'langgraph')))"
+    )
+    assert json.loads(run_python(code)) == []
+
+
+def test_all_matches_exports() -> None:
+    exported = set(stello_graph.__all__)
+    assert len(exported) == len(stello_graph.__all__), "duplicates in __all__"
+    for name in exported:
+        assert getattr(stello_graph, name) is not None, name
+    public = {
+        name
+        for name in dir(stello_graph)
+        if not name.startswith("_")
+        and not isinstance(getattr(stello_graph, name), types.ModuleType)
+    }
+    assert public - {"annotations", "importlib", "TYPE_CHECKING", "Any"} == exported - {
+        "__version__"
+    }
+
+
+def test_unknown_attribute() -> None:
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = stello_graph.no_such_name
+
+
+def test_subpackages_are_symlinks() -> None:
+    for name in ("nodes", "checkpoints"):
+        link = ROOT / "stello_graph" / name
+        assert link.is_symlink()
+        assert link.readlink() == Path("..") / name
+
+
+@pytest.mark.slow
+def test_wheel_contains_only_stello_graph(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("stello_graph-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"stello_graph"}
+    for required in (
+        "stello_graph/py.typed",
+        "stello_graph/nodes/__init__.py",
+        "stello_graph/checkpoints/__init__.py",
+        "stello_graph/checkpoints/sqlite.py",
+    ):
+        assert required in names
+
+
+def readme_python_blocks() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+
+
+def test_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = readme_python_blocks()
+    assert blocks, "README has no python example"
+    example = blocks[0]
+    assert len(example.strip().splitlines()) <= 10
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {}
+    exec(compile(example, "README.md", "exec"), namespace)
