@@ -57,17 +57,39 @@ from stello_graph.session import Session
 from stello_graph.storage import MainStorage, SessionStorage
 
 if TYPE_CHECKING:
+    from stello_graph.agent import StelloAgent, TurnResult
     from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
-
+    from stello_graph.events import StelloEvent
+    from stello_graph.graph import StelloState, build_stello_graph
+    from stello_graph.schedule import BackgroundFailure, Schedule
+    from stello_graph.topology import Topology
 
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
     "InMemoryMainStorage": "stello_graph.checkpoints",
     "SqliteMainStorage": "stello_graph.checkpoints",
+    # orchestration (loads LangGraph)
+    "StelloAgent": "stello_graph.agent",
+    "TurnResult": "stello_graph.agent",
+    "build_stello_graph": "stello_graph.graph",
+    "StelloState": "stello_graph.graph",
+    "Schedule": "stello_graph.schedule",
+    "BackgroundFailure": "stello_graph.schedule",
+    "StelloEvent": "stello_graph.events",
+    "Topology": "stello_graph.topology",
 }
 
 __all__ = [
+    # orchestration
+    "StelloAgent",
+    "TurnResult",
+    "build_stello_graph",
+    "StelloState",
+    "Schedule",
+    "BackgroundFailure",
+    "StelloEvent",
+    "Topology",
     # sessions
     "Session",
     "MainSession",

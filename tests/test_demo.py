@@ -6,12 +6,21 @@ import io
 from pathlib import Path
 
 from stello_graph import demo
+from stello_graph.checkpoints import SqliteMainStorage
 
 
 def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:
     out = io.StringIO()
-    demo.run(out, tmp_path / "demo.db")
+    db = tmp_path / "demo.db"
+    demo.run(out, db)
     text = out.getvalue()
-    assert "Insight -> Pricing: Onboarding wants the cap visible at setup." in text
-    assert "The next Pricing turn saw the insight: True" in text
-    assert "Insight pending afterwards: None" in text
+    assert "I opened three branches: Pricing, Onboarding, Growth" in text
+    assert "insight -> Pricing: Onboarding should show the 3-project cap up front." in text
+    assert "Taking the main session's insight into account" in text
+    assert "insight still pending: False" in text
+    with SqliteMainStorage(db) as storage:
+        main = storage.get_main_session()
+        assert main is not None
+        assert [n.label for n in storage.get_children(main.id)] == list(demo.BRANCHES)
+        assert storage.get_memory(main.id) is not None
+        assert all(storage.get_memory(n.id) for n in storage.get_children(main.id))

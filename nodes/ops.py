@@ -1,0 +1,131 @@
+"""The topology edges as nodes: fork, consolidate, integrate, and the router at START.
+
+A graph built by `build_stello_graph` runs a turn for `{"session_id", "input"}` and one of
+these operations for `{"op": "fork" | "consolidate" | "integrate", ...}`:
+
+* `fork`: `{"op": "fork", "session_id": source, "fork": {"label": ..., ...}}` writes the
+  child session and its TopologyNode in one transaction -> `{"forked": {...}}`.
+* `consolidate`: `{"op": "consolidate", "session_id": ...}` -> `{"l2": ...}`.
+* `integrate`: `{"op": "integrate"}` reads the children's L2, writes the synthesis and the
+  insights -> `{"integration": {"synthesis": ..., "insights": {...}}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from langchain_core.runnables import RunnableLambda
+
+from stello_graph._fork import ForkRequest, afork_session, fork_session
+from stello_graph.errors import InvalidInputError, MainSessionNotFoundError
+from stello_graph.events import emit
+from stello_graph.main_session import MainSession
+from stello_graph.models import IntegrationResult, SessionMeta
+from stello_graph.nodes.deps import StelloDeps
+from stello_graph.nodes.scheduling import announce_integration, consolidate_now, publish
+from stello_graph.session import Session
+
+__all__ = [
+    "OPS",
+    "make_consolidate_node",
+    "make_fork_node",
+    "make_integrate_node",
+    "route_start",
+]
+
+State = dict[str, Any]
+OPS = ("turn", "fork", "consolidate", "integrate")
+
+
+def route_start(state: State) -> Literal["assemble", "fork", "consolidate", "integrate"]:
+    """Router at START: a turn unless the input names another operation in `op`."""
+    op = state.get("op") or "turn"
+    if op == "turn":
+        return "assemble"
+    if op in ("fork", "consolidate", "integrate"):
+        return op  # type: ignore[return-value]
+    raise InvalidInputError(f"Unknown op {op!r}; use one of {list(OPS)}.")
+
+
+def _node(name: str, func: Any, afunc: Any) -> RunnableLambda[Any, Any]:
+    return RunnableLambda(func, afunc=afunc, name=name)
+
+
+# -- fork -----------------------------------------------------------------------------------
+def _fork_request(state: State) -> ForkRequest:
+    spec = state.get("fork")
+    if not isinstance(spec, dict) or "label" not in spec:
+        raise InvalidInputError('A fork needs "fork": {"label": ..., ...} in the input.')
+    options = {k: v for k, v in spec.items() if k != "label"}
+    return ForkRequest.build(state.get("session_id"), spec["label"], **options)  # type: ignore[arg-type]
+
+
+def _forked(deps: StelloDeps, req: ForkRequest, meta: SessionMeta) -> State:
+    emit(deps.bus, "session_forked", meta.id, parent_id=req.source_id, label=meta.label, by="user")
+    return {"forked": {"session_id": meta.id, "label": meta.label, "parent_id": req.source_id}}
+
+
+def make_fork_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+    """Node `fork`: create a child session and its TopologyNode atomically."""
+
+    def fork(state: State) -> State:
+        req = _fork_request(state)
+        return _forked(deps, req, fork_session(deps.storage, req))
+
+    async def afork(state: State) -> State:
+        req = _fork_request(state)
+        return _forked(deps, req, await afork_session(deps.storage, req))
+
+    return _node("fork", fork, afork)
+
+
+# -- consolidate ----------------------------------------------------------------------------
+def make_consolidate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+    """Node `consolidate`: L3 -> L2 for `state["session_id"]`."""
+
+    def consolidate(state: State) -> State:
+        return {"l2": consolidate_now(deps, state["session_id"])}
+
+    async def aconsolidate(state: State) -> State:
+        session = await deps.asession(state["session_id"])
+        if not isinstance(session, Session):
+            raise InvalidInputError("The main session integrates; it does not consolidate.")
+        l2 = await session.aconsolidate(deps.consolidate_fn)
+        if l2 is not None:
+            emit(deps.bus, "consolidated", session.id, l2=l2)
+            meta = await session.ameta()
+            publish(deps, ("l2",), session.id, {"l2": l2, "label": meta.label})
+        return {"l2": l2}
+
+    return _node("consolidate", consolidate, aconsolidate)
+
+
+# -- integrate ------------------------------------------------------------------------------
+def _integrated(result: IntegrationResult) -> State:
+    return {"integration": {"synthesis": result.synthesis, "insights": dict(result.insights)}}
+
+
+def make_integrate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+    """Node `integrate`: every active child's L2 -> synthesis + insights (flat)."""
+
+    def integrate(state: State) -> State:
+        meta = deps.storage.get_main_session()
+        if meta is None:
+            raise MainSessionNotFoundError(deps.storage.tree_id)
+        main = deps.session(meta.id)
+        assert isinstance(main, MainSession)
+        result = main.integrate(deps.integrate_fn)
+        announce_integration(deps, main.id, result)
+        return _integrated(result)
+
+    async def aintegrate(state: State) -> State:
+        meta = await deps.storage.aget_main_session()
+        if meta is None:
+            raise MainSessionNotFoundError(deps.storage.tree_id)
+        main = await deps.asession(meta.id)
+        assert isinstance(main, MainSession)
+        result = await main.aintegrate(deps.integrate_fn)
+        announce_integration(deps, main.id, result)
+        return _integrated(result)
+
+    return _node("integrate", integrate, aintegrate)

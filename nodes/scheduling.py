@@ -1,0 +1,121 @@
+"""What the `Schedule` triggers, and the background jobs it runs.
+
+Triggers only queue jobs on the `Scheduler` (worker threads); they never wait for them, so a
+turn is never slowed down by the consolidation or integration it triggers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stello_graph.errors import InvalidInputError, NothingToIntegrateError
+from stello_graph.events import emit
+from stello_graph.main_session import MainSession
+from stello_graph.models import IntegrationResult
+from stello_graph.session import Session
+
+if TYPE_CHECKING:
+    from stello_graph.nodes.deps import StelloDeps
+
+__all__ = [
+    "after_turn",
+    "consolidate_now",
+    "integrate_now",
+    "on_archive",
+    "on_switch",
+    "publish",
+]
+
+
+def publish(
+    deps: StelloDeps, namespace: tuple[str, ...], key: str, value: dict[str, object]
+) -> None:
+    """Mirror a memory write to the LangGraph store, when one was given."""
+    if deps.store is not None:
+        deps.store.put(("stello", deps.storage.tree_id, *namespace), key, value)
+
+
+def consolidate_now(deps: StelloDeps, session_id: str, *, archived_ok: bool = False) -> str | None:
+    """Consolidate one session with the deps' function; emit and publish the new L2."""
+    session = deps.session(session_id)
+    if not isinstance(session, Session):
+        raise InvalidInputError("The main session integrates; it does not consolidate.")
+    l2 = session._consolidate(deps.consolidate_fn, require_active=not archived_ok)
+    if l2 is not None:
+        emit(deps.bus, "consolidated", session_id, l2=l2)
+        publish(deps, ("l2",), session_id, {"l2": l2, "label": session.meta.label})
+    return l2
+
+
+def announce_integration(deps: StelloDeps, main_id: str, result: IntegrationResult) -> None:
+    emit(deps.bus, "integrated", main_id, synthesis=result.synthesis,
+         insights=len(result.insights))  # fmt: skip
+    publish(deps, ("synthesis",), main_id, {"synthesis": result.synthesis})
+    for session_id, insight in result.insights.items():
+        emit(deps.bus, "insight_pushed", session_id, insight=insight)
+        publish(deps, ("insights",), session_id, {"insight": insight})
+
+
+def integrate_now(deps: StelloDeps) -> IntegrationResult | None:
+    """Integrate the tree (flat) with the deps' function; `None` if nothing has an L2 yet."""
+    meta = deps.storage.get_main_session()
+    if meta is None:
+        return None
+    main = deps.session(meta.id)
+    assert isinstance(main, MainSession)
+    try:
+        result = main.integrate(deps.integrate_fn)
+    except NothingToIntegrateError:
+        return None
+    announce_integration(deps, main.id, result)
+    return result
+
+
+def _consolidate_job(deps: StelloDeps, session_id: str, archived_ok: bool = False) -> None:
+    consolidate_now(deps, session_id, archived_ok=archived_ok)
+    schedule = deps.schedule
+    if schedule is not None and schedule.integrate_after_consolidate:
+        _queue_integration(deps)
+
+
+def _queue_consolidation(deps: StelloDeps, session_id: str, archived_ok: bool = False) -> None:
+    if deps.scheduler is not None:
+        deps.scheduler.submit(
+            "consolidate", session_id, lambda: _consolidate_job(deps, session_id, archived_ok)
+        )
+
+
+def _queue_integration(deps: StelloDeps) -> None:
+    if deps.scheduler is not None:
+        deps.scheduler.submit("integrate", None, lambda: integrate_now(deps))
+
+
+def after_turn(deps: StelloDeps, session_id: str, role: str, turns: int, tree_turns: int) -> None:
+    """After a committed turn: consolidate / integrate on the schedule's exact turn counts."""
+    schedule = deps.schedule
+    if schedule is None:
+        return
+    every = schedule.consolidate_every_n_turns
+    if every and role == "standard" and turns > 0 and turns % every == 0:
+        _queue_consolidation(deps, session_id)
+    every_tree = schedule.integrate_every_n_turns
+    if every_tree and tree_turns > 0 and tree_turns % every_tree == 0:
+        _queue_integration(deps)
+
+
+def on_switch(deps: StelloDeps, previous: str | None, current: str) -> None:
+    """The user moved from `previous` to `current`: consolidate `previous` if scheduled."""
+    schedule = deps.schedule
+    if schedule is None or not schedule.consolidate_on_switch:
+        return
+    if previous is not None and previous != current:
+        meta = deps.storage.get_session(previous)
+        if meta is not None and meta.role == "standard" and meta.status == "active":
+            _queue_consolidation(deps, previous)
+
+
+def on_archive(deps: StelloDeps, session_id: str) -> None:
+    """A session was archived: consolidate what it has not consolidated yet, if scheduled."""
+    schedule = deps.schedule
+    if schedule is not None and schedule.consolidate_on_archive:
+        _queue_consolidation(deps, session_id, archived_ok=True)

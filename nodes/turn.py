@@ -1,0 +1,219 @@
+"""The turn: assemble -> model -> (tools -> model)* -> commit, as LangGraph nodes.
+
+The records of a turn live in the graph state (`pending`) until `commit` writes them to L3 in
+one transaction. A turn that fails, hits the tool-round limit or is abandoned therefore leaves
+nothing in L3; an interrupted one (a tool called `interrupt()`) waits in the checkpoint and is
+resumed with `Command(resume=...)`. `commit` is idempotent, so a turn resumed after a crash
+that happened just after its commit never duplicates records.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, RemoveMessage
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
+
+from stello_graph._base import SessionBase
+from stello_graph._context import message_text
+from stello_graph._validate import check_text
+from stello_graph.errors import StelloUsageError, ToolRoundLimitError
+from stello_graph.events import emit
+from stello_graph.nodes.deps import StelloDeps
+from stello_graph.nodes.scheduling import after_turn
+from stello_graph.storage import MainStorage
+
+__all__ = [
+    "TREE_TURNS_KEY",
+    "make_assemble_node",
+    "make_commit_node",
+    "make_model_node",
+    "make_tools_node",
+    "route_after_model",
+]
+
+State = dict[str, Any]
+TREE_TURNS_KEY = "stello:tree_turns"
+
+
+def _node(name: str, func: Any, afunc: Any) -> RunnableLambda[Any, Any]:
+    return RunnableLambda(func, afunc=afunc, name=name)
+
+
+# -- assemble -------------------------------------------------------------------------------
+def _start(session: SessionBase, state: State, insight: str | None) -> State:
+    human = HumanMessage(content=state["input"], id=str(uuid.uuid4()))
+    return {
+        "op": "turn",
+        "pending": [RemoveMessage(id=REMOVE_ALL_MESSAGES), human],
+        "insight": insight,
+        "tool_rounds": 0,
+        "tool_calls": [],
+        "content": "",
+    }
+
+
+def make_assemble_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+    """Node `assemble`: check the input and the session, open the turn's records."""
+
+    def assemble(state: State) -> State:
+        check_text(state.get("input"), "input")
+        session = deps.session(state.get("session_id"))
+        ctx = session.turn_context()
+        emit(deps.bus, "turn_started", session.id)
+        return _start(session, state, ctx.insight)
+
+    async def aassemble(state: State) -> State:
+        check_text(state.get("input"), "input")
+        session = await deps.asession(state.get("session_id"))
+        ctx = await session.aturn_context()
+        emit(deps.bus, "turn_started", session.id)
+        return _start(session, state, ctx.insight)
+
+    return _node("assemble", assemble, aassemble)
+
+
+# -- model ----------------------------------------------------------------------------------
+def _check_rounds(deps: StelloDeps, state: State, reply: AIMessage) -> State:
+    if reply.tool_calls and state.get("tool_rounds", 0) >= deps.max_tool_rounds:
+        raise ToolRoundLimitError(state["session_id"], deps.max_tool_rounds)
+    return {"pending": [reply]}
+
+
+def make_model_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+    """Node `model`: one call of the session's model on its context plus the turn so far."""
+
+    def model(state: State) -> State:
+        session = deps.session(state["session_id"])
+        ctx = session.turn_context(insight=state.get("insight"))
+        reply = session.invoke(ctx.prompt(state["pending"]))
+        return _check_rounds(deps, state, reply)
+
+    async def amodel(state: State) -> State:
+        session = await deps.asession(state["session_id"])
+        ctx = await session.aturn_context(insight=state.get("insight"))
+        reply = await session.ainvoke(ctx.prompt(state["pending"]))
+        return _check_rounds(deps, state, reply)
+
+    return _node("model", model, amodel)
+
+
+def route_after_model(state: State) -> Literal["tools", "commit"]:
+    """Router after `model`: run the tools the reply asked for, or commit the turn."""
+    last = state["pending"][-1]
+    return "tools" if isinstance(last, AIMessage) and last.tool_calls else "commit"
+
+
+# -- tools ----------------------------------------------------------------------------------
+def _announce(deps: StelloDeps, state: State) -> list[dict[str, Any]]:
+    last = state["pending"][-1]
+    calls = [dict(call) for call in last.tool_calls]
+    for call in calls:
+        emit(deps.bus, "tool_call", state["session_id"], name=call["name"], args=call["args"],
+             tool_call_id=call["id"])  # fmt: skip
+    return calls
+
+
+def _tool_update(deps: StelloDeps, state: State, calls: list[Any], out: Any) -> State:
+    if not isinstance(out, dict) or "pending" not in out:
+        raise StelloUsageError(
+            "A tool returned a Command; stello turns accept tools that return content only."
+        )
+    results: list[BaseMessage] = list(out["pending"])
+    for msg in results:
+        emit(deps.bus, "tool_result", state["session_id"], name=getattr(msg, "name", None),
+             tool_call_id=getattr(msg, "tool_call_id", None), content=message_text(msg.content),
+             status=getattr(msg, "status", "success"))  # fmt: skip
+    return {
+        "pending": results,
+        "tool_rounds": state.get("tool_rounds", 0) + 1,
+        "tool_calls": [*state.get("tool_calls", []), *calls],
+    }
+
+
+def make_tools_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+    """Node `tools`: run the reply's tool calls in parallel; a failing tool becomes an error
+    result the model sees. A tool may call `interrupt()` to wait for a human."""
+
+    def tools(state: State, config: RunnableConfig) -> State:
+        calls = _announce(deps, state)
+        out = deps.tool_node(state["session_id"]).invoke(state, config)
+        return _tool_update(deps, state, calls, out)
+
+    async def atools(state: State, config: RunnableConfig) -> State:
+        calls = _announce(deps, state)
+        out = await deps.tool_node(state["session_id"]).ainvoke(state, config)
+        return _tool_update(deps, state, calls, out)
+
+    return _node("tools", tools, atools)
+
+
+# -- commit ---------------------------------------------------------------------------------
+def _committed(storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]) -> bool:
+    """Whether this turn's records are already the tail of L3 (a resumed, committed turn)."""
+    count = storage.count_records(session_id)
+    if count < len(pending):
+        return False
+    first = storage.list_records(session_id, offset=count - len(pending), limit=1)
+    return bool(first) and first[0].id == pending[0].id
+
+
+async def _acommitted(
+    storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]
+) -> bool:
+    count = await storage.acount_records(session_id)
+    if count < len(pending):
+        return False
+    first = await storage.alist_records(session_id, offset=count - len(pending), limit=1)
+    return bool(first) and first[0].id == pending[0].id
+
+
+def _records(state: State) -> list[BaseMessage]:
+    return [m for m in state["pending"] if not isinstance(m, RemoveMessage)]
+
+
+def _finish(deps: StelloDeps, session: SessionBase, state: State, turns: int, tree: int) -> State:
+    insight = state.get("insight")
+    if insight:
+        emit(deps.bus, "insight_delivered", session.id, insight=insight)
+    final = state["pending"][-1]
+    emit(deps.bus, "turn_committed", session.id, turn_count=turns)
+    after_turn(deps, session.id, session.role, turns, tree)
+    return {"content": message_text(final.content), "turn_count": turns}
+
+
+def _counts_tree(deps: StelloDeps) -> bool:
+    return deps.schedule is not None and deps.schedule.integrate_every_n_turns is not None
+
+
+def make_commit_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+    """Node `commit`: write the turn's records in one transaction, consume the insight."""
+
+    def commit(state: State) -> State:
+        session, s = deps.session(state["session_id"]), deps.storage
+        records, tree = _records(state), 0
+        with s.transaction():
+            if not _committed(s, session.id, records):
+                session.commit_turn(records, insight=state.get("insight"))
+                if _counts_tree(deps):
+                    tree = int(s.get_global(TREE_TURNS_KEY) or 0) + 1
+                    s.put_global(TREE_TURNS_KEY, tree)
+            turns = s.get_turn_count(session.id)
+        return _finish(deps, session, state, turns, tree)
+
+    async def acommit(state: State) -> State:
+        session, s = await deps.asession(state["session_id"]), deps.storage
+        records, tree = _records(state), 0
+        async with s.atransaction():
+            if not await _acommitted(s, session.id, records):
+                await session.acommit_turn(records, insight=state.get("insight"))
+                if _counts_tree(deps):
+                    tree = int(await s.aget_global(TREE_TURNS_KEY) or 0) + 1
+                    await s.aput_global(TREE_TURNS_KEY, tree)
+            turns = await s.aget_turn_count(session.id)
+        return _finish(deps, session, state, turns, tree)
+
+    return _node("commit", commit, acommit)

@@ -1,0 +1,548 @@
+"""`StelloAgent`: the whole topology behind one object, on top of the stello graph.
+
+Example:
+    >>> from stello_graph import StelloAgent
+    >>> from stello_graph.checkpoints import InMemoryMainStorage
+    >>> from stello_graph.testing import ScriptedChatModel
+    >>> agent = StelloAgent(model=ScriptedChatModel(default="Sure."), storage=InMemoryMainStorage())
+    >>> branch = agent.fork(agent.main_session_id, "Pricing")
+    >>> agent.turn(branch.id, "Free tier?").content
+    'Sure.'
+    >>> agent.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.store.base import BaseStore
+from langgraph.types import Command, Durability, Interrupt
+
+from stello_graph._validate import check_id, check_text
+from stello_graph.errors import InvalidInputError
+from stello_graph.events import StelloEvent, emit
+from stello_graph.graph import build_graph
+from stello_graph.main_session import MainSession
+from stello_graph.memory import ConsolidateFn, IntegrateFn, llm_consolidator, llm_integrator
+from stello_graph.models import IntegrationResult, SessionMeta, TopologyNode
+from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps
+from stello_graph.nodes.scheduling import on_archive, on_switch
+from stello_graph.schedule import BackgroundFailure, Schedule
+from stello_graph.session import Session
+from stello_graph.storage import MainStorage
+from stello_graph.topology import Topology
+
+__all__ = ["DEFAULT_DB", "StelloAgent", "TurnResult"]
+
+DEFAULT_DB = "stello.db"
+"""The embedded SQLite file used when no storage is given."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """The outcome of one turn.
+
+    Attributes:
+        session_id: the session the turn ran on.
+        content: the final reply's text ("" while the turn waits on an interrupt).
+        message: the final reply.
+        tool_rounds: how many rounds of tool calls the turn took.
+        tool_calls: the tool calls run during the turn.
+        turn_count: the session's user turns after this one.
+        interrupts: what the turn waits for (resume it with `StelloAgent.resume`).
+    """
+
+    session_id: str
+    content: str
+    message: AIMessage | None = None
+    tool_rounds: int = 0
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    turn_count: int = 0
+    interrupts: tuple[Interrupt, ...] = ()
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the turn is paused, waiting for `resume`."""
+        return bool(self.interrupts)
+
+
+def _open_storage(
+    storage: MainStorage | str | os.PathLike[str] | None, tree_id: str
+) -> MainStorage:
+    if storage is None or isinstance(storage, str | os.PathLike):
+        from stello_graph.checkpoints import SqliteMainStorage
+
+        return SqliteMainStorage(DEFAULT_DB if storage is None else storage, tree_id=tree_id)
+    return storage
+
+
+def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
+    path = getattr(storage, "path", None)
+    if path is not None and str(path) != ":memory:":
+        from stello_graph.checkpoints.saver import sqlite_saver
+
+        return sqlite_saver(path)
+    return InMemorySaver()
+
+
+class _SessionLocks:
+    """One lock per session: turns on a session run one at a time, from threads or asyncio."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _get(self, session_id: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(session_id, threading.Lock())
+
+    @contextmanager
+    def hold(self, session_id: str) -> Iterator[None]:
+        lock = self._get(session_id)
+        with lock:
+            yield
+
+    @asynccontextmanager
+    async def ahold(self, session_id: str) -> AsyncIterator[None]:
+        lock, delay = self._get(session_id), 0.0005
+        while not lock.acquire(blocking=False):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        try:
+            yield
+        finally:
+            lock.release()
+
+
+class StelloAgent:
+    """A session topology driven by a LangGraph graph: turns, forks, memory, scheduling.
+
+    Opening an agent on empty storage creates the main session and its root node; on existing
+    storage it loads them.
+
+    Args:
+        model: the default chat model of every session (any LangChain chat model).
+        storage: a `MainStorage`, or the path of a SQLite file (default `stello.db`).
+        checkpointer: where in-flight turns are kept. Default: a saver on the same SQLite
+            file (in memory for in-memory storage). `False`: none (no interrupts).
+        tools: tools every session's model is given.
+        builtin_tools: built-in tools (`"create_session"`); `()` for none.
+        max_tool_rounds: tool rounds one turn may take.
+        consolidate_fn / integrate_fn: memory functions (default: LLM-backed, with `model`).
+        schedule: background consolidation / integration (`Schedule`).
+        store: a LangGraph store L2, synthesis and insights are also published to.
+        system_prompt: the main session's system prompt, when it is created.
+        tree_id: which tree of the storage file, when `storage` is a path.
+        durability: LangGraph checkpoint durability of a turn.
+        prune_checkpoints: drop a turn's checkpoints once it is committed (default: when the
+            agent made the checkpointer itself).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: BaseChatModel,
+        storage: MainStorage | str | os.PathLike[str] | None = None,
+        checkpointer: BaseCheckpointSaver[Any] | Literal[False] | None = None,
+        tools: Sequence[Any] = (),
+        builtin_tools: Sequence[str] = BUILTIN_TOOLS,
+        max_tool_rounds: int = 8,
+        consolidate_fn: ConsolidateFn | None = None,
+        integrate_fn: IntegrateFn | None = None,
+        schedule: Schedule | None = None,
+        store: BaseStore | None = None,
+        system_prompt: str | None = None,
+        tree_id: str = "default",
+        durability: Durability = "async",
+        prune_checkpoints: bool | None = None,
+    ) -> None:
+        self._owns_storage = not hasattr(storage, "get_tree")
+        self.storage: MainStorage = _open_storage(storage, tree_id)
+        self.deps = StelloDeps(
+            storage=self.storage,
+            model=model,
+            tools=tools,
+            builtin_tools=builtin_tools,
+            max_tool_rounds=max_tool_rounds,
+            consolidate_fn=consolidate_fn or llm_consolidator(model),
+            integrate_fn=integrate_fn or llm_integrator(model),
+            schedule=schedule,
+            store=store,
+        )
+        main = self.storage.get_main_session()
+        if main is None:
+            self.main = MainSession.create(self.storage, system_prompt=system_prompt)
+        else:
+            self.main = MainSession.load(self.storage, session_id=main.id)
+        self._owns_saver = checkpointer is None
+        saver = _default_saver(self.storage) if checkpointer is None else checkpointer
+        self.checkpointer: BaseCheckpointSaver[Any] | None = saver or None
+        self._prune = self._owns_saver if prune_checkpoints is None else prune_checkpoints
+        self._durability: Durability = durability
+        builder = build_graph(self.deps)
+        self.graph: CompiledStateGraph[Any, Any, Any, Any] = builder.compile(
+            checkpointer=self.checkpointer, store=store
+        )
+        self._ops: CompiledStateGraph[Any, Any, Any, Any] = builder.compile(store=store)
+        self._locks = _SessionLocks()
+        self._last_session: str | None = None
+        self._streams: list[queue.SimpleQueue[StelloEvent]] = []
+        self.deps.bus.subscribe(self._forward_background)
+
+    # -- basics -----------------------------------------------------------------------------
+    @property
+    def main_session_id(self) -> str:
+        """The id of the tree's main session."""
+        return self.main.id
+
+    def session(self, session_id: str) -> Session | MainSession:
+        """The `Session` (or `MainSession`) object of a session, with the agent's model."""
+        found = self.deps.session(session_id)
+        assert isinstance(found, Session | MainSession)
+        return found
+
+    def tree(self) -> Topology:
+        """The topology, for display (`print(agent.tree())`)."""
+        return Topology.read(self.storage)
+
+    async def atree(self) -> Topology:
+        return await Topology.aread(self.storage)
+
+    def config(self, session_id: str) -> RunnableConfig:
+        """The LangGraph config of turns on `session_id` (its checkpoint thread)."""
+        return {"configurable": {"thread_id": f"stello:{self.storage.tree_id}:{session_id}"}}
+
+    def subscribe(self, listener: Callable[[StelloEvent], None]) -> Callable[[], None]:
+        """Call `listener` with every stello event (background ones included)."""
+        return self.deps.bus.subscribe(listener)
+
+    def failures(self, session_id: str | None = None) -> list[BackgroundFailure]:
+        """Background failures kept so far (of one session, when given)."""
+        scheduler = self.deps.scheduler
+        return scheduler.failures(session_id) if scheduler is not None else []
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for background work; False on timeout. Never raises the kept failures."""
+        scheduler = self.deps.scheduler
+        return scheduler.drain(timeout) if scheduler is not None else True
+
+    async def adrain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
+        scheduler = self.deps.scheduler
+        return await scheduler.adrain(timeout) if scheduler is not None else True
+
+    def close(self) -> None:
+        """Finish background work and close what the agent opened."""
+        if self.deps.scheduler is not None:
+            self.deps.scheduler.close(wait=True)
+        close_saver = getattr(self.checkpointer, "close", None)
+        if self._owns_saver and close_saver is not None:
+            close_saver()
+        if self._owns_storage:
+            close = getattr(self.storage, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> StelloAgent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- turns ------------------------------------------------------------------------------
+    def _begin(self, session_id: object, text: object) -> tuple[str, dict[str, Any]]:
+        sid = check_id(session_id)
+        check_text(text, "text")
+        return sid, {"session_id": sid, "input": text}
+
+    def _switch(self, sid: str) -> None:
+        on_switch(self.deps, self._last_session, sid)
+        self._last_session = sid
+
+    def _result(self, sid: str, out: dict[str, Any]) -> TurnResult:
+        interrupts = tuple(out.get("__interrupt__", ()))
+        pending = out.get("pending") or []
+        final = pending[-1] if pending and isinstance(pending[-1], AIMessage) else None
+        return TurnResult(
+            session_id=sid,
+            content="" if interrupts else out.get("content", ""),
+            message=None if interrupts else final,
+            tool_rounds=out.get("tool_rounds", 0),
+            tool_calls=list(out.get("tool_calls", [])),
+            turn_count=out.get("turn_count", 0),
+            interrupts=interrupts,
+        )
+
+    def _finished(self, sid: str, result: TurnResult) -> TurnResult:
+        if self._prune and not result.interrupted and self.checkpointer is not None:
+            self.checkpointer.delete_thread(self.config(sid)["configurable"]["thread_id"])
+        return result
+
+    async def _afinished(self, sid: str, result: TurnResult) -> TurnResult:
+        if self._prune and not result.interrupted and self.checkpointer is not None:
+            await self.checkpointer.adelete_thread(self.config(sid)["configurable"]["thread_id"])
+        return result
+
+    def turn(self, session_id: str, text: str) -> TurnResult:
+        """Run one turn: the model (and its tools, up to `max_tool_rounds`) until it answers.
+
+        Raises:
+            SessionNotFoundError / SessionArchivedError: no such session, or it is archived.
+            ToolRoundLimitError: the model kept asking for tools; nothing was stored.
+            ModelCallError: the model failed; nothing was stored.
+        """
+        sid, payload = self._begin(session_id, text)
+        with self._locks.hold(sid):
+            self._switch(sid)
+            out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
+            return self._finished(sid, self._result(sid, out))
+
+    async def aturn(self, session_id: str, text: str) -> TurnResult:
+        """Async twin of `turn`."""
+        sid, payload = self._begin(session_id, text)
+        async with self._locks.ahold(sid):
+            self._switch(sid)
+            out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
+            return await self._afinished(sid, self._result(sid, out))
+
+    def resume(self, session_id: str, value: Any = None) -> TurnResult:
+        """Continue a turn that waits on an interrupt (with `value`) or that crashed."""
+        sid = check_id(session_id)
+        payload: Command[Any] | None = Command(resume=value) if self._waiting(sid) else None
+        with self._locks.hold(sid):
+            out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
+            return self._finished(sid, self._result(sid, out))
+
+    async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
+        """Async twin of `resume`."""
+        sid = check_id(session_id)
+        state = await self.graph.aget_state(self.config(sid))
+        payload: Command[Any] | None = Command(resume=value) if state.interrupts else None
+        async with self._locks.ahold(sid):
+            out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
+            return await self._afinished(sid, self._result(sid, out))
+
+    def _waiting(self, sid: str) -> bool:
+        if self.checkpointer is None:
+            raise InvalidInputError("This agent has no checkpointer: turns cannot be resumed.")
+        return bool(self.graph.get_state(self.config(sid)).interrupts)
+
+    # -- streaming --------------------------------------------------------------------------
+    def _forward_background(self, event: StelloEvent) -> None:
+        if not event.streamed:
+            for q in list(self._streams):
+                q.put(event)
+
+    @staticmethod
+    def _from_model(item: Any, multi: bool) -> bool:
+        """Whether a stream item may be shown: `messages` items only from the `model` node."""
+        mode, data = item if multi else ("messages", item)
+        if mode != "messages":
+            return True
+        _, metadata = data
+        return bool(metadata.get("langgraph_node") == "model")
+
+    def _drain_events(
+        self, q: queue.SimpleQueue[StelloEvent], modes: list[str], multi: bool
+    ) -> Iterator[Any]:
+        if "custom" not in modes:
+            return
+        while True:
+            try:
+                event = q.get_nowait()
+            except queue.Empty:
+                return
+            yield ("custom", event.as_dict()) if multi else event.as_dict()
+
+    def stream(
+        self,
+        session_id: str,
+        text: str,
+        stream_mode: str | Sequence[str] = "messages",
+    ) -> Iterator[Any]:
+        """Run a turn, yielding what LangGraph's `stream_mode` yields.
+
+        `messages`: `(token chunk, metadata)` of the session's model only; `custom`: stello
+        events as dicts (tool calls and results, forks, consolidations, integrations,
+        insights delivered, background errors); `updates` / `values` as usual. With a list
+        of modes, items are `(mode, item)` pairs.
+        """
+        sid, payload = self._begin(session_id, text)
+        multi = not isinstance(stream_mode, str)
+        modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
+        q: queue.SimpleQueue[StelloEvent] = queue.SimpleQueue()
+        with self._locks.hold(sid):
+            self._switch(sid)
+            self._streams.append(q)
+            try:
+                for item in self.graph.stream(
+                    payload,
+                    self.config(sid),
+                    stream_mode=stream_mode,  # type: ignore[arg-type]
+                    durability=self._durability,
+                ):
+                    yield from self._drain_events(q, modes, multi)
+                    if "messages" not in modes or self._from_model(item, multi):
+                        yield item
+                yield from self._drain_events(q, modes, multi)
+            finally:
+                self._streams.remove(q)
+            state = self.graph.get_state(self.config(sid)) if self.checkpointer else None
+            if state is None or not state.interrupts:
+                self._finished(sid, TurnResult(session_id=sid, content=""))
+
+    async def astream(
+        self,
+        session_id: str,
+        text: str,
+        stream_mode: str | Sequence[str] = "messages",
+    ) -> AsyncIterator[Any]:
+        """Async twin of `stream`."""
+        sid, payload = self._begin(session_id, text)
+        multi = not isinstance(stream_mode, str)
+        modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
+        q: queue.SimpleQueue[StelloEvent] = queue.SimpleQueue()
+        async with self._locks.ahold(sid):
+            self._switch(sid)
+            self._streams.append(q)
+            try:
+                async for item in self.graph.astream(
+                    payload,
+                    self.config(sid),
+                    stream_mode=stream_mode,  # type: ignore[arg-type]
+                    durability=self._durability,
+                ):
+                    for event in self._drain_events(q, modes, multi):
+                        yield event
+                    if "messages" not in modes or self._from_model(item, multi):
+                        yield item
+                for event in self._drain_events(q, modes, multi):
+                    yield event
+            finally:
+                self._streams.remove(q)
+            state = await self.graph.aget_state(self.config(sid)) if self.checkpointer else None
+            if state is None or not state.interrupts:
+                await self._afinished(sid, TurnResult(session_id=sid, content=""))
+
+    # -- topology operations ----------------------------------------------------------------
+    def _fork_payload(
+        self, source_id: object, label: object, options: dict[str, Any]
+    ) -> dict[str, Any]:
+        allowed = {"context", "system_prompt", "inherit_system_prompt", "prompt", "tags",
+                   "metadata", "id"}  # fmt: skip
+        unknown = set(options) - allowed - {"model", "tools"}
+        if unknown:
+            raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
+        spec = {k: v for k, v in options.items() if k in allowed}
+        return {"op": "fork", "session_id": check_id(source_id), "fork": {"label": label, **spec}}
+
+    def _forked(self, out: dict[str, Any], options: dict[str, Any]) -> TopologyNode:
+        forked = out["forked"]
+        if options.get("model") is not None or options.get("tools") is not None:
+            self.deps.override(
+                forked["session_id"], model=options.get("model"), tools=options.get("tools")
+            )
+        return TopologyNode(id=forked["session_id"], parent_id=forked["parent_id"],
+                            label=forked["label"])  # fmt: skip
+
+    def fork(self, source_id: str, label: str, **options: Any) -> TopologyNode:
+        """Fork a new session under `source_id` (the main session or any other).
+
+        Options: `context` ("none" | "inherit" | a function of the records), `system_prompt`,
+        `inherit_system_prompt` (for forks of the main session), `prompt` (opening line),
+        `model`, `tools`, `tags`, `metadata`, `id`. The session and its node are written in
+        one transaction. Returns the child's `TopologyNode`.
+        """
+        out = self._ops.invoke(self._fork_payload(source_id, label, options))
+        return self._forked(out, options)
+
+    async def afork(self, source_id: str, label: str, **options: Any) -> TopologyNode:
+        """Async twin of `fork`."""
+        out = await self._ops.ainvoke(self._fork_payload(source_id, label, options))
+        return self._forked(out, options)
+
+    def _archivable(self, session_id: object) -> str:
+        sid = check_id(session_id)
+        if sid == self.main.id:
+            raise InvalidInputError("The main session cannot be archived.")
+        return sid
+
+    def archive(self, session_id: str) -> SessionMeta:
+        """Archive a session (after its running turn, if any); it then refuses all work."""
+        sid = self._archivable(session_id)
+        with self._locks.hold(sid):
+            session = self.session(sid)
+            assert isinstance(session, Session)
+            meta = session.archive()
+        emit(self.deps.bus, "session_archived", sid)
+        on_archive(self.deps, sid)
+        return meta
+
+    async def aarchive(self, session_id: str) -> SessionMeta:
+        """Async twin of `archive`."""
+        sid = self._archivable(session_id)
+        async with self._locks.ahold(sid):
+            session = self.session(sid)
+            assert isinstance(session, Session)
+            meta = await session.aarchive()
+        emit(self.deps.bus, "session_archived", sid)
+        on_archive(self.deps, sid)
+        return meta
+
+    def consolidate(self, session_id: str) -> str | None:
+        """Consolidate one session now (L3 -> L2); return its L2."""
+        out = self._ops.invoke({"op": "consolidate", "session_id": check_id(session_id)})
+        return out.get("l2")
+
+    async def aconsolidate(self, session_id: str) -> str | None:
+        out = await self._ops.ainvoke({"op": "consolidate", "session_id": check_id(session_id)})
+        return out.get("l2")
+
+    def integrate(self) -> IntegrationResult:
+        """Integrate now: the children's L2 -> synthesis + insights."""
+        out = self._ops.invoke({"op": "integrate"})
+        return IntegrationResult.model_validate(out["integration"])
+
+    async def aintegrate(self) -> IntegrationResult:
+        out = await self._ops.ainvoke({"op": "integrate"})
+        return IntegrationResult.model_validate(out["integration"])
+
+    # -- composition ------------------------------------------------------------------------
+    def as_tool(
+        self, session_id: str, *, name: str | None = None, description: str | None = None
+    ) -> BaseTool:
+        """A LangChain tool that asks one stello session a question (one turn) and returns
+        its answer: expose a branch of the topology to another agent."""
+        sid = check_id(session_id)
+        label = self.session(sid).meta.label
+
+        def ask(question: str) -> str:
+            return self.turn(sid, question).content
+
+        async def aask(question: str) -> str:
+            return (await self.aturn(sid, question)).content
+
+        return StructuredTool.from_function(
+            func=ask,
+            coroutine=aask,
+            name=name or "ask_session",
+            description=description
+            or f"Ask the stello session {label!r} a question and get its answer.",
+        )
+
+    def hold(self, session_id: str) -> AbstractContextManager[None]:
+        """Hold the session's turn lock (no turn runs on it meanwhile)."""
+        return self._locks.hold(check_id(session_id))

@@ -1,0 +1,165 @@
+"""`build_stello_graph`: the stello orchestration as a LangGraph `StateGraph`.
+
+The graph runs a turn on one session for `{"session_id": ..., "input": ...}`:
+
+    START -> assemble -> model -> tools -> model -> ... -> commit -> END
+
+and the topology operations for `{"op": "fork" | "consolidate" | "integrate", ...}` (see
+`stello_graph.nodes.ops`). It is returned uncompiled: compile it with any checkpointer
+(`InMemorySaver`, `SqliteSaver`, `AsyncSqliteSaver`, ...) or add it to a graph of your own.
+
+Example:
+    >>> from langgraph.checkpoint.memory import InMemorySaver
+    >>> from stello_graph import MainSession
+    >>> from stello_graph.checkpoints import InMemoryMainStorage
+    >>> from stello_graph.testing import ScriptedChatModel
+    >>> storage = InMemoryMainStorage()
+    >>> main = MainSession.create(storage)
+    >>> graph = build_stello_graph(ScriptedChatModel(["Hi!"]), storage).compile(
+    ...     checkpointer=InMemorySaver()
+    ... )
+    >>> out = graph.invoke(
+    ...     {"session_id": main.id, "input": "Hello"},
+    ...     {"configurable": {"thread_id": main.id}},
+    ... )
+    >>> out["content"]
+    'Hi!'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AnyMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.store.base import BaseStore
+
+from stello_graph.memory import ConsolidateFn, IntegrateFn
+from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps
+from stello_graph.nodes.ops import (
+    make_consolidate_node,
+    make_fork_node,
+    make_integrate_node,
+    route_start,
+)
+from stello_graph.nodes.turn import (
+    make_assemble_node,
+    make_commit_node,
+    make_model_node,
+    make_tools_node,
+    route_after_model,
+)
+from stello_graph.schedule import Schedule
+from stello_graph.storage import MainStorage
+
+__all__ = ["StelloInput", "StelloOutput", "StelloState", "build_graph", "build_stello_graph"]
+
+
+class StelloInput(TypedDict, total=False):
+    """What a run of the graph takes."""
+
+    op: Literal["turn", "fork", "consolidate", "integrate"]
+    """The operation; a turn when left out."""
+    session_id: str
+    """The session the turn (or fork / consolidation) runs on."""
+    input: str
+    """The user message of a turn."""
+    fork: dict[str, Any]
+    """Options of a fork: `label` and optionally `context`, `system_prompt`, `prompt`,
+    `tags`, `metadata`, `id`."""
+
+
+class StelloOutput(TypedDict, total=False):
+    """What a run of the graph returns."""
+
+    session_id: str
+    content: str
+    """The final reply of a turn."""
+    pending: list[AnyMessage]
+    """The records of the turn, as committed to L3."""
+    tool_rounds: int
+    tool_calls: list[dict[str, Any]]
+    """The tool calls run during the turn."""
+    turn_count: int
+    """User turns of the session after this one."""
+    forked: dict[str, str]
+    l2: str | None
+    integration: dict[str, Any]
+
+
+class StelloState(StelloInput, StelloOutput, total=False):
+    """The graph's state: input, output, and the turn in flight."""
+
+    pending: Annotated[list[AnyMessage], add_messages]
+    insight: str | None
+
+
+def build_graph(deps: StelloDeps) -> StateGraph[Any, Any, Any, Any]:
+    """The stello `StateGraph` over an existing `StelloDeps`."""
+    graph: StateGraph[Any, Any, Any, Any] = StateGraph(
+        StelloState, input_schema=StelloInput, output_schema=StelloOutput
+    )
+    graph.add_node("assemble", make_assemble_node(deps))
+    graph.add_node("model", make_model_node(deps))
+    graph.add_node("tools", make_tools_node(deps))
+    graph.add_node("commit", make_commit_node(deps))
+    graph.add_node("fork", make_fork_node(deps))
+    graph.add_node("consolidate", make_consolidate_node(deps))
+    graph.add_node("integrate", make_integrate_node(deps))
+    graph.add_conditional_edges(
+        START, route_start, ["assemble", "fork", "consolidate", "integrate"]
+    )
+    graph.add_edge("assemble", "model")
+    graph.add_conditional_edges("model", route_after_model, ["tools", "commit"])
+    graph.add_edge("tools", "model")
+    for last in ("commit", "fork", "consolidate", "integrate"):
+        graph.add_edge(last, END)
+    return graph
+
+
+def build_stello_graph(
+    model: BaseChatModel,
+    storage: MainStorage,
+    *,
+    tools: Sequence[Any] = (),
+    builtin_tools: Sequence[str] = BUILTIN_TOOLS,
+    max_tool_rounds: int = 8,
+    consolidate_fn: ConsolidateFn | None = None,
+    integrate_fn: IntegrateFn | None = None,
+    schedule: Schedule | None = None,
+    store: BaseStore | None = None,
+) -> StateGraph[Any, Any, Any, Any]:
+    """The stello orchestration as an uncompiled LangGraph `StateGraph`.
+
+    Args:
+        model: the chat model of every session.
+        storage: the tree's `MainStorage`.
+        tools: tools every session's model is given (LangChain tools or functions).
+        builtin_tools: built-in tools to add; `()` for none.
+        max_tool_rounds: tool rounds a turn may take; one more fails with
+            `ToolRoundLimitError` and stores nothing.
+        consolidate_fn: used by the `consolidate` operation and the schedule
+            (default: `llm_consolidator(model)`).
+        integrate_fn: used by the `integrate` operation and the schedule
+            (default: `llm_integrator(model)`).
+        schedule: background consolidation / integration after turns.
+        store: a LangGraph store that L2, synthesis and insights are also published to,
+            under `("stello", tree_id, "l2" | "synthesis" | "insights")`.
+    """
+    from stello_graph.memory import llm_consolidator, llm_integrator
+
+    deps = StelloDeps(
+        storage=storage,
+        model=model,
+        tools=tools,
+        builtin_tools=builtin_tools,
+        max_tool_rounds=max_tool_rounds,
+        consolidate_fn=consolidate_fn or llm_consolidator(model),
+        integrate_fn=integrate_fn or llm_integrator(model),
+        schedule=schedule,
+        store=store,
+    )
+    return build_graph(deps)

@@ -1,0 +1,203 @@
+"""Background consolidation and integration: `Schedule` (what to run when) and `Scheduler`.
+
+Scheduled work runs on a small pool of worker threads, never on the caller's path, so it adds
+no latency to a turn. A failure never reaches the turn that triggered it: it is retried as the
+schedule says, then kept (readable per session with `failures()`) and published as a
+`background_error` event. `drain()` waits until all scheduled work is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from stello_graph.errors import InvalidInputError
+from stello_graph.events import EventBus, emit
+from stello_graph.models import utcnow
+
+__all__ = ["BackgroundFailure", "Schedule", "Scheduler"]
+
+JobKind = Literal["consolidate", "integrate"]
+
+
+def _positive(value: int | None, name: str) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise InvalidInputError(f"{name} must be a positive int or None, got {value!r}.")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Schedule:
+    """When background consolidation and integration run.
+
+    Attributes:
+        consolidate_every_n_turns: consolidate a session after every N-th user turn on it
+            (counted exactly, from the turns committed to storage).
+        consolidate_on_switch: consolidate a session when the next turn goes to another one.
+        consolidate_on_archive: consolidate a session when it is archived (before archiving).
+        integrate_after_consolidate: integrate after every scheduled consolidation.
+        integrate_every_n_turns: integrate after every N-th user turn of the whole tree.
+        max_concurrency: worker threads for background work.
+        retry_attempts: attempts per job (1 = no retry).
+        retry_backoff: seconds before the first retry; doubled for each further one.
+    """
+
+    consolidate_every_n_turns: int | None = None
+    consolidate_on_switch: bool = False
+    consolidate_on_archive: bool = True
+    integrate_after_consolidate: bool = False
+    integrate_every_n_turns: int | None = None
+    max_concurrency: int = 4
+    retry_attempts: int = 1
+    retry_backoff: float = 0.5
+
+    def __post_init__(self) -> None:
+        _positive(self.consolidate_every_n_turns, "consolidate_every_n_turns")
+        _positive(self.integrate_every_n_turns, "integrate_every_n_turns")
+        _positive(self.max_concurrency, "max_concurrency")
+        _positive(self.retry_attempts, "retry_attempts")
+        if not isinstance(self.retry_backoff, int | float) or self.retry_backoff < 0:
+            raise InvalidInputError(f"retry_backoff must be >= 0, got {self.retry_backoff!r}.")
+
+
+@dataclass(frozen=True, slots=True)
+class BackgroundFailure:
+    """A background job that failed after all its attempts."""
+
+    kind: JobKind
+    session_id: str | None
+    error_type: str
+    message: str
+    attempts: int
+    at: datetime = field(default_factory=utcnow)
+    traceback: str = ""
+
+
+Job = Callable[[], object]
+
+
+class Scheduler:
+    """Runs background jobs with de-duplication, retries and failure records."""
+
+    def __init__(self, schedule: Schedule, bus: EventBus | None = None) -> None:
+        self.schedule = schedule
+        self._bus = bus
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Condition()
+        self._queued: set[tuple[JobKind, str | None]] = set()
+        self._active = 0
+        self._failures: list[BackgroundFailure] = []
+        self._closed = False
+
+    # -- submitting -------------------------------------------------------------------------
+    def submit(self, kind: JobKind, session_id: str | None, job: Job) -> bool:
+        """Queue `job` unless the same (kind, session) job is already queued; return if queued."""
+        key = (kind, session_id)
+        with self._lock:
+            if self._closed or key in self._queued:
+                return False
+            self._queued.add(key)
+            self._active += 1
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self.schedule.max_concurrency, thread_name_prefix="stello-bg"
+                )
+            pool = self._pool
+        pool.submit(self._run, key, job)
+        return True
+
+    def _run(self, key: tuple[JobKind, str | None], job: Job) -> None:
+        kind, session_id = key
+        with self._lock:
+            self._queued.discard(key)  # from now on a new request queues a fresh run
+        try:
+            self._attempt(kind, session_id, job)
+        finally:
+            with self._lock:
+                self._active -= 1
+                self._lock.notify_all()
+
+    def _attempt(self, kind: JobKind, session_id: str | None, job: Job) -> None:
+        attempts = self.schedule.retry_attempts
+        delay = self.schedule.retry_backoff
+        for attempt in range(1, attempts + 1):
+            try:
+                job()
+                return
+            except Exception as exc:
+                if attempt == attempts:
+                    self._record(kind, session_id, exc, attempt)
+                    return
+                time.sleep(delay)
+                delay *= 2
+
+    def _record(self, kind: JobKind, session_id: str | None, exc: Exception, attempts: int) -> None:
+        failure = BackgroundFailure(
+            kind=kind,
+            session_id=session_id,
+            error_type=type(exc).__name__,
+            message=str(exc),
+            attempts=attempts,
+            traceback="".join(traceback.format_exception(exc)),
+        )
+        with self._lock:
+            self._failures.append(failure)
+        emit(
+            self._bus,
+            "background_error",
+            session_id,
+            stream=False,
+            kind=kind,
+            error_type=failure.error_type,
+            message=failure.message,
+            attempts=attempts,
+        )
+
+    # -- reading ----------------------------------------------------------------------------
+    def failures(self, session_id: str | None = None) -> list[BackgroundFailure]:
+        """Failures kept so far, oldest first; only those of `session_id` when given."""
+        with self._lock:
+            kept = list(self._failures)
+        if session_id is None:
+            return kept
+        return [f for f in kept if f.session_id == session_id]
+
+    @property
+    def busy(self) -> bool:
+        """Whether any job is queued or running."""
+        with self._lock:
+            return self._active > 0
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until no job is queued or running; False on timeout. Never raises failures."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._active > 0:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._lock.wait(remaining)
+        return True
+
+    async def adrain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
+        """Async twin of `drain` (polls, so the event loop keeps running)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.busy:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    def close(self, *, wait: bool = True) -> None:
+        """Stop accepting jobs; with `wait`, finish the queued ones first."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait)

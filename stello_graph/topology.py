@@ -1,0 +1,121 @@
+"""`Topology`: a snapshot of the tree for display (text here; SVG in notebooks).
+
+It holds only what a view needs — nodes, and the label/status/role of each session — so
+drawing a tree never loads a session's records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from stello_graph.models import SessionMeta, TopologyNode
+from stello_graph.storage import MainStorage
+
+__all__ = ["Topology"]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The topology tree of one `MainStorage`, as of when it was read.
+
+    Attributes:
+        nodes: every node, parents before children, siblings in creation order.
+        sessions: the meta of each node's session, by id.
+    """
+
+    nodes: tuple[TopologyNode, ...]
+    sessions: Mapping[str, SessionMeta] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, storage: MainStorage) -> Topology:
+        """Read the whole tree of `storage`."""
+        nodes = tuple(storage.get_tree())
+        metas = {m.id: m for m in storage.list_sessions()}
+        return cls(nodes, {n.id: metas[n.id] for n in nodes if n.id in metas})
+
+    @classmethod
+    async def aread(cls, storage: MainStorage) -> Topology:
+        """Async twin of `read`."""
+        nodes = tuple(await storage.aget_tree())
+        metas = {m.id: m for m in await storage.alist_sessions()}
+        return cls(nodes, {n.id: metas[n.id] for n in nodes if n.id in metas})
+
+    @property
+    def root(self) -> TopologyNode | None:
+        """The root node (the main session), if the tree has one."""
+        return next((n for n in self.nodes if n.parent_id is None), None)
+
+    def node(self, node_id: str) -> TopologyNode | None:
+        return self._by_id.get(node_id)
+
+    @cached_property
+    def _children(self) -> dict[str | None, list[TopologyNode]]:
+        kids: dict[str | None, list[TopologyNode]] = {}
+        for node in self.nodes:
+            kids.setdefault(node.parent_id, []).append(node)
+        return kids
+
+    @cached_property
+    def _by_id(self) -> dict[str, TopologyNode]:
+        return {n.id: n for n in self.nodes}
+
+    def children(self, node_id: str) -> list[TopologyNode]:
+        """Direct children of a node, in creation order."""
+        return list(self._children.get(node_id, ()))
+
+    def depth(self, node_id: str) -> int:
+        """0 for the root, 1 for its children, ..."""
+        depth, current = 0, self._by_id.get(node_id)
+        while current is not None and current.parent_id is not None:
+            depth, current = depth + 1, self._by_id.get(current.parent_id)
+        return depth
+
+    def __iter__(self) -> Iterator[TopologyNode]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def _line(self, node: TopologyNode) -> str:
+        meta = self.sessions.get(node.id)
+        label = node.label or "(no label)"
+        status = " [archived]" if meta is not None and meta.status == "archived" else ""
+        return f"{label}{status}  ({node.id})"
+
+    def render_text(self) -> str:
+        """The tree as indented text, one session per line."""
+        lines: list[str] = []
+
+        def walk(node: TopologyNode, prefix: str, last: bool, top: bool) -> None:
+            branch = "" if top else ("└── " if last else "├── ")
+            lines.append(f"{prefix}{branch}{self._line(node)}")
+            kids = self.children(node.id)
+            extension = "" if top else ("    " if last else "│   ")
+            for i, child in enumerate(kids):
+                walk(child, prefix + extension, i == len(kids) - 1, False)
+
+        for root in (n for n in self.nodes if n.parent_id is None):
+            walk(root, "", True, True)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render_text()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable form: nodes with their session's label, role and status."""
+        out: list[dict[str, Any]] = []
+        for node in self.nodes:
+            meta = self.sessions.get(node.id)
+            out.append(
+                {
+                    "id": node.id,
+                    "parent_id": node.parent_id,
+                    "label": node.label,
+                    "role": meta.role if meta else None,
+                    "status": meta.status if meta else None,
+                }
+            )
+        return {"nodes": out}
