@@ -1,1 +1,41 @@
-"""LangGraph nodes and routers of stello-graph (import as `stello_graph.nodes`)."""
+"""LangGraph nodes and routers of stello-graph (import as `stello_graph.nodes`).
+
+Each `make_*_node(deps)` returns a node (a runnable with sync and async paths) bound to a
+`StelloDeps`; routers are plain functions of the state. `stello_graph.graph.build_graph`
+wires them; they can be wired into a graph of your own just as well.
+"""
+
+from stello_graph.nodes.builtin_tools import make_builtin_tools
+from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps, tool_error_message
+from stello_graph.nodes.ops import (
+    make_consolidate_node,
+    make_fork_node,
+    make_integrate_node,
+    route_start,
+)
+from stello_graph.nodes.turn import (
+    make_assemble_node,
+    make_commit_node,
+    make_model_node,
+    make_tools_node,
+    route_after_model,
+)
+
+__all__ = [
+    # dependencies
+    "BUILTIN_TOOLS",
+    "StelloDeps",
+    "make_builtin_tools",
+    "tool_error_message",
+    # the turn
+    "make_assemble_node",
+    "make_model_node",
+    "make_tools_node",
+    "make_commit_node",
+    "route_after_model",
+    # the topology edges
+    "route_start",
+    "make_fork_node",
+    "make_consolidate_node",
+    "make_integrate_node",
+]

@@ -17,6 +17,7 @@ import asyncio
 import os
 import queue
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -201,6 +202,8 @@ class StelloAgent:
         self._locks = _SessionLocks()
         self._last_session: str | None = None
         self._streams: list[queue.SimpleQueue[StelloEvent]] = []
+        self._streams_lock = threading.Lock()
+        self._undelivered: deque[StelloEvent] = deque(maxlen=100)
         self.deps.bus.subscribe(self._forward_background)
 
     # -- basics -----------------------------------------------------------------------------
@@ -342,9 +345,27 @@ class StelloAgent:
 
     # -- streaming --------------------------------------------------------------------------
     def _forward_background(self, event: StelloEvent) -> None:
-        if not event.streamed:
-            for q in list(self._streams):
-                q.put(event)
+        """Background events go to the custom streams running now, else to the next one."""
+        if event.streamed:
+            return
+        with self._streams_lock:
+            targets = list(self._streams)
+            if not targets:
+                self._undelivered.append(event)
+        for q in targets:
+            q.put(event)
+
+    def _open_stream(self) -> queue.SimpleQueue[StelloEvent]:
+        q: queue.SimpleQueue[StelloEvent] = queue.SimpleQueue()
+        with self._streams_lock:
+            while self._undelivered:
+                q.put(self._undelivered.popleft())
+            self._streams.append(q)
+        return q
+
+    def _close_stream(self, q: queue.SimpleQueue[StelloEvent]) -> None:
+        with self._streams_lock:
+            self._streams.remove(q)
 
     @staticmethod
     def _from_model(item: Any, multi: bool) -> bool:
@@ -383,10 +404,9 @@ class StelloAgent:
         sid, payload = self._begin(session_id, text)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        q: queue.SimpleQueue[StelloEvent] = queue.SimpleQueue()
         with self._locks.hold(sid):
             self._switch(sid)
-            self._streams.append(q)
+            q = self._open_stream()
             try:
                 for item in self.graph.stream(
                     payload,
@@ -399,7 +419,7 @@ class StelloAgent:
                         yield item
                 yield from self._drain_events(q, modes, multi)
             finally:
-                self._streams.remove(q)
+                self._close_stream(q)
             state = self.graph.get_state(self.config(sid)) if self.checkpointer else None
             if state is None or not state.interrupts:
                 self._finished(sid, TurnResult(session_id=sid, content=""))
@@ -414,10 +434,9 @@ class StelloAgent:
         sid, payload = self._begin(session_id, text)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        q: queue.SimpleQueue[StelloEvent] = queue.SimpleQueue()
         async with self._locks.ahold(sid):
             self._switch(sid)
-            self._streams.append(q)
+            q = self._open_stream()
             try:
                 async for item in self.graph.astream(
                     payload,
@@ -432,7 +451,7 @@ class StelloAgent:
                 for event in self._drain_events(q, modes, multi):
                     yield event
             finally:
-                self._streams.remove(q)
+                self._close_stream(q)
             state = await self.graph.aget_state(self.config(sid)) if self.checkpointer else None
             if state is None or not state.interrupts:
                 await self._afinished(sid, TurnResult(session_id=sid, content=""))

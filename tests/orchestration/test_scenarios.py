@@ -361,3 +361,71 @@ def test_fork_options_and_events(make_agent: AgentFactory) -> None:
     assert texts == ["Hi there.", "hey", "child model"]
     assert events[0]["event"] == "session_forked" and events[0]["label"] == "Child"
     assert json.dumps(events)  # events are JSON-serialisable
+
+
+def test_nodes_wired_into_a_graph_of_your_own() -> None:
+    from langgraph.graph import StateGraph
+
+    from stello_graph import nodes
+    from stello_graph.graph import StelloState
+
+    storage = InMemoryMainStorage()
+    main = MainSession.create(storage)
+    deps = nodes.StelloDeps(storage=storage, model=ScriptedChatModel(default="mine"))
+    graph: StateGraph[Any, Any, Any, Any] = StateGraph(StelloState)
+    graph.add_node("assemble", nodes.make_assemble_node(deps))
+    graph.add_node("model", nodes.make_model_node(deps))
+    graph.add_node("tools", nodes.make_tools_node(deps))
+    graph.add_node("commit", nodes.make_commit_node(deps))
+    graph.add_edge(START, "assemble")
+    graph.add_edge("assemble", "model")
+    graph.add_conditional_edges("model", nodes.route_after_model, ["tools", "commit"])
+    graph.add_edge("tools", "model")
+    graph.add_edge("commit", END)
+    out = graph.compile().invoke({"session_id": main.id, "input": "hello"})
+    assert out["content"] == "mine"
+    assert [m.text for m in main.messages()] == ["hello", "mine"]
+
+
+def test_open_sqlite_shares_one_file(tmp_path: Path) -> None:
+    from stello_graph.checkpoints import open_sqlite
+
+    storage, saver = open_sqlite(tmp_path / "app.db")
+    agent = StelloAgent(
+        model=ScriptedChatModel(default="r"), storage=storage, checkpointer=saver,
+        prune_checkpoints=False,
+    )  # fmt: skip
+    agent.turn(agent.main_session_id, "hello")
+    tables = {
+        row[0] for row in saver.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+    }
+    assert {"checkpoints", "writes", "stello_sessions", "stello_records"} <= tables
+    assert saver.get_tuple(agent.config(agent.main_session_id)) is not None
+    agent.close()
+    saver.close()
+    storage.close()
+
+
+def test_background_error_reaches_a_custom_stream(make_agent: AgentFactory) -> None:
+    def failing(current: str | None, records: list[BaseMessage]) -> str:
+        raise RuntimeError("summary failed")
+
+    agent = make_agent(
+        model=ScriptedChatModel(default="r"),
+        consolidate_fn=failing,
+        schedule=Schedule(consolidate_every_n_turns=1),
+    )
+    b = agent.fork(agent.main_session_id, "B").id
+    agent.turn(b, "first")  # schedules a consolidation that fails in the background
+    assert agent.drain(5)
+    items = list(agent.stream(b, "second", stream_mode="custom"))
+    assert items[0]["event"] == "background_error"  # the first turn's failure comes first
+    assert items[0]["session_id"] == b
+    assert "summary failed" in items[0]["message"]
+    agent.drain(5)
+    items += list(agent.stream(b, "third", stream_mode="custom"))
+    agent.drain(5)
+    items += list(agent.stream(b, "fourth", stream_mode="custom"))
+    reported = [i for i in items if i["event"] == "background_error"]
+    # every failure is reported exactly once (the fourth turn's may still be pending)
+    assert len(agent.failures(b)) - 1 <= len(reported) <= len(agent.failures(b))
