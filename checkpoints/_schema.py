@@ -13,6 +13,11 @@ Tables (version 1):
 * `stello_records` - L3, one row per message, keyed by `(tree_id, session_id, seq)`.
 * `stello_nodes` - the topology; `position` is the creation order within the tree.
 * `stello_globals` - the tree's key-value store (JSON values).
+
+Version 2 adds to `stello_sessions`: `subtree_synthesis` (what tree integration made of a
+node's children), `compression` / `compression_through` (the summary that replaces the oldest
+records in prompts, and how many records it covers) and `settings` (JSON: skills allow-list,
+fork bookkeeping).
 """
 
 from __future__ import annotations
@@ -120,7 +125,18 @@ def _v1_initial(db: Database) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_initial,)
+def _v2_tree_memory(db: Database) -> None:
+    """Per-session state of the orchestration: a subtree's synthesis (tree integration), the
+    persisted context-compression summary with the records it covers, and settings (skills
+    allow-list, fork bookkeeping)."""
+    sessions = db.table(SESSIONS)
+    sessions.add_column("subtree_synthesis", str)
+    sessions.add_column("compression", str)
+    sessions.add_column("compression_through", int, not_null_default=0)
+    sessions.add_column("settings", str, not_null_default="{}")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_initial, _v2_tree_memory)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -29,11 +29,13 @@ from stello_graph.checkpoints._txn import TransactionHooks, Transactions
 from stello_graph.checkpoints._validate import (
     append_args,
     check_identifier,
+    check_mapping,
     check_meta,
     check_node,
     check_non_negative,
     check_optional_text,
     check_text,
+    compression_args,
     memory_args,
     page_args,
     session_filter_args,
@@ -44,11 +46,23 @@ from stello_graph.errors import (
     SessionNotFoundError,
     TopologyCycleError,
 )
-from stello_graph.models import ChildL2, SessionMeta, SessionRole, SessionStatus, TopologyNode
+from stello_graph.models import (
+    ChildL2,
+    Compression,
+    SessionMeta,
+    SessionRole,
+    SessionStatus,
+    TopologyNode,
+)
 
 __all__ = ["FIELDS", "StorageShell", "tree_order"]
 
-FIELDS = frozenset({"system_prompt", "insight", "memory", "memory_through", "turn_count"})
+FIELDS = frozenset(
+    {
+        *("system_prompt", "insight", "memory", "memory_through", "turn_count"),
+        *("subtree_synthesis", "compression", "compression_through", "settings"),
+    }
+)
 """Per-session values read and written through `_op_get_fields` / `_op_set_fields`."""
 
 
@@ -232,6 +246,33 @@ class StorageShell(ABC):
         """How many records, from the first, the memory covers (0 if none)."""
         return self._txn.read(self._number, check_identifier(session_id), "memory_through")
 
+    def get_subtree_synthesis(self, session_id: str) -> str | None:
+        """What tree integration last made of the node's children, or `None`."""
+        return self._txn.read(self._text, check_identifier(session_id), "subtree_synthesis")
+
+    def put_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
+        """Replace the subtree synthesis of a node."""
+        values = {"subtree_synthesis": check_text(synthesis, "synthesis")}
+        self._txn.write(self._op_set_fields, check_identifier(session_id), values)
+
+    def get_compression(self, session_id: str) -> Compression | None:
+        """The summary that replaces the oldest records in prompts, if there is one."""
+        return self._txn.read(self._compression, check_identifier(session_id))
+
+    def put_compression(self, session_id: str, compression: Compression | None) -> None:
+        """Replace (or, with `None`, drop) the compression summary."""
+        sid, values = compression_args(session_id, compression)
+        self._txn.write(self._op_set_fields, sid, values)
+
+    def get_settings(self, session_id: str) -> dict[str, Any]:
+        """The session's orchestration settings (JSON object; empty when none)."""
+        return self._txn.read(self._settings, check_identifier(session_id))
+
+    def put_settings(self, session_id: str, settings: dict[str, Any]) -> None:
+        """Replace the session's orchestration settings."""
+        values = {"settings": dumps(check_mapping(settings, "settings"), what="settings")}
+        self._txn.write(self._op_set_fields, check_identifier(session_id), values)
+
     # -- topology -------------------------------------------------------------------------
     def put_node(self, node: TopologyNode) -> None:
         """Insert, move or relabel a node; a moved node keeps its place in creation order."""
@@ -358,6 +399,28 @@ class StorageShell(ABC):
         sid = check_identifier(session_id)
         return await self._txn.aread(self._number, sid, "memory_through")
 
+    async def aget_subtree_synthesis(self, session_id: str) -> str | None:
+        sid = check_identifier(session_id)
+        return await self._txn.aread(self._text, sid, "subtree_synthesis")
+
+    async def aput_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
+        values = {"subtree_synthesis": check_text(synthesis, "synthesis")}
+        await self._txn.awrite(self._op_set_fields, check_identifier(session_id), values)
+
+    async def aget_compression(self, session_id: str) -> Compression | None:
+        return await self._txn.aread(self._compression, check_identifier(session_id))
+
+    async def aput_compression(self, session_id: str, compression: Compression | None) -> None:
+        sid, values = compression_args(session_id, compression)
+        await self._txn.awrite(self._op_set_fields, sid, values)
+
+    async def aget_settings(self, session_id: str) -> dict[str, Any]:
+        return await self._txn.aread(self._settings, check_identifier(session_id))
+
+    async def aput_settings(self, session_id: str, settings: dict[str, Any]) -> None:
+        values = {"settings": dumps(check_mapping(settings, "settings"), what="settings")}
+        await self._txn.awrite(self._op_set_fields, check_identifier(session_id), values)
+
     async def aput_node(self, node: TopologyNode) -> None:
         await self._txn.awrite(self._put_node, check_node(node))
 
@@ -419,15 +482,27 @@ class StorageShell(ABC):
         return list(records[offset:end])
 
     def _trim(self, session_id: str, keep_last: int) -> int:
-        through = self._field(session_id, "memory_through")
-        if through is None:
+        cursors = self._op_get_fields(session_id, ("memory_through", "compression_through"))
+        if cursors is None:
             raise SessionNotFoundError(session_id)
         dropped = self._op_count(session_id) - keep_last
         if dropped <= 0:
             return 0
         self._op_drop_oldest(session_id, dropped)
-        self._op_set_fields(session_id, {"memory_through": max(0, through - dropped)})
+        memory, compression = (max(0, (c or 0) - dropped) for c in cursors)
+        values = {"memory_through": memory, "compression_through": compression}
+        self._op_set_fields(session_id, values)
         return dropped
+
+    def _compression(self, session_id: str) -> Compression | None:
+        values = self._op_get_fields(session_id, ("compression", "compression_through"))
+        if values is None or values[0] is None:
+            return None
+        return Compression(summary=values[0], through=values[1] or 0)
+
+    def _settings(self, session_id: str) -> dict[str, Any]:
+        found = _loads(self._text(session_id, "settings"))
+        return dict(found) if isinstance(found, dict) else {}
 
     def _clear_insight(self, session_id: str, expected: str | None) -> bool:
         values = self._op_get_fields(session_id, ("insight",))

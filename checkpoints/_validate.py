@@ -12,7 +12,14 @@ from langchain_core.messages import BaseMessage
 
 from stello_graph.checkpoints._serde import EncodedMessage, check_encodable, encode_message, to_iso
 from stello_graph.errors import InvalidInputError
-from stello_graph.models import SessionMeta, SessionRole, SessionStatus, TopologyNode, utcnow
+from stello_graph.models import (
+    Compression,
+    SessionMeta,
+    SessionRole,
+    SessionStatus,
+    TopologyNode,
+    utcnow,
+)
 from stello_graph.storage import normalize_role
 
 __all__ = [
@@ -148,6 +155,27 @@ def page_args(
         check_non_negative(offset, "offset"),
         normalize_role(role),
     )
+
+
+def check_mapping(value: object, what: str) -> dict[str, Any]:
+    """A JSON object (a dict with string keys)."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise InvalidInputError(f"{what} must be a dict with string keys, got {value!r:.80}.")
+    return value
+
+
+def compression_args(session_id: object, compression: object) -> tuple[str, dict[str, Any]]:
+    if compression is None:
+        return check_identifier(session_id), {"compression": None, "compression_through": 0}
+    if not isinstance(compression, Compression):
+        raise InvalidInputError(
+            f"compression must be a Compression or None, got {type(compression).__name__}."
+        )
+    values = {
+        "compression": check_text(compression.summary, "compression summary"),
+        "compression_through": check_non_negative(compression.through, "through"),
+    }
+    return check_identifier(session_id), values
 
 
 def memory_args(session_id: object, memory: object, through: object) -> tuple[str, dict[str, Any]]:

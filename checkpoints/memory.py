@@ -37,6 +37,10 @@ class _Session:
     memory: str | None = None
     memory_through: int = 0
     turn_count: int = 0
+    subtree_synthesis: str | None = None
+    compression: str | None = None
+    compression_through: int = 0
+    settings: str = "{}"
 
 
 @dataclass

@@ -29,6 +29,7 @@ from langchain_core.messages import (
 )
 from langchain_core.runnables import Runnable, RunnableConfig
 
+from stello_graph._calls import call_async, call_sync
 from stello_graph._context import message_text, sanitize_history
 from stello_graph._stream import AsyncSessionStream, SessionStream
 from stello_graph._validate import (
@@ -40,7 +41,10 @@ from stello_graph._validate import (
     check_text,
     new_id,
 )
+from stello_graph.compression import CompressionPolicy, plan_cut
 from stello_graph.errors import (
+    FunctionCallError,
+    FunctionNotConfiguredError,
     InvalidInputError,
     ModelCallError,
     ModelNotConfiguredError,
@@ -48,10 +52,18 @@ from stello_graph.errors import (
     SessionNotFoundError,
     StelloError,
 )
-from stello_graph.models import SendResult, SessionMeta, SessionRole, utcnow
+from stello_graph.memory import CompressFn, llm_compressor
+from stello_graph.models import Compression, SendResult, SessionMeta, SessionRole, utcnow
 from stello_graph.storage import SessionStorage
 
-__all__ = ["SessionBase", "TurnContext", "check_loaded", "new_meta", "to_send_result"]
+__all__ = [
+    "ContextParts",
+    "SessionBase",
+    "TurnContext",
+    "check_loaded",
+    "new_meta",
+    "to_send_result",
+]
 
 ModelInput = Sequence[BaseMessage]
 _READ: Any = object()  # sentinel: read the insight from storage
@@ -63,6 +75,18 @@ def _opt_str(value: object) -> str | None:
     raise InvalidInputError(f"insight must be a str or None, got {type(value).__name__}.")
 
 
+@dataclass(slots=True)
+class ContextParts:
+    """The pieces of a session's system message, read from storage."""
+
+    prompt: str | None = None
+    extra: str | None = None
+    """The insight (child session) or the synthesis (main session)."""
+    branch: str | None = None
+    """The subtree synthesis of a child that has children of its own."""
+    compression: Compression | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class TurnContext:
     """A snapshot of what one turn of a session shows its model.
@@ -72,12 +96,15 @@ class TurnContext:
         system: the leading system message (system prompt, identity, insight or synthesis).
         history: the session's L3, sanitised (no incomplete tool-call groups).
         insight: the insight shown in `system`, consumed when the turn commits.
+        compression: the summary standing for the oldest records, when the history was
+            compressed (`history` then starts after the records it covers).
     """
 
     session_id: str
     system: SystemMessage | None
     history: tuple[BaseMessage, ...]
     insight: str | None = None
+    compression: Compression | None = None
 
     def prompt(self, pending: Sequence[BaseMessage] = ()) -> list[BaseMessage]:
         """The messages of a model call: system, history, then the turn's records so far."""
@@ -130,8 +157,10 @@ class SessionBase:
         *,
         model: BaseChatModel | None = None,
         tools: Sequence[Any] | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> None:
         self._id = meta.id
+        self._compression = compression
         self._meta = meta
         self._storage = storage
         self._model = model
@@ -195,26 +224,32 @@ class SessionBase:
         """Whether the system message carries the session's memory (the main's synthesis)."""
         return False
 
-    def _system(
-        self, meta: SessionMeta, prompt: str | None, extra: str | None
-    ) -> SystemMessage | None:
+    def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
         raise NotImplementedError
 
     def turn_context(self, *, operation: str = "send", insight: object = _READ) -> TurnContext:
         """Read everything a turn shows the model; refuse if the session is archived.
 
         `insight` replaces the stored insight (a multi-round turn keeps showing the insight
-        it started with, even if a newer one arrives meanwhile).
+        it started with, even if a newer one arrives meanwhile). When the prompt would
+        outgrow the model's context window, the oldest records are summarised (see
+        `CompressionPolicy`); that may call the compress function.
         """
         s = self._storage
         meta = self._active(self._load_meta(), operation)
-        prompt = s.get_system_prompt(self._id)
+        parts = ContextParts(prompt=s.get_system_prompt(self._id))
         if self._memory_part():
-            extra = s.get_memory(self._id)
+            parts.extra = s.get_memory(self._id)
         else:
-            extra = s.get_insight(self._id) if insight is _READ else _opt_str(insight)
-        history = sanitize_history(s.list_records(self._id))
-        return self._turn_context(meta, prompt, extra, history)
+            parts.extra = s.get_insight(self._id) if insight is _READ else _opt_str(insight)
+            get_branch = getattr(s, "get_subtree_synthesis", None)
+            parts.branch = get_branch(self._id) if get_branch is not None else None
+        records = s.list_records(self._id)
+        parts.compression = s.get_compression(self._id)
+        cut = self._plan(meta, parts, records)
+        if cut is not None:
+            parts.compression = self._compress(parts.compression, records, cut)
+        return self._turn_context(meta, parts, records)
 
     async def aturn_context(
         self, *, operation: str = "send", insight: object = _READ
@@ -222,25 +257,97 @@ class SessionBase:
         """Async twin of `turn_context`."""
         s = self._storage
         meta = self._active(await self._aload_meta(), operation)
-        prompt = await s.aget_system_prompt(self._id)
+        parts = ContextParts(prompt=await s.aget_system_prompt(self._id))
         if self._memory_part():
-            extra = await s.aget_memory(self._id)
-        elif insight is _READ:
-            extra = await s.aget_insight(self._id)
+            parts.extra = await s.aget_memory(self._id)
         else:
-            extra = _opt_str(insight)
-        history = sanitize_history(await s.alist_records(self._id))
-        return self._turn_context(meta, prompt, extra, history)
+            read = insight is _READ
+            parts.extra = await s.aget_insight(self._id) if read else _opt_str(insight)
+            get_branch = getattr(s, "aget_subtree_synthesis", None)
+            parts.branch = await get_branch(self._id) if get_branch is not None else None
+        records = await s.alist_records(self._id)
+        parts.compression = await s.aget_compression(self._id)
+        cut = self._plan(meta, parts, records)
+        if cut is not None:
+            parts.compression = await self._acompress(parts.compression, records, cut)
+        return self._turn_context(meta, parts, records)
 
     def _turn_context(
-        self,
-        meta: SessionMeta,
-        prompt: str | None,
-        extra: str | None,
-        history: list[BaseMessage],
+        self, meta: SessionMeta, parts: ContextParts, records: list[BaseMessage]
     ) -> TurnContext:
-        insight = None if self._memory_part() else extra
-        return TurnContext(self._id, self._system(meta, prompt, extra), tuple(history), insight)
+        through = parts.compression.through if parts.compression is not None else 0
+        history = sanitize_history(records[through:])
+        insight = None if self._memory_part() else parts.extra
+        system = self._system(meta, parts)
+        return TurnContext(self._id, system, tuple(history), insight, parts.compression)
+
+    # -- automatic compression --------------------------------------------------------------
+    def _plan(
+        self, meta: SessionMeta, parts: ContextParts, records: list[BaseMessage]
+    ) -> int | None:
+        policy = self._compression
+        window = policy.window(self._model) if policy is not None else None
+        if policy is None or window is None:
+            return None
+        system = self._system(meta, parts)
+        head = [system] if system is not None else []
+        return plan_cut(policy, window, head, records, parts.compression)
+
+    def _compressor(self) -> CompressFn:
+        policy = self._compression
+        if policy is not None and policy.compress_fn is not None:
+            return policy.compress_fn
+        if self._model is None:
+            raise FunctionNotConfiguredError(
+                f"Session {self._id!r} has no compress function and no model to build one: "
+                "pass CompressionPolicy(compress_fn=...) or a model."
+            )
+        return llm_compressor(self._model)
+
+    def _summary(self, result: object) -> str:
+        if not isinstance(result, str) or not result.strip():
+            raise FunctionCallError(
+                f"The compress function of session {self._id!r} returned {result!r:.60}, "
+                "expected a non-empty summary.",
+                session_id=self._id,
+            )
+        return result
+
+    def _compress(
+        self, current: Compression | None, records: list[BaseMessage], cut: int
+    ) -> Compression:
+        start = current.through if current is not None else 0
+        previous = current.summary if current is not None else None
+        try:
+            result = call_sync(self._compressor(), previous, list(records[start:cut]))
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._compress_error(exc) from exc
+        compression = Compression(summary=self._summary(result), through=cut)
+        self._storage.put_compression(self._id, compression)
+        return compression
+
+    async def _acompress(
+        self, current: Compression | None, records: list[BaseMessage], cut: int
+    ) -> Compression:
+        start = current.through if current is not None else 0
+        previous = current.summary if current is not None else None
+        try:
+            result = await call_async(self._compressor(), previous, list(records[start:cut]))
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._compress_error(exc) from exc
+        compression = Compression(summary=self._summary(result), through=cut)
+        await self._storage.aput_compression(self._id, compression)
+        return compression
+
+    def _compress_error(self, exc: Exception) -> FunctionCallError:
+        return FunctionCallError(
+            f"Compressing the context of session {self._id!r} failed: {type(exc).__name__}: {exc}",
+            session_id=self._id,
+        )
 
     # -- the model call ---------------------------------------------------------------------
     def _runnable(self) -> Runnable[ModelInput, Any]:
@@ -347,7 +454,7 @@ class SessionBase:
         """
         tool_messages = _check_tool_results(results)
         ctx = self.turn_context()
-        raw = self._storage.list_records(self._id)
+        raw = self._storage.list_records(self._id)[_through(ctx) :]
         history = _continue_history(self._id, raw, tool_messages)
         reply = self.invoke(replace(ctx, history=history).prompt())
         self.commit_turn([*tool_messages, reply], insight=ctx.insight)
@@ -357,7 +464,7 @@ class SessionBase:
         """Async twin of `send_tool_results`."""
         tool_messages = _check_tool_results(results)
         ctx = await self.aturn_context()
-        raw = await self._storage.alist_records(self._id)
+        raw = (await self._storage.alist_records(self._id))[_through(ctx) :]
         history = _continue_history(self._id, raw, tool_messages)
         reply = await self.ainvoke(replace(ctx, history=history).prompt())
         await self.acommit_turn([*tool_messages, reply], insight=ctx.insight)
@@ -516,6 +623,10 @@ def check_loaded(meta: SessionMeta | None, session_id: str, role: str) -> Sessio
             f"Session {session_id!r} has role {meta.role!r}; load it with {other}.load()."
         )
     return meta
+
+
+def _through(ctx: TurnContext) -> int:
+    return ctx.compression.through if ctx.compression is not None else 0
 
 
 def _is_user_turn(records: Sequence[BaseMessage]) -> bool:

@@ -36,6 +36,13 @@ def synthesis_block(synthesis: str) -> str:
     return f"<synthesis>\nWhat is known across all branches so far:\n{synthesis}\n</synthesis>"
 
 
+def branch_block(synthesis: str) -> str:
+    return (
+        "<branch_synthesis>\nWhat the sessions branching from this one have found:\n"
+        f"{synthesis}\n</branch_synthesis>"
+    )
+
+
 def summary_block(summary: str) -> str:
     return f"<earlier_conversation_summary>\n{summary}\n</earlier_conversation_summary>"
 

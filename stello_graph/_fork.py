@@ -25,18 +25,25 @@ from stello_graph._validate import (
 )
 from stello_graph.errors import (
     DuplicateSessionError,
+    FunctionCallError,
+    FunctionNotConfiguredError,
     InvalidInputError,
     SessionArchivedError,
     SessionNotFoundError,
+    StelloError,
 )
-from stello_graph.models import SessionMeta, TopologyNode
+from stello_graph.memory import CompressFn
+from stello_graph.models import Compression, SessionMeta, TopologyNode
 from stello_graph.storage import SessionStorage
 
 __all__ = ["ForkContext", "ForkRequest", "afork_session", "fork_session"]
 
 ContextFn = Callable[[list[BaseMessage]], Any]
-ForkContext = Literal["none", "inherit"] | ContextFn
-"""How much of the source's L3 the child starts with: nothing, all of it, or a function of it."""
+ForkContext = Literal["none", "inherit", "compress"] | ContextFn
+"""How much of the source's L3 the child starts with: nothing, all of it, a summary of it
+(`"compress"`), or what a function of it returns."""
+
+_MODES = ("none", "inherit", "compress")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +59,10 @@ class ForkRequest:
     tags: tuple[str, ...] = ()
     metadata: dict[str, Any] | None = None
     id: str | None = None
+    compress_fn: CompressFn | None = None
+    """Summarises the source's history for `context="compress"`."""
+    settings: dict[str, Any] | None = None
+    """Orchestration settings of the child (skills allow-list, profile), written with it."""
 
     @classmethod
     def build(
@@ -66,21 +77,31 @@ class ForkRequest:
         tags: object = (),
         metadata: object = None,
         id: object = None,
+        compress_fn: CompressFn | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> ForkRequest:
-        if not (context in ("none", "inherit") or callable(context)):
+        if not (context in _MODES or callable(context)):
             raise InvalidInputError(
-                f"context must be 'none', 'inherit' or a function of the records, got {context!r}."
+                "context must be 'none', 'inherit', 'compress' or a function of the records, "
+                f"got {context!r}."
+            )
+        if context == "compress" and compress_fn is None:
+            raise FunctionNotConfiguredError(
+                "A fork with context='compress' needs a compress function: pass compress_fn= "
+                "(e.g. llm_compressor(model)) or give the session a model."
             )
         return cls(
             source_id=source_id,
             label=check_label(label),
-            context=context,
+            context=context,  # type: ignore[arg-type]
             system_prompt=check_optional_text(system_prompt, "system_prompt"),
             inherit_system_prompt=inherit_system_prompt,
             prompt=check_optional_text(prompt, "prompt"),
             tags=check_tags(tags),
             metadata=check_metadata(metadata),
             id=None if id is None else check_id(id),
+            compress_fn=compress_fn,
+            settings=settings,
         )
 
     def child_prompt(self, source: SessionMeta, source_prompt: str | None) -> str | None:
@@ -91,6 +112,16 @@ class ForkRequest:
         if inherit is None:
             inherit = source.role != "main"
         return source_prompt if inherit else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Child:
+    """Everything a fork writes."""
+
+    meta: SessionMeta
+    system_prompt: str | None
+    records: list[BaseMessage]
+    compression: Compression | None
 
 
 def _check_source(meta: SessionMeta | None, source_id: str) -> SessionMeta:
@@ -110,75 +141,97 @@ def _child_records(req: ForkRequest, selected: object) -> list[BaseMessage]:
     return [m.model_copy() for m in records]
 
 
-def _child_meta(req: ForkRequest) -> SessionMeta:
-    return SessionMeta(
-        id=req.id or new_id(),
-        label=req.label,
-        tags=req.tags,
-        metadata=req.metadata or {},
-    )
+def _summary(result: object) -> Compression:
+    if not isinstance(result, str) or not result.strip():
+        raise FunctionCallError(
+            f"The compress function returned {result!r:.60}, expected a non-empty summary."
+        )
+    return Compression(summary=result, through=0)
 
 
-def _write(
-    storage: SessionStorage,
+def _child(
     req: ForkRequest,
-    meta: SessionMeta,
-    system_prompt: str | None,
-    records: list[BaseMessage],
-) -> None:
+    source: SessionMeta,
+    source_prompt: str | None,
+    selected: object,
+    compression: Compression | None,
+) -> _Child:
+    meta = SessionMeta(
+        id=req.id or new_id(), label=req.label, tags=req.tags, metadata=req.metadata or {}
+    )
+    prompt = req.child_prompt(source, source_prompt)
+    return _Child(meta, prompt, _child_records(req, selected), compression)
+
+
+def _write(storage: SessionStorage, req: ForkRequest, child: _Child) -> None:
     """The writes of a fork; the caller holds the transaction."""
     _check_source(storage.get_session(req.source_id), req.source_id)
+    meta = child.meta
     if storage.get_session(meta.id) is not None:
         raise DuplicateSessionError(meta.id)
     storage.put_session(meta)
-    if system_prompt:
-        storage.put_system_prompt(meta.id, system_prompt)
-    if records:
-        storage.append_records(meta.id, records)
+    if child.system_prompt:
+        storage.put_system_prompt(meta.id, child.system_prompt)
+    if child.records:
+        storage.append_records(meta.id, child.records)
+    if child.compression is not None:
+        storage.put_compression(meta.id, child.compression)
+    if req.settings:
+        storage.put_settings(meta.id, req.settings)
     get_node = getattr(storage, "get_node", None)
     if get_node is not None and get_node(req.source_id) is not None:
-        storage.put_node(TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label))  # type: ignore[attr-defined]
+        node = TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label)
+        storage.put_node(node)  # type: ignore[attr-defined]
 
 
-async def _awrite(
-    storage: SessionStorage,
-    req: ForkRequest,
-    meta: SessionMeta,
-    system_prompt: str | None,
-    records: list[BaseMessage],
-) -> None:
+async def _awrite(storage: SessionStorage, req: ForkRequest, child: _Child) -> None:
     _check_source(await storage.aget_session(req.source_id), req.source_id)
+    meta = child.meta
     if await storage.aget_session(meta.id) is not None:
         raise DuplicateSessionError(meta.id)
     await storage.aput_session(meta)
-    if system_prompt:
-        await storage.aput_system_prompt(meta.id, system_prompt)
-    if records:
-        await storage.aappend_records(meta.id, records)
+    if child.system_prompt:
+        await storage.aput_system_prompt(meta.id, child.system_prompt)
+    if child.records:
+        await storage.aappend_records(meta.id, child.records)
+    if child.compression is not None:
+        await storage.aput_compression(meta.id, child.compression)
+    if req.settings:
+        await storage.aput_settings(meta.id, req.settings)
     aget_node = getattr(storage, "aget_node", None)
     if aget_node is not None and await aget_node(req.source_id) is not None:
         node = TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label)
         await storage.aput_node(node)  # type: ignore[attr-defined]
 
 
-def _select(req: ForkRequest, records: list[BaseMessage]) -> object:
-    if req.context == "none":
-        return []
-    if req.context == "inherit":
-        return records
-    return call_sync(req.context, list(records))
+def _fn_error(exc: Exception, what: str) -> FunctionCallError:
+    return FunctionCallError(f"The fork's {what} function failed: {type(exc).__name__}: {exc}")
 
 
 def fork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
-    """Create the child of `req.source_id` and its TopologyNode atomically; return its meta."""
+    """Create the child of `req.source_id` and its TopologyNode atomically; return its meta.
+
+    Nothing is written when anything fails: the source is missing or archived, the id is
+    taken, or a context / compress function raises.
+    """
     source = _check_source(storage.get_session(req.source_id), req.source_id)
     source_prompt = storage.get_system_prompt(req.source_id)
     records = storage.list_records(req.source_id) if req.context != "none" else []
-    child_records = _child_records(req, _select(req, records))
-    meta = _child_meta(req)
+    selected: object = records if req.context == "inherit" else []
+    compression = None
+    try:
+        if callable(req.context):
+            selected = call_sync(req.context, list(records))
+        elif req.context == "compress" and req.compress_fn is not None:
+            compression = _summary(call_sync(req.compress_fn, None, sanitize_history(records)))
+    except StelloError:
+        raise
+    except Exception as exc:
+        raise _fn_error(exc, "context" if callable(req.context) else "compress") from exc
+    child = _child(req, source, source_prompt, selected, compression)
     with storage.transaction():
-        _write(storage, req, meta, req.child_prompt(source, source_prompt), child_records)
-    return meta
+        _write(storage, req, child)
+    return child.meta
 
 
 async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
@@ -186,12 +239,19 @@ async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMet
     source = _check_source(await storage.aget_session(req.source_id), req.source_id)
     source_prompt = await storage.aget_system_prompt(req.source_id)
     records = await storage.alist_records(req.source_id) if req.context != "none" else []
-    if req.context in ("none", "inherit"):
-        selected: object = records if req.context == "inherit" else []
-    else:
-        selected = await call_async(req.context, list(records))  # type: ignore[arg-type]
-    child_records = _child_records(req, selected)
-    meta = _child_meta(req)
+    selected: object = records if req.context == "inherit" else []
+    compression = None
+    try:
+        if callable(req.context):
+            selected = await call_async(req.context, list(records))
+        elif req.context == "compress" and req.compress_fn is not None:
+            result = await call_async(req.compress_fn, None, sanitize_history(records))
+            compression = _summary(result)
+    except StelloError:
+        raise
+    except Exception as exc:
+        raise _fn_error(exc, "context" if callable(req.context) else "compress") from exc
+    child = _child(req, source, source_prompt, selected, compression)
     async with storage.atransaction():
-        await _awrite(storage, req, meta, req.child_prompt(source, source_prompt), child_records)
-    return meta
+        await _awrite(storage, req, child)
+    return child.meta

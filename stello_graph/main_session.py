@@ -28,10 +28,11 @@ from typing import Any, NoReturn
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import SystemMessage
 
-from stello_graph._base import SessionBase, check_loaded, new_meta
+from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
 from stello_graph._calls import call_async, call_sync
-from stello_graph._context import synthesis_block, system_message
+from stello_graph._context import summary_block, synthesis_block, system_message
 from stello_graph._validate import check_id, check_optional_text
+from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     FunctionNotConfiguredError,
     IntegrationError,
@@ -86,8 +87,9 @@ class MainSession(SessionBase):
         model: BaseChatModel | None = None,
         tools: Sequence[Any] | None = None,
         integrate_fn: IntegrateFn | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> None:
-        super().__init__(meta, storage, model=model, tools=tools)
+        super().__init__(meta, storage, model=model, tools=tools, compression=compression)
         self._main_storage = storage
         self._integrate_fn = integrate_fn
 
@@ -107,6 +109,7 @@ class MainSession(SessionBase):
         integrate_fn: IntegrateFn | None = None,
         tools: Sequence[Any] | None = None,
         id: str | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> MainSession:
         """Create the tree's main session and its root TopologyNode, atomically.
 
@@ -123,7 +126,14 @@ class MainSession(SessionBase):
             if prompt:
                 storage.put_system_prompt(meta.id, prompt)
             storage.put_node(TopologyNode(id=meta.id, parent_id=None, label=meta.label))
-        return cls(meta, storage, model=model, tools=tools, integrate_fn=integrate_fn)
+        return cls(
+            meta,
+            storage,
+            model=model,
+            tools=tools,
+            integrate_fn=integrate_fn,
+            compression=compression,
+        )
 
     @classmethod
     async def acreate(
@@ -136,6 +146,7 @@ class MainSession(SessionBase):
         integrate_fn: IntegrateFn | None = None,
         tools: Sequence[Any] | None = None,
         id: str | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> MainSession:
         """Async twin of `create`."""
         meta = new_meta("main", label, (), None, id)
@@ -148,7 +159,14 @@ class MainSession(SessionBase):
             if prompt:
                 await storage.aput_system_prompt(meta.id, prompt)
             await storage.aput_node(TopologyNode(id=meta.id, parent_id=None, label=meta.label))
-        return cls(meta, storage, model=model, tools=tools, integrate_fn=integrate_fn)
+        return cls(
+            meta,
+            storage,
+            model=model,
+            tools=tools,
+            integrate_fn=integrate_fn,
+            compression=compression,
+        )
 
     @classmethod
     def load(
@@ -159,6 +177,7 @@ class MainSession(SessionBase):
         model: BaseChatModel | None = None,
         tools: Sequence[Any] | None = None,
         integrate_fn: IntegrateFn | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> MainSession:
         """Open the tree's main session (or the main session with `session_id`).
 
@@ -174,7 +193,14 @@ class MainSession(SessionBase):
         else:
             found = storage.get_session(check_id(session_id))
         meta = check_loaded(found, session_id, "main")
-        return cls(meta, storage, model=model, tools=tools, integrate_fn=integrate_fn)
+        return cls(
+            meta,
+            storage,
+            model=model,
+            tools=tools,
+            integrate_fn=integrate_fn,
+            compression=compression,
+        )
 
     @classmethod
     async def aload(
@@ -185,6 +211,7 @@ class MainSession(SessionBase):
         model: BaseChatModel | None = None,
         tools: Sequence[Any] | None = None,
         integrate_fn: IntegrateFn | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> MainSession:
         """Async twin of `load`."""
         if session_id is None:
@@ -195,16 +222,28 @@ class MainSession(SessionBase):
         else:
             found = await storage.aget_session(check_id(session_id))
         meta = check_loaded(found, session_id, "main")
-        return cls(meta, storage, model=model, tools=tools, integrate_fn=integrate_fn)
+        return cls(
+            meta,
+            storage,
+            model=model,
+            tools=tools,
+            integrate_fn=integrate_fn,
+            compression=compression,
+        )
 
     # -- context ----------------------------------------------------------------------------
     def _memory_part(self) -> bool:
         return True
 
-    def _system(
-        self, meta: SessionMeta, prompt: str | None, extra: str | None
-    ) -> SystemMessage | None:
-        return system_message([prompt, synthesis_block(extra) if extra else None])
+    def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
+        summary = parts.compression.summary if parts.compression is not None else None
+        return system_message(
+            [
+                parts.prompt,
+                synthesis_block(parts.extra) if parts.extra else None,
+                summary_block(summary) if summary else None,
+            ]
+        )
 
     # -- synthesis and integration ----------------------------------------------------------
     def synthesis(self) -> str | None:

@@ -18,7 +18,7 @@ import contextlib
 import json
 import re
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
@@ -28,12 +28,16 @@ from stello_graph._context import message_text, transcript
 from stello_graph.models import ChildL2, IntegrationResult
 
 __all__ = [
+    "DEFAULT_COMPRESS_PROMPT",
     "DEFAULT_CONSOLIDATE_PROMPT",
     "DEFAULT_INTEGRATE_PROMPT",
+    "CompressFn",
     "ConsolidateFn",
     "IntegrateFn",
+    "LLMCompressor",
     "LLMConsolidator",
     "LLMIntegrator",
+    "llm_compressor",
     "llm_consolidator",
     "llm_integrator",
     "parse_integration",
@@ -50,6 +54,19 @@ class ConsolidateFn(Protocol):
 
     def __call__(
         self, current_l2: str | None, records: list[BaseMessage], /
+    ) -> str | Awaitable[str]: ...
+
+
+class CompressFn(Protocol):
+    """Summarises a stretch of history: `(previous_summary, records) -> summary`.
+
+    Used by automatic context compression (the summary stands for the oldest records in the
+    prompt; `previous_summary` is the summary it extends, if any) and by forks with
+    `context="compress"` (the parent's history, summarised once). May be `async`.
+    """
+
+    def __call__(
+        self, previous_summary: str | None, records: list[BaseMessage], /
     ) -> str | Awaitable[str]: ...
 
 
@@ -84,6 +101,12 @@ Answer with one JSON object and nothing else:
 Use only the session ids listed below as keys of "insights"; leave out branches that need \
 no insight."""
 
+DEFAULT_COMPRESS_PROMPT = """\
+You compress the early part of a conversation so it can continue in a limited context. \
+Merge the earlier summary (if any) with the records into one compact memo: keep the topic, \
+decisions, facts, numbers, names, open questions and what the user asked for; drop \
+pleasantries. Plain prose, at most 250 words. Output only the memo."""
+
 _NOSTREAM: RunnableConfig = {"tags": ["nostream"]}
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
@@ -105,6 +128,8 @@ def _config(kind: str) -> RunnableConfig:
 class LLMConsolidator:
     """A `ConsolidateFn` backed by a chat model (made by `llm_consolidator`)."""
 
+    kind: ClassVar[str] = "consolidate"
+
     def __init__(self, model: BaseChatModel, prompt: str | None = None) -> None:
         self.model = model
         self.prompt = prompt or DEFAULT_CONSOLIDATE_PROMPT
@@ -119,14 +144,40 @@ class LLMConsolidator:
         return [SystemMessage(content=self.prompt), HumanMessage(content=body)]
 
     def __call__(self, current_l2: str | None, records: list[BaseMessage], /) -> str:
-        reply = self.model.invoke(self.messages(current_l2, records), config=_config("consolidate"))
+        reply = self.model.invoke(self.messages(current_l2, records), config=_config(self.kind))
         return _clean(message_text(reply.content))
 
     async def acall(self, current_l2: str | None, records: list[BaseMessage], /) -> str:
         reply = await self.model.ainvoke(
-            self.messages(current_l2, records), config=_config("consolidate")
+            self.messages(current_l2, records), config=_config(self.kind)
         )
         return _clean(message_text(reply.content))
+
+
+class LLMCompressor(LLMConsolidator):
+    """A `CompressFn` backed by a chat model (made by `llm_compressor`)."""
+
+    kind: ClassVar[str] = "compress"
+
+    def __init__(self, model: BaseChatModel, prompt: str | None = None) -> None:
+        super().__init__(model, prompt or DEFAULT_COMPRESS_PROMPT)
+
+    def messages(self, current_l2: str | None, records: Sequence[BaseMessage]) -> list[BaseMessage]:
+        body = (
+            f"Earlier summary:\n{current_l2 or '(none)'}\n\n"
+            f"Records:\n{transcript(records) or '(none)'}\n\nWrite the memo."
+        )
+        return [SystemMessage(content=self.prompt), HumanMessage(content=body)]
+
+
+def llm_compressor(model: BaseChatModel, prompt: str | None = None) -> LLMCompressor:
+    """A `CompressFn` that asks `model` for a compact memo of the earlier conversation.
+
+    Args:
+        model: any LangChain chat model.
+        prompt: the system prompt of the compressing call (default `DEFAULT_COMPRESS_PROMPT`).
+    """
+    return LLMCompressor(model, prompt)
 
 
 def llm_consolidator(model: BaseChatModel, prompt: str | None = None) -> LLMConsolidator:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ChildL2",
+    "Compression",
     "IntegrationResult",
     "SendResult",
     "SessionMeta",
@@ -90,6 +91,20 @@ class IntegrationResult(BaseModel):
     synthesis: str
     insights: dict[str, str] = Field(default_factory=dict)
     """Session id -> insight text. Insights for ids that were not among the inputs are dropped."""
+
+
+class Compression(BaseModel):
+    """A summary that stands for a session's oldest records in its prompts.
+
+    `through` is how many records, from the first, the summary covers; the prompt shows the
+    summary, then the records from `through` on. Kept in storage so a reloaded session does
+    not summarise again.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    summary: str
+    through: int = Field(ge=0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,11 +25,18 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, SystemMessage
 
-from stello_graph._base import SessionBase, check_loaded, new_meta
+from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
 from stello_graph._calls import call_async, call_sync
-from stello_graph._context import identity_line, insight_block, system_message
+from stello_graph._context import (
+    branch_block,
+    identity_line,
+    insight_block,
+    summary_block,
+    system_message,
+)
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
 from stello_graph._validate import check_id, check_optional_text, check_text
+from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     ConsolidationError,
     DuplicateSessionError,
@@ -37,7 +44,7 @@ from stello_graph.errors import (
     InvalidInputError,
     StelloError,
 )
-from stello_graph.memory import ConsolidateFn
+from stello_graph.memory import CompressFn, ConsolidateFn
 from stello_graph.models import SessionMeta, utcnow
 from stello_graph.storage import SessionStorage
 
@@ -70,8 +77,9 @@ class Session(SessionBase):
         model: BaseChatModel | None = None,
         tools: Sequence[Any] | None = None,
         consolidate_fn: ConsolidateFn | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> None:
-        super().__init__(meta, storage, model=model, tools=tools)
+        super().__init__(meta, storage, model=model, tools=tools, compression=compression)
         self._consolidate_fn = consolidate_fn
 
     # -- construction -----------------------------------------------------------------------
@@ -88,6 +96,7 @@ class Session(SessionBase):
         id: str | None = None,
         tools: Sequence[Any] | None = None,
         consolidate_fn: ConsolidateFn | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> Session:
         """Create and store a new session.
 
@@ -103,7 +112,14 @@ class Session(SessionBase):
             storage.put_session(meta)
             if prompt:
                 storage.put_system_prompt(meta.id, prompt)
-        return cls(meta, storage, model=model, tools=tools, consolidate_fn=consolidate_fn)
+        return cls(
+            meta,
+            storage,
+            model=model,
+            tools=tools,
+            consolidate_fn=consolidate_fn,
+            compression=compression,
+        )
 
     @classmethod
     async def acreate(
@@ -118,6 +134,7 @@ class Session(SessionBase):
         id: str | None = None,
         tools: Sequence[Any] | None = None,
         consolidate_fn: ConsolidateFn | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> Session:
         """Async twin of `create`."""
         meta = new_meta("standard", label, tags, metadata, id)
@@ -128,7 +145,14 @@ class Session(SessionBase):
             await storage.aput_session(meta)
             if prompt:
                 await storage.aput_system_prompt(meta.id, prompt)
-        return cls(meta, storage, model=model, tools=tools, consolidate_fn=consolidate_fn)
+        return cls(
+            meta,
+            storage,
+            model=model,
+            tools=tools,
+            consolidate_fn=consolidate_fn,
+            compression=compression,
+        )
 
     @classmethod
     def load(
@@ -139,6 +163,7 @@ class Session(SessionBase):
         model: BaseChatModel | None = None,
         tools: Sequence[Any] | None = None,
         consolidate_fn: ConsolidateFn | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> Session:
         """Open a stored session.
 
@@ -147,7 +172,14 @@ class Session(SessionBase):
             InvalidInputError: the id is the main session's (use `MainSession.load`).
         """
         meta = check_loaded(storage.get_session(check_id(session_id)), session_id, "standard")
-        return cls(meta, storage, model=model, tools=tools, consolidate_fn=consolidate_fn)
+        return cls(
+            meta,
+            storage,
+            model=model,
+            tools=tools,
+            consolidate_fn=consolidate_fn,
+            compression=compression,
+        )
 
     @classmethod
     async def aload(
@@ -158,18 +190,31 @@ class Session(SessionBase):
         model: BaseChatModel | None = None,
         tools: Sequence[Any] | None = None,
         consolidate_fn: ConsolidateFn | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> Session:
         """Async twin of `load`."""
         found = await storage.aget_session(check_id(session_id))
         meta = check_loaded(found, session_id, "standard")
-        return cls(meta, storage, model=model, tools=tools, consolidate_fn=consolidate_fn)
+        return cls(
+            meta,
+            storage,
+            model=model,
+            tools=tools,
+            consolidate_fn=consolidate_fn,
+            compression=compression,
+        )
 
     # -- context ----------------------------------------------------------------------------
-    def _system(
-        self, meta: SessionMeta, prompt: str | None, extra: str | None
-    ) -> SystemMessage | None:
+    def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
+        summary = parts.compression.summary if parts.compression is not None else None
         return system_message(
-            [prompt, identity_line(meta.label), insight_block(extra) if extra else None]
+            [
+                parts.prompt,
+                identity_line(meta.label),
+                insight_block(parts.extra) if parts.extra else None,
+                branch_block(parts.branch) if parts.branch else None,
+                summary_block(summary) if summary else None,
+            ]
         )
 
     # -- insight and memory -----------------------------------------------------------------
@@ -275,7 +320,13 @@ class Session(SessionBase):
             model=model if model is not None else self._model,
             tools=tools if tools is not None else self._tools,
             consolidate_fn=self._consolidate_fn,
+            compression=self._compression,
         )
+
+    def _fork_compressor(self, context: object, given: CompressFn | None) -> CompressFn | None:
+        if context != "compress" or given is not None:
+            return given
+        return self._compressor()
 
     def fork(
         self,
@@ -289,18 +340,26 @@ class Session(SessionBase):
         tags: Sequence[str] = (),
         metadata: dict[str, Any] | None = None,
         id: str | None = None,
+        compress_fn: CompressFn | None = None,
     ) -> Session:
         """A new, independent session that starts from this one's context once.
 
         Args:
             label: the child's label.
-            context: `"none"` (default), `"inherit"` (all of L3) or a function that picks
-                records from L3. Incomplete tool-call groups are never copied; L2 and the
-                insight never are.
+            context: `"none"` (default), `"inherit"` (all of L3), `"compress"` (a summary of
+                L3, made once by `compress_fn`, becomes the child's starting context) or a
+                function that picks records from L3. Incomplete tool-call groups are never
+                copied; L2 and the insight never are.
             system_prompt: the child's system prompt; by default it inherits this one's.
             prompt: the child's opening assistant line.
             model, tools: override this session's model and tools for the child.
             tags, metadata, id: the child's meta.
+            compress_fn: the summariser for `context="compress"` (default: the compression
+                policy's, else `llm_compressor` with this session's model).
+
+        Raises:
+            FunctionNotConfiguredError: `context="compress"` and no compress function can be
+                found; nothing is created then.
 
         If this session has a TopologyNode, the child's node is written under it in the
         same transaction as the child.
@@ -314,6 +373,7 @@ class Session(SessionBase):
             tags=tags,
             metadata=metadata,
             id=id,
+            compress_fn=self._fork_compressor(context, compress_fn),
         )
         return self._child(fork_session(self._storage, req), model, tools)
 
@@ -329,6 +389,7 @@ class Session(SessionBase):
         tags: Sequence[str] = (),
         metadata: dict[str, Any] | None = None,
         id: str | None = None,
+        compress_fn: CompressFn | None = None,
     ) -> Session:
         """Async twin of `fork`."""
         req = ForkRequest.build(
@@ -340,6 +401,7 @@ class Session(SessionBase):
             tags=tags,
             metadata=metadata,
             id=id,
+            compress_fn=self._fork_compressor(context, compress_fn),
         )
         return self._child(await afork_session(self._storage, req), model, tools)
 

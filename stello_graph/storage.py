@@ -29,7 +29,14 @@ from typing import Any, Literal, Protocol
 
 from langchain_core.messages import BaseMessage
 
-from stello_graph.models import ChildL2, SessionMeta, SessionRole, SessionStatus, TopologyNode
+from stello_graph.models import (
+    ChildL2,
+    Compression,
+    SessionMeta,
+    SessionRole,
+    SessionStatus,
+    TopologyNode,
+)
 
 __all__ = ["MainStorage", "RecordRole", "SessionStorage", "normalize_role"]
 
@@ -142,6 +149,23 @@ class SessionStorage(Protocol):
         """How many L3 records (from the first) the current memory covers; 0 if none."""
         ...
 
+    def get_compression(self, session_id: str) -> Compression | None:
+        """The summary that replaces the session's oldest records in prompts, if any."""
+        ...
+
+    def put_compression(self, session_id: str, compression: Compression | None) -> None:
+        """Replace (or drop, with `None`) the compression summary. `trim_records` moves its
+        `through` back like the L2 cursor."""
+        ...
+
+    def get_settings(self, session_id: str) -> dict[str, Any]:
+        """The session's orchestration settings (a JSON object; `{}` when none)."""
+        ...
+
+    def put_settings(self, session_id: str, settings: dict[str, Any]) -> None:
+        """Replace the session's orchestration settings."""
+        ...
+
     # -- transactions ---------------------------------------------------------------------
     def transaction(self) -> AbstractContextManager[None]:
         """A re-entrant context in which every write is atomic."""
@@ -174,6 +198,10 @@ class SessionStorage(Protocol):
         self, session_id: str, memory: str, *, through: int | None = None
     ) -> None: ...
     async def aget_memory_through(self, session_id: str) -> int: ...
+    async def aget_compression(self, session_id: str) -> Compression | None: ...
+    async def aput_compression(self, session_id: str, compression: Compression | None) -> None: ...
+    async def aget_settings(self, session_id: str) -> dict[str, Any]: ...
+    async def aput_settings(self, session_id: str, settings: dict[str, Any]) -> None: ...
     def atransaction(self) -> AbstractAsyncContextManager[None]: ...
 
 
@@ -201,6 +229,14 @@ class MainStorage(SessionStorage, Protocol):
 
     def get_main_session(self) -> SessionMeta | None:
         """The tree's main session, if it has one."""
+        ...
+
+    def get_subtree_synthesis(self, session_id: str) -> str | None:
+        """What tree integration last made of a node's children (its branch summary)."""
+        ...
+
+    def put_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
+        """Replace the subtree synthesis of a node."""
         ...
 
     # -- topology -------------------------------------------------------------------------
@@ -250,6 +286,8 @@ class MainStorage(SessionStorage, Protocol):
         tags: Sequence[str] = (),
     ) -> list[SessionMeta]: ...
     async def aget_main_session(self) -> SessionMeta | None: ...
+    async def aget_subtree_synthesis(self, session_id: str) -> str | None: ...
+    async def aput_subtree_synthesis(self, session_id: str, synthesis: str) -> None: ...
     async def aput_node(self, node: TopologyNode) -> None: ...
     async def aget_node(self, node_id: str) -> TopologyNode | None: ...
     async def aget_children(self, parent_id: str) -> list[TopologyNode]: ...

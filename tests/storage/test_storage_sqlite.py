@@ -26,7 +26,7 @@ from stello_graph.errors import (
     SessionNotFoundError,
     StorageError,
 )
-from stello_graph.models import ChildL2, SessionMeta, TopologyNode
+from stello_graph.models import ChildL2, Compression, SessionMeta, TopologyNode
 
 
 @pytest.fixture
@@ -175,6 +175,7 @@ def test_migrations_run_in_order_in_one_transaction(
 ) -> None:
     with SqliteMainStorage(db_path) as storage:
         populate(storage)
+    released = _schema.SCHEMA_VERSION
     applied: list[str] = []
 
     def add_column(db: Any) -> None:
@@ -193,7 +194,7 @@ def test_migrations_run_in_order_in_one_transaction(
     assert applied == ["add_column", "broken"]
     columns = [row[1] for row in raw.execute("PRAGMA table_info(stello_sessions)")]
     assert "color" not in columns  # the whole upgrade was rolled back
-    assert raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0] == 1
+    assert raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0] == released
 
     monkeypatch.setattr(_schema, "MIGRATIONS", (*_schema.MIGRATIONS[:-1],))
     monkeypatch.setattr(_schema, "SCHEMA_VERSION", len(_schema.MIGRATIONS))
@@ -201,7 +202,7 @@ def test_migrations_run_in_order_in_one_transaction(
         assert storage.count_records("s1") == 2
     columns = [row[1] for row in raw.execute("PRAGMA table_info(stello_sessions)")]
     assert "color" in columns
-    assert raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0] == 2
+    assert raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0] == released + 1
 
 
 def test_other_tables_in_the_file_are_kept(db_path: Path, raw: sqlite3.Connection) -> None:
@@ -500,3 +501,25 @@ def test_docstring_examples_run(module: str) -> None:
     failures, tried = doctest.testmod(found, raise_on_error=False)
     assert tried > 0
     assert failures == 0
+
+
+def test_a_version_1_database_is_upgraded_in_place(
+    db_path: Path, raw: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:1])
+        patch.setattr(_schema, "SCHEMA_VERSION", 1)
+        with SqliteMainStorage(db_path) as storage:
+            populate(storage)
+            storage.put_memory("s1", "old l2", through=1)
+    assert raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0] == 1
+    with SqliteMainStorage(db_path) as storage:
+        assert storage.count_records("s1") == 2
+        assert storage.get_memory("s1") == "old l2"
+        assert storage.get_compression("s1") is None
+        assert storage.get_settings("s1") == {}
+        assert storage.get_subtree_synthesis("s1") is None
+        storage.put_compression("s1", Compression(summary="early", through=1))
+        storage.put_settings("s1", {"skills": ["a"]})
+        assert storage.get_compression("s1") == Compression(summary="early", through=1)
+    assert raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0] == 2

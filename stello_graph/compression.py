@@ -1,0 +1,128 @@
+"""Automatic context compression: when a prompt would outgrow the model's context window.
+
+When a session's prompt would exceed `threshold` of the context window, its oldest records are
+replaced *in the prompt* (never in storage) by a summary. The summary is persisted with the
+number of records it covers (`Compression`), so a reloaded session reuses it; when the prompt
+outgrows the window again, the summary is extended with the next stretch of records.
+
+Where the cut falls: only at the start of a user turn (so never inside a tool-call group), and
+never past the newest user turn of the history (the turn being sent is never part of it).
+
+How big a prompt is: the provider's own figure when it reported one (the input and output
+tokens of the last reply, plus an estimate of what came after it), else an estimate from the
+characters (`chars_per_token`, no tokenizer download needed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+
+from stello_graph._context import message_text
+from stello_graph.errors import InvalidInputError
+from stello_graph.memory import CompressFn
+from stello_graph.models import Compression
+
+__all__ = ["CompressionPolicy", "estimate_tokens", "plan_cut", "prompt_tokens"]
+
+_PER_MESSAGE = 4  # role and framing tokens of one message, roughly
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompressionPolicy:
+    """When and how a session's prompt is compressed.
+
+    Attributes:
+        context_window: the model's context window in tokens; `None` reads it from the
+            model's profile (`model.profile["max_input_tokens"]`) and, when unknown there
+            too, leaves the prompt uncompressed.
+        threshold: the share of the window a prompt may use before compression starts.
+        keep_recent: the share of that budget kept verbatim as the most recent history.
+        compress_fn: the summariser (`CompressFn`); `None` uses `llm_compressor` with the
+            session's model.
+        chars_per_token: the estimate used when the provider reported no usage.
+    """
+
+    context_window: int | None = None
+    threshold: float = 0.8
+    keep_recent: float = 0.5
+    compress_fn: CompressFn | None = None
+    chars_per_token: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.context_window is not None and (
+            not isinstance(self.context_window, int) or self.context_window < 16
+        ):
+            raise InvalidInputError(
+                f"context_window must be an int >= 16 or None, got {self.context_window!r}."
+            )
+        for name in ("threshold", "keep_recent"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 < value <= 1:
+                raise InvalidInputError(f"{name} must be in (0, 1], got {value!r}.")
+        if not isinstance(self.chars_per_token, int | float) or self.chars_per_token <= 0:
+            raise InvalidInputError(f"chars_per_token must be > 0, got {self.chars_per_token!r}.")
+
+    def window(self, model: Any) -> int | None:
+        """The context window to plan for: the configured one, else the model's profile."""
+        if self.context_window is not None:
+            return self.context_window
+        profile = getattr(model, "profile", None) or {}
+        found = profile.get("max_input_tokens") if isinstance(profile, dict) else None
+        return found if isinstance(found, int) and found > 0 else None
+
+
+def estimate_tokens(messages: Sequence[BaseMessage], chars_per_token: float = 4.0) -> int:
+    """A download-free estimate of the tokens of `messages`."""
+    chars = 0
+    for msg in messages:
+        chars += len(message_text(msg.content))
+        if isinstance(msg, AIMessage) and msg.tool_calls:
+            chars += sum(len(str(call["args"])) + len(call["name"]) for call in msg.tool_calls)
+    return int(chars / chars_per_token) + _PER_MESSAGE * len(messages)
+
+
+def prompt_tokens(
+    policy: CompressionPolicy, head: Sequence[BaseMessage], records: Sequence[BaseMessage]
+) -> int:
+    """Tokens of a prompt of `head` (system part) + `records`, from provider usage if any.
+
+    The last reply that carries usage reported what its prompt cost; what was added after it
+    is estimated. Without any usage, the whole prompt is estimated.
+    """
+    for i in range(len(records) - 1, -1, -1):
+        usage = getattr(records[i], "usage_metadata", None)
+        if usage and usage.get("input_tokens"):
+            after = estimate_tokens(records[i + 1 :], policy.chars_per_token)
+            return int(usage["input_tokens"]) + int(usage.get("output_tokens", 0)) + after
+    return estimate_tokens([*head, *records], policy.chars_per_token)
+
+
+def plan_cut(
+    policy: CompressionPolicy,
+    window: int,
+    head: Sequence[BaseMessage],
+    records: Sequence[BaseMessage],
+    current: Compression | None,
+) -> int | None:
+    """The new number of records a summary should cover, or `None` if the prompt fits.
+
+    `records` is the whole L3; `current` the summary in use (covering `current.through`
+    records). The returned cut is a user-turn boundary, beyond `current.through`, and keeps at
+    least the newest user turn of the history verbatim.
+    """
+    through = current.through if current is not None else 0
+    through = min(through, len(records))
+    if prompt_tokens(policy, head, records[through:]) <= policy.threshold * window:
+        return None
+    starts = [i for i in range(through + 1, len(records)) if isinstance(records[i], HumanMessage)]
+    if not starts:
+        return None
+    budget = policy.keep_recent * policy.threshold * window
+    for start in starts:  # the earliest boundary whose tail fits the budget
+        if estimate_tokens(records[start:], policy.chars_per_token) <= budget:
+            return start
+    return starts[-1]  # only the newest user turn stays verbatim
