@@ -5,13 +5,21 @@ Each `make_*_node(deps)` returns a node (a runnable with sync and async paths) b
 wires them; they can be wired into a graph of your own just as well.
 """
 
-from stello_graph.nodes.builtin_tools import make_builtin_tools
+from stello_graph.nodes.builtin_tools import BuiltinTools
 from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps, tool_error_message
+from stello_graph.nodes.forking import afork_request, fork_request
 from stello_graph.nodes.ops import (
     make_consolidate_node,
     make_fork_node,
     make_integrate_node,
     route_start,
+)
+from stello_graph.nodes.tree import (
+    make_finish_tree_node,
+    make_integrate_subtree_node,
+    make_next_level_node,
+    make_plan_tree_node,
+    route_level,
 )
 from stello_graph.nodes.turn import (
     make_assemble_node,
@@ -25,7 +33,7 @@ __all__ = [
     # dependencies
     "BUILTIN_TOOLS",
     "StelloDeps",
-    "make_builtin_tools",
+    "BuiltinTools",
     "tool_error_message",
     # the turn
     "make_assemble_node",
@@ -35,7 +43,15 @@ __all__ = [
     "route_after_model",
     # the topology edges
     "route_start",
+    "fork_request",
+    "afork_request",
     "make_fork_node",
     "make_consolidate_node",
     "make_integrate_node",
+    # tree-mode integration
+    "make_plan_tree_node",
+    "route_level",
+    "make_integrate_subtree_node",
+    "make_next_level_node",
+    "make_finish_tree_node",
 ]

@@ -1,32 +1,42 @@
-"""Built-in tools a session's model can be given.
+"""Built-in tools a session's model can be given: `create_session` and `activate_skill`.
 
 `create_session` lets the model fork the session it is talking in, during its own turn: the
 child and its TopologyNode are written at once (the turn's own records are committed only at
-its end, so nothing waits on anything) and the model gets `{"session_id", "label"}` back.
+its end, so nothing waits on anything) and the model gets `{"session_id", "label"}` back. It
+can name a registered profile; an unknown profile, or a fork the split guard refuses, comes
+back to the model as an error result it can read, never as an exception in the turn.
+
+`activate_skill` is offered whenever skills are registered and the session may use some: its
+description lists exactly the skills of the session's allow-list, and it refuses any other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.prebuilt import InjectedState
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
-from stello_graph._fork import ForkRequest, afork_session, fork_session
+from stello_graph._fork import afork_session, fork_session
+from stello_graph.errors import InvalidInputError
 from stello_graph.events import emit
 from stello_graph.models import SessionMeta
+from stello_graph.nodes.forking import LAST_FORK_KEY, SKILLS_KEY, afork_request, fork_request
+from stello_graph.profiles import SplitGuardError
 
 if TYPE_CHECKING:
     from stello_graph.nodes.deps import StelloDeps
 
-__all__ = ["CREATE_SESSION_DESCRIPTION", "make_builtin_tools"]
+__all__ = ["CREATE_SESSION_DESCRIPTION", "BuiltinTools"]
 
 CREATE_SESSION_DESCRIPTION = """\
 Create a new branch session, forked from the current one, for a sub-topic that deserves its \
 own focused conversation. The new session becomes a child of the current one in the topology. \
 Returns the new session's id and label."""
+
+State = dict[str, Any]
 
 
 class CreateSessionArgs(BaseModel):
@@ -39,63 +49,177 @@ class CreateSessionArgs(BaseModel):
     prompt: str | None = Field(
         default=None, description="Opening assistant message of the new session."
     )
-    context: Literal["none", "inherit"] = Field(
+    context: Literal["none", "inherit", "compress"] = Field(
         default="none",
-        description="'none' starts empty; 'inherit' copies this conversation once.",
+        description="'none' starts empty; 'inherit' copies this conversation once; "
+        "'compress' starts from a summary of it.",
+    )
+    profile: str | None = Field(default=None, description="A registered profile to start from.")
+    profile_vars: dict[str, str] | None = Field(
+        default=None, description="Variables of the profile's system prompt."
+    )
+    skills: list[str] | None = Field(
+        default=None,
+        description="Skills the new session may use: leave out to inherit, [] for none.",
     )
     state: Annotated[dict[str, Any], InjectedState] = Field(default_factory=dict)
 
 
-def _request(state: dict[str, Any], args: dict[str, Any]) -> ForkRequest:
-    return ForkRequest.build(
-        state["session_id"],
-        args["label"],
-        context=args.get("context") or "none",
-        system_prompt=args.get("system_prompt"),
-        prompt=args.get("prompt"),
-    )
+def _spec(args: Mapping[str, Any]) -> dict[str, Any]:
+    spec = {k: v for k, v in args.items() if k != "state" and v is not None}
+    spec.setdefault("context", "none")
+    return spec
 
 
-def _created(deps: StelloDeps, source: str, meta: SessionMeta) -> dict[str, str]:
-    emit(deps.bus, "session_forked", meta.id, parent_id=source, label=meta.label, by="model")
-    return {"session_id": meta.id, "label": meta.label}
+def _description(deps: StelloDeps) -> str:
+    if not deps.profile_map:
+        return CREATE_SESSION_DESCRIPTION
+    lines = [
+        f"- {p.name}: {p.description or '(no description)'}" for p in deps.profile_map.values()
+    ]
+    return CREATE_SESSION_DESCRIPTION + "\nProfiles you can name in `profile`:\n" + "\n".join(lines)
 
 
-def _create_session_tool(deps: StelloDeps) -> BaseTool:
-    def create_session(
-        label: str,
-        system_prompt: str | None = None,
-        prompt: str | None = None,
-        context: Literal["none", "inherit"] = "none",
-        state: Annotated[dict[str, Any] | None, InjectedState] = None,
-    ) -> dict[str, str]:
-        args = {"label": label, "system_prompt": system_prompt, "prompt": prompt}
-        req = _request(state or {}, {**args, "context": context})
-        return _created(deps, req.source_id, fork_session(deps.storage, req))
+class _Guard:
+    """Applies the split guard: check and book a fork of a session in one transaction."""
 
-    async def acreate_session(
-        label: str,
-        system_prompt: str | None = None,
-        prompt: str | None = None,
-        context: Literal["none", "inherit"] = "none",
-        state: Annotated[dict[str, Any] | None, InjectedState] = None,
-    ) -> dict[str, str]:
-        args = {"label": label, "system_prompt": system_prompt, "prompt": prompt}
-        req = _request(state or {}, {**args, "context": context})
-        return _created(deps, req.source_id, await afork_session(deps.storage, req))
+    def __init__(self, deps: StelloDeps) -> None:
+        self.deps = deps
 
-    return StructuredTool.from_function(
-        func=create_session,
-        coroutine=acreate_session,
-        name="create_session",
-        description=CREATE_SESSION_DESCRIPTION,
-        args_schema=CreateSessionArgs,
-    )
+    def _booked(self, settings: Mapping[str, Any], committed_turns: int) -> dict[str, Any]:
+        guard = self.deps.split_guard
+        assert guard is not None
+        turns = committed_turns + 1  # the turn in progress counts
+        last = settings.get(LAST_FORK_KEY)
+        reason = guard.refusal(turns, last if isinstance(last, int) else None)
+        if reason is not None:
+            raise SplitGuardError(f"Fork refused: {reason}")
+        return {**settings, LAST_FORK_KEY: turns}
+
+    def book(self, source: str) -> dict[str, Any] | None:
+        """Refuse (`SplitGuardError`) or record the fork; return the settings to restore."""
+        if self.deps.split_guard is None:
+            return None
+        storage = self.deps.storage
+        with storage.transaction():
+            settings = storage.get_settings(source)
+            storage.put_settings(source, self._booked(settings, storage.get_turn_count(source)))
+        return settings
+
+    async def abook(self, source: str) -> dict[str, Any] | None:
+        if self.deps.split_guard is None:
+            return None
+        storage = self.deps.storage
+        async with storage.atransaction():
+            settings = await storage.aget_settings(source)
+            turns = await storage.aget_turn_count(source)
+            await storage.aput_settings(source, self._booked(settings, turns))
+        return settings
+
+    def undo(self, source: str, previous: dict[str, Any] | None) -> None:
+        if previous is not None:
+            self.deps.storage.put_settings(source, previous)
+
+    async def aundo(self, source: str, previous: dict[str, Any] | None) -> None:
+        if previous is not None:
+            await self.deps.storage.aput_settings(source, previous)
 
 
-def make_builtin_tools(deps: StelloDeps, names: Sequence[str]) -> list[BaseTool]:
-    """The built-in tools named in `names`, bound to `deps`."""
-    tools: list[BaseTool] = []
-    if "create_session" in names:
-        tools.append(_create_session_tool(deps))
-    return tools
+class BuiltinTools:
+    """The built-in tools of one `StelloDeps`, per session."""
+
+    def __init__(self, deps: StelloDeps) -> None:
+        self.deps = deps
+        self._guard = _Guard(deps)
+        self._skill_tools: dict[tuple[str, ...], BaseTool] = {}
+        self._create: BaseTool | None = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuild after the registered profiles changed."""
+        enabled = "create_session" in self.deps.builtin_tools
+        self._create = self._create_session_tool() if enabled else None
+
+    def for_session(self, settings: Mapping[str, Any]) -> list[BaseTool]:
+        """The built-in tools of a session with these settings."""
+        tools: list[BaseTool] = [self._create] if self._create is not None else []
+        allowed = settings.get(SKILLS_KEY)
+        names = tuple(self.deps.skill_map if allowed is None else allowed)
+        names = tuple(n for n in names if n in self.deps.skill_map)
+        if names:
+            tools.append(self._skill_tool(names))
+        return tools
+
+    # -- create_session ---------------------------------------------------------------------
+    def _created(self, source: str, meta: SessionMeta) -> dict[str, str]:
+        emit(self.deps.bus, "session_forked", meta.id, parent_id=source, label=meta.label,
+             by="model")  # fmt: skip
+        return {"session_id": meta.id, "label": meta.label}
+
+    def _fork(self, args: Mapping[str, Any]) -> dict[str, str]:
+        source = args["state"]["session_id"]
+        req = fork_request(self.deps, source, _spec(args))
+        previous = self._guard.book(source)
+        try:
+            return self._created(source, fork_session(self.deps.storage, req))
+        except BaseException:
+            self._guard.undo(source, previous)
+            raise
+
+    async def _afork(self, args: Mapping[str, Any]) -> dict[str, str]:
+        source = args["state"]["session_id"]
+        req = await afork_request(self.deps, source, _spec(args))
+        previous = await self._guard.abook(source)
+        try:
+            return self._created(source, await afork_session(self.deps.storage, req))
+        except BaseException:
+            await self._guard.aundo(source, previous)
+            raise
+
+    def _create_session_tool(self) -> BaseTool:
+        def create_session(**args: Any) -> dict[str, str]:
+            return self._fork(args)
+
+        async def acreate_session(**args: Any) -> dict[str, str]:
+            return await self._afork(args)
+
+        return StructuredTool.from_function(
+            func=create_session,
+            coroutine=acreate_session,
+            name="create_session",
+            description=_description(self.deps),
+            args_schema=CreateSessionArgs,
+        )
+
+    # -- activate_skill ---------------------------------------------------------------------
+    def _skill_tool(self, names: tuple[str, ...]) -> BaseTool:
+        found = self._skill_tools.get(names)
+        if found is None:
+            found = self._skill_tools[names] = self._make_skill_tool(names)
+        return found
+
+    def _make_skill_tool(self, names: tuple[str, ...]) -> BaseTool:
+        skills = {n: self.deps.skill_map[n] for n in names}
+        listing = "\n".join(f"- {s.name}: {s.description}" for s in skills.values())
+        schema = create_model(
+            "ActivateSkillArgs",
+            name=(Literal[names], Field(description="The skill to activate.")),  # type: ignore[arg-type]
+            state=(Annotated[dict[str, Any], InjectedState], Field(default_factory=dict)),
+        )
+
+        def activate_skill(name: str, state: dict[str, Any] | None = None) -> str:
+            skill = skills.get(name)
+            if skill is None:
+                raise InvalidInputError(
+                    f"Skill {name!r} is not available in this session; available: {list(names)}."
+                )
+            emit(self.deps.bus, "skill_activated", (state or {}).get("session_id"), skill=name)
+            return skill.content
+
+        return StructuredTool.from_function(
+            func=activate_skill,
+            name="activate_skill",
+            description="Load the full instructions of a skill when the task needs it. "
+            f"Skills available here:\n{listing}",
+            args_schema=schema,
+        )

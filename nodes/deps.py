@@ -7,41 +7,61 @@ makes one for you. Build one yourself to use the nodes in a graph of your own.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.tools import BaseTool
 from langgraph.prebuilt import ToolNode
 from langgraph.store.base import BaseStore
 
 from stello_graph._base import SessionBase
 from stello_graph._validate import check_id
-from stello_graph.errors import InvalidInputError, SessionNotFoundError
+from stello_graph.compression import CompressionPolicy
+from stello_graph.errors import (
+    FunctionNotConfiguredError,
+    InvalidInputError,
+    SessionNotFoundError,
+)
 from stello_graph.events import EventBus
 from stello_graph.main_session import MainSession
-from stello_graph.memory import ConsolidateFn, IntegrateFn
+from stello_graph.memory import CompressFn, ConsolidateFn, IntegrateFn, llm_compressor
 from stello_graph.models import SessionMeta
+from stello_graph.profiles import ForkProfile, SplitGuard, UnknownProfileError
 from stello_graph.schedule import Schedule, Scheduler
 from stello_graph.session import Session
+from stello_graph.skills import Skill
 from stello_graph.storage import MainStorage
 
 __all__ = ["BUILTIN_TOOLS", "StelloDeps", "tool_error_message"]
 
-BUILTIN_TOOLS = ("create_session",)
-"""Names of the built-in tools a session's model can be given."""
+BUILTIN_TOOLS = ("create_session", "activate_skill")
+"""Built-in tools: `create_session` (forks), `activate_skill` (offered whenever skills exist)."""
 
 
 def tool_error_message(exc: Exception) -> str:
     """What the model sees when a tool raises: the error, and an invitation to recover."""
-    return f"Error: {type(exc).__name__}: {exc}. Fix the arguments or try another approach."
+    detail = str(exc).rstrip(". \n")
+    return f"Error: {type(exc).__name__}: {detail}. Fix the arguments or try another approach."
 
 
 @dataclass(frozen=True, slots=True)
 class _Overrides:
     model: BaseChatModel | None = None
     tools: tuple[Any, ...] | None = None
+
+
+def _by_name(items: Iterable[Any] | Mapping[str, Any] | None, what: str) -> dict[str, Any]:
+    if items is None:
+        return {}
+    values = list(items.values()) if isinstance(items, Mapping) else list(items)
+    found: dict[str, Any] = {}
+    for item in values:
+        name = getattr(item, "name", None)
+        if not isinstance(name, str) or name in found:
+            raise InvalidInputError(f"Each {what} needs a unique name; got {item!r:.80}.")
+        found[name] = item
+    return found
 
 
 @dataclass(kw_only=True, eq=False)
@@ -52,31 +72,43 @@ class StelloDeps:
         storage: the tree's `MainStorage`.
         model: the default chat model of every session.
         tools: tools every session's model is given (LangChain tools or callables).
-        builtin_tools: built-in tools to add (`"create_session"`).
+        builtin_tools: built-in tools to add (`"create_session"`; `"activate_skill"` is
+            added whenever skills are registered).
         max_tool_rounds: tool rounds one turn may take before it fails.
         consolidate_fn: consolidate function of the consolidate node and the scheduler.
         integrate_fn: integrate function of the integrate node and the scheduler.
         schedule: background work after turns (`None`: none).
         store: a LangGraph store that L2, synthesis and insights are also published to.
+        profiles: fork profiles by name (or a list of `ForkProfile`).
+        skills: skills by name (or a list of `Skill`).
+        split_guard: limits on forks the model makes itself.
+        compression: automatic context compression of every session.
         bus: where events go besides the `custom` stream.
     """
 
     storage: MainStorage
     model: BaseChatModel | None = None
     tools: Sequence[Any] = ()
-    builtin_tools: Sequence[str] = BUILTIN_TOOLS
+    builtin_tools: Sequence[str] = ("create_session",)
     max_tool_rounds: int = 8
     consolidate_fn: ConsolidateFn | None = None
     integrate_fn: IntegrateFn | None = None
     schedule: Schedule | None = None
     store: BaseStore | None = None
+    profiles: Any = None
+    skills: Any = None
+    split_guard: SplitGuard | None = None
+    compression: CompressionPolicy | None = None
     bus: EventBus = field(default_factory=EventBus)
+    profile_map: dict[str, ForkProfile] = field(default_factory=dict, init=False)
+    """The registered profiles, by name."""
+    skill_map: dict[str, Skill] = field(default_factory=dict, init=False)
+    """The registered skills, by name."""
     _overrides: dict[str, _Overrides] = field(default_factory=dict, init=False)
     _sessions: dict[str, SessionBase] = field(default_factory=dict, init=False)
     _tool_nodes: dict[tuple[int, ...], ToolNode] = field(default_factory=dict, init=False)
-    _builtins: list[BaseTool] = field(default_factory=list, init=False)
     _scheduler: Scheduler | None = field(default=None, init=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, init=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tool_rounds, int) or self.max_tool_rounds < 0:
@@ -88,15 +120,53 @@ class StelloDeps:
             raise InvalidInputError(
                 f"Unknown built-in tool(s) {unknown!r}; available: {list(BUILTIN_TOOLS)}."
             )
-        from stello_graph.nodes.builtin_tools import make_builtin_tools
+        self.profile_map = _by_name(self.profiles, "profile")
+        self.skill_map = _by_name(self.skills, "skill")
+        from stello_graph.nodes.builtin_tools import BuiltinTools
 
-        self._builtins = make_builtin_tools(self, self.builtin_tools)
+        self._builtins = BuiltinTools(self)
         if self.schedule is not None:
             self._scheduler = Scheduler(self.schedule, self.bus)
 
     @property
     def scheduler(self) -> Scheduler | None:
         return self._scheduler
+
+    def integrate_function(self) -> IntegrateFn:
+        """The integrate function, or a clear error when none was given."""
+        if self.integrate_fn is None:
+            raise FunctionNotConfiguredError(
+                "No integrate function: pass integrate_fn= (e.g. llm_integrator(model))."
+            )
+        return self.integrate_fn
+
+    def compress_function(self) -> CompressFn:
+        """The compress function of `context="compress"` forks, or a clear error."""
+        if self.compression is not None and self.compression.compress_fn is not None:
+            return self.compression.compress_fn
+        if self.model is None:
+            raise FunctionNotConfiguredError(
+                "A fork with context='compress' needs a compress function: pass "
+                "compression=CompressionPolicy(compress_fn=...) or a model."
+            )
+        return llm_compressor(self.model)
+
+    # -- profiles ---------------------------------------------------------------------------
+    def profile(self, name: str) -> ForkProfile:
+        """The registered profile `name`."""
+        found = self.profile_map.get(name)
+        if found is None:
+            raise UnknownProfileError(name, sorted(self.profile_map))
+        return found
+
+    def register_profile(self, profile: ForkProfile) -> None:
+        """Add (or replace) a profile; models see it in `create_session` from now on."""
+        if not isinstance(profile, ForkProfile):
+            raise InvalidInputError(f"Expected a ForkProfile, got {type(profile).__name__}.")
+        with self._lock:
+            self.profile_map[profile.name] = profile
+            self._builtins.refresh()
+            self._sessions.clear()
 
     # -- per-session models and tools -------------------------------------------------------
     def override(
@@ -113,19 +183,28 @@ class StelloDeps:
             )
             self._sessions.pop(session_id, None)
 
-    def session_model(self, session_id: str) -> BaseChatModel | None:
+    def _setup(
+        self, session_id: str, settings: Mapping[str, Any]
+    ) -> tuple[BaseChatModel | None, list[Any]]:
+        """The model and tools of a session: its override, else its profile's, else defaults."""
         found = self._overrides.get(session_id)
-        return found.model if found is not None and found.model is not None else self.model
+        profile = self.profile_map.get(str(settings.get("profile")))
+        model = found.model if found is not None and found.model is not None else None
+        model = model or (profile.model if profile is not None else None) or self.model
+        own: Sequence[Any] = self.tools
+        if found is not None and found.tools is not None:
+            own = found.tools
+        elif profile is not None and profile.tools is not None:
+            own = profile.tools
+        return model, [*own, *self._builtins.for_session(settings)]
 
     def session_tools(self, session_id: str) -> list[Any]:
-        """The tools a session's model is shown: its own (or the default ones) + built-ins."""
-        found = self._overrides.get(session_id)
-        own = found.tools if found is not None and found.tools is not None else self.tools
-        return [*own, *self._builtins]
+        """The tools a session's model is shown (its own or the defaults, plus built-ins)."""
+        return self._setup(session_id, self.storage.get_settings(session_id))[1]
 
     def tool_node(self, session_id: str) -> ToolNode:
         """A `ToolNode` running the tools of `session_id` (cached per tool set)."""
-        tools = self.session_tools(session_id)
+        tools = self.session(session_id).tools
         key = tuple(id(t) for t in tools)
         with self._lock:
             node = self._tool_nodes.get(key)
@@ -137,24 +216,27 @@ class StelloDeps:
         return node
 
     # -- sessions ---------------------------------------------------------------------------
-    def _make(self, meta: SessionMeta) -> SessionBase:
-        model = self.session_model(meta.id)
-        tools = self.session_tools(meta.id)
+    def _make(self, meta: SessionMeta, settings: Mapping[str, Any]) -> SessionBase:
+        model, tools = self._setup(meta.id, settings)
         if meta.role == "main":
             return MainSession(
-                meta, self.storage, model=model, tools=tools, integrate_fn=self.integrate_fn
-            )
+                meta, self.storage, model=model, tools=tools, integrate_fn=self.integrate_fn,
+                compression=self.compression,
+            )  # fmt: skip
         return Session(
-            meta, self.storage, model=model, tools=tools, consolidate_fn=self.consolidate_fn
-        )
+            meta, self.storage, model=model, tools=tools, consolidate_fn=self.consolidate_fn,
+            compression=self.compression,
+        )  # fmt: skip
 
-    def _cached(self, session_id: str, meta: SessionMeta | None) -> SessionBase:
+    def _cached(
+        self, session_id: str, meta: SessionMeta | None, settings: Mapping[str, Any]
+    ) -> SessionBase:
         if meta is None:
             raise SessionNotFoundError(session_id)
         with self._lock:
             found = self._sessions.get(session_id)
             if found is None:
-                found = self._sessions[session_id] = self._make(meta)
+                found = self._sessions[session_id] = self._make(meta, settings)
         return found
 
     def session(self, session_id: object) -> SessionBase:
@@ -164,7 +246,9 @@ class StelloDeps:
             found = self._sessions.get(sid)
         if found is not None:
             return found
-        return self._cached(sid, self.storage.get_session(sid))
+        meta = self.storage.get_session(sid)
+        settings = self.storage.get_settings(sid) if meta is not None else {}
+        return self._cached(sid, meta, settings)
 
     async def asession(self, session_id: object) -> SessionBase:
         """Async twin of `session`."""
@@ -173,10 +257,17 @@ class StelloDeps:
             found = self._sessions.get(sid)
         if found is not None:
             return found
-        return self._cached(sid, await self.storage.aget_session(sid))
+        meta = await self.storage.aget_session(sid)
+        settings = await self.storage.aget_settings(sid) if meta is not None else {}
+        return self._cached(sid, meta, settings)
+
+    def refresh(self, session_id: str) -> None:
+        """Rebuild a session's object on next use (after its settings changed)."""
+        with self._lock:
+            self._sessions.pop(session_id, None)
 
     def forget(self, session_id: str) -> None:
-        """Drop cached objects of a session (after it was removed)."""
+        """Drop cached objects of a session (after it was removed or reconfigured)."""
         with self._lock:
             self._sessions.pop(session_id, None)
             self._overrides.pop(session_id, None)

@@ -17,11 +17,13 @@ from typing import Any, Literal
 from langchain_core.runnables import RunnableLambda
 
 from stello_graph._fork import ForkRequest, afork_session, fork_session
+from stello_graph._validate import check_id
 from stello_graph.errors import InvalidInputError, MainSessionNotFoundError
 from stello_graph.events import emit
 from stello_graph.main_session import MainSession
 from stello_graph.models import IntegrationResult, SessionMeta
 from stello_graph.nodes.deps import StelloDeps
+from stello_graph.nodes.forking import afork_request, fork_request
 from stello_graph.nodes.scheduling import announce_integration, consolidate_now, publish
 from stello_graph.session import Session
 
@@ -37,12 +39,22 @@ State = dict[str, Any]
 OPS = ("turn", "fork", "consolidate", "integrate")
 
 
-def route_start(state: State) -> Literal["assemble", "fork", "consolidate", "integrate"]:
-    """Router at START: a turn unless the input names another operation in `op`."""
+def route_start(
+    state: State,
+) -> Literal["assemble", "fork", "consolidate", "integrate", "plan_tree"]:
+    """Router at START: a turn unless the input names another operation in `op`.
+
+    `{"op": "integrate", "mode": "tree"}` integrates level by level (`stello_graph.nodes.tree`).
+    """
     op = state.get("op") or "turn"
     if op == "turn":
         return "assemble"
-    if op in ("fork", "consolidate", "integrate"):
+    if op == "integrate":
+        mode = state.get("mode") or "flat"
+        if mode not in ("flat", "tree"):
+            raise InvalidInputError(f"Unknown integration mode {mode!r}; use 'flat' or 'tree'.")
+        return "plan_tree" if mode == "tree" else "integrate"
+    if op in ("fork", "consolidate"):
         return op  # type: ignore[return-value]
     raise InvalidInputError(f"Unknown op {op!r}; use one of {list(OPS)}.")
 
@@ -52,12 +64,11 @@ def _node(name: str, func: Any, afunc: Any) -> RunnableLambda[Any, Any]:
 
 
 # -- fork -----------------------------------------------------------------------------------
-def _fork_request(state: State) -> ForkRequest:
+def _spec(state: State) -> tuple[str, dict[str, Any]]:
     spec = state.get("fork")
     if not isinstance(spec, dict) or "label" not in spec:
         raise InvalidInputError('A fork needs "fork": {"label": ..., ...} in the input.')
-    options = {k: v for k, v in spec.items() if k != "label"}
-    return ForkRequest.build(state.get("session_id"), spec["label"], **options)  # type: ignore[arg-type]
+    return check_id(state.get("session_id")), spec
 
 
 def _forked(deps: StelloDeps, req: ForkRequest, meta: SessionMeta) -> State:
@@ -69,11 +80,11 @@ def make_fork_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
     """Node `fork`: create a child session and its TopologyNode atomically."""
 
     def fork(state: State) -> State:
-        req = _fork_request(state)
+        req = fork_request(deps, *_spec(state))
         return _forked(deps, req, fork_session(deps.storage, req))
 
     async def afork(state: State) -> State:
-        req = _fork_request(state)
+        req = await afork_request(deps, *_spec(state))
         return _forked(deps, req, await afork_session(deps.storage, req))
 
     return _node("fork", fork, afork)
@@ -102,7 +113,13 @@ def make_consolidate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
 
 # -- integrate ------------------------------------------------------------------------------
 def _integrated(result: IntegrationResult) -> State:
-    return {"integration": {"synthesis": result.synthesis, "insights": dict(result.insights)}}
+    return {
+        "integration": {
+            "mode": "flat",
+            "synthesis": result.synthesis,
+            "insights": dict(result.insights),
+        }
+    }
 
 
 def make_integrate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
@@ -114,7 +131,7 @@ def make_integrate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
             raise MainSessionNotFoundError(deps.storage.tree_id)
         main = deps.session(meta.id)
         assert isinstance(main, MainSession)
-        result = main.integrate(deps.integrate_fn)
+        result = main.integrate(deps.integrate_function())
         announce_integration(deps, main.id, result)
         return _integrated(result)
 
@@ -124,7 +141,7 @@ def make_integrate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
             raise MainSessionNotFoundError(deps.storage.tree_id)
         main = await deps.asession(meta.id)
         assert isinstance(main, MainSession)
-        result = await main.aintegrate(deps.integrate_fn)
+        result = await main.aintegrate(deps.integrate_function())
         announce_integration(deps, main.id, result)
         return _integrated(result)
 

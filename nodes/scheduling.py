@@ -64,7 +64,7 @@ def integrate_now(deps: StelloDeps) -> IntegrationResult | None:
     main = deps.session(meta.id)
     assert isinstance(main, MainSession)
     try:
-        result = main.integrate(deps.integrate_fn)
+        result = main.integrate(deps.integrate_function())
     except NothingToIntegrateError:
         return None
     announce_integration(deps, main.id, result)

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
@@ -34,16 +34,20 @@ from langgraph.store.base import BaseStore
 from langgraph.types import Command, Durability, Interrupt
 
 from stello_graph._validate import check_id, check_text
-from stello_graph.errors import InvalidInputError
+from stello_graph.compression import CompressionPolicy
+from stello_graph.errors import InvalidInputError, NodeNotFoundError
 from stello_graph.events import StelloEvent, emit
 from stello_graph.graph import build_graph
 from stello_graph.main_session import MainSession
 from stello_graph.memory import ConsolidateFn, IntegrateFn, llm_consolidator, llm_integrator
-from stello_graph.models import IntegrationResult, SessionMeta, TopologyNode
-from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps
+from stello_graph.models import IntegrationResult, SessionMeta, TopologyNode, TreeIntegration
+from stello_graph.nodes.deps import StelloDeps
+from stello_graph.nodes.forking import SKILLS_KEY
 from stello_graph.nodes.scheduling import on_archive, on_switch
+from stello_graph.profiles import ForkProfile, SplitGuard
 from stello_graph.schedule import BackgroundFailure, Schedule
 from stello_graph.session import Session
+from stello_graph.skills import Skill, check_allow_list, load_skills
 from stello_graph.storage import MainStorage
 from stello_graph.topology import Topology
 
@@ -100,6 +104,23 @@ def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
     return InMemorySaver()
 
 
+IntegrationMode = Literal["flat", "tree"]
+_OPS_CONFIG: RunnableConfig = {"recursion_limit": 1_000}  # a deep tree takes 2 steps a level
+
+
+def _integrate_input(mode: object) -> dict[str, Any]:
+    if mode not in ("flat", "tree"):
+        raise InvalidInputError(f"mode must be 'flat' or 'tree', got {mode!r}.")
+    return {"op": "integrate", "mode": mode}
+
+
+def _integration(raw: dict[str, Any]) -> IntegrationResult | TreeIntegration:
+    fields = {k: v for k, v in raw.items() if k != "mode"}
+    if raw.get("mode") == "tree":
+        return TreeIntegration.model_validate(fields)
+    return IntegrationResult.model_validate(fields)
+
+
 class _SessionLocks:
     """One lock per session: turns on a session run one at a time, from threads or asyncio."""
 
@@ -151,6 +172,12 @@ class StelloAgent:
         durability: LangGraph checkpoint durability of a turn.
         prune_checkpoints: drop a turn's checkpoints once it is committed (default: when the
             agent made the checkpointer itself).
+        profiles: fork profiles the caller (`fork(profile=...)`) and the model
+            (`create_session(profile=...)`) can name.
+        skills: skills (or a folder of `SKILL.md` files) the models can activate through
+            `activate_skill`, within each session's allow-list.
+        split_guard: limits on the forks the model makes itself.
+        compression: automatic context compression of every session's prompt.
     """
 
     def __init__(
@@ -160,7 +187,7 @@ class StelloAgent:
         storage: MainStorage | str | os.PathLike[str] | None = None,
         checkpointer: BaseCheckpointSaver[Any] | Literal[False] | None = None,
         tools: Sequence[Any] = (),
-        builtin_tools: Sequence[str] = BUILTIN_TOOLS,
+        builtin_tools: Sequence[str] = ("create_session",),
         max_tool_rounds: int = 8,
         consolidate_fn: ConsolidateFn | None = None,
         integrate_fn: IntegrateFn | None = None,
@@ -170,6 +197,10 @@ class StelloAgent:
         tree_id: str = "default",
         durability: Durability = "async",
         prune_checkpoints: bool | None = None,
+        profiles: Sequence[ForkProfile] = (),
+        skills: Sequence[Skill] | str | os.PathLike[str] = (),
+        split_guard: SplitGuard | None = None,
+        compression: CompressionPolicy | None = None,
     ) -> None:
         self._owns_storage = not hasattr(storage, "get_tree")
         self.storage: MainStorage = _open_storage(storage, tree_id)
@@ -183,6 +214,10 @@ class StelloAgent:
             integrate_fn=integrate_fn or llm_integrator(model),
             schedule=schedule,
             store=store,
+            profiles=profiles,
+            skills=load_skills(skills) if isinstance(skills, str | os.PathLike) else skills,
+            split_guard=split_guard,
+            compression=compression,
         )
         main = self.storage.get_main_session()
         if main is None:
@@ -461,7 +496,7 @@ class StelloAgent:
         self, source_id: object, label: object, options: dict[str, Any]
     ) -> dict[str, Any]:
         allowed = {"context", "system_prompt", "inherit_system_prompt", "prompt", "tags",
-                   "metadata", "id"}  # fmt: skip
+                   "metadata", "id", "profile", "profile_vars", "skills"}  # fmt: skip
         unknown = set(options) - allowed - {"model", "tools"}
         if unknown:
             raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
@@ -480,7 +515,9 @@ class StelloAgent:
     def fork(self, source_id: str, label: str, **options: Any) -> TopologyNode:
         """Fork a new session under `source_id` (the main session or any other).
 
-        Options: `context` ("none" | "inherit" | a function of the records), `system_prompt`,
+        Options: `context` ("none" | "inherit" | "compress" | a function of the records),
+        `profile` (a registered `ForkProfile`) and `profile_vars`, `skills` (the child's
+        allow-list; inherited when left out), `system_prompt`,
         `inherit_system_prompt` (for forks of the main session), `prompt` (opening line),
         `model`, `tools`, `tags`, `metadata`, `id`. The session and its node are written in
         one transaction. Returns the child's `TopologyNode`.
@@ -530,14 +567,150 @@ class StelloAgent:
         out = await self._ops.ainvoke({"op": "consolidate", "session_id": check_id(session_id)})
         return out.get("l2")
 
-    def integrate(self) -> IntegrationResult:
-        """Integrate now: the children's L2 -> synthesis + insights."""
-        out = self._ops.invoke({"op": "integrate"})
-        return IntegrationResult.model_validate(out["integration"])
+    @overload
+    def integrate(self, mode: Literal["flat"] = "flat") -> IntegrationResult: ...
+    @overload
+    def integrate(self, mode: Literal["tree"]) -> TreeIntegration: ...
 
-    async def aintegrate(self) -> IntegrationResult:
-        out = await self._ops.ainvoke({"op": "integrate"})
-        return IntegrationResult.model_validate(out["integration"])
+    def integrate(self, mode: IntegrationMode = "flat") -> IntegrationResult | TreeIntegration:
+        """Integrate now.
+
+        `"flat"`: the main session reads the L2 of every active session and writes the
+        synthesis and insights. `"tree"`: bottom-up, level by level; each internal node
+        integrates only its direct children's L2 into a summary of its subtree (what its
+        parent then sees for that branch) and pushes insights one level down; siblings of a
+        level run in parallel. Returns a `TreeIntegration` with one result per node.
+        """
+        out = self._ops.invoke(_integrate_input(mode), _OPS_CONFIG)
+        return _integration(out["integration"])
+
+    @overload
+    async def aintegrate(self, mode: Literal["flat"] = "flat") -> IntegrationResult: ...
+    @overload
+    async def aintegrate(self, mode: Literal["tree"]) -> TreeIntegration: ...
+
+    async def aintegrate(
+        self, mode: IntegrationMode = "flat"
+    ) -> IntegrationResult | TreeIntegration:
+        """Async twin of `integrate`."""
+        out = await self._ops.ainvoke(_integrate_input(mode), _OPS_CONFIG)
+        return _integration(out["integration"])
+
+    # -- profiles and skills ----------------------------------------------------------------
+    def register_profile(self, profile: ForkProfile) -> None:
+        """Register (or replace) a fork profile; models see it in `create_session`."""
+        self.deps.register_profile(profile)
+
+    def skills_of(self, session_id: str) -> list[str]:
+        """The skills a session may activate (its allow-list resolved)."""
+        allowed = self.storage.get_settings(check_id(session_id)).get(SKILLS_KEY)
+        return list(self.deps.skill_map) if allowed is None else list(allowed)
+
+    def set_skills(self, session_id: str, skills: Sequence[str] | None) -> None:
+        """Replace a session's skills allow-list (`None`: every skill; `[]`: none)."""
+        sid = check_id(session_id)
+        allowed = None if skills is None else check_allow_list(skills, list(self.deps.skill_map))
+        with self.storage.transaction():
+            settings = self.storage.get_settings(sid)
+            self.storage.put_settings(sid, {**settings, SKILLS_KEY: allowed})
+        self.deps.refresh(sid)
+
+    # -- the tree ---------------------------------------------------------------------------
+    def children(self, session_id: str) -> list[TopologyNode]:
+        """The direct children of a session's node, in creation order (read on demand)."""
+        return self.storage.get_children(check_id(session_id))
+
+    async def achildren(self, session_id: str) -> list[TopologyNode]:
+        return await self.storage.aget_children(check_id(session_id))
+
+    def ancestors(self, session_id: str) -> list[TopologyNode]:
+        """The parent, grandparent, ... up to the main session (nearest first)."""
+        return self.storage.get_ancestors(check_id(session_id))
+
+    async def aancestors(self, session_id: str) -> list[TopologyNode]:
+        return await self.storage.aget_ancestors(check_id(session_id))
+
+    def siblings(self, session_id: str) -> list[TopologyNode]:
+        """The other children of the session's parent."""
+        sid = check_id(session_id)
+        node = self._node(self.storage.get_node(sid), sid)
+        if node.parent_id is None:
+            return []
+        return [n for n in self.storage.get_children(node.parent_id) if n.id != sid]
+
+    async def asiblings(self, session_id: str) -> list[TopologyNode]:
+        sid = check_id(session_id)
+        node = self._node(await self.storage.aget_node(sid), sid)
+        if node.parent_id is None:
+            return []
+        return [n for n in await self.storage.aget_children(node.parent_id) if n.id != sid]
+
+    @staticmethod
+    def _node(node: TopologyNode | None, node_id: str) -> TopologyNode:
+        if node is None:
+            raise NodeNotFoundError(node_id)
+        return node
+
+    def _movable(self, session_id: object, new_parent_id: object) -> tuple[str, str]:
+        sid, parent = check_id(session_id), check_id(new_parent_id, "new parent id")
+        if sid == self.main.id:
+            raise InvalidInputError("The main session is the root of the tree; it cannot move.")
+        return sid, parent
+
+    def move(self, session_id: str, new_parent_id: str) -> TopologyNode:
+        """Move a session, with its whole subtree, under another parent.
+
+        Raises:
+            NodeNotFoundError: either node does not exist.
+            TopologyCycleError: the new parent is the session itself or lies in its subtree.
+            InvalidInputError: the session is the main session.
+        """
+        sid, parent = self._movable(session_id, new_parent_id)
+        node = self._node(self.storage.get_node(sid), sid)
+        self._node(self.storage.get_node(parent), parent)
+        moved = node.model_copy(update={"parent_id": parent})
+        self.storage.put_node(moved)
+        return moved
+
+    async def amove(self, session_id: str, new_parent_id: str) -> TopologyNode:
+        """Async twin of `move`."""
+        sid, parent = self._movable(session_id, new_parent_id)
+        node = self._node(await self.storage.aget_node(sid), sid)
+        self._node(await self.storage.aget_node(parent), parent)
+        moved = node.model_copy(update={"parent_id": parent})
+        await self.storage.aput_node(moved)
+        return moved
+
+    def _removable(self, session_id: object) -> str:
+        sid = check_id(session_id)
+        if sid == self.main.id:
+            raise InvalidInputError(
+                "The main session is the root of the tree; it cannot be removed."
+            )
+        return sid
+
+    def remove(self, session_id: str, *, cascade: bool = False) -> list[str]:
+        """Delete a session, its node and all its data; with `cascade`, its whole subtree.
+
+        Raises:
+            NodeHasChildrenError: the session has children and `cascade` is false.
+            NodeNotFoundError: the session has no node.
+        """
+        sid = self._removable(session_id)
+        with self._locks.hold(sid):
+            removed = self.storage.remove_node(sid, cascade=cascade)
+        for gone in removed:
+            self.deps.forget(gone)
+        return removed
+
+    async def aremove(self, session_id: str, *, cascade: bool = False) -> list[str]:
+        """Async twin of `remove`."""
+        sid = self._removable(session_id)
+        async with self._locks.ahold(sid):
+            removed = await self.storage.aremove_node(sid, cascade=cascade)
+        for gone in removed:
+            self.deps.forget(gone)
+        return removed
 
     # -- composition ------------------------------------------------------------------------
     def as_tool(

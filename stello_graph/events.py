@@ -30,6 +30,7 @@ EventType = Literal[
     "integrated",
     "insight_pushed",
     "insight_delivered",
+    "skill_activated",
     "background_error",
 ]
 

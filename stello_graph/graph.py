@@ -37,13 +37,22 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.store.base import BaseStore
 
+from stello_graph.compression import CompressionPolicy
 from stello_graph.memory import ConsolidateFn, IntegrateFn
-from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps
+from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.ops import (
     make_consolidate_node,
     make_fork_node,
     make_integrate_node,
     route_start,
+)
+from stello_graph.nodes.tree import (
+    make_finish_tree_node,
+    make_integrate_subtree_node,
+    make_next_level_node,
+    make_plan_tree_node,
+    merge_results,
+    route_level,
 )
 from stello_graph.nodes.turn import (
     make_assemble_node,
@@ -52,7 +61,9 @@ from stello_graph.nodes.turn import (
     make_tools_node,
     route_after_model,
 )
+from stello_graph.profiles import ForkProfile, SplitGuard
 from stello_graph.schedule import Schedule
+from stello_graph.skills import Skill
 from stello_graph.storage import MainStorage
 
 __all__ = ["StelloInput", "StelloOutput", "StelloState", "build_graph", "build_stello_graph"]
@@ -70,6 +81,8 @@ class StelloInput(TypedDict, total=False):
     fork: dict[str, Any]
     """Options of a fork: `label` and optionally `context`, `system_prompt`, `prompt`,
     `tags`, `metadata`, `id`."""
+    mode: Literal["flat", "tree"]
+    """How `integrate` runs: every L2 into the main session (flat, default) or level by level."""
 
 
 class StelloOutput(TypedDict, total=False):
@@ -95,6 +108,9 @@ class StelloState(StelloInput, StelloOutput, total=False):
 
     pending: Annotated[list[AnyMessage], add_messages]
     insight: str | None
+    tree_plan: dict[str, Any]
+    tree_step: int
+    tree_results: Annotated[dict[str, Any], merge_results]
 
 
 def build_graph(deps: StelloDeps) -> StateGraph[Any, Any, Any, Any]:
@@ -109,13 +125,19 @@ def build_graph(deps: StelloDeps) -> StateGraph[Any, Any, Any, Any]:
     graph.add_node("fork", make_fork_node(deps))
     graph.add_node("consolidate", make_consolidate_node(deps))
     graph.add_node("integrate", make_integrate_node(deps))
-    graph.add_conditional_edges(
-        START, route_start, ["assemble", "fork", "consolidate", "integrate"]
-    )
+    graph.add_node("plan_tree", make_plan_tree_node(deps))
+    graph.add_node("integrate_subtree", make_integrate_subtree_node(deps))
+    graph.add_node("next_level", make_next_level_node())
+    graph.add_node("finish_tree", make_finish_tree_node())
+    starts = ["assemble", "fork", "consolidate", "integrate", "plan_tree"]
+    graph.add_conditional_edges(START, route_start, starts)
+    graph.add_conditional_edges("plan_tree", route_level, ["integrate_subtree", "finish_tree"])
+    graph.add_edge("integrate_subtree", "next_level")
+    graph.add_conditional_edges("next_level", route_level, ["integrate_subtree", "finish_tree"])
     graph.add_edge("assemble", "model")
     graph.add_conditional_edges("model", route_after_model, ["tools", "commit"])
     graph.add_edge("tools", "model")
-    for last in ("commit", "fork", "consolidate", "integrate"):
+    for last in ("commit", "fork", "consolidate", "integrate", "finish_tree"):
         graph.add_edge(last, END)
     return graph
 
@@ -125,12 +147,16 @@ def build_stello_graph(
     storage: MainStorage,
     *,
     tools: Sequence[Any] = (),
-    builtin_tools: Sequence[str] = BUILTIN_TOOLS,
+    builtin_tools: Sequence[str] = ("create_session",),
     max_tool_rounds: int = 8,
     consolidate_fn: ConsolidateFn | None = None,
     integrate_fn: IntegrateFn | None = None,
     schedule: Schedule | None = None,
     store: BaseStore | None = None,
+    profiles: Sequence[ForkProfile] = (),
+    skills: Sequence[Skill] = (),
+    split_guard: SplitGuard | None = None,
+    compression: CompressionPolicy | None = None,
 ) -> StateGraph[Any, Any, Any, Any]:
     """The stello orchestration as an uncompiled LangGraph `StateGraph`.
 
@@ -147,7 +173,11 @@ def build_stello_graph(
             (default: `llm_integrator(model)`).
         schedule: background consolidation / integration after turns.
         store: a LangGraph store that L2, synthesis and insights are also published to,
-            under `("stello", tree_id, "l2" | "synthesis" | "insights")`.
+            under `("stello", tree_id, "l2" | "synthesis" | "subtree" | "insights")`.
+        profiles: fork profiles the caller and the model can name.
+        skills: skills models can activate (`activate_skill`), per-session allow-lists.
+        split_guard: limits on forks the model makes itself.
+        compression: automatic context compression of every session.
     """
     from stello_graph.memory import llm_consolidator, llm_integrator
 
@@ -161,5 +191,9 @@ def build_stello_graph(
         integrate_fn=integrate_fn or llm_integrator(model),
         schedule=schedule,
         store=store,
+        profiles=profiles,
+        skills=skills,
+        split_guard=split_guard,
+        compression=compression,
     )
     return build_graph(deps)

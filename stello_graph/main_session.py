@@ -47,10 +47,12 @@ from stello_graph.memory import IntegrateFn
 from stello_graph.models import ChildL2, IntegrationResult, SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
 
-__all__ = ["MainSession"]
+__all__ = ["MainSession", "check_integration"]
 
 
-def _integration(result: object, children: Sequence[ChildL2], main_id: str) -> IntegrationResult:
+def check_integration(
+    result: object, children: Sequence[ChildL2], main_id: str
+) -> IntegrationResult:
     """Validate an integrate function's answer and keep only insights for the given children."""
     if isinstance(result, Mapping):
         try:
@@ -292,7 +294,7 @@ class MainSession(SessionBase):
             raise
         except Exception as exc:
             raise self._fn_error(exc) from exc
-        result = _integration(raw, children, self._id)
+        result = check_integration(raw, children, self._id)
         with s.transaction():
             s.put_memory(self._id, result.synthesis)
             for session_id, insight in result.insights.items():
@@ -311,7 +313,7 @@ class MainSession(SessionBase):
             raise
         except Exception as exc:
             raise self._fn_error(exc) from exc
-        result = _integration(raw, children, self._id)
+        result = check_integration(raw, children, self._id)
         async with s.atransaction():
             await s.aput_memory(self._id, result.synthesis)
             for session_id, insight in result.insights.items():

@@ -24,6 +24,7 @@ __all__ = [
     "SessionRole",
     "SessionStatus",
     "TopologyNode",
+    "TreeIntegration",
     "utcnow",
 ]
 
@@ -91,6 +92,40 @@ class IntegrationResult(BaseModel):
     synthesis: str
     insights: dict[str, str] = Field(default_factory=dict)
     """Session id -> insight text. Insights for ids that were not among the inputs are dropped."""
+
+
+class TreeIntegration(BaseModel):
+    """The outcome of a tree-mode integration: one `IntegrationResult` per internal node.
+
+    `results[node_id]` holds what that node made of its direct children (its subtree
+    synthesis; the main session's synthesis for the root) and the insights it pushed to them.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    root_id: str
+    results: dict[str, IntegrationResult] = Field(default_factory=dict)
+    levels: int = 0
+    """How many levels of the tree had something to integrate."""
+
+    @property
+    def calls(self) -> int:
+        """How many integrate calls ran (one per internal node whose children have L2)."""
+        return len(self.results)
+
+    @property
+    def synthesis(self) -> str | None:
+        """The root's new synthesis, if the root had anything to integrate."""
+        root = self.results.get(self.root_id)
+        return root.synthesis if root is not None else None
+
+    @property
+    def insights(self) -> dict[str, str]:
+        """Every insight pushed, at every level, by session id."""
+        merged: dict[str, str] = {}
+        for result in self.results.values():
+            merged.update(result.insights)
+        return merged
 
 
 class Compression(BaseModel):

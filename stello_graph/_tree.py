@@ -1,0 +1,167 @@
+"""Tree-mode integration, one node at a time (the graph runs the nodes of a level in parallel).
+
+In a tree, integration runs bottom-up, level by level. Each internal node integrates only its
+*direct* children's L2 into a summary of its subtree; what its parent then sees for that
+branch is that summary (as the child's `l2`). A child with no subtree summary is seen through
+its own L2. Each internal node pushes insights one level down, to its direct children only,
+so sibling subtrees never see each other except through their common ancestor. The root's
+summary is the main session's synthesis.
+
+Archived sessions, and everything under them, take no part.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from stello_graph._calls import call_async, call_sync
+from stello_graph.errors import IntegrationError, MainSessionNotFoundError, StelloError
+from stello_graph.main_session import check_integration
+from stello_graph.memory import IntegrateFn
+from stello_graph.models import ChildL2, IntegrationResult, SessionMeta, TopologyNode
+from stello_graph.storage import MainStorage
+
+__all__ = ["TreePlan", "aintegrate_node", "aplan_tree", "integrate_node", "plan_tree"]
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """The active tree, as integration walks it.
+
+    Attributes:
+        root_id: the main session.
+        levels: internal nodes (those with active children) by depth, deepest first.
+        children: active children of each internal node, in creation order.
+        labels: the label of every active node.
+    """
+
+    root_id: str
+    levels: list[list[str]] = field(default_factory=list)
+    children: dict[str, list[str]] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def is_internal(self, node_id: str) -> bool:
+        return bool(self.children.get(node_id))
+
+
+def _plan(
+    root: SessionMeta | None, nodes: list[TopologyNode], metas: list[SessionMeta], tree: str
+) -> TreePlan:
+    if root is None:
+        raise MainSessionNotFoundError(tree)
+    active = {m.id: m for m in metas if m.status == "active"}
+    kids: dict[str, list[str]] = defaultdict(list)
+    for node in nodes:  # pre-order: parents come before their children
+        if node.parent_id is not None and node.id in active and node.parent_id in active:
+            kids[node.parent_id].append(node.id)
+    depth, frontier, by_depth = 0, [root.id], defaultdict(list)
+    while frontier:
+        internal = [n for n in frontier if kids.get(n)]
+        by_depth[depth].extend(internal)
+        frontier = [c for n in internal for c in kids[n]]
+        depth += 1
+    levels = [by_depth[d] for d in sorted(by_depth, reverse=True) if by_depth[d]]
+    labels = {node.id: node.label for node in nodes if node.id in active}
+    children = {n: kids[n] for level in levels for n in level}
+    return TreePlan(root_id=root.id, levels=levels, children=children, labels=labels)
+
+
+def plan_tree(storage: MainStorage) -> TreePlan:
+    """Read the active tree of `storage` and group its internal nodes by level."""
+    return _plan(
+        storage.get_main_session(), storage.get_tree(), storage.list_sessions(), storage.tree_id
+    )
+
+
+async def aplan_tree(storage: MainStorage) -> TreePlan:
+    """Async twin of `plan_tree`."""
+    root = await storage.aget_main_session()
+    nodes, metas = await storage.aget_tree(), await storage.alist_sessions()
+    return _plan(root, nodes, metas, storage.tree_id)
+
+
+def _inputs(plan: TreePlan, node_id: str, l2s: dict[str, str | None]) -> list[ChildL2]:
+    return [
+        ChildL2(session_id=child, label=plan.labels.get(child, ""), l2=l2)
+        for child in plan.children.get(node_id, [])
+        if (l2 := l2s.get(child))
+    ]
+
+
+def _child_l2(storage: MainStorage, plan: TreePlan, child: str) -> str | None:
+    summary = storage.get_subtree_synthesis(child) if plan.is_internal(child) else None
+    return summary or storage.get_memory(child)
+
+
+async def _achild_l2(storage: MainStorage, plan: TreePlan, child: str) -> str | None:
+    summary = await storage.aget_subtree_synthesis(child) if plan.is_internal(child) else None
+    return summary or await storage.aget_memory(child)
+
+
+def _error(node_id: str, exc: Exception) -> IntegrationError:
+    return IntegrationError(
+        f"Integrating the subtree of {node_id!r} failed: {type(exc).__name__}: {exc}",
+        session_id=node_id,
+    )
+
+
+def integrate_node(
+    storage: MainStorage, plan: TreePlan, node_id: str, fn: IntegrateFn
+) -> IntegrationResult | None:
+    """Integrate the direct children of one node; `None` (no call) if none has an L2 yet.
+
+    The node's subtree synthesis (the main session's synthesis, for the root) and the
+    insights to its children are written in one transaction.
+    """
+    l2s = {c: _child_l2(storage, plan, c) for c in plan.children.get(node_id, [])}
+    inputs = _inputs(plan, node_id, l2s)
+    if not inputs:
+        return None
+    root = node_id == plan.root_id
+    current = storage.get_memory(node_id) if root else storage.get_subtree_synthesis(node_id)
+    try:
+        raw = call_sync(fn, inputs, current)
+    except StelloError:
+        raise
+    except Exception as exc:
+        raise _error(node_id, exc) from exc
+    result = check_integration(raw, inputs, node_id)
+    with storage.transaction():
+        if root:
+            storage.put_memory(node_id, result.synthesis)
+        else:
+            storage.put_subtree_synthesis(node_id, result.synthesis)
+        for session_id, insight in result.insights.items():
+            storage.put_insight(session_id, insight)
+    return result
+
+
+async def aintegrate_node(
+    storage: MainStorage, plan: TreePlan, node_id: str, fn: IntegrateFn
+) -> IntegrationResult | None:
+    """Async twin of `integrate_node`."""
+    l2s = {c: await _achild_l2(storage, plan, c) for c in plan.children.get(node_id, [])}
+    inputs = _inputs(plan, node_id, l2s)
+    if not inputs:
+        return None
+    root = node_id == plan.root_id
+    if root:
+        current = await storage.aget_memory(node_id)
+    else:
+        current = await storage.aget_subtree_synthesis(node_id)
+    try:
+        raw = await call_async(fn, inputs, current)
+    except StelloError:
+        raise
+    except Exception as exc:
+        raise _error(node_id, exc) from exc
+    result = check_integration(raw, inputs, node_id)
+    async with storage.atransaction():
+        if root:
+            await storage.aput_memory(node_id, result.synthesis)
+        else:
+            await storage.aput_subtree_synthesis(node_id, result.synthesis)
+        for session_id, insight in result.insights.items():
+            await storage.aput_insight(session_id, insight)
+    return result
