@@ -45,14 +45,25 @@ from stello_graph.errors import (
     TopologyError,
 )
 from stello_graph.main_session import MainSession
-from stello_graph.memory import ConsolidateFn, IntegrateFn, llm_consolidator, llm_integrator
+from stello_graph.compression import CompressionPolicy
+from stello_graph.memory import (
+    CompressFn,
+    ConsolidateFn,
+    IntegrateFn,
+    llm_compressor,
+    llm_consolidator,
+    llm_integrator,
+)
 from stello_graph.models import (
     ChildL2,
+    Compression,
     IntegrationResult,
     SendResult,
     SessionMeta,
     TopologyNode,
+    TreeIntegration,
 )
+from stello_graph.profiles import ForkProfile, SplitGuard, SplitGuardError, UnknownProfileError
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage, SessionStorage
 
@@ -62,6 +73,7 @@ if TYPE_CHECKING:
     from stello_graph.events import StelloEvent
     from stello_graph.graph import StelloState, build_stello_graph
     from stello_graph.schedule import BackgroundFailure, Schedule
+    from stello_graph.skills import Skill, SkillLoadError, load_skills
     from stello_graph.topology import Topology
 
 __version__ = "0.1.0"
@@ -78,6 +90,10 @@ _LAZY: dict[str, str] = {
     "BackgroundFailure": "stello_graph.schedule",
     "StelloEvent": "stello_graph.events",
     "Topology": "stello_graph.topology",
+    # skills (load YAML)
+    "Skill": "stello_graph.skills",
+    "SkillLoadError": "stello_graph.skills",
+    "load_skills": "stello_graph.skills",
 }
 
 __all__ = [
@@ -90,6 +106,13 @@ __all__ = [
     "BackgroundFailure",
     "StelloEvent",
     "Topology",
+    "TreeIntegration",
+    "ForkProfile",
+    "SplitGuard",
+    "Skill",
+    "load_skills",
+    "CompressionPolicy",
+    "Compression",
     # sessions
     "Session",
     "MainSession",
@@ -105,8 +128,10 @@ __all__ = [
     # memory functions
     "ConsolidateFn",
     "IntegrateFn",
+    "CompressFn",
     "llm_consolidator",
     "llm_integrator",
+    "llm_compressor",
     # storage
     "SessionStorage",
     "MainStorage",
@@ -139,6 +164,9 @@ __all__ = [
     "StorageError",
     "SchemaVersionError",
     "NotADatabaseError",
+    "UnknownProfileError",
+    "SplitGuardError",
+    "SkillLoadError",
     "__version__",
 ]
 

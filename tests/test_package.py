@@ -23,6 +23,9 @@ CORE_MODULES = [
     "stello_graph.session",
     "stello_graph.main_session",
     "stello_graph.memory",
+    "stello_graph.compression",
+    "stello_graph.profiles",
+    "stello_graph.skills",
     "stello_graph.testing",
     "stello_graph.checkpoints",
 ]
