@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from stello_graph._base import TurnContext
 from stello_graph._stream import AsyncSessionStream, SessionStream
+from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     ConsolidationError,
     DuplicateSessionError,
@@ -45,7 +46,6 @@ from stello_graph.errors import (
     TopologyError,
 )
 from stello_graph.main_session import MainSession
-from stello_graph.compression import CompressionPolicy
 from stello_graph.memory import (
     CompressFn,
     ConsolidateFn,
