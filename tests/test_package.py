@@ -101,11 +101,21 @@ def readme_python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 
-def test_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readme_example_is_short() -> None:
     blocks = readme_python_blocks()
     assert blocks, "README has no python example"
-    example = blocks[0]
-    assert len(example.strip().splitlines()) <= 10
+    assert len(blocks[0].strip().splitlines()) <= 10
+
+
+@pytest.mark.parametrize("index", range(len(readme_python_blocks())))
+def test_readme_examples_run(
+    index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {}
-    exec(compile(example, "README.md", "exec"), namespace)
+    namespace: dict[str, object] = {"__name__": "__readme__"}
+    exec(compile(readme_python_blocks()[index], f"README.md block {index}", "exec"), namespace)
+    assert capsys.readouterr().out.strip(), "every README example prints what it shows"
+    for value in list(namespace.values()):
+        close = getattr(value, "close", None)
+        if type(value).__name__ in {"StelloAgent", "SqliteMainStorage"} and callable(close):
+            close()
