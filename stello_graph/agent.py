@@ -219,11 +219,16 @@ class StelloAgent:
             split_guard=split_guard,
             compression=compression,
         )
-        main = self.storage.get_main_session()
-        if main is None:
-            self.main = MainSession.create(self.storage, system_prompt=system_prompt)
-        else:
-            self.main = MainSession.load(self.storage, session_id=main.id)
+        found = self.storage.get_main_session()
+        main_id = (
+            MainSession.create(self.storage, system_prompt=system_prompt).id
+            if found is None
+            else found.id
+        )
+        main = self.deps.session(main_id)
+        assert isinstance(main, MainSession)
+        self.main: MainSession = main
+        """The main session, with the agent's model, tools and integrate function."""
         self._owns_saver = checkpointer is None
         saver = _default_saver(self.storage) if checkpointer is None else checkpointer
         self.checkpointer: BaseCheckpointSaver[Any] | None = saver or None

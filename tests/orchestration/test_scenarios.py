@@ -429,3 +429,14 @@ def test_background_error_reaches_a_custom_stream(make_agent: AgentFactory) -> N
     reported = [i for i in items if i["event"] == "background_error"]
     # every failure is reported exactly once (the fourth turn's may still be pending)
     assert len(agent.failures(b)) - 1 <= len(reported) <= len(agent.failures(b))
+
+
+def test_agent_main_session_object_has_the_model(make_agent: AgentFactory) -> None:
+    agent = make_agent(
+        model=ScriptedChatModel(default="direct"),
+        integrate_fn=lambda children, current: IntegrationResult(synthesis="s"),
+    )
+    assert agent.main.send("hello").content == "direct"
+    child = agent.fork(agent.main_session_id, "c")
+    agent.storage.put_memory(child.id, "l2")
+    assert agent.main.integrate().synthesis == "s"
