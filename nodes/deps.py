@@ -6,6 +6,7 @@ makes one for you. Build one yourself to use the nodes in a graph of your own.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,12 +26,19 @@ from stello_graph.errors import (
 )
 from stello_graph.events import EventBus
 from stello_graph.main_session import MainSession
-from stello_graph.memory import CompressFn, ConsolidateFn, IntegrateFn, llm_compressor
+from stello_graph.memory import (
+    CompressFn,
+    ConsolidateFn,
+    IntegrateFn,
+    llm_compressor,
+    llm_consolidator,
+    llm_integrator,
+)
 from stello_graph.models import SessionMeta
 from stello_graph.profiles import ForkProfile, SplitGuard, UnknownProfileError
 from stello_graph.schedule import Schedule, Scheduler
 from stello_graph.session import Session
-from stello_graph.skills import Skill
+from stello_graph.skills import Skill, load_skills
 from stello_graph.storage import MainStorage
 
 __all__ = ["BUILTIN_TOOLS", "StelloDeps", "tool_error_message"]
@@ -75,12 +83,14 @@ class StelloDeps:
         builtin_tools: built-in tools to add (`"create_session"`; `"activate_skill"` is
             added whenever skills are registered).
         max_tool_rounds: tool rounds one turn may take before it fails.
-        consolidate_fn: consolidate function of the consolidate node and the scheduler.
-        integrate_fn: integrate function of the integrate node and the scheduler.
+        consolidate_fn: consolidate function of the consolidate node and the scheduler
+            (default, when there is a model: `llm_consolidator(model)`).
+        integrate_fn: integrate function of the integrate node and the scheduler
+            (default, when there is a model: `llm_integrator(model)`).
         schedule: background work after turns (`None`: none).
         store: a LangGraph store that L2, synthesis and insights are also published to.
         profiles: fork profiles by name (or a list of `ForkProfile`).
-        skills: skills by name (or a list of `Skill`).
+        skills: skills by name (or a list of `Skill`, or a folder of `SKILL.md` files).
         split_guard: limits on forks the model makes itself.
         compression: automatic context compression of every session.
         bus: where events go besides the `custom` stream.
@@ -120,7 +130,12 @@ class StelloDeps:
             raise InvalidInputError(
                 f"Unknown built-in tool(s) {unknown!r}; available: {list(BUILTIN_TOOLS)}."
             )
+        if self.model is not None:  # LLM-backed memory functions unless given
+            self.consolidate_fn = self.consolidate_fn or llm_consolidator(self.model)
+            self.integrate_fn = self.integrate_fn or llm_integrator(self.model)
         self.profile_map = _by_name(self.profiles, "profile")
+        if isinstance(self.skills, str | os.PathLike):
+            self.skills = load_skills(self.skills)
         self.skill_map = _by_name(self.skills, "skill")
         from stello_graph.nodes.builtin_tools import BuiltinTools
 

@@ -39,7 +39,7 @@ from stello_graph.errors import InvalidInputError, NodeNotFoundError
 from stello_graph.events import StelloEvent, emit
 from stello_graph.graph import build_graph
 from stello_graph.main_session import MainSession
-from stello_graph.memory import ConsolidateFn, IntegrateFn, llm_consolidator, llm_integrator
+from stello_graph.memory import ConsolidateFn, IntegrateFn
 from stello_graph.models import IntegrationResult, SessionMeta, TopologyNode, TreeIntegration
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.forking import SKILLS_KEY
@@ -47,7 +47,7 @@ from stello_graph.nodes.scheduling import on_archive, on_switch
 from stello_graph.profiles import ForkProfile, SplitGuard
 from stello_graph.schedule import BackgroundFailure, Schedule
 from stello_graph.session import Session
-from stello_graph.skills import Skill, check_allow_list, load_skills
+from stello_graph.skills import Skill, check_allow_list
 from stello_graph.storage import MainStorage
 from stello_graph.topology import Topology
 
@@ -210,12 +210,12 @@ class StelloAgent:
             tools=tools,
             builtin_tools=builtin_tools,
             max_tool_rounds=max_tool_rounds,
-            consolidate_fn=consolidate_fn or llm_consolidator(model),
-            integrate_fn=integrate_fn or llm_integrator(model),
+            consolidate_fn=consolidate_fn,
+            integrate_fn=integrate_fn,
             schedule=schedule,
             store=store,
             profiles=profiles,
-            skills=load_skills(skills) if isinstance(skills, str | os.PathLike) else skills,
+            skills=skills,
             split_guard=split_guard,
             compression=compression,
         )

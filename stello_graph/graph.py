@@ -179,16 +179,14 @@ def build_stello_graph(
         split_guard: limits on forks the model makes itself.
         compression: automatic context compression of every session.
     """
-    from stello_graph.memory import llm_consolidator, llm_integrator
-
     deps = StelloDeps(
         storage=storage,
         model=model,
         tools=tools,
         builtin_tools=builtin_tools,
         max_tool_rounds=max_tool_rounds,
-        consolidate_fn=consolidate_fn or llm_consolidator(model),
-        integrate_fn=integrate_fn or llm_integrator(model),
+        consolidate_fn=consolidate_fn,
+        integrate_fn=integrate_fn,
         schedule=schedule,
         store=store,
         profiles=profiles,
