@@ -207,7 +207,7 @@ def _star_svg(star: Star, label: str | None, scale: float, centre: float, leaf: 
     ]
     if label:
         font = (13 if star.depth == 0 else 11) * scale
-        x, y, anchor = _label_anchor(star, font, centre, leaf)
+        x, y, anchor = _label_anchor(star, font, centre, leaf, len(label))
         parts.append(
             f'<text class="label" x="{x:.1f}" y="{y:.1f}" font-size="{font:.1f}"'
             f' text-anchor="{anchor}" fill="{_LABEL}">{_text(label)}</text>'
@@ -216,19 +216,22 @@ def _star_svg(star: Star, label: str | None, scale: float, centre: float, leaf: 
 
 
 def _label_anchor(
-    star: Star, font: float, centre: float, outward: bool
+    star: Star, font: float, centre: float, outward: bool, chars: int
 ) -> tuple[float, float, str]:
     """Where a label goes: a leaf's runs outward, away from every edge; a parent's sits
-    under (or over) its star, clear of the edges to its children further out."""
+    under (or over) its star, clear of the edges to its children further out. Either way it
+    stays on the map (its width is estimated: there is no font metrics without a browser)."""
     dx, dy = star.x - centre, star.y - centre
     distance = math.hypot(dx, dy)
     cos, sin = (dx / distance, dy / distance) if distance else (0.0, 1.0)
-    gap = star.radius + font * 0.3
+    gap, width = star.radius + font * 0.3, chars * font * 0.6
     if outward and abs(cos) > 0.35:
-        anchor = "start" if cos > 0 else "end"
-        return star.x + math.copysign(gap, cos), star.y + font * 0.35, anchor
-    below = sin >= 0
-    return star.x, star.y + (gap + font * 0.8 if below else -gap), "middle"
+        x = star.x + math.copysign(gap, cos)
+        if (x + width <= 2 * centre) if cos > 0 else (x - width >= 0):
+            return x, star.y + font * 0.35, "start" if cos > 0 else "end"
+    half = min(width / 2, centre)
+    x = min(max(star.x, half), 2 * centre - half)
+    return x, star.y + (gap + font * 0.8 if sin >= 0 else -gap), "middle"
 
 
 def _edges_svg(stars: list[Star], scale: float) -> Iterator[str]:
@@ -300,40 +303,36 @@ def render_topology(
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InvalidInputError(f"{name} must be an int >= {low}, got {value!r}.")
     stars = layout(tree, size=size)
-    scale = size / 640
-    head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{size:g}" height="{size:g}"'
-        f' viewBox="0 0 {size:g} {size:g}" role="img" font-family="sans-serif">'
-        f"<title>stello-graph topology: {_text(_legend(stars))}</title>"
-        f'<rect class="sky" width="100%" height="100%" fill="{_SKY}"/>'
+    scale, legend = size / 640, _text(_legend(stars))
+    return "".join(
+        [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{size:g}" height="{size:g}"'
+            f' viewBox="0 0 {size:g} {size:g}" role="img" font-family="sans-serif">'
+            f"<title>stello-graph topology: {legend}</title>"
+            f'<rect class="sky" width="100%" height="100%" fill="{_SKY}"/><g class="orbits">',
+            *_orbits_svg(stars, size),
+            '</g><g class="edges">',
+            *_edges_svg(stars, scale),
+            '</g><g class="sessions">',
+            *_stars_svg(stars, size, max_labels, label_chars),
+            f'</g><text class="legend" x="{8 * scale:.1f}" y="{size - 8 * scale:.1f}"'
+            f' font-size="{10 * scale:.1f}" fill="{_EDGE}">{legend}</text></svg>',
+        ]
     )
+
+
+def _stars_svg(stars: list[Star], size: float, max_labels: int, label_chars: int) -> list[str]:
+    """Every star, drawn children first, so parents (and the sun) sit on top."""
     parents = {star.node.parent_id for star in stars}
     deepest = _labelled_depth(stars, max_labels)
-    sessions = [
+    drawn = [
         _star_svg(
             star,
             _short(star.node.label, label_chars) if star.depth <= deepest else None,
-            scale,
+            size / 640,
             size / 2,
             star.node.id not in parents,
         )
         for star in stars
     ]
-    legend = (
-        f'<text class="legend" x="{8 * scale:.1f}" y="{size - 8 * scale:.1f}"'
-        f' font-size="{10 * scale:.1f}" fill="{_EDGE}">{_text(_legend(stars))}</text>'
-    )
-    return "".join(
-        [
-            head,
-            '<g class="orbits">',
-            *_orbits_svg(stars, size),
-            '</g><g class="edges">',
-            *_edges_svg(stars, scale),
-            '</g><g class="sessions">',
-            *reversed(sessions),  # parents over their children
-            "</g>",
-            legend,
-            "</svg>",
-        ]
-    )
+    return drawn[::-1]

@@ -205,3 +205,15 @@ def test_topology_reads_turns_and_renders_itself() -> None:
     assert tree.to_dict()["nodes"][1]["turns"] == 3
     assert tree._repr_svg_() == render_topology(tree)
     assert sessions(parse(tree.render_svg(size=300)))["a"].attrib["data-turns"] == "3"
+
+
+def test_labels_stay_on_the_map() -> None:
+    long = "A rather long branch name"
+    tree = TreeBuilder().add("m", None, "Main").add("r", "m", long).add("l", "m", long)
+    root = parse(render_topology(tree.build(), size=400, label_chars=40))
+    for group in sessions(root).values():
+        text = group.find("svg:text", NS)
+        assert text is not None
+        x, width = float(text.attrib["x"]), len(text.text or "") * 11 * 400 / 640 * 0.6
+        start = {"start": x, "end": x - width, "middle": x - width / 2}[text.attrib["text-anchor"]]
+        assert start >= 0 and start + width <= 400, (text.text, text.attrib)
