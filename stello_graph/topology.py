@@ -110,6 +110,13 @@ class Topology:
     def __str__(self) -> str:
         return self.render_text()
 
+    def __repr__(self) -> str:
+        # Short on purpose: notebooks compute it for every displayed tree, whatever its size.
+        root = self.root
+        archived = sum(meta.status == "archived" for meta in self.sessions.values())
+        label = repr(root.label) if root is not None else "none"
+        return f"<Topology: {len(self.nodes)} sessions, {archived} archived, root {label}>"
+
     def render_svg(self, **options: Any) -> str:
         """The star map of the tree, as standalone SVG (see `starmap.render_topology`)."""
         from stello_graph.starmap import render_topology

@@ -217,3 +217,10 @@ def test_labels_stay_on_the_map() -> None:
         x, width = float(text.attrib["x"]), len(text.text or "") * 11 * 400 / 640 * 0.6
         start = {"start": x, "end": x - width, "middle": x - width / 2}[text.attrib["text-anchor"]]
         assert start >= 0 and start + width <= 400, (text.text, text.attrib)
+
+
+def test_jupyter_shows_a_topology_as_its_star_map(flat: Topology) -> None:
+    formatters = pytest.importorskip("IPython.core.formatters")
+    shown, _ = formatters.DisplayFormatter().format(flat)
+    assert set(sessions(parse(shown["image/svg+xml"]))) == {"m", "a", "b", "c"}
+    assert shown["text/plain"] == "<Topology: 4 sessions, 1 archived, root 'Main Session'>"
