@@ -93,6 +93,8 @@ def _question(label: str) -> str:
 
 def _fresh(db: Path) -> None:
     """Remove a previous demo database; refuse any other file."""
+    if not db.parent.is_dir():
+        raise InvalidInputError(f"Cannot create {str(db)!r}: no directory {str(db.parent)!r}.")
     if db.exists() and db.stat().st_size > 0:
         from stello_graph.checkpoints import SqliteMainStorage
         from stello_graph.cli._common import probe_database

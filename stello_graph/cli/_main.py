@@ -116,6 +116,8 @@ def _run_demo(
 
 
 def _writable_db(path: Path) -> None:
+    if not path.parent.is_dir():
+        raise CliError(f"cannot create {str(path)!r}: no directory {str(path.parent)!r}.")
     kind, _ = probe_database(path)
     if kind in ("directory", "not-sqlite"):
         label = "is a directory" if kind == "directory" else "is not a SQLite database"

@@ -245,6 +245,8 @@ def test_chat_refuses_a_file_that_is_not_a_database(cli: RunCli, tmp_path: Path)
     run = cli("chat", "--db", str(path), "--model", "scripted")
     assert run.code == 2 and "is not a SQLite database" in run.err
     assert path.read_text() == "not a database"
+    run = cli("chat", "--db", str(tmp_path / "no" / "such.db"), "--model", "scripted")
+    assert run.code == 2 and "no directory" in run.err
 
 
 def test_a_failing_model_is_an_error_line_not_a_crash(cli: RunCli, tmp_path: Path) -> None:

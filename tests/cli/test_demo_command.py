@@ -57,6 +57,8 @@ def test_demo_never_overwrites_a_file_it_did_not_make(
     with SqliteMainStorage(demo_db) as storage:
         storage.put_global(demo.MARK, None)  # now just someone's stello database
     assert cli("demo", "--db", str(demo_db)).code == 2
+    run = cli("demo", "--db", str(tmp_path / "missing" / "d.db"))
+    assert run.code == 2 and "no directory" in run.err
 
 
 def _provider_like(messages: list[BaseMessage]) -> str:
