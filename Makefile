@@ -31,7 +31,7 @@ type: $(STAMP)
 check: lint type test
 
 demo: $(STAMP)
-	$(BIN)/python -m stello_graph.demo
+	$(BIN)/stello-graph demo
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache

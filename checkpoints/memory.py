@@ -208,6 +208,8 @@ class InMemoryMainStorage(StorageShell):
         session = self._session(session_id)
         messages = [decode_message(data) for _, data in records]
         self._set(session, "records", [*session.records, *messages])
+        if records:  # new records are an update of the session: they move `updated_at`
+            self._set(session, "row", (*session.row[:7], at))
         if user_turn:
             self._set(session, "turn_count", session.turn_count + 1)
         return len(session.records)

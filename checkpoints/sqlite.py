@@ -222,9 +222,10 @@ class SqliteMainStorage(StorageShell):
             ],
         )
         self._q(
-            f"""UPDATE {SESSIONS} SET next_seq = ?, turn_count = turn_count + ?
+            f"""UPDATE {SESSIONS} SET next_seq = ?, turn_count = turn_count + ?,
+                updated_at = COALESCE(?, updated_at)
             WHERE tree_id = ? AND id = ?""",
-            (first + len(records), int(user_turn), tree, session_id),
+            (first + len(records), int(user_turn), at if records else None, tree, session_id),
         )
         self._cache.extend(session_id, lambda: [decode_message(data) for _, data in records])
         return self._op_count(session_id)

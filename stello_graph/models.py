@@ -60,6 +60,7 @@ class SessionMeta(BaseModel):
     """Free-form JSON-serialisable data of the application."""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
+    """When the session last changed: its meta, or records appended to its L3."""
 
 
 class TopologyNode(BaseModel):

@@ -86,7 +86,8 @@ class SessionStorage(Protocol):
         """Append messages to L3 atomically; return the number of records afterwards.
 
         `user_turn=True` also counts one user turn, in the same write, so the count can
-        never drift from the records.
+        never drift from the records. Appending at least one record moves the session's
+        `updated_at` to now.
         """
         ...
 

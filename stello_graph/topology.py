@@ -1,7 +1,8 @@
-"""`Topology`: a snapshot of the tree for display (text here; SVG in notebooks).
+"""`Topology`: a snapshot of the tree for display: text, and SVG (`stello_graph.starmap`).
 
-It holds only what a view needs — nodes, and the label/status/role of each session — so
-drawing a tree never loads a session's records.
+It holds only what a view needs — nodes, the meta of each session and its number of turns —
+so drawing a tree never loads a session's records. In Jupyter a `Topology` shows itself as
+its star map.
 """
 
 from __future__ import annotations
@@ -24,24 +25,29 @@ class Topology:
     Attributes:
         nodes: every node, parents before children, siblings in creation order.
         sessions: the meta of each node's session, by id.
+        turns: the number of user turns of each node's session, by id.
     """
 
     nodes: tuple[TopologyNode, ...]
     sessions: Mapping[str, SessionMeta] = field(default_factory=dict)
+    turns: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def read(cls, storage: MainStorage) -> Topology:
         """Read the whole tree of `storage`."""
         nodes = tuple(storage.get_tree())
         metas = {m.id: m for m in storage.list_sessions()}
-        return cls(nodes, {n.id: metas[n.id] for n in nodes if n.id in metas})
+        sessions = {n.id: metas[n.id] for n in nodes if n.id in metas}
+        return cls(nodes, sessions, {sid: storage.get_turn_count(sid) for sid in sessions})
 
     @classmethod
     async def aread(cls, storage: MainStorage) -> Topology:
         """Async twin of `read`."""
         nodes = tuple(await storage.aget_tree())
         metas = {m.id: m for m in await storage.alist_sessions()}
-        return cls(nodes, {n.id: metas[n.id] for n in nodes if n.id in metas})
+        sessions = {n.id: metas[n.id] for n in nodes if n.id in metas}
+        turns = {sid: await storage.aget_turn_count(sid) for sid in sessions}
+        return cls(nodes, sessions, turns)
 
     @property
     def root(self) -> TopologyNode | None:
@@ -104,8 +110,26 @@ class Topology:
     def __str__(self) -> str:
         return self.render_text()
 
+    def __repr__(self) -> str:
+        # Short on purpose: notebooks compute it for every displayed tree, whatever its size.
+        root = self.root
+        archived = sum(meta.status == "archived" for meta in self.sessions.values())
+        label = repr(root.label) if root is not None else "none"
+        return f"<Topology: {len(self.nodes)} sessions, {archived} archived, root {label}>"
+
+    def render_svg(self, **options: Any) -> str:
+        """The star map of the tree, as standalone SVG (see `starmap.render_topology`)."""
+        from stello_graph.starmap import render_topology
+
+        return render_topology(self, **options)
+
+    def _repr_svg_(self) -> str:
+        """Jupyter shows a `Topology` as its star map."""
+        return self.render_svg()
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable form: nodes with their session's label, role and status."""
+        """A JSON-serialisable form: nodes with their session's label, role, status, turns
+        and last change (ISO 8601)."""
         out: list[dict[str, Any]] = []
         for node in self.nodes:
             meta = self.sessions.get(node.id)
@@ -116,6 +140,8 @@ class Topology:
                     "label": node.label,
                     "role": meta.role if meta else None,
                     "status": meta.status if meta else None,
+                    "turns": self.turns.get(node.id, 0),
+                    "updated_at": meta.updated_at.isoformat() if meta else None,
                 }
             )
         return {"nodes": out}

@@ -161,3 +161,13 @@ async def test_megabyte_message_round_trip(api: Api, session: str) -> None:
     await api("append_records", session, [HumanMessage(text), big])
     assert await api("list_records", session) == [HumanMessage(text), big]
     assert await api("list_records", session, role="ai", limit=1) == [big]
+
+
+async def test_appending_records_moves_updated_at(api: Api, session: str) -> None:
+    before = await api("get_session", session)
+    await api("append_records", session, [])
+    assert await api("get_session", session) == before
+    await api("append_records", session, conversation(1), user_turn=True)
+    after = await api("get_session", session)
+    assert after.updated_at > before.updated_at
+    assert after.model_copy(update={"updated_at": before.updated_at}) == before

@@ -35,13 +35,13 @@ async def test_sql_metacharacters_and_unicode_round_trip(api: Api) -> None:
     await api("put_system_prompt", NASTY, NASTY)
     await api("put_insight", NASTY, NASTY)
     await api("put_memory", NASTY, NASTY)
-    await api("append_records", NASTY, [HumanMessage(NASTY)])
     await api("put_global", NASTY, {NASTY: [NASTY]})
     assert await api("get_session", NASTY) == meta
     assert await api("list_sessions", tags=[NASTY]) == [meta]
     assert await api("get_system_prompt", NASTY) == NASTY
     assert await api("get_insight", NASTY) == NASTY
     assert await api("get_memory", NASTY) == NASTY
+    await api("append_records", NASTY, [HumanMessage(NASTY)])  # (moves updated_at)
     assert await api("list_records", NASTY) == [HumanMessage(NASTY)]
     assert await api("get_global", NASTY) == {NASTY: [NASTY]}
     assert await api("get_session", "Robert") is None

@@ -1,0 +1,213 @@
+"""The command line: parse it, run the command, turn failures into messages and exit codes.
+
+Exit codes: 0 done; 1 the command failed at run time (a model or storage error); 2 bad usage
+or input (unknown option, a file that is not a stello-graph database, no model configured);
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from stello_graph.cli._common import USAGE_ERROR, CliError, Console, probe_database
+from stello_graph.cli._provider import ProviderSettings, build_chat_model
+from stello_graph.errors import InvalidInputError, StelloError
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+
+__all__ = ["build_parser", "main"]
+
+DEMO_DB = "stello-demo.db"
+CHAT_DB = "stello.db"
+
+Runner = Callable[[argparse.Namespace, Console, Mapping[str, str], "BaseChatModel | None"], int]
+
+
+def _version() -> str:
+    from stello_graph import __version__
+
+    return __version__
+
+
+def _model_options(parser: argparse.ArgumentParser, default_help: str) -> None:
+    parser.add_argument(
+        "--model",
+        metavar="NAME",
+        help=f"chat model name (env STELLO_MODEL); 'scripted' is offline. {default_help}",
+    )
+    parser.add_argument(
+        "--base-url",
+        metavar="URL",
+        help="OpenAI-compatible endpoint (env OPENAI_BASE_URL); key from OPENAI_API_KEY",
+    )
+
+
+def _db_options(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--db", metavar="FILE", default=default, help=f"default: {default}")
+    parser.add_argument(
+        "--tree-id", metavar="ID", default="default", help="which tree of the file (default)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `stello-graph` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="stello-graph",
+        description="Session topology for LangGraph: a tree of focused conversations.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser("demo", help="a guided walkthrough (offline by default)")
+    demo.add_argument("--db", metavar="FILE", default=DEMO_DB, help=f"default: {DEMO_DB}")
+    _model_options(demo, "Default: scripted.")
+    demo.set_defaults(run=_run_demo)
+    chat = commands.add_parser("chat", help="chat over a topology in the terminal")
+    _db_options(chat, CHAT_DB)
+    _model_options(chat, "Required.")
+    chat.add_argument(
+        "--manual", action="store_true", help="no background work: only /consolidate, /integrate"
+    )
+    chat.set_defaults(run=_run_chat)
+    tree = commands.add_parser("tree", help="print a stored tree; write its star map (SVG)")
+    _db_options(tree, CHAT_DB)
+    tree.add_argument("--svg", metavar="OUT", help="write the star map to OUT ('-': stdout)")
+    tree.add_argument("--size", type=int, default=640, help="star map size in pixels")
+    tree.set_defaults(run=_run_tree)
+    export = commands.add_parser("export", help="print a stored tree as JSON")
+    _db_options(export, CHAT_DB)
+    export.add_argument("--records", action="store_true", help="include every L3 record")
+    export.set_defaults(run=_run_export)
+    return parser
+
+
+# -- commands -------------------------------------------------------------------------------
+def _run_tree(
+    args: argparse.Namespace, console: Console, env: Mapping[str, str], model: BaseChatModel | None
+) -> int:
+    from stello_graph.cli._inspect import run_tree
+
+    return run_tree(args, console)
+
+
+def _run_export(
+    args: argparse.Namespace, console: Console, env: Mapping[str, str], model: BaseChatModel | None
+) -> int:
+    from stello_graph.cli._inspect import run_export
+
+    return run_export(args, console)
+
+
+def _run_demo(
+    args: argparse.Namespace, console: Console, env: Mapping[str, str], model: BaseChatModel | None
+) -> int:
+    settings = ProviderSettings.from_env(env, model=args.model, base_url=args.base_url)
+    if model is None and settings.model is not None and not settings.offline:
+        model = build_chat_model(settings)
+    from stello_graph import demo
+
+    demo.run(console.stdout, Path(args.db), model=model)
+    return 0
+
+
+def _writable_db(path: Path) -> None:
+    if not path.parent.is_dir():
+        raise CliError(f"cannot create {str(path)!r}: no directory {str(path.parent)!r}.")
+    kind, _ = probe_database(path)
+    if kind in ("directory", "not-sqlite"):
+        label = "is a directory" if kind == "directory" else "is not a SQLite database"
+        raise CliError(f"{str(path)!r} {label}; name another file with --db FILE.")
+
+
+def _run_chat(
+    args: argparse.Namespace, console: Console, env: Mapping[str, str], model: BaseChatModel | None
+) -> int:
+    settings = ProviderSettings.from_env(env, model=args.model, base_url=args.base_url)
+    consolidate_fn = integrate_fn = None
+    if model is not None:
+        name = str(getattr(model, "model_name", None) or getattr(model, "name", None) or "model")
+    elif settings.offline:
+        from stello_graph.cli import _offline
+
+        model, name = _offline.echo_model(), "scripted (offline echo)"
+        consolidate_fn, integrate_fn = _offline.summarise, _offline.integrate
+    else:
+        model = build_chat_model(settings)
+        name = f"{settings.model} at {settings.endpoint}"
+    db = Path(args.db)
+    _writable_db(db)
+    from stello_graph.agent import StelloAgent
+    from stello_graph.cli._chat import ChatRepl
+    from stello_graph.schedule import Schedule
+
+    schedule = None if args.manual else Schedule(
+        consolidate_every_n_turns=5, consolidate_on_switch=True, integrate_after_consolidate=True
+    )  # fmt: skip
+    agent = StelloAgent(
+        model=model,
+        storage=db,
+        tree_id=args.tree_id,
+        consolidate_fn=consolidate_fn,
+        integrate_fn=integrate_fn,
+        schedule=schedule,
+    )
+    console.say(console.dim(f"Database: {db.resolve()} (tree {args.tree_id!r})"))
+    return ChatRepl(agent, console, model_name=name).run()
+
+
+# -- entry point ----------------------------------------------------------------------------
+def _parse(argv: Sequence[str] | None, console: Console) -> argparse.Namespace | int:
+    """The parsed arguments, or the exit code when argparse ended the run (help, errors)."""
+    try:
+        with redirect_stdout(console.stdout), redirect_stderr(console.stderr):
+            return build_parser().parse_args(argv)
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else USAGE_ERROR
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    env: Mapping[str, str] | None = None,
+    model: BaseChatModel | None = None,
+) -> int:
+    """Run `stello-graph` with `argv` (default: the process's arguments).
+
+    Args:
+        argv: the arguments, without the program name.
+        stdin / stdout / stderr: the streams to use (default: the process's).
+        env: the environment to read settings from (default: `os.environ`).
+        model: the chat model for `chat` and `demo`, instead of the one the options and the
+            environment name (for programs that embed the command, and for tests).
+
+    Returns:
+        The exit code.
+    """
+    env = os.environ if env is None else env
+    console = Console.open(stdin, stdout, stderr, env)
+    args = _parse(argv, console)
+    if isinstance(args, int):
+        return args
+    run: Runner = args.run
+    try:
+        return run(args, console, env, model)
+    except CliError as exc:
+        console.error(str(exc))
+        return exc.code
+    except InvalidInputError as exc:
+        console.error(str(exc))
+        return USAGE_ERROR
+    except StelloError as exc:
+        console.error(f"{type(exc).__name__}: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        console.error("interrupted.")
+        return 130

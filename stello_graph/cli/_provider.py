@@ -1,0 +1,109 @@
+"""Which chat model a command uses, chosen without code: options and environment variables.
+
+* `--model scripted` (or no model at all, for the demo): offline, no provider.
+* `--model NAME` (or `STELLO_MODEL=NAME`) with `OPENAI_BASE_URL` (or `--base-url`): any
+  OpenAI-compatible server — a local Ollama, vLLM or llama.cpp server, or a hosted one.
+  `OPENAI_API_KEY` is sent when set (local servers accept any key).
+* `--model NAME` with only `OPENAI_API_KEY`: OpenAI itself.
+
+`langchain-openai` is imported only when a provider model is built, so commands that need no
+model start fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from stello_graph.cli._common import CliError
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+
+__all__ = ["NOT_CONFIGURED", "SCRIPTED", "ProviderSettings", "build_chat_model"]
+
+SCRIPTED = "scripted"
+"""The model name of the offline, scripted model."""
+
+LOCAL_API_KEY = "not-needed"
+"""The key sent to a server at `OPENAI_BASE_URL` when `OPENAI_API_KEY` is not set."""
+
+NOT_CONFIGURED = """\
+no chat model configured. Choose one:
+  a local OpenAI-compatible server (Ollama, vLLM, llama.cpp, ...):
+    OPENAI_BASE_URL=http://127.0.0.1:11434/v1 stello-graph chat --model llama3.2
+  OpenAI:
+    OPENAI_API_KEY=sk-... stello-graph chat --model gpt-4o-mini
+  offline, with a scripted model that echoes you:
+    stello-graph chat --model scripted
+(`STELLO_MODEL=NAME` works like `--model NAME`.)"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProviderSettings:
+    """What the command line and the environment say about the model.
+
+    Attributes:
+        model: the model name (`--model`, else `STELLO_MODEL`); `None` when not given.
+        base_url: the server's OpenAI-compatible base URL (`--base-url`, else
+            `OPENAI_BASE_URL`).
+        api_key: `OPENAI_API_KEY`, if set.
+    """
+
+    model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str], *, model: str | None = None, base_url: str | None = None
+    ) -> ProviderSettings:
+        """Options first, then the environment; empty values count as unset."""
+        return cls(
+            model=(model or env.get("STELLO_MODEL") or "").strip() or None,
+            base_url=(base_url or env.get("OPENAI_BASE_URL") or "").strip() or None,
+            api_key=env.get("OPENAI_API_KEY") or None,
+        )
+
+    @property
+    def offline(self) -> bool:
+        """Whether the scripted model was asked for by name."""
+        return self.model == SCRIPTED
+
+    @property
+    def endpoint(self) -> str:
+        """Where requests go, for messages (never the key)."""
+        return self.base_url or "OpenAI (api.openai.com)"
+
+
+def build_chat_model(settings: ProviderSettings) -> BaseChatModel:
+    """A `ChatOpenAI` for `settings` (which must name a provider model).
+
+    Raises:
+        CliError: no model name, or no endpoint to send it to.
+    """
+    if settings.model is None and (settings.base_url or settings.api_key):
+        variable = "OPENAI_BASE_URL" if settings.base_url else "OPENAI_API_KEY"
+        raise CliError(f"{variable} is set: name the model with --model NAME (or STELLO_MODEL).")
+    if settings.model is None or settings.offline:
+        raise CliError(NOT_CONFIGURED)
+    if settings.base_url is None and settings.api_key is None:
+        raise CliError(
+            f"--model {settings.model} needs a server: set OPENAI_BASE_URL (or --base-url) "
+            "to an OpenAI-compatible endpoint, or OPENAI_API_KEY for OpenAI."
+        )
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError as exc:  # pragma: no cover - a dependency of stello-graph
+        raise CliError(f"langchain-openai is needed for --model: {exc}") from exc
+    from pydantic import SecretStr
+
+    return ChatOpenAI(
+        model=settings.model,
+        base_url=settings.base_url,
+        api_key=SecretStr(settings.api_key or LOCAL_API_KEY),
+        stream_usage=True,
+        timeout=120,
+        max_retries=1,
+    )

@@ -1,0 +1,338 @@
+"""The star map: a topology drawn as standalone SVG, with no JavaScript.
+
+The main session is the sun at the centre; the other sessions orbit it on one ring per depth,
+each subtree in its own angular sector (as wide as its share of the tree's leaves), with an
+edge from every parent to its children. A session's star grows with its number of turns (its
+area is proportional to them), shines brighter the more recently it changed (its rank among
+the tree's sessions, from dim to bright), and is greyed out and dashed once archived. Hovering a
+star shows its label, id, turns and status (an SVG `<title>`), so a large tree stays readable
+when its labels are thinned out.
+
+Example:
+    >>> from stello_graph.models import TopologyNode
+    >>> from stello_graph.topology import Topology
+    >>> tree = Topology((TopologyNode(id="m"), TopologyNode(id="a", parent_id="m", label="Ideas")))
+    >>> svg = render_topology(tree, size=320)
+    >>> svg.startswith("<svg") and "Ideas" in svg
+    True
+"""
+
+from __future__ import annotations
+
+import colorsys
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from xml.sax.saxutils import escape
+
+from stello_graph.errors import InvalidInputError
+from stello_graph.models import TopologyNode
+
+if TYPE_CHECKING:
+    from stello_graph.topology import Topology
+
+__all__ = ["ARCHIVED_OPACITY", "Star", "layout", "render_topology"]
+
+ARCHIVED_OPACITY = 0.35
+"""Opacity of an archived session's star, label and edge."""
+
+_SKY = "#0b1021"
+_ORBIT = "#27304d"
+_EDGE = "#5b6b99"
+_LABEL = "#d8deef"
+_ARCHIVED = "#8a8f98"
+_MAIN_HUE, _STAR_HUE = 0.12, 0.58  # gold sun, blue stars
+_MIN_BRIGHTNESS = 0.35
+# XML 1.0 forbids these code points even escaped (control characters, lone surrogates, ...).
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+@dataclass(frozen=True, slots=True)
+class Star:
+    """Where and how one session is drawn.
+
+    Attributes:
+        node: the session's topology node.
+        depth: 0 for the main session, 1 for its children, ...
+        x, y: the centre of its star, in SVG user units.
+        radius: the radius of its star.
+        brightness: from `0.35` (least recently changed) to `1.0` (most recently).
+        turns: its number of user turns.
+        archived: whether the session is archived.
+    """
+
+    node: TopologyNode
+    depth: int
+    x: float
+    y: float
+    radius: float
+    brightness: float
+    turns: int
+    archived: bool
+
+
+def _tree_shape(tree: Topology) -> tuple[TopologyNode, dict[str, list[TopologyNode]]]:
+    """The root and every node's children; extra roots and orphans hang under the root."""
+    nodes = list(tree.nodes)
+    root = next((n for n in nodes if n.parent_id is None), nodes[0])
+    known = {n.id for n in nodes}
+    kids: dict[str, list[TopologyNode]] = {n.id: [] for n in nodes}
+    for node in nodes:
+        if node.id == root.id:
+            continue
+        parent = node.parent_id if node.parent_id in known else root.id
+        kids[parent or root.id].append(node)
+    return root, kids
+
+
+def _breadth_first(
+    root: TopologyNode, kids: dict[str, list[TopologyNode]]
+) -> Iterator[tuple[TopologyNode, int]]:
+    level, depth, seen = [root], 0, {root.id}
+    while level:
+        yield from ((node, depth) for node in level)
+        level = [k for n in level for k in kids[n.id] if k.id not in seen]
+        seen.update(k.id for k in level)
+        depth += 1
+
+
+def _angles(
+    order: list[tuple[TopologyNode, int]], kids: dict[str, list[TopologyNode]]
+) -> dict[str, tuple[float, float]]:
+    """`(angle, sector width)` of each node: a subtree's sector is shared by its children in
+    proportion to their leaves, so every subtree keeps its own slice of the sky."""
+    leaves: dict[str, int] = {}
+    for node, _ in reversed(order):
+        leaves[node.id] = sum(leaves.get(k.id, 0) for k in kids[node.id]) or 1
+    root = order[0][0]
+    sectors = {root.id: (-math.pi / 2, 2 * math.pi)}  # start at the top, go clockwise
+    placed = {root.id: (-math.pi / 2, 2 * math.pi)}
+    for node, _ in order:
+        start, width = sectors[node.id]
+        total = sum(leaves[k.id] for k in kids[node.id])
+        for kid in kids[node.id]:
+            share = width * leaves[kid.id] / total
+            sectors[kid.id] = (start, share)
+            placed[kid.id] = (start + share / 2, share)
+            start += share
+    return placed
+
+
+def _brightness(tree: Topology) -> dict[str, float]:
+    """Recency rank of each session, from `_MIN_BRIGHTNESS` (oldest change) to 1 (newest)."""
+    times = sorted({meta.updated_at for meta in tree.sessions.values()})
+    if len(times) < 2:
+        return dict.fromkeys(tree.sessions, 1.0)
+    rank = {at: i / (len(times) - 1) for i, at in enumerate(times)}
+    span = 1 - _MIN_BRIGHTNESS
+    return {sid: _MIN_BRIGHTNESS + span * rank[m.updated_at] for sid, m in tree.sessions.items()}
+
+
+def layout(tree: Topology, *, size: float = 640.0) -> list[Star]:
+    """Place every session of `tree` on a `size` x `size` map, parents before children.
+
+    Raises:
+        InvalidInputError: `size` is not a number above 100.
+    """
+    if isinstance(size, bool) or not isinstance(size, int | float) or not size > 100:
+        raise InvalidInputError(f"size must be a number above 100, got {size!r}.")
+    if not tree.nodes:
+        return []
+    root, kids = _tree_shape(tree)
+    order = list(_breadth_first(root, kids))
+    angles, bright = _angles(order, kids), _brightness(tree)
+    scale, centre = size / 640, size / 2
+    gap = (centre - 48 * scale) / max(depth for _, depth in order) if len(order) > 1 else 0.0
+    most = max([tree.turns.get(node.id, 0) for node, _ in order] + [1])
+    stars = []
+    for node, depth in order:
+        angle, sector = angles[node.id]
+        ring, turns = gap * depth, tree.turns.get(node.id, 0)
+        share = math.sqrt(turns / most)
+        if depth == 0:
+            radius = scale * (11 + 9 * share)
+        else:  # never wider than the room its sector leaves on its ring
+            room = min(0.45 * ring * min(sector, math.pi), 0.4 * gap)
+            radius = max(1.5 * scale, min(scale * (3.5 + 9.5 * share), room))
+        meta = tree.sessions.get(node.id)
+        stars.append(
+            Star(
+                node=node,
+                depth=depth,
+                x=centre + ring * math.cos(angle),
+                y=centre + ring * math.sin(angle),
+                radius=radius,
+                brightness=bright.get(node.id, _MIN_BRIGHTNESS),
+                turns=turns,
+                archived=meta is not None and meta.status == "archived",
+            )
+        )
+    return stars
+
+
+# -- SVG ------------------------------------------------------------------------------------
+def _text(value: str) -> str:
+    """`value` made safe for XML text and attribute values."""
+    return escape(_NOT_XML.sub("\ufffd", value), {'"': "&quot;"})
+
+
+def _short(label: str, limit: int) -> str:
+    flat = " ".join(label.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def _colour(star: Star) -> str:
+    if star.archived:
+        return _ARCHIVED
+    hue = _MAIN_HUE if star.depth == 0 else _STAR_HUE
+    red, green, blue = colorsys.hls_to_rgb(hue, 0.12 + 0.6 * star.brightness, 0.85)
+    return f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}"
+
+
+def _star_svg(star: Star, label: str | None, scale: float, centre: float, leaf: bool) -> str:
+    node, kind = star.node, "main" if star.depth == 0 else "standard"
+    status = "archived" if star.archived else "active"
+    hover = f"{node.label or '(no label)'} — {node.id}\n{star.turns} turns, {status}"
+    opacity = ARCHIVED_OPACITY if star.archived else 1
+    dash = f' stroke-dasharray="{2 * scale:.1f}"' if star.archived else ""
+    parts = [
+        f'<g class="session {kind} {status}" data-id="{_text(node.id)}" data-depth="{star.depth}"'
+        f' data-turns="{star.turns}" data-brightness="{star.brightness:.3f}"'
+        f' opacity="{opacity}"><title>{_text(hover)}</title>',
+        f'<circle class="star" cx="{star.x:.1f}" cy="{star.y:.1f}" r="{star.radius:.1f}"'
+        f' fill="{_colour(star)}" stroke="{_LABEL}" stroke-opacity="0.5"'
+        f' stroke-width="{scale:.1f}"{dash}/>',
+    ]
+    if label:
+        font = (13 if star.depth == 0 else 11) * scale
+        x, y, anchor = _label_anchor(star, font, centre, leaf, len(label))
+        parts.append(
+            f'<text class="label" x="{x:.1f}" y="{y:.1f}" font-size="{font:.1f}"'
+            f' text-anchor="{anchor}" fill="{_LABEL}">{_text(label)}</text>'
+        )
+    return "".join(parts) + "</g>"
+
+
+def _label_anchor(
+    star: Star, font: float, centre: float, outward: bool, chars: int
+) -> tuple[float, float, str]:
+    """Where a label goes: a leaf's runs outward, away from every edge; a parent's sits
+    under (or over) its star, clear of the edges to its children further out. Either way it
+    stays on the map (its width is estimated: there is no font metrics without a browser)."""
+    dx, dy = star.x - centre, star.y - centre
+    distance = math.hypot(dx, dy)
+    cos, sin = (dx / distance, dy / distance) if distance else (0.0, 1.0)
+    gap, width = star.radius + font * 0.3, chars * font * 0.6
+    if outward and abs(cos) > 0.35:
+        x = star.x + math.copysign(gap, cos)
+        if (x + width <= 2 * centre) if cos > 0 else (x - width >= 0):
+            return x, star.y + font * 0.35, "start" if cos > 0 else "end"
+    half = min(width / 2, centre)
+    x = min(max(star.x, half), 2 * centre - half)
+    return x, star.y + (gap + font * 0.8 if sin >= 0 else -gap), "middle"
+
+
+def _edges_svg(stars: list[Star], scale: float) -> Iterator[str]:
+    by_id = {star.node.id: star for star in stars}
+    # Thousands of edges at full strength would paint the sky solid.
+    strength = f' stroke-opacity="{max(0.15, min(0.8, 8 / math.sqrt(max(1, len(stars))))):.2f}"'
+    for star in stars[1:]:
+        parent = by_id.get(star.node.parent_id or "", stars[0])
+        dim = f' opacity="{ARCHIVED_OPACITY}"' if star.archived else ""
+        yield (
+            f'<line class="edge" data-parent="{_text(parent.node.id)}"'
+            f' data-child="{_text(star.node.id)}" x1="{parent.x:.1f}" y1="{parent.y:.1f}"'
+            f' x2="{star.x:.1f}" y2="{star.y:.1f}" stroke="{_EDGE}"{strength}'
+            f' stroke-width="{scale:.1f}"{dim}/>'
+        )
+
+
+def _orbits_svg(stars: list[Star], size: float) -> Iterator[str]:
+    centre = size / 2
+    rings = {s.depth: math.hypot(s.x - centre, s.y - centre) for s in stars[1:]}
+    for depth, ring in sorted(rings.items()):
+        yield (
+            f'<circle class="orbit" data-depth="{depth}" cx="{centre:.1f}" cy="{centre:.1f}"'
+            f' r="{ring:.1f}" fill="none" stroke="{_ORBIT}" stroke-dasharray="3 5"/>'
+        )
+
+
+def _labelled_depth(stars: list[Star], max_labels: int) -> int:
+    """The deepest ring whose labels, with all those nearer the centre, fit in `max_labels`
+    (a ring is labelled whole or not at all); -1 when not even the sun's label fits."""
+    per_depth: dict[int, int] = {}
+    for star in stars:
+        per_depth[star.depth] = per_depth.get(star.depth, 0) + 1
+    deepest, total = -1, 0
+    for depth in sorted(per_depth):
+        total += per_depth[depth]
+        if total > max_labels:
+            break
+        deepest = depth
+    return deepest
+
+
+def _legend(stars: list[Star]) -> str:
+    archived = sum(star.archived for star in stars)
+    count = f"{len(stars)} session{'s' if len(stars) != 1 else ''}"
+    return f"{count} · {archived} archived · size: turns · brightness: recency"
+
+
+def render_topology(
+    tree: Topology, *, size: float = 640.0, max_labels: int = 120, label_chars: int = 24
+) -> str:
+    """Draw `tree` as a standalone SVG star map (no scripts, no external resources).
+
+    Args:
+        tree: the topology to draw (`Topology.read(storage)`, `StelloAgent.tree()`).
+        size: width and height of the map, in pixels.
+        max_labels: label at most this many sessions: whole rings, from the centre out
+            (every star still has a hover title).
+        label_chars: longer labels are cut to this many characters, with an ellipsis.
+
+    Returns:
+        The SVG document, as a string (UTF-8 text with no XML declaration, ready to inline in
+        HTML or to write to a `.svg` file).
+
+    Raises:
+        InvalidInputError: a size, label limit or label length that cannot be drawn.
+    """
+    for name, value, low in (("max_labels", max_labels, 0), ("label_chars", label_chars, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidInputError(f"{name} must be an int >= {low}, got {value!r}.")
+    stars = layout(tree, size=size)
+    scale, legend = size / 640, _text(_legend(stars))
+    return "".join(
+        [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{size:g}" height="{size:g}"'
+            f' viewBox="0 0 {size:g} {size:g}" role="img" font-family="sans-serif">'
+            f"<title>stello-graph topology: {legend}</title>"
+            f'<rect class="sky" width="100%" height="100%" fill="{_SKY}"/><g class="orbits">',
+            *_orbits_svg(stars, size),
+            '</g><g class="edges">',
+            *_edges_svg(stars, scale),
+            '</g><g class="sessions">',
+            *_stars_svg(stars, size, max_labels, label_chars),
+            f'</g><text class="legend" x="{8 * scale:.1f}" y="{size - 8 * scale:.1f}"'
+            f' font-size="{10 * scale:.1f}" fill="{_EDGE}">{legend}</text></svg>',
+        ]
+    )
+
+
+def _stars_svg(stars: list[Star], size: float, max_labels: int, label_chars: int) -> list[str]:
+    """Every star, drawn children first, so parents (and the sun) sit on top."""
+    parents = {star.node.parent_id for star in stars}
+    deepest = _labelled_depth(stars, max_labels)
+    drawn = [
+        _star_svg(
+            star,
+            _short(star.node.label, label_chars) if star.depth <= deepest else None,
+            size / 640,
+            size / 2,
+            star.node.id not in parents,
+        )
+        for star in stars
+    ]
+    return drawn[::-1]

@@ -1,0 +1,165 @@
+"""Choosing a provider without code, and chatting with an OpenAI-compatible server.
+
+The server here is a small fake on 127.0.0.1 speaking the chat-completions protocol (with
+server-sent events for streams), so the real `ChatOpenAI` client is exercised end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from langchain_openai import ChatOpenAI
+from pydantic import SecretStr
+
+from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.cli._common import CliError
+from stello_graph.cli._provider import (
+    LOCAL_API_KEY,
+    NOT_CONFIGURED,
+    ProviderSettings,
+    build_chat_model,
+)
+from tests.cli.conftest import RunCli
+
+WORDS = ["Hello", " from", " the", " local", " server."]
+
+
+def test_settings_take_options_first_then_the_environment() -> None:
+    env = {"STELLO_MODEL": "env-model", "OPENAI_BASE_URL": "http://env/v1", "OPENAI_API_KEY": "k"}
+    assert ProviderSettings.from_env(env) == ProviderSettings(
+        model="env-model", base_url="http://env/v1", api_key="k"
+    )
+    chosen = ProviderSettings.from_env(env, model="opt", base_url="http://opt/v1")
+    assert (chosen.model, chosen.base_url) == ("opt", "http://opt/v1")
+    blank = ProviderSettings.from_env({"STELLO_MODEL": " ", "OPENAI_BASE_URL": ""})
+    assert blank == ProviderSettings()
+    assert ProviderSettings(model="scripted").offline
+
+
+def test_a_local_server_needs_no_key() -> None:
+    model = build_chat_model(ProviderSettings(model="qwen", base_url="http://127.0.0.1:8080/v1"))
+    assert isinstance(model, ChatOpenAI)
+    assert model.model_name == "qwen"
+    assert model.openai_api_base == "http://127.0.0.1:8080/v1"
+    assert isinstance(model.openai_api_key, SecretStr)
+    assert model.openai_api_key.get_secret_value() == LOCAL_API_KEY
+    assert model.stream_usage is True
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (ProviderSettings(), NOT_CONFIGURED),
+        (ProviderSettings(model="scripted"), NOT_CONFIGURED),
+        (ProviderSettings(model="gpt"), "needs a server"),
+        (ProviderSettings(api_key="sk-x"), "OPENAI_API_KEY is set: name the model"),
+    ],
+)
+def test_what_is_missing_is_named(settings: ProviderSettings, message: str) -> None:
+    with pytest.raises(CliError, match=message[:30]) as caught:
+        build_chat_model(settings)
+    assert caught.value.code == 2
+
+
+class FakeOpenAI(BaseHTTPRequestHandler):
+    """`POST /v1/chat/completions`, streamed or not; every request body is recorded."""
+
+    requests: ClassVar[list[tuple[dict[str, Any], str]]] = []
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.requests.append((body, self.headers.get("Authorization", "")))
+        if self.path != "/v1/chat/completions":
+            self.send_error(404)
+            return
+        if body.get("stream"):
+            self._stream(body["model"])
+        else:
+            self._reply(body["model"])
+
+    def _chunk(self, model: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        data = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
+                "choices": [choice]}  # fmt: skip
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    def _stream(self, model: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(self._chunk(model, {"role": "assistant", "content": ""}))
+        for word in WORDS:
+            self.wfile.write(self._chunk(model, {"content": word}))
+        self.wfile.write(self._chunk(model, {}, "stop"))
+        usage = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+        data = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
+                "choices": [], "usage": usage}  # fmt: skip
+        self.wfile.write(f"data: {json.dumps(data)}\n\ndata: [DONE]\n\n".encode())
+
+    def _reply(self, model: str) -> None:
+        message = {"role": "assistant", "content": "".join(WORDS)}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+        data = {"id": "c2", "object": "chat.completion", "created": 0, "model": model,
+                "choices": [choice], "usage": usage}  # fmt: skip
+        payload = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The fake server's base URL; stopped after the test."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    FakeOpenAI.requests = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+def test_chat_with_an_openai_compatible_server(cli: RunCli, server: str, tmp_path: Path) -> None:
+    db = tmp_path / "local.db"
+    run = cli("chat", "--db", str(db), "--model", "tiny-llm", "--manual",
+              input="hello?\n/consolidate\n/fork B\n", env={"OPENAI_BASE_URL": server})  # fmt: skip
+    assert run.code == 0, run.err
+    assert f"model tiny-llm at {server}" in run.out
+    assert "Main Session › Hello from the local server." in run.out
+    body, auth = FakeOpenAI.requests[0]
+    assert body["model"] == "tiny-llm" and body["stream"] is True
+    assert auth == f"Bearer {LOCAL_API_KEY}"
+    assert [t["function"]["name"] for t in body["tools"]] == ["create_session"]
+    assert body["messages"][-1] == {"role": "user", "content": "hello?"}
+    with SqliteMainStorage(db) as storage:
+        main = storage.get_main_session()
+        assert main is not None
+        records = storage.list_records(main.id)
+        assert [m.text for m in records] == ["hello?", "Hello from the local server."]
+        assert records[1].usage_metadata is not None  # type: ignore[attr-defined]
+        assert records[1].usage_metadata["total_tokens"] == 12  # type: ignore[attr-defined]
+
+
+def test_an_unreachable_server_is_an_error_line(cli: RunCli, tmp_path: Path) -> None:
+    db = tmp_path / "down.db"
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "x"}
+    run = cli("chat", "--db", str(db), "--model", "m", "--manual", input="hi\n", env=env)
+    assert run.code == 0
+    assert "error: " in run.out and "Connection" in run.out
