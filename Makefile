@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.stello-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test lint type check demo clean
+.PHONY: install test test-live live-server lint type check demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The live suite: a real model (SmolLM2-135M-Instruct) behind llama-cpp-python's OpenAI API on
+# 127.0.0.1. The first run compiles llama-cpp-python (minutes); its wheel is cached per user.
+test-live: live-server
+	$(BIN)/python -m pytest -m live tests/live $(PYTEST_ARGS)
+
+live-server: $(STAMP)
+	$(BIN)/python -m tests.live.llama_server install
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -34,4 +42,4 @@ demo: $(STAMP)
 	$(BIN)/stello-graph demo
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-live build dist *.egg-info .mypy_cache .ruff_cache

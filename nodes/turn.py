@@ -77,10 +77,19 @@ def make_assemble_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
 
 
 # -- model ----------------------------------------------------------------------------------
+def _own_id(reply: AIMessage, pending: Sequence[BaseMessage]) -> AIMessage:
+    """`pending` merges messages by id: a reply whose id is already among the turn's records
+    (a provider or cache that reuses response ids) gets a fresh one instead of overwriting an
+    earlier reply of the same turn."""
+    if reply.id is not None and any(m.id == reply.id for m in pending):
+        return reply.model_copy(update={"id": str(uuid.uuid4())})
+    return reply
+
+
 def _check_rounds(deps: StelloDeps, state: State, reply: AIMessage) -> State:
     if reply.tool_calls and state.get("tool_rounds", 0) >= deps.max_tool_rounds:
         raise ToolRoundLimitError(state["session_id"], deps.max_tool_rounds)
-    return {"pending": [reply]}
+    return {"pending": [_own_id(reply, state["pending"])]}
 
 
 def make_model_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
