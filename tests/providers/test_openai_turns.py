@@ -134,7 +134,10 @@ def test_parallel_tool_calls_and_a_model_initiated_fork(
     assert list(tools) == ["add", "create_session"]
     # The graph state injected into `create_session` is not part of its schema.
     params = set(tools["create_session"]["parameters"]["properties"])
-    assert params == {"label", "system_prompt", "prompt", "context"}
+    assert params == {
+        *("label", "system_prompt", "prompt", "context"),
+        *("profile", "profile_vars", "skills"),
+    }
     follow_up = server.requests[2].messages
     assistant, result_add, result_fork = follow_up[-3:]
     assert [c["id"] for c in assistant["tool_calls"]] == [add_call.id, fork_call.id]
