@@ -4,8 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stello-installed
 PYTEST_ARGS ?=
+NOTEBOOKS_OUT ?= build/notebooks
 
-.PHONY: install test test-live live-server lint type check demo clean
+.PHONY: install test test-live live-server lint type check demo notebooks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +41,12 @@ check: lint type test
 
 demo: $(STAMP)
 	$(BIN)/stello-graph demo
+
+# Run every notebook headless; the executed copies, star maps included, land in NOTEBOOKS_OUT.
+notebooks: $(STAMP)
+	rm -rf $(NOTEBOOKS_OUT) && mkdir -p $(NOTEBOOKS_OUT)
+	cp notebooks/*.ipynb $(NOTEBOOKS_OUT)/
+	$(BIN)/jupyter execute --inplace $(NOTEBOOKS_OUT)/*.ipynb
 
 clean:
 	rm -rf $(VENV) .venv-live build dist *.egg-info .mypy_cache .ruff_cache
