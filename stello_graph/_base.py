@@ -227,7 +227,7 @@ class SessionBase:
     def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
         raise NotImplementedError
 
-    def turn_context(self, *, operation: str = "send", insight: object = _READ) -> TurnContext:
+    def turn_context(self, *, operation: str = "a turn", insight: object = _READ) -> TurnContext:
         """Read everything a turn shows the model; refuse if the session is archived.
 
         `insight` replaces the stored insight (a multi-round turn keeps showing the insight
@@ -252,7 +252,7 @@ class SessionBase:
         return self._turn_context(meta, parts, records)
 
     async def aturn_context(
-        self, *, operation: str = "send", insight: object = _READ
+        self, *, operation: str = "a turn", insight: object = _READ
     ) -> TurnContext:
         """Async twin of `turn_context`."""
         s = self._storage

@@ -29,7 +29,7 @@ def identity_line(label: str) -> str | None:
 
 
 def insight_block(insight: str) -> str:
-    return f"<insight>\nGuidance from the main session for this branch:\n{insight}\n</insight>"
+    return f"<insight>\nGuidance for this branch from the session above it:\n{insight}\n</insight>"
 
 
 def synthesis_block(synthesis: str) -> str:

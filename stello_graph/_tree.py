@@ -1,11 +1,12 @@
 """Tree-mode integration, one node at a time (the graph runs the nodes of a level in parallel).
 
 In a tree, integration runs bottom-up, level by level. Each internal node integrates only its
-*direct* children's L2 into a summary of its subtree; what its parent then sees for that
-branch is that summary (as the child's `l2`). A child with no subtree summary is seen through
-its own L2. Each internal node pushes insights one level down, to its direct children only,
-so sibling subtrees never see each other except through their common ancestor. The root's
-summary is the main session's synthesis.
+*direct* children's L2 into a summary of its subtree. What its parent then sees for that
+branch (as the child's `l2`) is the child's own L2 followed by that summary, so neither the
+child's own conversation nor what branches under it is lost; grandchildren reach the parent
+only through the summary. Each internal node pushes insights one level down, to its direct
+children only, so sibling subtrees never see each other except through their common
+ancestor. The root's summary is the main session's synthesis.
 
 Archived sessions, and everything under them, take no part.
 """
@@ -89,14 +90,21 @@ def _inputs(plan: TreePlan, node_id: str, l2s: dict[str, str | None]) -> list[Ch
     ]
 
 
+def branch_l2(own: str | None, summary: str | None) -> str | None:
+    """What a parent sees for a child: its own L2, and the summary of its subtree if any."""
+    if own and summary:
+        return f"{own}\n\nWhat the sessions under it found: {summary}"
+    return own or summary
+
+
 def _child_l2(storage: MainStorage, plan: TreePlan, child: str) -> str | None:
     summary = storage.get_subtree_synthesis(child) if plan.is_internal(child) else None
-    return summary or storage.get_memory(child)
+    return branch_l2(storage.get_memory(child), summary)
 
 
 async def _achild_l2(storage: MainStorage, plan: TreePlan, child: str) -> str | None:
     summary = await storage.aget_subtree_synthesis(child) if plan.is_internal(child) else None
-    return summary or await storage.aget_memory(child)
+    return branch_l2(await storage.aget_memory(child), summary)
 
 
 def _error(node_id: str, exc: Exception) -> IntegrationError:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import re
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -83,6 +84,20 @@ class TurnResult:
     def interrupted(self) -> bool:
         """Whether the turn is paused, waiting for `resume`."""
         return bool(self.interrupts)
+
+
+def _tool_name(label: str) -> str:
+    """`ask_<label>` as a tool name providers accept (letters, digits, `_`, at most 64)."""
+    slug = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")[:50]
+    return f"ask_{slug}" if slug else "ask_session"
+
+
+def _check_model(model: object) -> BaseChatModel:
+    if not callable(getattr(model, "invoke", None)) or not callable(getattr(model, "stream", None)):
+        raise InvalidInputError(
+            f"model must be a LangChain chat model (e.g. ChatOpenAI(...)), got {model!r:.80}."
+        )
+    return model  # type: ignore[return-value]
 
 
 def _open_storage(
@@ -168,6 +183,7 @@ class StelloAgent:
         schedule: background consolidation / integration (`Schedule`).
         store: a LangGraph store L2, synthesis and insights are also published to.
         system_prompt: the main session's system prompt, when it is created.
+        main_label: the main session's label, when it is created.
         tree_id: which tree of the storage file, when `storage` is a path.
         durability: LangGraph checkpoint durability of a turn.
         prune_checkpoints: drop a turn's checkpoints once it is committed (default: when the
@@ -194,6 +210,7 @@ class StelloAgent:
         schedule: Schedule | None = None,
         store: BaseStore | None = None,
         system_prompt: str | None = None,
+        main_label: str = "Main Session",
         tree_id: str = "default",
         durability: Durability = "async",
         prune_checkpoints: bool | None = None,
@@ -202,6 +219,7 @@ class StelloAgent:
         split_guard: SplitGuard | None = None,
         compression: CompressionPolicy | None = None,
     ) -> None:
+        model = _check_model(model)  # before anything is opened or created
         self._owns_storage = not hasattr(storage, "get_tree")
         self.storage: MainStorage = _open_storage(storage, tree_id)
         self.deps = StelloDeps(
@@ -221,7 +239,7 @@ class StelloAgent:
         )
         found = self.storage.get_main_session()
         main_id = (
-            MainSession.create(self.storage, system_prompt=system_prompt).id
+            MainSession.create(self.storage, label=main_label, system_prompt=system_prompt).id
             if found is None
             else found.id
         )
@@ -735,7 +753,7 @@ class StelloAgent:
         return StructuredTool.from_function(
             func=ask,
             coroutine=aask,
-            name=name or "ask_session",
+            name=name or _tool_name(label),
             description=description
             or f"Ask the stello session {label!r} a question and get its answer.",
         )

@@ -90,8 +90,9 @@ questions and the user's preferences; drop small talk and repetition. \
 Write plain prose of at most 200 words. Output only the summary."""
 
 DEFAULT_INTEGRATE_PROMPT = """\
-You are the main session of a branching conversation. Each branch below is an independent \
-line of thought, shown only through its summary.
+You are a hub of a branching conversation: the main session, or a session that other \
+sessions branch from. Each branch below is an independent line of thought directly under \
+you, shown only through its summary.
 1. Write a synthesis: what the branches add up to, where they agree, conflict or depend on \
 each other, and what is still open.
 2. Where one branch would benefit from something another branch found, write a short, \

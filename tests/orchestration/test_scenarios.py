@@ -21,6 +21,7 @@ from langgraph.store.memory import InMemoryStore
 from stello_graph import (
     ChildL2,
     IntegrationResult,
+    InvalidInputError,
     MainSession,
     Schedule,
     StelloAgent,
@@ -440,3 +441,17 @@ def test_agent_main_session_object_has_the_model(make_agent: AgentFactory) -> No
     child = agent.fork(agent.main_session_id, "c")
     agent.storage.put_memory(child.id, "l2")
     assert agent.main.integrate().synthesis == "s"
+
+
+def test_agent_options_and_tool_names(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="chat model"):
+        StelloAgent(model=None, storage=str(tmp_path / "never.db"))  # type: ignore[arg-type]
+    assert not (tmp_path / "never.db").exists()
+    agent = StelloAgent(
+        model=ScriptedChatModel(default="r"), storage=InMemoryMainStorage(), main_label="Objective"
+    )
+    assert agent.main.meta.label == "Objective"
+    billing = agent.fork(agent.main_session_id, "Billing & Invoices")
+    assert agent.as_tool(billing.id).name == "ask_billing_invoices"
+    assert agent.as_tool(billing.id, name="billing").name == "billing"
+    agent.close()

@@ -131,8 +131,13 @@ def test_tree_integration_sees_only_direct_children(make_agent: AgentFactory) ->
     assert result.levels == 2
     assert recorder.seen["KR1"] == ["L2 of T1a", "L2 of T1b"]
     assert recorder.seen["KR2"] == ["L2 of T2a"]
-    # the objective sees each branch through its subtree summary (KR3 has none: its own L2)
-    assert recorder.seen["O"] == ["summary of KR1", "summary of KR2", "L2 of KR3"]
+    # the objective sees each KR's own L2 and its subtree summary (KR3 has no subtree)
+    under = "\n\nWhat the sessions under it found: "
+    assert recorder.seen["O"] == [
+        f"L2 of KR1{under}summary of KR1",
+        f"L2 of KR2{under}summary of KR2",
+        "L2 of KR3",
+    ]
     assert result.synthesis == "summary of O"
     assert agent.main.synthesis() == "summary of O"
     assert agent.storage.get_subtree_synthesis(ids["KR1"]) == "summary of KR1"
@@ -160,6 +165,7 @@ def test_tree_integration_prompts_stay_in_their_subtree(make_agent: AgentFactory
     assert model.call_count == 3
     kr1 = next(p[-1].text for p in model.prompts if "L2 of T1a" in p[-1].text)
     assert "L2 of T1b" in kr1 and "L2 of T2a" not in kr1 and "L2 of KR1" not in kr1
+    assert "L2 of KR2" not in kr1
     top = next(p[-1].text for p in model.prompts if ids["KR3"] in p[-1].text)
     assert "L2 of T1a" not in top and "L2 of T2a" not in top
     assert "synthesis over 2" in top and "synthesis over 1" in top
@@ -183,7 +189,8 @@ def test_archived_subtree_takes_no_part(make_agent: AgentFactory) -> None:
     agent.deps.integrate_fn = recorder
     result = agent.integrate(mode="tree")
     assert set(recorder.seen) == {"KR2", "O"}
-    assert recorder.seen["O"] == ["summary of KR2", "L2 of KR3"]
+    under = "\n\nWhat the sessions under it found: "
+    assert recorder.seen["O"] == [f"L2 of KR2{under}summary of KR2", "L2 of KR3"]
     assert agent.storage.get_insight(ids["T1a"]) is None
     assert result.calls == 2
 
