@@ -495,7 +495,7 @@ def test_a_langgraph_agent_streams_the_tokens_of_the_scripted_reply() -> None:
 
 
 def test_the_docstring_examples_run() -> None:
-    results = doctest.testmod(stello_graph.testing)
+    results = doctest.testmod(stello_graph.testing._scripted)
 
     assert results.attempted > 0
     assert results.failed == 0

@@ -6,12 +6,8 @@ server-sent events for streams), so the real `ChatOpenAI` client is exercised en
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
 
 import pytest
 from langchain_openai import ChatOpenAI
@@ -25,6 +21,7 @@ from stello_graph.cli._provider import (
     ProviderSettings,
     build_chat_model,
 )
+from stello_graph.testing.openai_server import FakeOpenAI, Reply
 from tests.cli.conftest import RunCli
 
 WORDS = ["Hello", " from", " the", " local", " server."]
@@ -67,83 +64,28 @@ def test_what_is_missing_is_named(settings: ProviderSettings, message: str) -> N
     assert caught.value.code == 2
 
 
-class FakeOpenAI(BaseHTTPRequestHandler):
-    """`POST /v1/chat/completions`, streamed or not; every request body is recorded."""
-
-    requests: ClassVar[list[tuple[dict[str, Any], str]]] = []
-
-    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
-        pass
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.requests.append((body, self.headers.get("Authorization", "")))
-        if self.path != "/v1/chat/completions":
-            self.send_error(404)
-            return
-        if body.get("stream"):
-            self._stream(body["model"])
-        else:
-            self._reply(body["model"])
-
-    def _chunk(self, model: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        data = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
-                "choices": [choice]}  # fmt: skip
-        return f"data: {json.dumps(data)}\n\n".encode()
-
-    def _stream(self, model: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        self.wfile.write(self._chunk(model, {"role": "assistant", "content": ""}))
-        for word in WORDS:
-            self.wfile.write(self._chunk(model, {"content": word}))
-        self.wfile.write(self._chunk(model, {}, "stop"))
-        usage = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
-        data = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
-                "choices": [], "usage": usage}  # fmt: skip
-        self.wfile.write(f"data: {json.dumps(data)}\n\ndata: [DONE]\n\n".encode())
-
-    def _reply(self, model: str) -> None:
-        message = {"role": "assistant", "content": "".join(WORDS)}
-        choice = {"index": 0, "message": message, "finish_reason": "stop"}
-        usage = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
-        data = {"id": "c2", "object": "chat.completion", "created": 0, "model": model,
-                "choices": [choice], "usage": usage}  # fmt: skip
-        payload = json.dumps(data).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-
 @pytest.fixture
-def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The fake server's base URL; stopped after the test."""
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
+    """A scripted OpenAI-compatible server on 127.0.0.1; stopped after the test."""
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
-    FakeOpenAI.requests = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    reply = Reply(content="".join(WORDS), usage=(7, 5))
+    with FakeOpenAI(default=reply) as fake:
+        yield fake
 
 
-def test_chat_with_an_openai_compatible_server(cli: RunCli, server: str, tmp_path: Path) -> None:
+def test_chat_with_an_openai_compatible_server(
+    cli: RunCli, server: FakeOpenAI, tmp_path: Path
+) -> None:
     db = tmp_path / "local.db"
+    url = server.base_url
     run = cli("chat", "--db", str(db), "--model", "tiny-llm", "--manual",
-              input="hello?\n/consolidate\n/fork B\n", env={"OPENAI_BASE_URL": server})  # fmt: skip
+              input="hello?\n/consolidate\n/fork B\n", env={"OPENAI_BASE_URL": url})  # fmt: skip
     assert run.code == 0, run.err
-    assert f"model tiny-llm at {server}" in run.out
+    assert f"model tiny-llm at {url}" in run.out
     assert "Main Session › Hello from the local server." in run.out
-    body, auth = FakeOpenAI.requests[0]
+    assert not server.errors
+    body, auth = server.requests[0].body, server.requests[0].headers.get("authorization")
     assert body["model"] == "tiny-llm" and body["stream"] is True
     assert auth == f"Bearer {LOCAL_API_KEY}"
     assert [t["function"]["name"] for t in body["tools"]] == ["create_session"]

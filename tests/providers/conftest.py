@@ -11,7 +11,7 @@ from langchain_openai import ChatOpenAI
 
 from stello_graph import StelloAgent
 from stello_graph.checkpoints import InMemoryMainStorage
-from tests.providers.fake_openai import FakeOpenAI
+from stello_graph.testing.openai_server import FakeOpenAI
 
 ModelFactory = Callable[..., ChatOpenAI]
 AgentFactory = Callable[..., StelloAgent]

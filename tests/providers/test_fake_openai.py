@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.providers.fake_openai import FakeOpenAI, Json, Reply, ToolCallSpec, words
+from stello_graph.testing.openai_server import FakeOpenAI, Json, Reply, ToolCallSpec, words
 
 
 def post(server: FakeOpenAI, body: Json) -> tuple[int, dict[str, str], bytes]:

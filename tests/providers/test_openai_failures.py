@@ -10,8 +10,8 @@ from langchain_core.tools import tool
 
 from stello_graph import ConsolidationError, IntegrationError, ModelCallError
 from stello_graph._context import sanitize_history
+from stello_graph.testing.openai_server import FakeOpenAI, Reply
 from tests.providers.conftest import AgentFactory, ModelFactory
-from tests.providers.fake_openai import FakeOpenAI, Reply
 
 
 @tool

@@ -7,8 +7,8 @@ import json
 from stello_graph import MainSession, Session
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.memory import DEFAULT_CONSOLIDATE_PROMPT, DEFAULT_INTEGRATE_PROMPT
+from stello_graph.testing.openai_server import FakeOpenAI, Json, Reply
 from tests.providers.conftest import AgentFactory, ModelFactory
-from tests.providers.fake_openai import FakeOpenAI, Json, Reply
 
 
 def _kind(body: Json) -> str:

@@ -10,8 +10,8 @@ from langchain_core.tools import tool
 
 from stello_graph import StelloAgent
 from stello_graph._context import sanitize_history
+from stello_graph.testing.openai_server import FakeOpenAI, Reply, ToolCallSpec, words
 from tests.providers.conftest import AgentFactory, openai_model
-from tests.providers.fake_openai import FakeOpenAI, Reply, ToolCallSpec, words
 
 
 @tool

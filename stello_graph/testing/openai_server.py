@@ -16,6 +16,7 @@ Every request is recorded (`server.requests`), so a test can check the messages,
 `tool_choice` a real client sent.
 
 Example:
+    >>> from langchain_openai import ChatOpenAI  # doctest: +SKIP
     >>> with FakeOpenAI([Reply(content="Hi there")]) as server:  # doctest: +SKIP
     ...     model = ChatOpenAI(base_url=server.base_url, api_key="x", model="fake")
     ...     model.invoke("Hello").content

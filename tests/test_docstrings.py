@@ -1,0 +1,28 @@
+"""Every example in a public module's docstrings runs (offline, with scripted models)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+from pathlib import Path
+
+import pytest
+
+MODULES = [
+    "stello_graph.session",
+    "stello_graph.main_session",
+    "stello_graph.memory",
+    "stello_graph.graph",
+    "stello_graph.agent",
+    "stello_graph.profiles",
+    "stello_graph.skills",
+    "stello_graph.testing._scripted",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    results = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert results.attempted > 0, f"{name} has no example"
+    assert results.failed == 0
