@@ -27,7 +27,8 @@ SCRIPTED = "scripted"
 """The model name of the offline, scripted model."""
 
 LOCAL_API_KEY = "not-needed"
-"""The key sent to a server at `OPENAI_BASE_URL` when `OPENAI_API_KEY` is not set."""
+"""The key sent to a server at `OPENAI_BASE_URL` when `OPENAI_API_KEY` is not set (the same
+as `stello_graph.providers.LOCAL_API_KEY`, kept here so the CLI starts without that module)."""
 
 NOT_CONFIGURED = """\
 no chat model configured. Choose one:
@@ -94,12 +95,12 @@ def build_chat_model(settings: ProviderSettings) -> BaseChatModel:
             "to an OpenAI-compatible endpoint, or OPENAI_API_KEY for OpenAI."
         )
     try:
-        from langchain_openai import ChatOpenAI
+        from stello_graph.providers import OpenAICompatibleChat
     except ImportError as exc:  # pragma: no cover - a dependency of stello-graph
         raise CliError(f"langchain-openai is needed for --model: {exc}") from exc
     from pydantic import SecretStr
 
-    return ChatOpenAI(
+    return OpenAICompatibleChat(
         model=settings.model,
         base_url=settings.base_url,
         api_key=SecretStr(settings.api_key or LOCAL_API_KEY),

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.live.compat import LlamaCppChatOpenAI
+from stello_graph.providers import OpenAICompatibleChat
 from tests.live.llama_server import LiveServer, running_server
 
-ModelFactory = Callable[..., LlamaCppChatOpenAI]
+ModelFactory = Callable[..., OpenAICompatibleChat]
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
 def live_model(live_server: LiveServer) -> ModelFactory:
     """Make `ChatOpenAI` clients of the live server: short, greedy, seeded generations."""
 
-    def factory(**overrides: Any) -> LlamaCppChatOpenAI:
+    def factory(**overrides: Any) -> OpenAICompatibleChat:
         options: dict[str, Any] = {
             "base_url": live_server.base_url,
             "api_key": "sk-local",
@@ -47,6 +47,6 @@ def live_model(live_server: LiveServer) -> ModelFactory:
             "timeout": 120.0,
             **overrides,
         }
-        return LlamaCppChatOpenAI(**options)
+        return OpenAICompatibleChat(**options)
 
     return factory
