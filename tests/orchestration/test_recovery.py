@@ -1,0 +1,57 @@
+"""Turns that run again after a crash or fail half-way: nothing duplicated, nothing half-stored.
+
+Each test here pins a defect the reliability suites (`tests/reliability`) found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+from langchain_core.messages import BaseMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.types import StateSnapshot
+
+from stello_graph.testing import ScriptedChatModel
+from tests.orchestration.conftest import AgentFactory
+
+
+def _in_turn(messages: list[BaseMessage]) -> list[BaseMessage]:
+    """The messages of the turn in flight (from its user message on)."""
+    last = max(i for i, m in enumerate(messages) if m.type == "human")
+    return messages[last:]
+
+
+def _before(history: Iterable[StateSnapshot], node: str) -> RunnableConfig:
+    """The config of the checkpoint taken just before `node` ran."""
+    for snapshot in history:
+        if snapshot.next == (node,):
+            return snapshot.config
+    raise AssertionError(f"no checkpoint before {node!r}")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_rerun_tool_round_does_not_fork_twice(make_agent: AgentFactory, mode: str) -> None:
+    def fork_once(messages: list[BaseMessage]) -> Any:
+        if any(m.type == "tool" for m in _in_turn(messages)):
+            return "Branched."
+        return ScriptedChatModel.tool_call("create_session", {"label": "Deep dive"}, id="c1")
+
+    model = ScriptedChatModel(respond=fork_once)
+    agent = make_agent(model=model, prune_checkpoints=False)
+    parent = agent.fork(agent.main_session_id, "Parent")
+    agent.turn(parent.id, "let's branch")
+    config = agent.config(parent.id)
+    before_tools = _before(agent.graph.get_state_history(config), "tools")
+    # the tool round runs again, as after a crash between the fork and the round's checkpoint
+    if mode == "sync":
+        agent.graph.invoke(None, before_tools)
+    else:
+        await agent.graph.ainvoke(None, before_tools)
+    children = agent.storage.get_children(parent.id)
+    assert [c.label for c in children] == ["Deep dive"]
+    assert len(agent.session(parent.id).messages()) == 4  # the turn, committed once
+    # another turn asking for the same label gets a session of its own
+    agent.turn(parent.id, "again")
+    assert [c.label for c in agent.storage.get_children(parent.id)] == ["Deep dive"] * 2
