@@ -80,6 +80,10 @@ def make_assemble_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
 def _check_rounds(deps: StelloDeps, state: State, reply: AIMessage) -> State:
     if reply.tool_calls and state.get("tool_rounds", 0) >= deps.max_tool_rounds:
         raise ToolRoundLimitError(state["session_id"], deps.max_tool_rounds)
+    if reply.id is not None and any(m.id == reply.id for m in state["pending"]):
+        # `add_messages` would let this reply *replace* the earlier record with its id (a
+        # provider that reuses ids, or a turn resumed in a process whose ids restart).
+        reply = reply.model_copy(update={"id": str(uuid.uuid4())})
     return {"pending": [reply]}
 
 

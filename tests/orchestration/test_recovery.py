@@ -9,7 +9,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages.tool import ToolCall
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import StateSnapshot
 
@@ -55,3 +56,26 @@ async def test_rerun_tool_round_does_not_fork_twice(make_agent: AgentFactory, mo
     # another turn asking for the same label gets a session of its own
     agent.turn(parent.id, "again")
     assert [c.label for c in agent.storage.get_children(parent.id)] == ["Deep dive"] * 2
+
+
+async def test_reply_reusing_an_id_does_not_replace_a_record(make_agent: AgentFactory) -> None:
+    # Providers (and a turn resumed in a new process) can hand out an id already used in
+    # the turn; the reply must be added, not replace the earlier record with that id.
+    model = ScriptedChatModel(
+        [
+            AIMessage(content="", id="same", tool_calls=[_call("create_session", label="B")]),
+            AIMessage(content="done", id="same"),
+        ]
+        * 2
+    )
+    agent = make_agent(model=model)
+    sid = agent.main_session_id
+    assert agent.turn(sid, "first").content == "done"
+    assert (await agent.aturn(sid, "second")).content == "done"
+    kinds = [m.type for m in agent.session(sid).messages()]
+    assert kinds == ["human", "ai", "tool", "ai"] * 2
+    assert agent.storage.get_turn_count(sid) == 2
+
+
+def _call(name: str, **args: Any) -> ToolCall:
+    return {"name": name, "args": args, "id": f"call-{name}", "type": "tool_call"}
