@@ -5,6 +5,7 @@ Each test here pins a defect the reliability suites (`tests/reliability`) found.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,6 +15,7 @@ from langchain_core.messages.tool import ToolCall
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import StateSnapshot
 
+from stello_graph import SessionArchivedError
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory
 
@@ -79,3 +81,25 @@ async def test_reply_reusing_an_id_does_not_replace_a_record(make_agent: AgentFa
 
 def _call(name: str, **args: Any) -> ToolCall:
     return {"name": name, "args": args, "id": f"call-{name}", "type": "tool_call"}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_turn_resumed_after_archive_is_refused(make_agent: AgentFactory, mode: str) -> None:
+    model = ScriptedChatModel(["the answer"])
+    agent = make_agent(model=model)
+    branch = agent.fork(agent.main_session_id, "B")
+    agent.storage.put_insight(branch.id, "an insight")
+    config = agent.config(branch.id)
+    # a turn that crashed just before its commit ...
+    agent.graph.invoke({"session_id": branch.id, "input": "q"}, config, interrupt_before=["commit"])
+    agent.archive(branch.id)  # ... and the session archived before it is resumed
+    resume = agent.resume if mode == "sync" else agent.aresume
+    with pytest.raises(SessionArchivedError, match="archived"):
+        await _maybe_await(resume(branch.id))
+    assert agent.session(branch.id).messages() == []
+    assert agent.storage.get_turn_count(branch.id) == 0
+    assert agent.storage.get_insight(branch.id) == "an insight"
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
