@@ -93,6 +93,11 @@ async def test_turn_resumed_after_archive_is_refused(make_agent: AgentFactory, m
     # a turn that crashed just before its commit ...
     agent.graph.invoke({"session_id": branch.id, "input": "q"}, config, interrupt_before=["commit"])
     agent.archive(branch.id)  # ... and the session archived before it is resumed
+    # the commit itself refuses (a graph resumed directly, another process archiving) ...
+    run = agent.graph.invoke if mode == "sync" else agent.graph.ainvoke
+    with pytest.raises(SessionArchivedError, match="archived"):
+        await _maybe_await(run(None, config))
+    # ... and the agent refuses before the graph runs
     resume = agent.resume if mode == "sync" else agent.aresume
     with pytest.raises(SessionArchivedError, match="archived"):
         await _maybe_await(resume(branch.id))
