@@ -13,7 +13,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, RemoveMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    ToolMessage,
+)
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
@@ -77,8 +83,13 @@ def make_assemble_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
 
 
 # -- model ----------------------------------------------------------------------------------
+def _asks_for_tools(message: object) -> bool:
+    """Whether a reply calls tools, counting calls whose arguments could not be parsed."""
+    return isinstance(message, AIMessage) and bool(message.tool_calls or message.invalid_tool_calls)
+
+
 def _check_rounds(deps: StelloDeps, state: State, reply: AIMessage) -> State:
-    if reply.tool_calls and state.get("tool_rounds", 0) >= deps.max_tool_rounds:
+    if _asks_for_tools(reply) and state.get("tool_rounds", 0) >= deps.max_tool_rounds:
         raise ToolRoundLimitError(state["session_id"], deps.max_tool_rounds)
     if reply.id is not None and any(m.id == reply.id for m in state["pending"]):
         # `add_messages` would let this reply *replace* the earlier record with its id (a
@@ -107,11 +118,14 @@ def make_model_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
 
 def route_after_model(state: State) -> Literal["tools", "commit"]:
     """Router after `model`: run the tools the reply asked for, or commit the turn."""
-    last = state["pending"][-1]
-    return "tools" if isinstance(last, AIMessage) and last.tool_calls else "commit"
+    return "tools" if _asks_for_tools(state["pending"][-1]) else "commit"
 
 
 # -- tools ----------------------------------------------------------------------------------
+_NONE: State = {"pending": []}
+"""The tool node's output for a reply whose every call was unreadable."""
+
+
 def _announce(deps: StelloDeps, state: State) -> list[dict[str, Any]]:
     last = state["pending"][-1]
     calls = [dict(call) for call in last.tool_calls]
@@ -121,12 +135,30 @@ def _announce(deps: StelloDeps, state: State) -> list[dict[str, Any]]:
     return calls
 
 
+def _unreadable_calls(state: State) -> list[ToolMessage]:
+    """An error result for each call whose arguments the provider could not parse, so the
+    model sees what went wrong and the tool-call group is complete in L3 (a provider refuses
+    a history with a tool call left unanswered)."""
+    last = state["pending"][-1]
+    return [
+        ToolMessage(
+            content=f"Error: the arguments of this call of {call.get('name')!r} could not be "
+            f"read ({call.get('error') or 'invalid JSON'}): {call.get('args')!r}. "
+            "Call the tool again with valid JSON arguments.",
+            tool_call_id=call.get("id") or "",
+            name=call.get("name") or "",
+            status="error",
+        )
+        for call in last.invalid_tool_calls
+    ]
+
+
 def _tool_update(deps: StelloDeps, state: State, calls: list[Any], out: Any) -> State:
     if not isinstance(out, dict) or "pending" not in out:
         raise StelloUsageError(
             "A tool returned a Command; stello turns accept tools that return content only."
         )
-    results: list[BaseMessage] = list(out["pending"])
+    results: list[BaseMessage] = [*out["pending"], *_unreadable_calls(state)]
     for msg in results:
         emit(deps.bus, "tool_result", state["session_id"], name=getattr(msg, "name", None),
              tool_call_id=getattr(msg, "tool_call_id", None), content=message_text(msg.content),
@@ -144,12 +176,13 @@ def make_tools_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
 
     def tools(state: State, config: RunnableConfig) -> State:
         calls = _announce(deps, state)
-        out = deps.tool_node(state["session_id"]).invoke(state, config)
+        out = deps.tool_node(state["session_id"]).invoke(state, config) if calls else _NONE
         return _tool_update(deps, state, calls, out)
 
     async def atools(state: State, config: RunnableConfig) -> State:
         calls = _announce(deps, state)
-        out = await deps.tool_node(state["session_id"]).ainvoke(state, config)
+        node = deps.tool_node(state["session_id"])
+        out = await node.ainvoke(state, config) if calls else _NONE
         return _tool_update(deps, state, calls, out)
 
     return _node("tools", tools, atools)
