@@ -15,6 +15,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 from langgraph.prebuilt import ToolNode
 from langgraph.store.base import BaseStore
+from langgraph.types import RetryPolicy
 
 from stello_graph._base import SessionBase
 from stello_graph._validate import check_id
@@ -23,6 +24,7 @@ from stello_graph.events import EventBus
 from stello_graph.main_session import MainSession
 from stello_graph.memory import ConsolidateFn, IntegrateFn
 from stello_graph.models import SessionMeta
+from stello_graph.nodes._model_call import check_model_timeout, model_retry_policy
 from stello_graph.schedule import Schedule, Scheduler
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage
@@ -58,6 +60,8 @@ class StelloDeps:
         integrate_fn: integrate function of the integrate node and the scheduler.
         schedule: background work after turns (`None`: none).
         store: a LangGraph store that L2, synthesis and insights are also published to.
+        model_timeout: seconds each model call of a turn may take (`None`: no limit).
+        model_retry: a LangGraph `RetryPolicy` for the turn's failed model calls.
         bus: where events go besides the `custom` stream.
     """
 
@@ -70,6 +74,8 @@ class StelloDeps:
     integrate_fn: IntegrateFn | None = None
     schedule: Schedule | None = None
     store: BaseStore | None = None
+    model_timeout: float | None = None
+    model_retry: RetryPolicy | None = None
     bus: EventBus = field(default_factory=EventBus)
     _overrides: dict[str, _Overrides] = field(default_factory=dict, init=False)
     _sessions: dict[str, SessionBase] = field(default_factory=dict, init=False)
@@ -83,6 +89,8 @@ class StelloDeps:
             raise InvalidInputError(
                 f"max_tool_rounds must be an int >= 0, got {self.max_tool_rounds!r}."
             )
+        self.model_timeout = check_model_timeout(self.model_timeout)
+        model_retry_policy(self.model_retry)  # refuses anything but a RetryPolicy
         unknown = [name for name in self.builtin_tools if name not in BUILTIN_TOOLS]
         if unknown:
             raise InvalidInputError(

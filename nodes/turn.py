@@ -28,6 +28,7 @@ from stello_graph._context import message_text
 from stello_graph._validate import check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
+from stello_graph.nodes._model_call import ainvoke_model, invoke_model
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.scheduling import after_turn
 from stello_graph.storage import MainStorage
@@ -104,13 +105,13 @@ def make_model_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
     def model(state: State) -> State:
         session = deps.session(state["session_id"])
         ctx = session.turn_context(insight=state.get("insight"))
-        reply = session.invoke(ctx.prompt(state["pending"]))
+        reply = invoke_model(session, ctx.prompt(state["pending"]), deps.model_timeout)
         return _check_rounds(deps, state, reply)
 
     async def amodel(state: State) -> State:
         session = await deps.asession(state["session_id"])
         ctx = await session.aturn_context(insight=state.get("insight"))
-        reply = await session.ainvoke(ctx.prompt(state["pending"]))
+        reply = await ainvoke_model(session, ctx.prompt(state["pending"]), deps.model_timeout)
         return _check_rounds(deps, state, reply)
 
     return _node("model", model, amodel)

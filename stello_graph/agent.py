@@ -31,7 +31,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.store.base import BaseStore
-from langgraph.types import Command, Durability, Interrupt, StateSnapshot
+from langgraph.types import Command, Durability, Interrupt, RetryPolicy, StateSnapshot
 
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import InvalidInputError, SessionArchivedError, SessionNotFoundError
@@ -148,6 +148,9 @@ class StelloAgent:
         store: a LangGraph store L2, synthesis and insights are also published to.
         system_prompt: the main session's system prompt, when it is created.
         tree_id: which tree of the storage file, when `storage` is a path.
+        model_timeout: seconds each model call of a turn may take (`None`: no limit).
+        model_retry: a LangGraph `RetryPolicy` for a turn's failed model calls (judged by
+            the provider's exception; timed-out calls are retried).
         durability: LangGraph checkpoint durability of a turn.
         prune_checkpoints: drop a turn's checkpoints once it is committed (default: when the
             agent made the checkpointer itself).
@@ -168,6 +171,8 @@ class StelloAgent:
         store: BaseStore | None = None,
         system_prompt: str | None = None,
         tree_id: str = "default",
+        model_timeout: float | None = None,
+        model_retry: RetryPolicy | None = None,
         durability: Durability = "async",
         prune_checkpoints: bool | None = None,
     ) -> None:
@@ -183,6 +188,8 @@ class StelloAgent:
             integrate_fn=integrate_fn or llm_integrator(model),
             schedule=schedule,
             store=store,
+            model_timeout=model_timeout,
+            model_retry=model_retry,
         )
         main = self.storage.get_main_session()
         if main is None:

@@ -36,8 +36,10 @@ from langchain_core.messages import AnyMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.store.base import BaseStore
+from langgraph.types import RetryPolicy
 
 from stello_graph.memory import ConsolidateFn, IntegrateFn
+from stello_graph.nodes._model_call import model_retry_policy
 from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps
 from stello_graph.nodes.ops import (
     make_consolidate_node,
@@ -103,7 +105,9 @@ def build_graph(deps: StelloDeps) -> StateGraph[Any, Any, Any, Any]:
         StelloState, input_schema=StelloInput, output_schema=StelloOutput
     )
     graph.add_node("assemble", make_assemble_node(deps))
-    graph.add_node("model", make_model_node(deps))
+    graph.add_node(
+        "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
+    )
     graph.add_node("tools", make_tools_node(deps))
     graph.add_node("commit", make_commit_node(deps))
     graph.add_node("fork", make_fork_node(deps))
@@ -131,6 +135,8 @@ def build_stello_graph(
     integrate_fn: IntegrateFn | None = None,
     schedule: Schedule | None = None,
     store: BaseStore | None = None,
+    model_timeout: float | None = None,
+    model_retry: RetryPolicy | None = None,
 ) -> StateGraph[Any, Any, Any, Any]:
     """The stello orchestration as an uncompiled LangGraph `StateGraph`.
 
@@ -148,6 +154,10 @@ def build_stello_graph(
         schedule: background consolidation / integration after turns.
         store: a LangGraph store that L2, synthesis and insights are also published to,
             under `("stello", tree_id, "l2" | "synthesis" | "insights")`.
+        model_timeout: seconds each model call of a turn may take; a call that takes
+            longer fails the turn with `ModelCallError` (or is retried, see `model_retry`).
+        model_retry: a LangGraph `RetryPolicy` for a turn's failed model calls; its
+            `retry_on` judges the provider's exception. Timed-out calls are retried.
     """
     from stello_graph.memory import llm_consolidator, llm_integrator
 
@@ -161,5 +171,7 @@ def build_stello_graph(
         integrate_fn=integrate_fn or llm_integrator(model),
         schedule=schedule,
         store=store,
+        model_timeout=model_timeout,
+        model_retry=model_retry,
     )
     return build_graph(deps)
