@@ -191,22 +191,23 @@ def make_tools_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
 
 # -- commit ---------------------------------------------------------------------------------
 def _committed(storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]) -> bool:
-    """Whether this turn's records are already the tail of L3 (a resumed, committed turn)."""
-    count = storage.count_records(session_id)
-    if count < len(pending):
-        return False
-    first = storage.list_records(session_id, offset=count - len(pending), limit=1)
-    return bool(first) and first[0].id == pending[0].id
+    """Whether this turn's records are already in L3 (a resumed turn that had committed).
+
+    Another writer (a second process) may have appended after them, so the turn's first
+    record is looked for anywhere, newest first, rather than only at the tail.
+    """
+    return _holds(storage.list_records(session_id), pending)
 
 
 async def _acommitted(
     storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]
 ) -> bool:
-    count = await storage.acount_records(session_id)
-    if count < len(pending):
-        return False
-    first = await storage.alist_records(session_id, offset=count - len(pending), limit=1)
-    return bool(first) and first[0].id == pending[0].id
+    return _holds(await storage.alist_records(session_id), pending)
+
+
+def _holds(records: Sequence[BaseMessage], pending: Sequence[BaseMessage]) -> bool:
+    first = pending[0].id if pending else None
+    return first is not None and any(r.id == first for r in reversed(records))
 
 
 def _records(state: State) -> list[BaseMessage]:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.messages.tool import ToolCall
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import StateSnapshot
@@ -108,3 +108,21 @@ async def test_turn_resumed_after_archive_is_refused(make_agent: AgentFactory, m
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_resumed_commit_after_another_writer_never_duplicates(
+    make_agent: AgentFactory, mode: str
+) -> None:
+    agent = make_agent(model=ScriptedChatModel(["reply"]), prune_checkpoints=False)
+    sid = agent.main_session_id
+    agent.turn(sid, "question")
+    # another process appends a turn of its own to the same session ...
+    agent.storage.append_records(sid, [HumanMessage("other"), AIMessage("x")], user_turn=True)
+    # ... before this turn is resumed from just before its commit (a crash right after it)
+    before_commit = _before(agent.graph.get_state_history(agent.config(sid)), "commit")
+    run = agent.graph.invoke if mode == "sync" else agent.graph.ainvoke
+    await _maybe_await(run(None, before_commit))
+    contents = [m.content for m in agent.session(sid).messages()]
+    assert contents == ["question", "reply", "other", "x"]
+    assert agent.storage.get_turn_count(sid) == 2
