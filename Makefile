@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.stello-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test lint type check demo clean
+.PHONY: install test test-reliability lint type check demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Crash, concurrency, fault, bad-input and isolation suites, with CI counts
+# (RELIABILITY_FULL=1 for the full local counts; see RELIABILITY.md).
+test-reliability: $(STAMP)
+	$(BIN)/python -m pytest -m reliability tests/reliability $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
