@@ -108,17 +108,20 @@ def verify(db: Path, ack: Path, figures: Figures) -> None:
 
 
 def _in_flight_text(agent: StelloAgent, sid: str) -> str:
-    """The user text of the turn in flight: in the state once the turn started, else in the
-    input checkpoint (as a pending write, or as the `__start__` channel's value)."""
+    """The user text of the turn in flight. Until the turn has started, it is only in the
+    input checkpoint (the `__start__` channel, or a pending write to it); the state's
+    `input` still holds the previous turn's text then."""
     config = agent.config(sid)
-    text = agent.graph.get_state(config).values.get("input")
-    if text is None:
+    state = agent.graph.get_state(config)
+    if state.next == ("__start__",):
         assert agent.checkpointer is not None
         found = agent.checkpointer.get_tuple(config)
         assert found is not None
-        written = [value for _, channel, value in found.pending_writes or () if channel == "input"]
-        start = found.checkpoint["channel_values"].get("__start__") or {}
-        text = written[0] if written else start.get("input")
+        written = [v for _, channel, v in found.pending_writes or () if channel == "__start__"]
+        start = written[0] if written else found.checkpoint["channel_values"]["__start__"]
+        text = start["input"]
+    else:
+        text = state.values["input"]
     assert isinstance(text, str), text
     return text
 
