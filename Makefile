@@ -6,7 +6,7 @@ STAMP := $(VENV)/.stello-installed
 PYTEST_ARGS ?=
 NOTEBOOKS_OUT ?= build/notebooks
 
-.PHONY: install test test-live live-server lint type check demo notebooks clean
+.PHONY: install test test-live live-server test-reliability lint type check demo notebooks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ test-live: live-server
 
 live-server: $(STAMP)
 	$(BIN)/python -m tests.live.llama_server install
+
+# Crash, concurrency, fault, bad-input and isolation suites, with CI counts
+# (RELIABILITY_FULL=1 for the full local counts; see RELIABILITY.md).
+test-reliability: $(STAMP)
+	$(BIN)/python -m pytest -m reliability tests/reliability $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -6,21 +6,27 @@ its end, so nothing waits on anything) and the model gets `{"session_id", "label
 can name a registered profile; an unknown profile, or a fork the split guard refuses, comes
 back to the model as an error result it can read, never as an exception in the turn.
 
+The child's id is derived from the turn and the tool call, so a tool round that runs again
+(a turn resumed after a crash that came after the fork but before the round was
+checkpointed) finds the child it already made instead of forking a second one.
+
 `activate_skill` is offered whenever skills are registered and the session may use some: its
 description lists exactly the skills of the session's allow-list, and it refuses any other.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.messages import BaseMessage
+from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool
 from langgraph.prebuilt import InjectedState
 from pydantic import BaseModel, Field, create_model
 
-from stello_graph._fork import afork_session, fork_session
-from stello_graph.errors import InvalidInputError
+from stello_graph._fork import ForkRequest, afork_session, fork_session
+from stello_graph.errors import DuplicateSessionError, InvalidInputError
 from stello_graph.events import emit
 from stello_graph.models import SessionMeta
 from stello_graph.nodes.forking import LAST_FORK_KEY, SKILLS_KEY, afork_request, fork_request
@@ -63,12 +69,33 @@ class CreateSessionArgs(BaseModel):
         description="Skills the new session may use: leave out to inherit, [] for none.",
     )
     state: Annotated[dict[str, Any], InjectedState] = Field(default_factory=dict)
+    tool_call_id: Annotated[str | None, InjectedToolCallId] = None
 
 
-def _spec(args: Mapping[str, Any]) -> dict[str, Any]:
-    spec = {k: v for k, v in args.items() if k != "state" and v is not None}
+def _spec(args: Mapping[str, Any], child_id: str | None) -> dict[str, Any]:
+    spec = {k: v for k, v in args.items() if k not in ("state", "tool_call_id") and v is not None}
     spec.setdefault("context", "none")
+    if child_id is not None:
+        spec["id"] = child_id
     return spec
+
+
+def _child_id(tree_id: str, args: Mapping[str, Any]) -> str | None:
+    """The same id each time one tool call of one turn runs (`None`: no turn to tie it to)."""
+    state, tool_call_id = args.get("state") or {}, args.get("tool_call_id")
+    pending = state.get("pending") or []
+    first = pending[0] if pending else None
+    if tool_call_id is None or not isinstance(first, BaseMessage) or first.id is None:
+        return None
+    key = f"stello:{tree_id}:{state['session_id']}:{first.id}:{tool_call_id}"
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, key))
+
+
+def _replayed(meta: SessionMeta | None, parent: str | None, source: str) -> dict[str, str] | None:
+    """The child an earlier run of this very tool call made, if that is what `meta` is."""
+    if meta is None or parent != source:
+        return None
+    return {"session_id": meta.id, "label": meta.label}
 
 
 def _description(deps: StelloDeps) -> str:
@@ -156,22 +183,54 @@ class BuiltinTools:
              by="model")  # fmt: skip
         return {"session_id": meta.id, "label": meta.label}
 
+    def _replay(self, req: ForkRequest) -> dict[str, str] | None:
+        if req.id is None:
+            return None
+        node = self.deps.storage.get_node(req.id)
+        meta = self.deps.storage.get_session(req.id)
+        return _replayed(meta, node.parent_id if node else None, req.source_id)
+
+    async def _areplay(self, req: ForkRequest) -> dict[str, str] | None:
+        if req.id is None:
+            return None
+        node = await self.deps.storage.aget_node(req.id)
+        meta = await self.deps.storage.aget_session(req.id)
+        return _replayed(meta, node.parent_id if node else None, req.source_id)
+
     def _fork(self, args: Mapping[str, Any]) -> dict[str, str]:
         source = args["state"]["session_id"]
-        req = fork_request(self.deps, source, _spec(args))
+        spec = _spec(args, _child_id(self.deps.storage.tree_id, args))
+        req = fork_request(self.deps, source, spec)
+        done = self._replay(req)
+        if done is not None:  # this very call already forked: a resumed tool round
+            return done
         previous = self._guard.book(source)
         try:
             return self._created(source, fork_session(self.deps.storage, req))
+        except DuplicateSessionError:
+            self._guard.undo(source, previous)
+            if (done := self._replay(req)) is None:
+                raise
+            return done
         except BaseException:
             self._guard.undo(source, previous)
             raise
 
     async def _afork(self, args: Mapping[str, Any]) -> dict[str, str]:
         source = args["state"]["session_id"]
-        req = await afork_request(self.deps, source, _spec(args))
+        spec = _spec(args, _child_id(self.deps.storage.tree_id, args))
+        req = await afork_request(self.deps, source, spec)
+        done = await self._areplay(req)
+        if done is not None:
+            return done
         previous = await self._guard.abook(source)
         try:
             return self._created(source, await afork_session(self.deps.storage, req))
+        except DuplicateSessionError:
+            await self._guard.aundo(source, previous)
+            if (done := await self._areplay(req)) is None:
+                raise
+            return done
         except BaseException:
             await self._guard.aundo(source, previous)
             raise

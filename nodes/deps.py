@@ -15,6 +15,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langgraph.prebuilt import ToolNode
 from langgraph.store.base import BaseStore
+from langgraph.types import RetryPolicy
 
 from stello_graph._base import SessionBase
 from stello_graph._validate import check_id
@@ -35,6 +36,7 @@ from stello_graph.memory import (
     llm_integrator,
 )
 from stello_graph.models import SessionMeta
+from stello_graph.nodes._model_call import check_model_timeout, model_retry_policy
 from stello_graph.profiles import ForkProfile, SplitGuard, UnknownProfileError
 from stello_graph.schedule import Schedule, Scheduler
 from stello_graph.session import Session
@@ -93,6 +95,8 @@ class StelloDeps:
         skills: skills by name (or a list of `Skill`, or a folder of `SKILL.md` files).
         split_guard: limits on forks the model makes itself.
         compression: automatic context compression of every session.
+        model_timeout: seconds each model call of a turn may take (`None`: no limit).
+        model_retry: a LangGraph `RetryPolicy` for the turn's failed model calls.
         bus: where events go besides the `custom` stream.
     """
 
@@ -109,6 +113,8 @@ class StelloDeps:
     skills: Any = None
     split_guard: SplitGuard | None = None
     compression: CompressionPolicy | None = None
+    model_timeout: float | None = None
+    model_retry: RetryPolicy | None = None
     bus: EventBus = field(default_factory=EventBus)
     profile_map: dict[str, ForkProfile] = field(default_factory=dict, init=False)
     """The registered profiles, by name."""
@@ -125,6 +131,8 @@ class StelloDeps:
             raise InvalidInputError(
                 f"max_tool_rounds must be an int >= 0, got {self.max_tool_rounds!r}."
             )
+        self.model_timeout = check_model_timeout(self.model_timeout)
+        model_retry_policy(self.model_retry)  # refuses anything but a RetryPolicy
         unknown = [name for name in self.builtin_tools if name not in BUILTIN_TOOLS]
         if unknown:
             raise InvalidInputError(

@@ -13,7 +13,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, RemoveMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    ToolMessage,
+)
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
@@ -22,6 +28,7 @@ from stello_graph._context import message_text
 from stello_graph._validate import check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
+from stello_graph.nodes._model_call import ainvoke_model, invoke_model
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.scheduling import after_turn
 from stello_graph.storage import MainStorage
@@ -86,8 +93,13 @@ def _own_id(reply: AIMessage, pending: Sequence[BaseMessage]) -> AIMessage:
     return reply
 
 
+def _asks_for_tools(message: object) -> bool:
+    """Whether a reply calls tools, counting calls whose arguments could not be parsed."""
+    return isinstance(message, AIMessage) and bool(message.tool_calls or message.invalid_tool_calls)
+
+
 def _check_rounds(deps: StelloDeps, state: State, reply: AIMessage) -> State:
-    if reply.tool_calls and state.get("tool_rounds", 0) >= deps.max_tool_rounds:
+    if _asks_for_tools(reply) and state.get("tool_rounds", 0) >= deps.max_tool_rounds:
         raise ToolRoundLimitError(state["session_id"], deps.max_tool_rounds)
     return {"pending": [_own_id(reply, state["pending"])]}
 
@@ -98,13 +110,13 @@ def make_model_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
     def model(state: State) -> State:
         session = deps.session(state["session_id"])
         ctx = session.turn_context(insight=state.get("insight"))
-        reply = session.invoke(ctx.prompt(state["pending"]))
+        reply = invoke_model(session, ctx.prompt(state["pending"]), deps.model_timeout)
         return _check_rounds(deps, state, reply)
 
     async def amodel(state: State) -> State:
         session = await deps.asession(state["session_id"])
         ctx = await session.aturn_context(insight=state.get("insight"))
-        reply = await session.ainvoke(ctx.prompt(state["pending"]))
+        reply = await ainvoke_model(session, ctx.prompt(state["pending"]), deps.model_timeout)
         return _check_rounds(deps, state, reply)
 
     return _node("model", model, amodel)
@@ -112,11 +124,14 @@ def make_model_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
 
 def route_after_model(state: State) -> Literal["tools", "commit"]:
     """Router after `model`: run the tools the reply asked for, or commit the turn."""
-    last = state["pending"][-1]
-    return "tools" if isinstance(last, AIMessage) and last.tool_calls else "commit"
+    return "tools" if _asks_for_tools(state["pending"][-1]) else "commit"
 
 
 # -- tools ----------------------------------------------------------------------------------
+_NONE: State = {"pending": []}
+"""The tool node's output for a reply whose every call was unreadable."""
+
+
 def _announce(deps: StelloDeps, state: State) -> list[dict[str, Any]]:
     last = state["pending"][-1]
     calls = [dict(call) for call in last.tool_calls]
@@ -126,12 +141,30 @@ def _announce(deps: StelloDeps, state: State) -> list[dict[str, Any]]:
     return calls
 
 
+def _unreadable_calls(state: State) -> list[ToolMessage]:
+    """An error result for each call whose arguments the provider could not parse, so the
+    model sees what went wrong and the tool-call group is complete in L3 (a provider refuses
+    a history with a tool call left unanswered)."""
+    last = state["pending"][-1]
+    return [
+        ToolMessage(
+            content=f"Error: the arguments of this call of {call.get('name')!r} could not be "
+            f"read ({call.get('error') or 'invalid JSON'}): {call.get('args')!r}. "
+            "Call the tool again with valid JSON arguments.",
+            tool_call_id=call.get("id") or "",
+            name=call.get("name") or "",
+            status="error",
+        )
+        for call in last.invalid_tool_calls
+    ]
+
+
 def _tool_update(deps: StelloDeps, state: State, calls: list[Any], out: Any) -> State:
     if not isinstance(out, dict) or "pending" not in out:
         raise StelloUsageError(
             "A tool returned a Command; stello turns accept tools that return content only."
         )
-    results: list[BaseMessage] = list(out["pending"])
+    results: list[BaseMessage] = [*out["pending"], *_unreadable_calls(state)]
     for msg in results:
         emit(deps.bus, "tool_result", state["session_id"], name=getattr(msg, "name", None),
              tool_call_id=getattr(msg, "tool_call_id", None), content=message_text(msg.content),
@@ -149,12 +182,13 @@ def make_tools_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
 
     def tools(state: State, config: RunnableConfig) -> State:
         calls = _announce(deps, state)
-        out = deps.tool_node(state["session_id"]).invoke(state, config)
+        out = deps.tool_node(state["session_id"]).invoke(state, config) if calls else _NONE
         return _tool_update(deps, state, calls, out)
 
     async def atools(state: State, config: RunnableConfig) -> State:
         calls = _announce(deps, state)
-        out = await deps.tool_node(state["session_id"]).ainvoke(state, config)
+        node = deps.tool_node(state["session_id"])
+        out = await node.ainvoke(state, config) if calls else _NONE
         return _tool_update(deps, state, calls, out)
 
     return _node("tools", tools, atools)
@@ -162,22 +196,23 @@ def make_tools_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
 
 # -- commit ---------------------------------------------------------------------------------
 def _committed(storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]) -> bool:
-    """Whether this turn's records are already the tail of L3 (a resumed, committed turn)."""
-    count = storage.count_records(session_id)
-    if count < len(pending):
-        return False
-    first = storage.list_records(session_id, offset=count - len(pending), limit=1)
-    return bool(first) and first[0].id == pending[0].id
+    """Whether this turn's records are already in L3 (a resumed turn that had committed).
+
+    Another writer (a second process) may have appended after them, so the turn's first
+    record is looked for anywhere, newest first, rather than only at the tail.
+    """
+    return _holds(storage.list_records(session_id), pending)
 
 
 async def _acommitted(
     storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]
 ) -> bool:
-    count = await storage.acount_records(session_id)
-    if count < len(pending):
-        return False
-    first = await storage.alist_records(session_id, offset=count - len(pending), limit=1)
-    return bool(first) and first[0].id == pending[0].id
+    return _holds(await storage.alist_records(session_id), pending)
+
+
+def _holds(records: Sequence[BaseMessage], pending: Sequence[BaseMessage]) -> bool:
+    first = pending[0].id if pending else None
+    return first is not None and any(r.id == first for r in reversed(records))
 
 
 def _records(state: State) -> list[BaseMessage]:

@@ -408,9 +408,12 @@ class SessionBase:
 
         A turn that starts with a user message counts as one user turn. The insight is
         cleared only if it is still the one shown (a newer one is kept for the next turn).
+        A session archived while the turn ran (or before a crashed turn was resumed) refuses
+        the records with `SessionArchivedError`.
         """
         s = self._storage
         with s.transaction():
+            self._active(self._load_meta(), "a turn's records")
             s.append_records(self._id, records, user_turn=_is_user_turn(records))
             if insight is not None:
                 s.clear_insight(self._id, expected=insight)
@@ -421,6 +424,7 @@ class SessionBase:
         """Async twin of `commit_turn`."""
         s = self._storage
         async with s.atransaction():
+            self._active(await self._aload_meta(), "a turn's records")
             await s.aappend_records(self._id, records, user_turn=_is_user_turn(records))
             if insight is not None:
                 await s.aclear_insight(self._id, expected=insight)

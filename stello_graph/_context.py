@@ -56,19 +56,20 @@ def system_message(parts: Iterable[str | None]) -> SystemMessage | None:
 def sanitize_history(records: Sequence[BaseMessage]) -> list[BaseMessage]:
     """Drop incomplete tool-call groups and orphan tool results.
 
-    An assistant message with tool calls is kept only together with *all* of its tool results,
-    which must follow it directly; tool results that answer no preceding call are dropped. The
-    result is a history every provider accepts.
+    An assistant message with tool calls (parsed or not) is kept only together with *all* of
+    its tool results, which must follow it directly; tool results that answer no preceding
+    call are dropped. The result is a history every provider accepts.
     """
     out: list[BaseMessage] = []
     i, n = 0, len(records)
     while i < n:
         msg = records[i]
-        if isinstance(msg, AIMessage) and msg.tool_calls:
+        if isinstance(msg, AIMessage) and (msg.tool_calls or msg.invalid_tool_calls):
             j = i + 1
             while j < n and isinstance(records[j], ToolMessage):
                 j += 1
-            wanted = {call.get("id") for call in msg.tool_calls}
+            # Providers send unparsable calls back as tool calls too: they need results.
+            wanted = {call.get("id") for call in [*msg.tool_calls, *msg.invalid_tool_calls]}
             answered = {t.tool_call_id for t in records[i + 1 : j] if isinstance(t, ToolMessage)}
             if None not in wanted and wanted <= answered:
                 out.append(msg)

@@ -32,11 +32,16 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.store.base import BaseStore
-from langgraph.types import Command, Durability, Interrupt
+from langgraph.types import Command, Durability, Interrupt, RetryPolicy, StateSnapshot
 
 from stello_graph._validate import check_id, check_text
 from stello_graph.compression import CompressionPolicy
-from stello_graph.errors import InvalidInputError, NodeNotFoundError
+from stello_graph.errors import (
+    InvalidInputError,
+    NodeNotFoundError,
+    SessionArchivedError,
+    SessionNotFoundError,
+)
 from stello_graph.events import StelloEvent, emit
 from stello_graph.graph import build_graph
 from stello_graph.main_session import MainSession
@@ -185,6 +190,9 @@ class StelloAgent:
         system_prompt: the main session's system prompt, when it is created.
         main_label: the main session's label, when it is created.
         tree_id: which tree of the storage file, when `storage` is a path.
+        model_timeout: seconds each model call of a turn may take (`None`: no limit).
+        model_retry: a LangGraph `RetryPolicy` for a turn's failed model calls (judged by
+            the provider's exception; timed-out calls are retried).
         durability: LangGraph checkpoint durability of a turn.
         prune_checkpoints: drop a turn's checkpoints once it is committed (default: when the
             agent made the checkpointer itself).
@@ -212,6 +220,8 @@ class StelloAgent:
         system_prompt: str | None = None,
         main_label: str = "Main Session",
         tree_id: str = "default",
+        model_timeout: float | None = None,
+        model_retry: RetryPolicy | None = None,
         durability: Durability = "async",
         prune_checkpoints: bool | None = None,
         profiles: Sequence[ForkProfile] = (),
@@ -236,6 +246,8 @@ class StelloAgent:
             skills=skills,
             split_guard=split_guard,
             compression=compression,
+            model_timeout=model_timeout,
+            model_retry=model_retry,
         )
         found = self.storage.get_main_session()
         main_id = (
@@ -329,6 +341,28 @@ class StelloAgent:
         check_text(text, "text")
         return sid, {"session_id": sid, "input": text}
 
+    @staticmethod
+    def _check_target(sid: str, meta: SessionMeta | None) -> str:
+        """Refuse a missing or archived session before the graph runs (and checkpoints)."""
+        if meta is None:
+            raise SessionNotFoundError(sid)
+        if meta.status == "archived":
+            raise SessionArchivedError(sid, "a turn")
+        return sid
+
+    def _target(self, sid: str) -> str:
+        return self._check_target(sid, self.storage.get_session(sid))
+
+    async def _atarget(self, sid: str) -> str:
+        return self._check_target(sid, await self.storage.aget_session(sid))
+
+    def _resume_payload(self, sid: str, state: StateSnapshot, value: Any) -> Command[Any] | None:
+        if state.interrupts:
+            return Command(resume=value)
+        if not state.next:
+            raise InvalidInputError(f"Session {sid!r} has no turn in flight to resume.")
+        return None
+
     def _switch(self, sid: str) -> None:
         on_switch(self.deps, self._last_session, sid)
         self._last_session = sid
@@ -366,6 +400,7 @@ class StelloAgent:
             ModelCallError: the model failed; nothing was stored.
         """
         sid, payload = self._begin(session_id, text)
+        self._target(sid)
         with self._locks.hold(sid):
             self._switch(sid)
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
@@ -374,32 +409,40 @@ class StelloAgent:
     async def aturn(self, session_id: str, text: str) -> TurnResult:
         """Async twin of `turn`."""
         sid, payload = self._begin(session_id, text)
+        await self._atarget(sid)
         async with self._locks.ahold(sid):
             self._switch(sid)
             out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
             return await self._afinished(sid, self._result(sid, out))
 
     def resume(self, session_id: str, value: Any = None) -> TurnResult:
-        """Continue a turn that waits on an interrupt (with `value`) or that crashed."""
-        sid = check_id(session_id)
-        payload: Command[Any] | None = Command(resume=value) if self._waiting(sid) else None
+        """Continue a turn that waits on an interrupt (with `value`) or that crashed.
+
+        Raises:
+            InvalidInputError: the session has no turn in flight (or the agent no
+                checkpointer).
+            SessionNotFoundError / SessionArchivedError: no such session, or it is archived.
+        """
+        sid = self._target(check_id(session_id))
+        self._check_resumable()
+        payload = self._resume_payload(sid, self.graph.get_state(self.config(sid)), value)
         with self._locks.hold(sid):
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
 
     async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
         """Async twin of `resume`."""
-        sid = check_id(session_id)
+        sid = await self._atarget(check_id(session_id))
+        self._check_resumable()
         state = await self.graph.aget_state(self.config(sid))
-        payload: Command[Any] | None = Command(resume=value) if state.interrupts else None
+        payload = self._resume_payload(sid, state, value)
         async with self._locks.ahold(sid):
             out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
             return await self._afinished(sid, self._result(sid, out))
 
-    def _waiting(self, sid: str) -> bool:
+    def _check_resumable(self) -> None:
         if self.checkpointer is None:
             raise InvalidInputError("This agent has no checkpointer: turns cannot be resumed.")
-        return bool(self.graph.get_state(self.config(sid)).interrupts)
 
     # -- streaming --------------------------------------------------------------------------
     def _forward_background(self, event: StelloEvent) -> None:
@@ -460,6 +503,7 @@ class StelloAgent:
         of modes, items are `(mode, item)` pairs.
         """
         sid, payload = self._begin(session_id, text)
+        self._target(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         with self._locks.hold(sid):
@@ -490,6 +534,7 @@ class StelloAgent:
     ) -> AsyncIterator[Any]:
         """Async twin of `stream`."""
         sid, payload = self._begin(session_id, text)
+        await self._atarget(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         async with self._locks.ahold(sid):

@@ -36,9 +36,11 @@ from langchain_core.messages import AnyMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.store.base import BaseStore
+from langgraph.types import RetryPolicy
 
 from stello_graph.compression import CompressionPolicy
 from stello_graph.memory import ConsolidateFn, IntegrateFn
+from stello_graph.nodes._model_call import model_retry_policy
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.ops import (
     make_consolidate_node,
@@ -119,7 +121,9 @@ def build_graph(deps: StelloDeps) -> StateGraph[Any, Any, Any, Any]:
         StelloState, input_schema=StelloInput, output_schema=StelloOutput
     )
     graph.add_node("assemble", make_assemble_node(deps))
-    graph.add_node("model", make_model_node(deps))
+    graph.add_node(
+        "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
+    )
     graph.add_node("tools", make_tools_node(deps))
     graph.add_node("commit", make_commit_node(deps))
     graph.add_node("fork", make_fork_node(deps))
@@ -157,6 +161,8 @@ def build_stello_graph(
     skills: Sequence[Skill] = (),
     split_guard: SplitGuard | None = None,
     compression: CompressionPolicy | None = None,
+    model_timeout: float | None = None,
+    model_retry: RetryPolicy | None = None,
 ) -> StateGraph[Any, Any, Any, Any]:
     """The stello orchestration as an uncompiled LangGraph `StateGraph`.
 
@@ -178,6 +184,10 @@ def build_stello_graph(
         skills: skills models can activate (`activate_skill`), per-session allow-lists.
         split_guard: limits on forks the model makes itself.
         compression: automatic context compression of every session.
+        model_timeout: seconds each model call of a turn may take; a call that takes
+            longer fails the turn with `ModelCallError` (or is retried, see `model_retry`).
+        model_retry: a LangGraph `RetryPolicy` for a turn's failed model calls; its
+            `retry_on` judges the provider's exception. Timed-out calls are retried.
     """
     deps = StelloDeps(
         storage=storage,
@@ -193,5 +203,7 @@ def build_stello_graph(
         skills=skills,
         split_guard=split_guard,
         compression=compression,
+        model_timeout=model_timeout,
+        model_retry=model_retry,
     )
     return build_graph(deps)

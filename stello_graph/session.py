@@ -50,6 +50,9 @@ from stello_graph.storage import SessionStorage
 
 __all__ = ["Session"]
 
+_CONSOLIDATE_ATTEMPTS = 3
+"""Consolidations started again when another one wrote the L2 meanwhile."""
+
 
 def _consolidated(result: object, session_id: str) -> str:
     if not isinstance(result, str):
@@ -265,47 +268,69 @@ class Session(SessionBase):
 
         Idempotent: with no new records since the last consolidation the function is not
         called and the current L2 is returned. Returns `None` for a session with no records.
+
+        Safe to run concurrently (threads, processes, the scheduler): the L2 and its cursor
+        are read together, and the new L2 is written only if no other consolidation wrote
+        meanwhile; otherwise it starts again from that one's L2 (or returns it, if it
+        covers as much), so an L2 never loses records nor moves back.
         """
         return self._consolidate(fn, require_active=True)
 
     def _consolidate(self, fn: ConsolidateFn | None, *, require_active: bool) -> str | None:
         chosen = self._consolidator(fn)
         s = self._storage
-        meta = self._load_meta()
-        if require_active:
-            self._active(meta, "consolidation")
-        current, through = s.get_memory(self._id), s.get_memory_through(self._id)
-        records: list[BaseMessage] = s.list_records(self._id, offset=through)
-        if not records:
-            return current
-        try:
-            result = call_sync(chosen, current, list(records))
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._fn_error(exc) from exc
-        l2 = _consolidated(result, self._id)
-        s.put_memory(self._id, l2, through=through + len(records))
-        return l2
+        for _ in range(_CONSOLIDATE_ATTEMPTS):
+            with s.transaction():  # L2, its cursor and the records, as of one moment
+                meta = self._load_meta()
+                if require_active:
+                    self._active(meta, "consolidation")
+                current, through = s.get_memory(self._id), s.get_memory_through(self._id)
+                records: list[BaseMessage] = s.list_records(self._id, offset=through)
+            if not records:
+                return current
+            try:
+                result = call_sync(chosen, current, list(records))
+            except StelloError:
+                raise
+            except Exception as exc:
+                raise self._fn_error(exc) from exc
+            l2 = _consolidated(result, self._id)
+            with s.transaction():
+                stored = s.get_memory(self._id), s.get_memory_through(self._id)
+                if stored == (current, through):
+                    s.put_memory(self._id, l2, through=through + len(records))
+                    return l2
+            if stored[1] >= through + len(records):
+                return stored[0]  # a concurrent consolidation covered as much meanwhile
+        return s.get_memory(self._id)
 
     async def aconsolidate(self, fn: ConsolidateFn | None = None) -> str | None:
         """Async twin of `consolidate`."""
         chosen = self._consolidator(fn)
         s = self._storage
-        self._active(await self._aload_meta(), "consolidation")
-        current, through = await s.aget_memory(self._id), await s.aget_memory_through(self._id)
-        records: list[BaseMessage] = await s.alist_records(self._id, offset=through)
-        if not records:
-            return current
-        try:
-            result = await call_async(chosen, current, list(records))
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._fn_error(exc) from exc
-        l2 = _consolidated(result, self._id)
-        await s.aput_memory(self._id, l2, through=through + len(records))
-        return l2
+        for _ in range(_CONSOLIDATE_ATTEMPTS):
+            async with s.atransaction():
+                self._active(await self._aload_meta(), "consolidation")
+                current = await s.aget_memory(self._id)
+                through = await s.aget_memory_through(self._id)
+                records: list[BaseMessage] = await s.alist_records(self._id, offset=through)
+            if not records:
+                return current
+            try:
+                result = await call_async(chosen, current, list(records))
+            except StelloError:
+                raise
+            except Exception as exc:
+                raise self._fn_error(exc) from exc
+            l2 = _consolidated(result, self._id)
+            async with s.atransaction():
+                stored = await s.aget_memory(self._id), await s.aget_memory_through(self._id)
+                if stored == (current, through):
+                    await s.aput_memory(self._id, l2, through=through + len(records))
+                    return l2
+            if stored[1] >= through + len(records):
+                return stored[0]
+        return await s.aget_memory(self._id)
 
     # -- fork and archive -------------------------------------------------------------------
     def _child(

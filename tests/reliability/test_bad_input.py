@@ -1,0 +1,452 @@
+"""Bad-input suite: a table of wrong calls across the public API (and the CLI, once it exists).
+
+Each case runs on its own copy of a prepared database. It must raise the typed error of the
+table with a message that names the problem, and a dump of the database (`iterdump()`, the
+LangGraph checkpoint tables included) must be the same before and after. Files that are not
+usable databases must be left byte for byte as they were.
+
+A second table holds odd inputs that are *valid* (SQL metacharacters, odd unicode): each is
+stored and read back exactly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage, ToolMessage
+
+from stello_graph import (
+    DuplicateSessionError,
+    FunctionNotConfiguredError,
+    InvalidInputError,
+    MainSession,
+    MainSessionExistsError,
+    MainSessionForkError,
+    NodeHasChildrenError,
+    NodeNotFoundError,
+    NotADatabaseError,
+    NothingToIntegrateError,
+    Schedule,
+    SchemaVersionError,
+    Session,
+    SessionArchivedError,
+    SessionNotFoundError,
+    StelloAgent,
+    StelloError,
+    TopologyCycleError,
+    TopologyNode,
+)
+from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.testing import ScriptedChatModel
+from tests.reliability import _scenario as sc
+from tests.reliability.conftest import Figures
+
+pytestmark = pytest.mark.reliability
+
+TEN_MB = "x" * (10 * 1024 * 1024)
+
+
+@dataclass
+class World:
+    """An agent on a prepared database: main -> (child -> grandchild, zed [archived])."""
+
+    path: Path
+    agent: StelloAgent
+    main: str
+    child: str
+    grandchild: str
+    zed: str
+
+    @property
+    def storage(self) -> SqliteMainStorage:
+        storage = self.agent.storage
+        assert isinstance(storage, SqliteMainStorage)
+        return storage
+
+
+def open_agent(path: Path) -> StelloAgent:
+    return StelloAgent(
+        model=ScriptedChatModel(respond=sc.respond),
+        storage=path,
+        tools=sc.tools(),
+        consolidate_fn=sc.consolidate,
+        integrate_fn=sc.Integrator(0),
+    )
+
+
+def prepare(path: Path, *, memory: bool) -> dict[str, str]:
+    """Build a world; `memory=False` leaves every child without an L2 (nothing to integrate)."""
+    with open_agent(path) as a:
+        child = a.fork(a.main_session_id, "Child").id
+        grandchild = a.fork(child, "Grandchild").id
+        zed = a.fork(a.main_session_id, "Zed").id
+        for sid in (a.main_session_id, child, grandchild, zed):
+            a.turn(sid, f"u-0-{sid}")
+        a.archive(zed)
+        if memory:
+            a.consolidate(child)
+            a.consolidate(grandchild)
+            a.integrate()
+        return {"main": a.main_session_id, "child": child, "grandchild": grandchild, "zed": zed}
+
+
+def dump(path: Path) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, str]]]:
+    root = tmp_path_factory.mktemp("worlds")
+    return {
+        name: (root / f"{name}.db", prepare(root / f"{name}.db", memory=name == "tree"))
+        for name in ("tree", "no-memory")
+    }
+
+
+@pytest.fixture
+def world_factory(
+    prepared: dict[str, tuple[Path, dict[str, str]]], tmp_path: Path
+) -> Iterator[Callable[[str], World]]:
+    opened: list[StelloAgent] = []
+
+    def make(name: str) -> World:
+        source, ids = prepared[name]
+        path = tmp_path / f"{name}.db"
+        shutil.copy(source, path)
+        agent = open_agent(path)
+        opened.append(agent)
+        return World(path, agent, **ids)
+
+    yield make
+    for agent in opened:
+        agent.close()
+
+
+async def settle(value: Any) -> Any:
+    """Await `value` if the call returned a coroutine; drain it if it returned an iterator."""
+    if inspect.isawaitable(value):
+        return await value
+    if hasattr(value, "__aiter__"):
+        return [item async for item in value]
+    if hasattr(value, "__next__"):
+        return list(value)
+    return value
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    call: Callable[[World], Any]
+    error: type[BaseException]
+    match: str
+    world: str = "tree"
+
+
+def _tool_result(w: World) -> Any:
+    return Session.load(w.child, w.storage).send_tool_results(
+        [ToolMessage("42", tool_call_id="never-asked")]
+    )
+
+
+CASES: list[Case] = [
+    # -- turns ----------------------------------------------------------------------------
+    Case("turn on an unknown session", lambda w: w.agent.turn("nope", "hi"),
+         SessionNotFoundError, "'nope' does not exist"),
+    Case("turn on an archived session", lambda w: w.agent.turn(w.zed, "hi"),
+         SessionArchivedError, "is archived"),
+    Case("async turn on an unknown session", lambda w: w.agent.aturn("nope", "hi"),
+         SessionNotFoundError, "'nope' does not exist"),
+    Case("stream on an archived session", lambda w: w.agent.stream(w.zed, "hi"),
+         SessionArchivedError, "is archived"),
+    Case("empty text", lambda w: w.agent.turn(w.child, ""),
+         InvalidInputError, "text is empty or only whitespace"),
+    Case("whitespace text", lambda w: w.agent.turn(w.child, " \n\t "),
+         InvalidInputError, "text is empty or only whitespace"),
+    Case("10 MB text", lambda w: w.agent.turn(w.child, TEN_MB),
+         InvalidInputError, "the limit is 1,000,000"),
+    Case("text of the wrong type", lambda w: w.agent.turn(w.child, 123),  # type: ignore[arg-type]
+         InvalidInputError, "text must be a str, got int"),
+    Case("session id of the wrong type", lambda w: w.agent.turn(None, "hi"),  # type: ignore[arg-type]
+         InvalidInputError, "session id must be a str, got NoneType"),
+    Case("text with a lone surrogate", lambda w: w.agent.turn(w.child, "bad \ud800 text"),
+         InvalidInputError, "lone surrogate"),
+    Case("resume with nothing in flight", lambda w: w.agent.resume(w.child),
+         InvalidInputError, "no turn in flight"),
+    Case("resume an unknown session", lambda w: w.agent.aresume("nope"),
+         SessionNotFoundError, "'nope' does not exist"),
+    # -- forks ----------------------------------------------------------------------------
+    Case("fork from an unknown session", lambda w: w.agent.fork("nope", "x"),
+         SessionNotFoundError, "'nope' does not exist"),
+    Case("fork from an archived session", lambda w: w.agent.fork(w.zed, "x"),
+         SessionArchivedError, "refuses a fork"),
+    Case("label too long", lambda w: w.agent.fork(w.child, "L" * 201),
+         InvalidInputError, "label has 201 characters; the limit is 200"),
+    Case("label with a newline", lambda w: w.agent.fork(w.child, "two\nlines"),
+         InvalidInputError, "control character '\\n'"),
+    Case("label with NUL", lambda w: w.agent.afork(w.child, "nul\x00"),
+         InvalidInputError, "control character '\\x00'"),
+    Case("label of the wrong type", lambda w: w.agent.fork(w.child, 42),  # type: ignore[arg-type]
+         InvalidInputError, "label must be a str, got int"),
+    Case("unknown fork option", lambda w: w.agent.fork(w.child, "x", colour="red"),
+         InvalidInputError, "Unknown fork option(s) ['colour']"),
+    Case("unknown fork context", lambda w: w.agent.fork(w.child, "x", context="all"),
+         InvalidInputError, "context must be 'none', 'inherit', 'compress' or a function"),
+    Case("tags as a string", lambda w: w.agent.fork(w.child, "x", tags="a,b"),
+         InvalidInputError, "tags must be a list or tuple of strings, got str"),
+    Case("blank tag", lambda w: w.agent.fork(w.child, "x", tags=["ok", " "]),
+         InvalidInputError, "tag is empty or only whitespace"),
+    Case("metadata not JSON", lambda w: w.agent.fork(w.child, "x", metadata={"f": object()}),
+         InvalidInputError, "metadata must be JSON-serialisable"),
+    Case("metadata key not a string", lambda w: w.agent.fork(w.child, "x", metadata={1: 2}),
+         InvalidInputError, "metadata keys must be strings, got 1"),
+    Case("fork onto an existing id", lambda w: w.agent.fork(w.main, "x", id=w.child),
+         DuplicateSessionError, "already exists"),
+    Case("10 MB system prompt", lambda w: w.agent.fork(w.child, "x", system_prompt=TEN_MB),
+         InvalidInputError, "system_prompt has 10,485,760 characters"),
+    Case("main session forked directly", lambda w: MainSession.load(w.storage).fork("x"),
+         MainSessionForkError, "does not fork"),
+    # -- archive, consolidate, integrate ----------------------------------------------------
+    Case("archive the main session", lambda w: w.agent.archive(w.main),
+         InvalidInputError, "main session cannot be archived"),
+    Case("archive an unknown session", lambda w: w.agent.aarchive("nope"),
+         SessionNotFoundError, "'nope' does not exist"),
+    Case("consolidate the main session", lambda w: w.agent.consolidate(w.main),
+         InvalidInputError, "it does not consolidate"),
+    Case("consolidate an unknown session", lambda w: w.agent.aconsolidate("nope"),
+         SessionNotFoundError, "'nope' does not exist"),
+    Case("consolidate an archived session", lambda w: w.agent.consolidate(w.zed),
+         SessionArchivedError, "refuses consolidation"),
+    Case("consolidate with no function", lambda w: Session.load(w.child, w.storage).consolidate(),
+         FunctionNotConfiguredError, "has no consolidate function"),
+    Case("integrate with no function", lambda w: MainSession.load(w.storage).integrate(),
+         FunctionNotConfiguredError, "no integrate function"),
+    Case("integrate with no child L2", lambda w: w.agent.integrate(),
+         NothingToIntegrateError, "No active child session has an L2", world="no-memory"),
+    # -- sessions -------------------------------------------------------------------------
+    Case("second main session", lambda w: MainSession.create(w.storage),
+         MainSessionExistsError, "already has a main session"),
+    Case("session created on a taken id", lambda w: Session.create(w.storage, id=w.child),
+         DuplicateSessionError, "already exists"),
+    Case("main session loaded as a child", lambda w: Session.load(w.main, w.storage),
+         InvalidInputError, "has role 'main'; load it with MainSession.load()"),
+    Case("tool results answering nothing", _tool_result,
+         InvalidInputError, "do not answer the open tool calls"),
+    Case("meta update of an archived session",
+         lambda w: Session.load(w.zed, w.storage).update_meta(label="new"),
+         SessionArchivedError, "refuses a meta update"),
+    Case("blank insight", lambda w: Session.load(w.child, w.storage).set_insight("  "),
+         InvalidInputError, "insight is empty or only whitespace"),
+    # -- topology and storage -------------------------------------------------------------
+    Case("move a node under its own descendant",
+         lambda w: w.storage.put_node(TopologyNode(id=w.child, parent_id=w.grandchild)),
+         TopologyCycleError, "one of its descendants"),
+    Case("move a node under itself",
+         lambda w: w.storage.put_node(TopologyNode(id=w.child, parent_id=w.child)),
+         TopologyCycleError, "itself or one of its descendants"),
+    Case("move the root under a child",
+         lambda w: w.storage.put_node(TopologyNode(id=w.main, parent_id=w.child)),
+         TopologyCycleError, "one of its descendants"),
+    Case("move under a missing parent",
+         lambda w: w.storage.put_node(TopologyNode(id=w.child, parent_id="ghost")),
+         NodeNotFoundError, "'ghost' does not exist"),
+    Case("node for a missing session", lambda w: w.storage.put_node(TopologyNode(id="ghost")),
+         SessionNotFoundError, "'ghost' does not exist"),
+    Case("remove the main node without cascade", lambda w: w.storage.remove_node(w.main),
+         NodeHasChildrenError, "child node(s); pass cascade=True"),
+    Case("remove an unknown node", lambda w: w.storage.aremove_node("ghost", cascade=True),
+         NodeNotFoundError, "'ghost' does not exist"),
+    Case("records for an unknown session",
+         lambda w: w.storage.append_records("nope", [HumanMessage("x")]),
+         SessionNotFoundError, "'nope' does not exist"),
+    Case("records that are not messages",
+         lambda w: w.storage.append_records(w.child, ["hi"]),  # type: ignore[list-item]
+         InvalidInputError, "messages[0] must be a BaseMessage, got str"),
+    Case("unknown record role", lambda w: w.storage.list_records(w.child, role="robot"),
+         InvalidInputError, "Unknown record role 'robot'"),
+    Case("negative page size", lambda w: w.storage.list_records(w.child, limit=-1),
+         InvalidInputError, "limit must be zero or more, got -1"),
+    Case("global value not JSON", lambda w: w.storage.put_global("k", {1, 2}),
+         InvalidInputError, "must be JSON-serialisable"),
+    Case("empty global key", lambda w: w.storage.aput_global("", 1),
+         InvalidInputError, "key must not be empty"),
+    Case("memory cursor of the wrong type",
+         lambda w: w.storage.put_memory(w.child, "m", through="3"),  # type: ignore[arg-type]
+         InvalidInputError, "through must be an int, got str"),
+    # -- configuration --------------------------------------------------------------------
+    Case("negative max_tool_rounds",
+         lambda w: StelloAgent(model=ScriptedChatModel(), storage=w.path, max_tool_rounds=-1),
+         InvalidInputError, "max_tool_rounds must be an int >= 0, got -1"),
+    Case("zero model_timeout",
+         lambda w: StelloAgent(model=ScriptedChatModel(), storage=w.path, model_timeout=0),
+         InvalidInputError, "model_timeout must be a number of seconds > 0"),
+    Case("schedule every 0 turns", lambda w: Schedule(consolidate_every_n_turns=0),
+         InvalidInputError, "consolidate_every_n_turns must be a positive int"),
+    Case("empty tree id", lambda w: SqliteMainStorage(w.path, tree_id=""),
+         InvalidInputError, "tree_id must not be empty"),
+    # -- the tree API -----------------------------------------------------------------------
+    Case("agent move that makes a cycle", lambda w: w.agent.move(w.child, w.grandchild),
+         TopologyCycleError, "one of its descendants"),
+    Case("agent moves the main session", lambda w: w.agent.move(w.main, w.child),
+         InvalidInputError, "main session"),
+    Case("agent removes the main session", lambda w: w.agent.remove(w.main, cascade=True),
+         InvalidInputError, "main session"),
+    Case("agent removes a node with children", lambda w: w.agent.remove(w.child),
+         NodeHasChildrenError, "cascade=True"),
+    Case("tree integration with an unknown mode", lambda w: w.agent.integrate(mode="up"),  # type: ignore[call-overload]
+         InvalidInputError, "mode must be 'flat' or 'tree'"),
+    Case("fork with an unknown profile", lambda w: w.agent.fork(w.main, "x", profile="nope"),
+         StelloError, "Unknown fork profile 'nope'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+async def test_bad_input_is_refused_and_changes_nothing(
+    case: Case, world_factory: Callable[[str], World]
+) -> None:
+    w = world_factory(case.world)
+    before = dump(w.path)
+    with pytest.raises(case.error) as caught:
+        await settle(case.call(w))
+    assert case.match in str(caught.value), f"{type(caught.value).__name__}: {caught.value}"
+    assert dump(w.path) == before
+
+
+def test_the_table(figures: Figures) -> None:
+    figures.set("bad-input cases (API)", len(CASES))
+    figures.set("bad-file cases", len(FILE_CASES))
+    figures.set("odd valid inputs", len(ODD_INPUTS))
+    figures.set("CLI cases", len(CLI_CASES))
+    assert len(CASES) + len(FILE_CASES) + len(CLI_CASES) >= 30
+
+
+# -- files that are not usable databases ----------------------------------------------------
+def _not_a_database(path: Path) -> None:
+    path.write_text("These are my notes, not a database.\n" * 200)
+
+
+def _newer_schema(path: Path) -> None:
+    prepare(path, memory=False)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("INSERT INTO stello_schema (version, applied_at) VALUES (99, 'future')")
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.close()
+
+
+FILE_CASES = [
+    ("storage on a text file", _not_a_database, lambda p: SqliteMainStorage(p),
+     NotADatabaseError, "is not a SQLite database"),
+    ("agent on a text file", _not_a_database,
+     lambda p: StelloAgent(model=ScriptedChatModel(), storage=p),
+     NotADatabaseError, "is not a SQLite database"),
+    ("storage on a newer schema", _newer_schema, lambda p: SqliteMainStorage(p),
+     SchemaVersionError, "schema version 99"),
+    ("agent on a newer schema", _newer_schema,
+     lambda p: StelloAgent(model=ScriptedChatModel(), storage=p),
+     SchemaVersionError, "upgrade stello-graph"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "call", "error", "match"),
+    [case[1:] for case in FILE_CASES],
+    ids=[case[0] for case in FILE_CASES],
+)
+def test_unusable_file_is_refused_and_left_as_it_was(
+    tmp_path: Path,
+    make: Callable[[Path], None],
+    call: Callable[[Path], Any],
+    error: type[BaseException],
+    match: str,
+) -> None:
+    path = tmp_path / "file.db"
+    make(path)
+    before = path.read_bytes()
+    with pytest.raises(error, match=match):
+        call(path)
+    assert path.read_bytes() == before
+    assert not Path(f"{path}-wal").exists()
+
+
+# -- odd but valid inputs -------------------------------------------------------------------
+ODD_INPUTS = [
+    "'; DROP TABLE stello_sessions; --",
+    'Robert"); DELETE FROM stello_nodes WHERE ("1"="1',
+    "100% _done_ \\ [x] * ? %%",
+    "🌳 tree of thoughts 🧠",
+    "שלום עולם",  # right-to-left
+    "e\u0301 vs \u00e9",  # combining accent vs precomposed
+    "zero\u200bwidth\u200djoiner",
+    "\ufeffBOM first",
+    "ｆｕｌｌｗｉｄｔｈ",
+    "a" * 200,
+]
+
+
+@pytest.mark.parametrize("text", ODD_INPUTS, ids=range(len(ODD_INPUTS)))
+def test_odd_valid_input_round_trips(world_factory: Callable[[str], World], text: str) -> None:
+    w = world_factory("tree")
+    node = w.agent.fork(w.child, text, tags=[text[:100]], metadata={text: text})
+    meta = w.storage.get_session(node.id)
+    assert meta is not None
+    assert (meta.label, meta.tags, meta.metadata) == (text, (text[:100],), {text: text})
+    assert w.storage.get_node(node.id) == TopologyNode(id=node.id, parent_id=w.child, label=text)
+    assert [m.id for m in w.storage.list_sessions(tags=[text[:100]])] == [node.id]
+    reply = w.agent.turn(node.id, text).content
+    assert reply == f"re:{text}"
+    assert w.storage.list_records(node.id)[0].content == text
+    others = [m for m in w.storage.list_sessions() if not m.label.startswith("auto:")]
+    assert len(others) == 5  # nothing else appeared or vanished (`auto:` forks are the model's)
+
+
+# -- the CLI --------------------------------------------------------------------------------
+HAS_CLI = find_spec("stello_graph.cli") is not None
+RUN_CLI = "import sys; from stello_graph.cli import main; sys.exit(main())"
+
+CLI_CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
+    ("unknown command", lambda db: ["no-such-command"], "no-such-command"),
+    ("chat on a text file",
+     lambda db: ["chat", "--db", str(db.with_suffix(".txt")), "--model", "scripted"],
+     "not a SQLite database"),
+    ("tree of a text file", lambda db: ["tree", "--db", str(db.with_suffix(".txt"))],
+     "not a SQLite database"),
+    ("export of a missing file", lambda db: ["export", "--db", str(db.with_suffix(".none"))],
+     "no such file"),
+    ("tree of an unknown tree id", lambda db: ["tree", "--db", str(db), "--tree-id", "nope"],
+     "nope"),
+    ("chat with no model configured", lambda db: ["chat", "--db", str(db)],
+     "no chat model configured"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make_args", "match"), [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES]
+)
+def test_cli_bad_input(
+    world_factory: Callable[[str], World], make_args: Callable[[Path], list[str]], match: str
+) -> None:
+    w = world_factory("tree")
+    w.agent.close()
+    _not_a_database(w.path.with_suffix(".txt"))
+    before = dump(w.path), w.path.with_suffix(".txt").read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_CLI, *make_args(w.path)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert match in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (dump(w.path), w.path.with_suffix(".txt").read_bytes()) == before
