@@ -19,7 +19,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.types import RetryPolicy
 
-from stello_graph._base import SessionBase
+from stello_graph._base import SessionBase, ToolChoice
 from stello_graph.errors import InvalidInputError, ModelCallError
 
 __all__ = ["ainvoke_model", "check_model_timeout", "invoke_model", "model_retry_policy"]
@@ -43,7 +43,10 @@ def _timed_out(session: SessionBase, limit: float) -> ModelCallError:
 
 
 def invoke_model(
-    session: SessionBase, prompt: Sequence[BaseMessage], limit: float | None
+    session: SessionBase,
+    prompt: Sequence[BaseMessage],
+    limit: float | None,
+    tool_choice: ToolChoice = None,
 ) -> AIMessage:
     """`session.invoke(prompt)`, given up after `limit` seconds.
 
@@ -51,13 +54,13 @@ def invoke_model(
     so callbacks and LangGraph streaming still see it), which is abandoned on timeout.
     """
     if limit is None:
-        return session.invoke(prompt)
+        return session.invoke(prompt, tool_choice=tool_choice)
     box: dict[str, Any] = {}
     context = contextvars.copy_context()
 
     def call() -> None:
         try:
-            box["reply"] = context.run(session.invoke, prompt)
+            box["reply"] = context.run(lambda: session.invoke(prompt, tool_choice=tool_choice))
         except BaseException as exc:  # re-raised in the caller's thread
             box["error"] = exc
 
@@ -73,14 +76,17 @@ def invoke_model(
 
 
 async def ainvoke_model(
-    session: SessionBase, prompt: Sequence[BaseMessage], limit: float | None
+    session: SessionBase,
+    prompt: Sequence[BaseMessage],
+    limit: float | None,
+    tool_choice: ToolChoice = None,
 ) -> AIMessage:
     """Async twin of `invoke_model`; the call is cancelled when `limit` is reached."""
     if limit is None:
-        return await session.ainvoke(prompt)
+        return await session.ainvoke(prompt, tool_choice=tool_choice)
     try:
         async with asyncio.timeout(limit):
-            return await session.ainvoke(prompt)
+            return await session.ainvoke(prompt, tool_choice=tool_choice)
     except TimeoutError as exc:
         raise _timed_out(session, limit) from exc
 

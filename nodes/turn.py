@@ -60,6 +60,9 @@ def _start(session: SessionBase, state: State, insight: str | None) -> State:
         "tool_rounds": 0,
         "tool_calls": [],
         "content": "",
+        # the input's tool_choice holds for this turn's first model call only
+        "turn_tool_choice": state.get("tool_choice"),
+        "tool_choice": None,
     }
 
 
@@ -104,19 +107,26 @@ def _check_rounds(deps: StelloDeps, state: State, reply: AIMessage) -> State:
     return {"pending": [_own_id(reply, state["pending"])]}
 
 
+def _tool_choice(state: State) -> Any:
+    """The turn's forced tool choice, for its first model call only (later rounds are free)."""
+    return state.get("turn_tool_choice") if state.get("tool_rounds", 0) == 0 else None
+
+
 def make_model_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
     """Node `model`: one call of the session's model on its context plus the turn so far."""
 
     def model(state: State) -> State:
         session = deps.session(state["session_id"])
         ctx = session.turn_context(insight=state.get("insight"))
-        reply = invoke_model(session, ctx.prompt(state["pending"]), deps.model_timeout)
+        prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
+        reply = invoke_model(session, prompt, deps.model_timeout, choice)
         return _check_rounds(deps, state, reply)
 
     async def amodel(state: State) -> State:
         session = await deps.asession(state["session_id"])
         ctx = await session.aturn_context(insight=state.get("insight"))
-        reply = await ainvoke_model(session, ctx.prompt(state["pending"]), deps.model_timeout)
+        prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
+        reply = await ainvoke_model(session, prompt, deps.model_timeout, choice)
         return _check_rounds(deps, state, reply)
 
     return _node("model", model, amodel)

@@ -66,6 +66,20 @@ __all__ = [
 ]
 
 ModelInput = Sequence[BaseMessage]
+ToolChoice = str | dict[str, Any] | bool | None
+"""How a call must use its tools, as LangChain's `bind_tools(tool_choice=...)` takes it."""
+
+
+def check_tool_choice(value: object) -> str | dict[str, Any] | bool:
+    """A `tool_choice` LangChain accepts: a string, a dict or a bool."""
+    if isinstance(value, bool | dict) or (isinstance(value, str) and value.strip()):
+        return value
+    raise InvalidInputError(
+        f"tool_choice must be 'auto', 'required', 'any', a tool name, a dict or a bool, "
+        f"got {value!r}."
+    )
+
+
 _READ: Any = object()  # sentinel: read the insight from storage
 
 
@@ -350,22 +364,31 @@ class SessionBase:
         )
 
     # -- the model call ---------------------------------------------------------------------
-    def _runnable(self) -> Runnable[ModelInput, Any]:
+    def _bind(self, model: BaseChatModel, tool_choice: ToolChoice) -> Runnable[ModelInput, Any]:
+        try:
+            if tool_choice is None:
+                return model.bind_tools(self._tools)
+            return model.bind_tools(self._tools, tool_choice=tool_choice)  # type: ignore[arg-type]
+        except NotImplementedError:
+            raise ModelNotConfiguredError(
+                f"{type(model).__name__} does not support tools "
+                "(bind_tools is not implemented); use a tool-calling model."
+            ) from None
+
+    def _runnable(self, tool_choice: ToolChoice = None) -> Runnable[ModelInput, Any]:
+        """The model, bound to the session's tools (forced as `tool_choice` says, if given)."""
         if self._model is None:
             raise ModelNotConfiguredError(
                 f"Session {self._id!r} has no chat model; pass model= to create() or load()."
             )
+        if tool_choice is not None:
+            if not self._tools:
+                raise InvalidInputError(
+                    f"tool_choice={tool_choice!r}, but session {self._id!r} has no tools."
+                )
+            return self._bind(self._model, check_tool_choice(tool_choice))
         if self._bound is None:
-            if self._tools:
-                try:
-                    self._bound = self._model.bind_tools(self._tools)
-                except NotImplementedError:
-                    raise ModelNotConfiguredError(
-                        f"{type(self._model).__name__} does not support tools "
-                        "(bind_tools is not implemented); use a tool-calling model."
-                    ) from None
-            else:
-                self._bound = self._model
+            self._bound = self._bind(self._model, None) if self._tools else self._model
         return self._bound
 
     def _config(self) -> RunnableConfig:
@@ -382,9 +405,13 @@ class SessionBase:
             session_id=self._id,
         )
 
-    def invoke(self, prompt: Sequence[BaseMessage]) -> AIMessage:
-        """One model call with `prompt`; provider errors become `ModelCallError`."""
-        runnable = self._runnable()
+    def invoke(self, prompt: Sequence[BaseMessage], *, tool_choice: ToolChoice = None) -> AIMessage:
+        """One model call with `prompt`; provider errors become `ModelCallError`.
+
+        `tool_choice` forces this call's use of tools as LangChain's `bind_tools` does
+        (`"required"` / `"any"`, a tool's name, ...); by default the model chooses.
+        """
+        runnable = self._runnable(tool_choice)
         try:
             return _as_ai_message(runnable.invoke(list(prompt), config=self._config()))
         except StelloError:
@@ -392,9 +419,11 @@ class SessionBase:
         except Exception as exc:
             raise self._model_error(exc) from exc
 
-    async def ainvoke(self, prompt: Sequence[BaseMessage]) -> AIMessage:
+    async def ainvoke(
+        self, prompt: Sequence[BaseMessage], *, tool_choice: ToolChoice = None
+    ) -> AIMessage:
         """Async twin of `invoke`."""
-        runnable = self._runnable()
+        runnable = self._runnable(tool_choice)
         try:
             return _as_ai_message(await runnable.ainvoke(list(prompt), config=self._config()))
         except StelloError:
@@ -430,23 +459,24 @@ class SessionBase:
                 await s.aclear_insight(self._id, expected=insight)
 
     # -- send -------------------------------------------------------------------------------
-    def send(self, content: str) -> SendResult:
+    def send(self, content: str, *, tool_choice: ToolChoice = None) -> SendResult:
         """Send a user message: exactly one model call; the message and reply go to L3.
 
         If the reply asks for tools, run them and pass their results to `send_tool_results`.
+        `tool_choice` forces the call's use of tools (e.g. `"required"` or a tool's name).
         The text is stored exactly as given (text that looks like JSON is still user text).
         """
         human = HumanMessage(content=check_text(content))
         ctx = self.turn_context()
-        reply = self.invoke(ctx.prompt([human]))
+        reply = self.invoke(ctx.prompt([human]), tool_choice=tool_choice)
         self.commit_turn([human, reply], insight=ctx.insight)
         return to_send_result(reply)
 
-    async def asend(self, content: str) -> SendResult:
+    async def asend(self, content: str, *, tool_choice: ToolChoice = None) -> SendResult:
         """Async twin of `send`."""
         human = HumanMessage(content=check_text(content))
         ctx = await self.aturn_context()
-        reply = await self.ainvoke(ctx.prompt([human]))
+        reply = await self.ainvoke(ctx.prompt([human]), tool_choice=tool_choice)
         await self.acommit_turn([human, reply], insight=ctx.insight)
         return to_send_result(reply)
 

@@ -34,6 +34,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.store.base import BaseStore
 from langgraph.types import Command, Durability, Interrupt, RetryPolicy, StateSnapshot
 
+from stello_graph._base import ToolChoice, check_tool_choice
 from stello_graph._validate import check_id, check_text
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
@@ -336,10 +337,13 @@ class StelloAgent:
         self.close()
 
     # -- turns ------------------------------------------------------------------------------
-    def _begin(self, session_id: object, text: object) -> tuple[str, dict[str, Any]]:
+    def _begin(
+        self, session_id: object, text: object, tool_choice: ToolChoice = None
+    ) -> tuple[str, dict[str, Any]]:
         sid = check_id(session_id)
         check_text(text, "text")
-        return sid, {"session_id": sid, "input": text}
+        choice = None if tool_choice is None else check_tool_choice(tool_choice)
+        return sid, {"session_id": sid, "input": text, "tool_choice": choice}
 
     @staticmethod
     def _check_target(sid: str, meta: SessionMeta | None) -> str:
@@ -391,24 +395,29 @@ class StelloAgent:
             await self.checkpointer.adelete_thread(self.config(sid)["configurable"]["thread_id"])
         return result
 
-    def turn(self, session_id: str, text: str) -> TurnResult:
+    def turn(self, session_id: str, text: str, *, tool_choice: ToolChoice = None) -> TurnResult:
         """Run one turn: the model (and its tools, up to `max_tool_rounds`) until it answers.
 
         Raises:
             SessionNotFoundError / SessionArchivedError: no such session, or it is archived.
             ToolRoundLimitError: the model kept asking for tools; nothing was stored.
             ModelCallError: the model failed; nothing was stored.
+
+        `tool_choice` forces the turn's first model call to use tools (`"required"`, a
+        tool's name, ...); later rounds of the turn are free to answer.
         """
-        sid, payload = self._begin(session_id, text)
+        sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid)
         with self._locks.hold(sid):
             self._switch(sid)
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
 
-    async def aturn(self, session_id: str, text: str) -> TurnResult:
+    async def aturn(
+        self, session_id: str, text: str, *, tool_choice: ToolChoice = None
+    ) -> TurnResult:
         """Async twin of `turn`."""
-        sid, payload = self._begin(session_id, text)
+        sid, payload = self._begin(session_id, text, tool_choice)
         await self._atarget(sid)
         async with self._locks.ahold(sid):
             self._switch(sid)
@@ -494,6 +503,8 @@ class StelloAgent:
         session_id: str,
         text: str,
         stream_mode: str | Sequence[str] = "messages",
+        *,
+        tool_choice: ToolChoice = None,
     ) -> Iterator[Any]:
         """Run a turn, yielding what LangGraph's `stream_mode` yields.
 
@@ -502,7 +513,7 @@ class StelloAgent:
         insights delivered, background errors); `updates` / `values` as usual. With a list
         of modes, items are `(mode, item)` pairs.
         """
-        sid, payload = self._begin(session_id, text)
+        sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
@@ -531,9 +542,11 @@ class StelloAgent:
         session_id: str,
         text: str,
         stream_mode: str | Sequence[str] = "messages",
+        *,
+        tool_choice: ToolChoice = None,
     ) -> AsyncIterator[Any]:
         """Async twin of `stream`."""
-        sid, payload = self._begin(session_id, text)
+        sid, payload = self._begin(session_id, text, tool_choice)
         await self._atarget(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)

@@ -83,6 +83,8 @@ class StelloInput(TypedDict, total=False):
     fork: dict[str, Any]
     """Options of a fork: `label` and optionally `context`, `system_prompt`, `prompt`,
     `tags`, `metadata`, `id`."""
+    tool_choice: str | dict[str, Any] | bool | None
+    """Force the turn's first model call to use tools (`"required"`, a tool's name, ...)."""
     mode: Literal["flat", "tree"]
     """How `integrate` runs: every L2 into the main session (flat, default) or level by level."""
 
@@ -110,6 +112,7 @@ class StelloState(StelloInput, StelloOutput, total=False):
 
     pending: Annotated[list[AnyMessage], add_messages]
     insight: str | None
+    turn_tool_choice: str | dict[str, Any] | bool | None
     tree_plan: dict[str, Any]
     tree_step: int
     tree_results: Annotated[dict[str, Any], merge_results]

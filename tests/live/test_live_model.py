@@ -124,13 +124,8 @@ def test_forced_tool_call(live_model: ModelFactory, agent: StelloAgent) -> None:
     """`tool_choice` forces the first call; the tool's result is then answered freely."""
     forced = {"type": "function", "function": {"name": "get_weather"}}
     node = agent.fork(agent.main_session_id, "Weather")
-    session = Session.load(
-        node.id,
-        agent.storage,
-        model=live_model(model_kwargs={"tool_choice": forced}),
-        tools=[get_weather],
-    )
-    reply = session.send("What is the weather like in Paris?")
+    session = Session.load(node.id, agent.storage, model=live_model(), tools=[get_weather])
+    reply = session.send("What is the weather like in Paris?", tool_choice=forced)
     assert [call["name"] for call in reply.tool_calls] == ["get_weather"]
     call = reply.tool_calls[0]
     assert isinstance(call["args"].get("city"), str) and call["id"]
@@ -138,9 +133,8 @@ def test_forced_tool_call(live_model: ModelFactory, agent: StelloAgent) -> None:
     result = ToolMessage(
         content=get_weather.invoke(call["args"]), tool_call_id=call["id"], name="get_weather"
     )
-    free = Session.load(node.id, agent.storage, model=live_model(), tools=[get_weather])
-    final = free.send_tool_results([result])
+    final = session.send_tool_results([result])  # the continuation is not forced
     assert isinstance(final.content, str)
-    records = free.messages()
+    records = session.messages()
     assert [type(m) for m in records] == [HumanMessage, AIMessage, ToolMessage, AIMessage]
     assert_clean(agent)

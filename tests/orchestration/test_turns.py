@@ -15,6 +15,7 @@ from langgraph.types import interrupt
 from stello_graph import (
     InvalidInputError,
     ModelCallError,
+    Session,
     SessionArchivedError,
     SessionNotFoundError,
     ToolRoundLimitError,
@@ -298,3 +299,30 @@ def test_reply_records_keep_tool_calls(make_agent: AgentFactory) -> None:
     agent.turn(agent.main_session_id, "1+1")
     stored = agent.session(agent.main_session_id).messages()[1]
     assert isinstance(stored, AIMessage) and stored.tool_calls[0]["name"] == "add"
+
+
+def test_tool_choice_forces_only_the_first_call_of_a_turn(make_agent: AgentFactory) -> None:
+    model = ScriptedChatModel(
+        [ScriptedChatModel.tool_call("add", {"a": 1, "b": 2}), "3", "plain answer"]
+    )
+    agent = make_agent(model=model, tools=[add])
+    sid = agent.main_session_id
+    assert agent.turn(sid, "1+2", tool_choice="add").content == "3"
+    assert [c.tool_choice for c in model.calls] == ["add", None]
+    agent.turn(sid, "no force this time")
+    assert model.calls[-1].tool_choice is None  # a turn's choice does not leak into the next
+    with pytest.raises(InvalidInputError, match="tool_choice"):
+        agent.turn(sid, "x", tool_choice="")
+    assert model.call_count == 3
+
+
+def test_session_send_with_tool_choice(make_agent: AgentFactory) -> None:
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("add", {"a": 1, "b": 1})])
+    agent = make_agent(model=model, tools=[add])
+    session = agent.session(agent.main_session_id)
+    assert session.send("1+1", tool_choice="required").tool_calls[0]["name"] == "add"
+    assert model.calls[0].tool_choice == "required"
+    bare = Session.create(agent.storage, model=model)  # a session with no tools at all
+    with pytest.raises(InvalidInputError, match="has no tools"):
+        bare.send("hi", tool_choice="required")
+    assert model.call_count == 1
