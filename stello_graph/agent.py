@@ -233,43 +233,48 @@ class StelloAgent:
         model = _check_model(model)  # before anything is opened or created
         self._owns_storage = not hasattr(storage, "get_tree")
         self.storage: MainStorage = _open_storage(storage, tree_id)
-        self.deps = StelloDeps(
-            storage=self.storage,
-            model=model,
-            tools=tools,
-            builtin_tools=builtin_tools,
-            max_tool_rounds=max_tool_rounds,
-            consolidate_fn=consolidate_fn,
-            integrate_fn=integrate_fn,
-            schedule=schedule,
-            store=store,
-            profiles=profiles,
-            skills=skills,
-            split_guard=split_guard,
-            compression=compression,
-            model_timeout=model_timeout,
-            model_retry=model_retry,
-        )
-        found = self.storage.get_main_session()
-        main_id = (
-            MainSession.create(self.storage, label=main_label, system_prompt=system_prompt).id
-            if found is None
-            else found.id
-        )
-        main = self.deps.session(main_id)
-        assert isinstance(main, MainSession)
-        self.main: MainSession = main
-        """The main session, with the agent's model, tools and integrate function."""
-        self._owns_saver = checkpointer is None
-        saver = _default_saver(self.storage) if checkpointer is None else checkpointer
-        self.checkpointer: BaseCheckpointSaver[Any] | None = saver or None
-        self._prune = self._owns_saver if prune_checkpoints is None else prune_checkpoints
-        self._durability: Durability = durability
-        builder = build_graph(self.deps)
-        self.graph: CompiledStateGraph[Any, Any, Any, Any] = builder.compile(
-            checkpointer=self.checkpointer, store=store
-        )
-        self._ops: CompiledStateGraph[Any, Any, Any, Any] = builder.compile(store=store)
+        try:
+            self.deps = StelloDeps(
+                storage=self.storage,
+                model=model,
+                tools=tools,
+                builtin_tools=builtin_tools,
+                max_tool_rounds=max_tool_rounds,
+                consolidate_fn=consolidate_fn,
+                integrate_fn=integrate_fn,
+                schedule=schedule,
+                store=store,
+                profiles=profiles,
+                skills=skills,
+                split_guard=split_guard,
+                compression=compression,
+                model_timeout=model_timeout,
+                model_retry=model_retry,
+            )
+            found = self.storage.get_main_session()
+            main_id = (
+                MainSession.create(self.storage, label=main_label, system_prompt=system_prompt).id
+                if found is None
+                else found.id
+            )
+            main = self.deps.session(main_id)
+            assert isinstance(main, MainSession)
+            self.main: MainSession = main
+            """The main session, with the agent's model, tools and integrate function."""
+            self._owns_saver = checkpointer is None
+            saver = _default_saver(self.storage) if checkpointer is None else checkpointer
+            self.checkpointer: BaseCheckpointSaver[Any] | None = saver or None
+            self._prune = self._owns_saver if prune_checkpoints is None else prune_checkpoints
+            self._durability: Durability = durability
+            builder = build_graph(self.deps)
+            self.graph: CompiledStateGraph[Any, Any, Any, Any] = builder.compile(
+                checkpointer=self.checkpointer, store=store
+            )
+            self._ops: CompiledStateGraph[Any, Any, Any, Any] = builder.compile(store=store)
+        except BaseException:
+            if self._owns_storage:  # a bad argument must not leave the file open
+                getattr(self.storage, "close", lambda: None)()
+            raise
         self._locks = _SessionLocks()
         self._last_session: str | None = None
         self._streams: list[queue.SimpleQueue[StelloEvent]] = []

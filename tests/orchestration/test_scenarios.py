@@ -455,3 +455,20 @@ def test_agent_options_and_tool_names(tmp_path: Path) -> None:
     assert agent.as_tool(billing.id).name == "ask_billing_invoices"
     assert agent.as_tool(billing.id, name="billing").name == "billing"
     agent.close()
+
+
+def test_a_bad_option_closes_the_storage_the_agent_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed: list[str] = []
+    original = SqliteMainStorage.close
+
+    def close(self: SqliteMainStorage) -> None:
+        closed.append(str(self.path))
+        original(self)
+
+    monkeypatch.setattr(SqliteMainStorage, "close", close)
+    path = tmp_path / "opened.db"
+    with pytest.raises(InvalidInputError):
+        StelloAgent(model=ScriptedChatModel(default="r"), storage=str(path), max_tool_rounds=-1)
+    assert closed == [str(path)]
