@@ -18,7 +18,8 @@ import os
 import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -98,6 +99,25 @@ def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
 
         return sqlite_saver(path)
     return InMemorySaver()
+
+
+def _batch(session_ids: Iterable[str], concurrency: object) -> tuple[list[str], int]:
+    """The distinct ids of a batch, in order, and its concurrency, both checked."""
+    if isinstance(session_ids, str):
+        raise InvalidInputError("session_ids must be an iterable of ids, not one str.")
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+        raise InvalidInputError(f"concurrency must be a positive int, got {concurrency!r}.")
+    return list(dict.fromkeys(check_id(sid) for sid in session_ids)), concurrency
+
+
+def _batch_result(ids: list[str], outcomes: list[Any]) -> dict[str, str | None]:
+    """The L2 of each id, or the first failure raised (a note counts the others)."""
+    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    if failures:
+        if len(failures) > 1:
+            failures[0].add_note(f"{len(failures) - 1} other session(s) of the batch failed.")
+        raise failures[0]
+    return dict(zip(ids, outcomes, strict=True))
 
 
 class _SessionLocks:
@@ -529,6 +549,41 @@ class StelloAgent:
     async def aconsolidate(self, session_id: str) -> str | None:
         out = await self._ops.ainvoke({"op": "consolidate", "session_id": check_id(session_id)})
         return out.get("l2")
+
+    def consolidate_many(
+        self, session_ids: Iterable[str], *, concurrency: int = 8
+    ) -> dict[str, str | None]:
+        """Consolidate several sessions, up to `concurrency` at a time (their model calls
+        overlap, so 100 sessions take about `100 / concurrency` model latencies).
+
+        Every session is attempted, each in its own transaction. Returns each one's L2, in
+        the order given (duplicates once).
+
+        Raises:
+            InvalidInputError: a bad id or `concurrency`; nothing was consolidated.
+            StelloError: the first failure, in the order given, once all sessions were
+                attempted (the others' L2 are stored); a note counts the other failures.
+        """
+        ids, workers = _batch(session_ids, concurrency)
+        if not ids:
+            return {}
+        with ThreadPoolExecutor(min(workers, len(ids)), thread_name_prefix="stello") as pool:
+            futures = [pool.submit(self.consolidate, sid) for sid in ids]
+        return _batch_result(ids, [f.exception() or f.result() for f in futures])
+
+    async def aconsolidate_many(
+        self, session_ids: Iterable[str], *, concurrency: int = 8
+    ) -> dict[str, str | None]:
+        """Async twin of `consolidate_many`."""
+        ids, workers = _batch(session_ids, concurrency)
+        gate = asyncio.Semaphore(workers)
+
+        async def one(sid: str) -> str | None:
+            async with gate:
+                return await self.aconsolidate(sid)
+
+        done = await asyncio.gather(*(one(sid) for sid in ids), return_exceptions=True)
+        return _batch_result(ids, list(done))
 
     def integrate(self) -> IntegrationResult:
         """Integrate now: the children's L2 -> synthesis + insights."""
