@@ -84,9 +84,38 @@ _ROLE_OF_CLASS: tuple[tuple[type[BaseMessage], str], ...] = (
 )
 
 
+_OMITTABLE = (
+    "type",
+    "additional_kwargs",
+    "response_metadata",
+    "name",
+    "id",
+    "example",
+    "tool_calls",
+    "invalid_tool_calls",
+    "tool_call_chunks",
+    "usage_metadata",
+    "artifact",
+    "status",
+)
+"""Fields left out of a stored record when they hold their class's default: decoding gives
+them back by the same default (an absent and an empty tool-call list are read alike by
+`AIMessage`'s validators). Most records are ~90-130 bytes smaller for it."""
+
+
 def encode_message(message: BaseMessage) -> EncodedMessage:
-    """One message as `(role, json)`; the JSON is `message_to_dict`'s."""
-    return message_role(message), dumps(message_to_dict(message), what="A message")
+    """One message as `(role, json)`: `message_to_dict`'s JSON without the fields above
+    that hold their default value (the outer `type` picks the class)."""
+    encoded = message_to_dict(message)
+    data, fields = encoded["data"], type(message).model_fields
+    for key in _OMITTABLE:
+        field = fields.get(key)  # only declared fields: extras have no default to come back
+        if field is None or key not in data or field.is_required():
+            continue
+        default = field.get_default(call_default_factory=True)
+        if type(data[key]) is type(default) and data[key] == default:
+            del data[key]
+    return message_role(message), dumps(encoded, what="A message")
 
 
 def decode_message(data: str) -> BaseMessage:
