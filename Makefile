@@ -4,8 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stello-installed
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: install test lint type check demo clean
+.PHONY: install test lint type check demo bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,14 @@ check: lint type test
 
 demo: $(STAMP)
 	$(BIN)/python -m stello_graph.demo
+
+# The benchmark suite against plain LangGraph (minutes; not part of `make test`). Pass groups
+# or --out FILE in BENCH_ARGS, e.g. `make bench BENCH_ARGS="overhead --out figures.json"`.
+bench: $(STAMP)
+	$(BIN)/python -m tests.benchmarks $(BENCH_ARGS)
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m tests.benchmarks --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache
