@@ -42,7 +42,12 @@ from stello_graph.main_session import MainSession
 from stello_graph.memory import ConsolidateFn, IntegrateFn, llm_consolidator, llm_integrator
 from stello_graph.models import IntegrationResult, SessionMeta, TopologyNode
 from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps
-from stello_graph.nodes.scheduling import on_archive, on_switch
+from stello_graph.nodes.scheduling import (
+    aconsolidate_now,
+    consolidate_now,
+    on_archive,
+    on_switch,
+)
 from stello_graph.schedule import BackgroundFailure, Schedule
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage
@@ -556,7 +561,9 @@ class StelloAgent:
         """Consolidate several sessions, up to `concurrency` at a time (their model calls
         overlap, so 100 sessions take about `100 / concurrency` model latencies).
 
-        Every session is attempted, each in its own transaction. Returns each one's L2, in
+        Like scheduled consolidations, each runs outside the graph (a graph run per session
+        would cost more than the rest of its work) and emits a `consolidated` event. Every
+        session is attempted, each in its own transaction. Returns each one's L2, in
         the order given (duplicates once).
 
         Raises:
@@ -568,7 +575,7 @@ class StelloAgent:
         if not ids:
             return {}
         with ThreadPoolExecutor(min(workers, len(ids)), thread_name_prefix="stello") as pool:
-            futures = [pool.submit(self.consolidate, sid) for sid in ids]
+            futures = [pool.submit(consolidate_now, self.deps, sid) for sid in ids]
         return _batch_result(ids, [f.exception() or f.result() for f in futures])
 
     async def aconsolidate_many(
@@ -580,7 +587,7 @@ class StelloAgent:
 
         async def one(sid: str) -> str | None:
             async with gate:
-                return await self.aconsolidate(sid)
+                return await aconsolidate_now(self.deps, sid)
 
         done = await asyncio.gather(*(one(sid) for sid in ids), return_exceptions=True)
         return _batch_result(ids, list(done))

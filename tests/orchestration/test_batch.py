@@ -14,6 +14,7 @@ from stello_graph import (
     Session,
     SessionArchivedError,
     StelloAgent,
+    StelloEvent,
 )
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory
@@ -61,10 +62,14 @@ async def test_runs_up_to_concurrency_at_once(make_agent: AgentFactory, mode: Mo
 
     agent = make_agent(model=ScriptedChatModel(default="ok"), consolidate_fn=summary)
     ids = branches(agent, 6)
+    events: list[StelloEvent] = []
+    agent.subscribe(events.append)
     result = await consolidate_many(agent, mode, [*ids, ids[0]], 3)
     assert list(result) == ids  # in the order given, duplicates once
     assert result == {sid: f"L2 of about topic {n}" for n, sid in enumerate(ids)}
     assert peak[0] == 3
+    consolidated = {e.session_id: e.data["l2"] for e in events if e.type == "consolidated"}
+    assert consolidated == result
     assert [memory(agent, sid) for sid in ids] == list(result.values())
 
 
