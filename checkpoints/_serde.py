@@ -7,6 +7,7 @@ keys into strings; naive datetimes are taken as UTC).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -103,17 +104,25 @@ them back by the same default (an absent and an empty tool-call list are read al
 `AIMessage`'s validators). Most records are ~90-130 bytes smaller for it."""
 
 
+@functools.cache
+def _omittable_defaults(cls: type[BaseMessage]) -> tuple[tuple[str, object], ...]:
+    """`(field, default)` of the omittable fields `cls` declares (extras have no default to
+    come back by). Cached: asking pydantic for a default costs microseconds each time."""
+    found = []
+    for key in _OMITTABLE:
+        field = cls.model_fields.get(key)
+        if field is not None and not field.is_required():
+            found.append((key, field.get_default(call_default_factory=True)))
+    return tuple(found)
+
+
 def encode_message(message: BaseMessage) -> EncodedMessage:
     """One message as `(role, json)`: `message_to_dict`'s JSON without the fields above
     that hold their default value (the outer `type` picks the class)."""
     encoded = message_to_dict(message)
-    data, fields = encoded["data"], type(message).model_fields
-    for key in _OMITTABLE:
-        field = fields.get(key)  # only declared fields: extras have no default to come back
-        if field is None or key not in data or field.is_required():
-            continue
-        default = field.get_default(call_default_factory=True)
-        if type(data[key]) is type(default) and data[key] == default:
+    data = encoded["data"]
+    for key, default in _omittable_defaults(type(message)):
+        if key in data and type(data[key]) is type(default) and data[key] == default:
             del data[key]
     return message_role(message), dumps(encoded, what="A message")
 
