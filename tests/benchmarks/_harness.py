@@ -62,7 +62,7 @@ class Scale:
 
 
 FULL = Scale(
-    runs=3,
+    runs=5,
     turns=300,
     early=(6, 15),
     window=10,

@@ -98,7 +98,7 @@ def scale_figures(scale: Scale) -> list[Figure]:
         Figure(key="4c", name="load a session (cold)", unit="ms", target=2,
                value=median(loads) * ms),
         Figure(key="4d", name="load a session + its turn context (cold)", unit="ms",
-               value=median(contexts) * ms),
+               target=2, value=median(contexts) * ms),
         Figure(key="4e", name=f"fork inheriting {r} records", unit="ms", target=30,
                value=median(forks) * ms),
         Figure(key="4f", name=f"open the agent on the {n:,}-session file", unit="ms",
