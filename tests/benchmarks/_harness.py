@@ -59,6 +59,8 @@ class Scale:
     background_turns: int
     processes: int
     """Processes started per start-up figure (figure 8); 0 measures only the SDK check."""
+    settle_disk: bool
+    """Flush the OS's dirty pages (`os.sync()`) before each run of figures 1-3."""
 
 
 FULL = Scale(
@@ -78,6 +80,7 @@ FULL = Scale(
     consolidate_every=5,
     background_turns=100,
     processes=7,
+    settle_disk=True,
 )
 
 QUICK = Scale(
@@ -97,6 +100,7 @@ QUICK = Scale(
     consolidate_every=2,
     background_turns=4,
     processes=0,
+    settle_disk=False,
 )
 
 

@@ -86,7 +86,8 @@ def _baseline(scale: Scale, tool_round: bool, tmp: Path) -> _Side:
 def _pair(scale: Scale, tool_round: bool, stello_first: bool) -> tuple[_Side, _Side]:
     sides: dict[str, _Side] = {}
     for name in ("stello", "baseline") if stello_first else ("baseline", "stello"):
-        os.sync()  # start from a quiet disk: no write-back left by the previous run
+        if scale.settle_disk:
+            os.sync()  # start from a quiet disk: no write-back left by the previous run
         with tempfile.TemporaryDirectory(prefix="stello-bench-") as tmp:
             run = _stello if name == "stello" else _baseline
             sides[name] = run(scale, tool_round, Path(tmp))
