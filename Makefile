@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.stello-installed
 PYTEST_ARGS ?=
 NOTEBOOKS_OUT ?= build/notebooks
+BENCH_ARGS ?=
 
-.PHONY: install test test-live live-server test-reliability lint type check demo notebooks clean
+.PHONY: install test test-live live-server test-reliability lint type check demo notebooks bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +53,14 @@ notebooks: $(STAMP)
 	rm -rf $(NOTEBOOKS_OUT) && mkdir -p $(NOTEBOOKS_OUT)
 	cp notebooks/*.ipynb $(NOTEBOOKS_OUT)/
 	$(BIN)/jupyter execute --inplace $(NOTEBOOKS_OUT)/*.ipynb
+
+# The benchmark suite against plain LangGraph (minutes; not part of `make test`). Pass groups
+# or --out FILE in BENCH_ARGS, e.g. `make bench BENCH_ARGS="overhead --out figures.json"`.
+bench: $(STAMP)
+	$(BIN)/python -m tests.benchmarks $(BENCH_ARGS)
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m tests.benchmarks --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-live build dist *.egg-info .mypy_cache .ruff_cache

@@ -1,9 +1,12 @@
 """An LRU cache of decoded L3 records, so a turn does not decode the whole history again.
 
-The cache mirrors what one SQLite connection sees. It stays exact because:
+The cache mirrors what one SQLite connection sees of one tree. It stays exact because:
 
-* this connection's own writes update it (`extend`, `drop_oldest`, `discard`);
-* another connection's commit changes `PRAGMA data_version`, and `sync` then drops it all;
+* this connection's own writes update it (`extend`, `drop_oldest`, `discard`), and its
+  commits record the tree's change counter they leave (`committed`);
+* another connection's commit changes `PRAGMA data_version`; `sync` then reads the tree's
+  change counter (`stello_changes`, kept by triggers on every write to L3) and drops the
+  cache only if it moved: a checkpointer writing its own tables in the file costs nothing;
 * a rollback drops every session written since the transaction began (`forget_touched`),
   since the cache may hold changes that were just undone.
 
@@ -27,20 +30,39 @@ class RecordCache:
         self._size = size
         self._entries: OrderedDict[str, list[BaseMessage]] = OrderedDict()
         self._data_version: int | None = None
+        self._version: int | None = None
         self._touched: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def enabled(self) -> bool:
+        return self._size > 0
+
+    @property
+    def touched(self) -> bool:
+        """Whether this connection changed some session's records since the last settle."""
+        return bool(self._touched)
+
     def clear(self) -> None:
         self._entries.clear()
         self._data_version = None
+        self._version = None
 
-    def sync(self, data_version: int) -> None:
-        """Drop everything if another connection committed since the last call."""
-        if data_version != self._data_version:
+    def sync(self, data_version: int, read_version: Callable[[], int]) -> None:
+        """Drop everything if another connection changed the tree's L3 since the last call.
+
+        `read_version()` (the tree's change counter) is only called when `data_version`
+        shows that another connection committed something.
+        """
+        if data_version == self._data_version:
+            return
+        self._data_version = data_version
+        version = read_version()
+        if version != self._version:
             self._entries.clear()
-            self._data_version = data_version
+            self._version = version
 
     def get(self, session_id: str) -> list[BaseMessage] | None:
         records = self._entries.get(session_id)
@@ -74,8 +96,13 @@ class RecordCache:
         self._entries.pop(session_id, None)
 
     def settle(self) -> None:
-        """The transaction committed: what the cache holds is now durable."""
+        """The transaction ended: nothing it touched can be undone any more."""
         self._touched.clear()
+
+    def committed(self, version: int) -> None:
+        """This connection committed, leaving the tree's change counter at `version`."""
+        self._version = version
+        self.settle()
 
     def forget_touched(self) -> None:
         """A transaction (or savepoint) rolled back: drop what it may have changed."""

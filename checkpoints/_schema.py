@@ -18,6 +18,13 @@ Version 2 adds to `stello_sessions`: `subtree_synthesis` (what tree integration 
 node's children), `compression` / `compression_through` (the summary that replaces the oldest
 records in prompts, and how many records it covers) and `settings` (JSON: skills allow-list,
 fork bookkeeping).
+
+Version 3:
+
+* `stello_changes` - per tree, a counter of changes to its L3 records, kept by triggers on
+  `stello_records`. A connection caches decoded records; when another connection commits to
+  the file (a LangGraph checkpointer on the same file does at every step), the counter tells
+  whether the cache is still exact, instead of dropping it.
 """
 
 from __future__ import annotations
@@ -31,12 +38,20 @@ from sqlite_utils.db import ForeignKey
 from stello_graph.errors import SchemaVersionError
 from stello_graph.models import utcnow
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_version", "migrate", "read_version"]
+__all__ = [
+    "CHANGES",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "check_version",
+    "migrate",
+    "read_version",
+]
 
 SESSIONS = "stello_sessions"
 RECORDS = "stello_records"
 NODES = "stello_nodes"
 GLOBALS = "stello_globals"
+CHANGES = "stello_changes"
 SCHEMA = "stello_schema"
 
 Migration = Callable[[Database], None]
@@ -136,7 +151,24 @@ def _v2_tree_memory(db: Database) -> None:
     sessions.add_column("settings", str, not_null_default="{}")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_initial, _v2_tree_memory)
+def _bump(row: str) -> str:
+    return f"""INSERT INTO {CHANGES} (tree_id, version) VALUES ({row}.tree_id, 1)
+        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1;"""
+
+
+def _v3_record_changes(db: Database) -> None:
+    db.table(CHANGES).create(
+        {"tree_id": str, "version": int}, pk="tree_id", not_null={"tree_id", "version"}
+    )
+    # Foreign-key cascades (a session deleted with its records) fire the DELETE trigger too.
+    for event, rows in (("insert", ("NEW",)), ("delete", ("OLD",)), ("update", ("OLD", "NEW"))):
+        db.execute(
+            f"""CREATE TRIGGER stello_records_{event} AFTER {event.upper()} ON {RECORDS}
+            BEGIN {" ".join(_bump(row) for row in rows)} END"""
+        )
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_initial, _v2_tree_memory, _v3_record_changes)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -19,7 +19,7 @@ from langchain_core.messages import BaseMessage
 
 from stello_graph.checkpoints import _schema
 from stello_graph.checkpoints._cache import RecordCache
-from stello_graph.checkpoints._schema import GLOBALS, NODES, RECORDS, SESSIONS
+from stello_graph.checkpoints._schema import CHANGES, GLOBALS, NODES, RECORDS, SESSIONS
 from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, decode_message, row_to_meta
 from stello_graph.checkpoints._shell import FIELDS, StorageShell
 from stello_graph.checkpoints._validate import check_identifier, check_non_negative
@@ -76,7 +76,8 @@ class SqliteMainStorage(StorageShell):
             raise InvalidInputError(f"busy_timeout must be a number, got {busy_timeout!r}.")
         self._cache = RecordCache(check_non_negative(record_cache_size, "record_cache_size"))
         self._conn, self._owns_conn, self.path = _connect(path_or_connection)
-        self._hooks = _Hooks(self._conn, self._cache, max(0, int(busy_timeout * 1000)))
+        busy_ms = max(0, int(busy_timeout * 1000))
+        self._hooks = _Hooks(self._conn, self._cache, busy_ms, tree_id)
         super().__init__(tree_id, self._hooks)
         self._closed = False
         try:
@@ -98,7 +99,7 @@ class SqliteMainStorage(StorageShell):
             if self.path not in ("", ":memory:"):
                 conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            _schema.migrate(conn, where, begin=lambda: self._hooks.begin(wait=True))
+            _schema.migrate(conn, where, begin=lambda: self._hooks.begin_immediate(wait=True))
         except sqlite3.DatabaseError as exc:
             if "not a database" in str(exc):
                 raise NotADatabaseError(f"{where} is not a SQLite database ({exc}).") from exc
@@ -140,7 +141,7 @@ class SqliteMainStorage(StorageShell):
             raise StorageError(f"SQLite failed on {self.path!r}: {exc}") from exc
 
     def _sync_cache(self) -> None:
-        self._cache.sync(self._q("PRAGMA data_version").fetchone()[0])
+        self._hooks.sync()
 
     # -- sessions -------------------------------------------------------------------------
     def _op_session_exists(self, session_id: str) -> bool:
@@ -309,12 +310,27 @@ class SqliteMainStorage(StorageShell):
 class _Hooks:
     """`TransactionHooks` over one connection, keeping the record cache exact."""
 
-    def __init__(self, conn: sqlite3.Connection, cache: RecordCache, busy_ms: int) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, cache: RecordCache, busy_ms: int, tree_id: str
+    ) -> None:
         self._conn = conn
         self._cache = cache
         self.busy_ms = busy_ms
+        self._tree_id = tree_id
 
     def begin(self, *, wait: bool) -> bool:
+        """`BEGIN IMMEDIATE`, then bring the record cache up to date with what other
+        connections committed before it (nobody else can write until it ends)."""
+        if not self.begin_immediate(wait=wait):
+            return False
+        try:
+            self.sync()
+        except BaseException:
+            self.rollback()
+            raise
+        return True
+
+    def begin_immediate(self, *, wait: bool) -> bool:
         """`BEGIN IMMEDIATE`: take the write lock now, so no later statement can hit BUSY.
 
         Waiting, it retries with backoff beyond the busy timeout; not waiting (a caller on
@@ -346,9 +362,32 @@ class _Hooks:
             raise StorageError(f"Cannot begin a transaction: {exc}") from exc
         return True
 
+    def sync(self) -> None:
+        """Drop the cached records if another connection changed this tree's L3."""
+        if self._cache.enabled:
+            self._cache.sync(self._scalar("PRAGMA data_version"), self._version)
+
+    def _version(self) -> int:
+        """The tree's L3 change counter (see `_schema`)."""
+        sql = f"SELECT version FROM {CHANGES} WHERE tree_id = ?"
+        return self._scalar(sql, (self._tree_id,)) or 0
+
+    def _scalar(self, sql: str, params: tuple[str, ...] = ()) -> Any:
+        try:
+            row = self._conn.execute(sql, params).fetchone()
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
+        return None if row is None else row[0]
+
     def commit(self) -> None:
+        # Read before COMMIT, while no other connection can write: the counter then counts
+        # exactly the changes the cache holds.
+        version = self._version() if self._cache.enabled and self._cache.touched else None
         self._exec("COMMIT")
-        self._cache.settle()
+        if version is None:
+            self._cache.settle()
+        else:
+            self._cache.committed(version)
 
     def rollback(self) -> None:
         if self._conn.in_transaction:

@@ -24,8 +24,11 @@ from stello_graph.main_session import MainSession
 from stello_graph.models import IntegrationResult, SessionMeta
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.forking import afork_request, fork_request
-from stello_graph.nodes.scheduling import announce_integration, consolidate_now, publish
-from stello_graph.session import Session
+from stello_graph.nodes.scheduling import (
+    aconsolidate_now,
+    announce_integration,
+    consolidate_now,
+)
 
 __all__ = [
     "OPS",
@@ -98,15 +101,7 @@ def make_consolidate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
         return {"l2": consolidate_now(deps, state["session_id"])}
 
     async def aconsolidate(state: State) -> State:
-        session = await deps.asession(state["session_id"])
-        if not isinstance(session, Session):
-            raise InvalidInputError("The main session integrates; it does not consolidate.")
-        l2 = await session.aconsolidate(deps.consolidate_fn)
-        if l2 is not None:
-            emit(deps.bus, "consolidated", session.id, l2=l2)
-            meta = await session.ameta()
-            publish(deps, ("l2",), session.id, {"l2": l2, "label": meta.label})
-        return {"l2": l2}
+        return {"l2": await aconsolidate_now(deps, state["session_id"])}
 
     return _node("consolidate", consolidate, aconsolidate)
 

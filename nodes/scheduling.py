@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from stello_graph.nodes.deps import StelloDeps
 
 __all__ = [
+    "aconsolidate_now",
     "after_turn",
     "consolidate_now",
     "integrate_now",
@@ -44,6 +45,19 @@ def consolidate_now(deps: StelloDeps, session_id: str, *, archived_ok: bool = Fa
     if l2 is not None:
         emit(deps.bus, "consolidated", session_id, l2=l2)
         publish(deps, ("l2",), session_id, {"l2": l2, "label": session.meta.label})
+    return l2
+
+
+async def aconsolidate_now(deps: StelloDeps, session_id: str) -> str | None:
+    """Async twin of `consolidate_now` (active sessions only)."""
+    session = await deps.asession(session_id)
+    if not isinstance(session, Session):
+        raise InvalidInputError("The main session integrates; it does not consolidate.")
+    l2 = await session.aconsolidate(deps.consolidate_fn)
+    if l2 is not None:
+        emit(deps.bus, "consolidated", session_id, l2=l2)
+        meta = await session.ameta()
+        publish(deps, ("l2",), session_id, {"l2": l2, "label": meta.label})
     return l2
 
 

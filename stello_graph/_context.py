@@ -60,25 +60,39 @@ def sanitize_history(records: Sequence[BaseMessage]) -> list[BaseMessage]:
     its tool results, which must follow it directly; tool results that answer no preceding
     call are dropped. The result is a history every provider accepts.
     """
+    # Runs over the whole history at every model call: the loop is kept tight, and the usual
+    # group (one call, its one result) skips building the id sets.
     out: list[BaseMessage] = []
+    append = out.append
     i, n = 0, len(records)
     while i < n:
         msg = records[i]
-        if isinstance(msg, AIMessage) and (msg.tool_calls or msg.invalid_tool_calls):
-            j = i + 1
+        i += 1
+        if isinstance(msg, AIMessage):
+            calls = msg.tool_calls
+            if msg.invalid_tool_calls:  # unparsable calls are sent back too: they need results
+                calls = [*calls, *msg.invalid_tool_calls]  # type: ignore[list-item]
+            if not calls:
+                append(msg)
+                continue
+            j = i
             while j < n and isinstance(records[j], ToolMessage):
                 j += 1
-            # Providers send unparsable calls back as tool calls too: they need results.
-            wanted = {call.get("id") for call in [*msg.tool_calls, *msg.invalid_tool_calls]}
-            answered = {t.tool_call_id for t in records[i + 1 : j] if isinstance(t, ToolMessage)}
-            if None not in wanted and wanted <= answered:
-                out.append(msg)
-                out.extend(t for t in records[i + 1 : j] if t.tool_call_id in wanted)  # type: ignore[attr-defined]
+            results = records[i:j]
+            if len(calls) == 1 and len(results) == 1:
+                call_id = calls[0].get("id")
+                if call_id is not None and results[0].tool_call_id == call_id:  # type: ignore[attr-defined]
+                    append(msg)
+                    append(results[0])
+            else:
+                wanted = {call.get("id") for call in calls}
+                answered = {t.tool_call_id for t in results if isinstance(t, ToolMessage)}
+                if None not in wanted and wanted <= answered:
+                    append(msg)
+                    out.extend(t for t in results if t.tool_call_id in wanted)  # type: ignore[attr-defined]
             i = j
-            continue
-        if not isinstance(msg, ToolMessage):
-            out.append(msg)
-        i += 1
+        elif not isinstance(msg, ToolMessage):
+            append(msg)
     return out
 
 

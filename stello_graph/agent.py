@@ -19,7 +19,8 @@ import queue
 import re
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
@@ -50,7 +51,12 @@ from stello_graph.memory import ConsolidateFn, IntegrateFn
 from stello_graph.models import IntegrationResult, SessionMeta, TopologyNode, TreeIntegration
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.forking import SKILLS_KEY
-from stello_graph.nodes.scheduling import on_archive, on_switch
+from stello_graph.nodes.scheduling import (
+    aconsolidate_now,
+    consolidate_now,
+    on_archive,
+    on_switch,
+)
 from stello_graph.profiles import ForkProfile, SplitGuard
 from stello_graph.schedule import BackgroundFailure, Schedule
 from stello_graph.session import Session
@@ -126,7 +132,10 @@ def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
 
 
 IntegrationMode = Literal["flat", "tree"]
-_OPS_CONFIG: RunnableConfig = {"recursion_limit": 1_000}  # a deep tree takes 2 steps a level
+_OPS_CONFIG: RunnableConfig = {
+    "recursion_limit": 1_000,  # a deep tree takes 2 steps a level
+    "max_concurrency": 32,  # the nodes of one tree level integrate in parallel
+}
 
 
 def _integrate_input(mode: object) -> dict[str, Any]:
@@ -140,6 +149,25 @@ def _integration(raw: dict[str, Any]) -> IntegrationResult | TreeIntegration:
     if raw.get("mode") == "tree":
         return TreeIntegration.model_validate(fields)
     return IntegrationResult.model_validate(fields)
+
+
+def _batch(session_ids: Iterable[str], concurrency: object) -> tuple[list[str], int]:
+    """The distinct ids of a batch, in order, and its concurrency, both checked."""
+    if isinstance(session_ids, str):
+        raise InvalidInputError("session_ids must be an iterable of ids, not one str.")
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+        raise InvalidInputError(f"concurrency must be a positive int, got {concurrency!r}.")
+    return list(dict.fromkeys(check_id(sid) for sid in session_ids)), concurrency
+
+
+def _batch_result(ids: list[str], outcomes: list[Any]) -> dict[str, str | None]:
+    """The L2 of each id, or the first failure raised (a note counts the others)."""
+    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    if failures:
+        if len(failures) > 1:
+            failures[0].add_note(f"{len(failures) - 1} other session(s) of the batch failed.")
+        raise failures[0]
+    return dict(zip(ids, outcomes, strict=True))
 
 
 class _SessionLocks:
@@ -652,6 +680,43 @@ class StelloAgent:
     async def aconsolidate(self, session_id: str) -> str | None:
         out = await self._ops.ainvoke({"op": "consolidate", "session_id": check_id(session_id)})
         return out.get("l2")
+
+    def consolidate_many(
+        self, session_ids: Iterable[str], *, concurrency: int = 8
+    ) -> dict[str, str | None]:
+        """Consolidate several sessions, up to `concurrency` at a time (their model calls
+        overlap, so 100 sessions take about `100 / concurrency` model latencies).
+
+        Like scheduled consolidations, each runs outside the graph (a graph run per session
+        would cost more than the rest of its work) and emits a `consolidated` event. Every
+        session is attempted, each in its own transaction. Returns each one's L2, in
+        the order given (duplicates once).
+
+        Raises:
+            InvalidInputError: a bad id or `concurrency`; nothing was consolidated.
+            StelloError: the first failure, in the order given, once all sessions were
+                attempted (the others' L2 are stored); a note counts the other failures.
+        """
+        ids, workers = _batch(session_ids, concurrency)
+        if not ids:
+            return {}
+        with ThreadPoolExecutor(min(workers, len(ids)), thread_name_prefix="stello") as pool:
+            futures = [pool.submit(consolidate_now, self.deps, sid) for sid in ids]
+        return _batch_result(ids, [f.exception() or f.result() for f in futures])
+
+    async def aconsolidate_many(
+        self, session_ids: Iterable[str], *, concurrency: int = 8
+    ) -> dict[str, str | None]:
+        """Async twin of `consolidate_many`."""
+        ids, workers = _batch(session_ids, concurrency)
+        gate = asyncio.Semaphore(workers)
+
+        async def one(sid: str) -> str | None:
+            async with gate:
+                return await aconsolidate_now(self.deps, sid)
+
+        done = await asyncio.gather(*(one(sid) for sid in ids), return_exceptions=True)
+        return _batch_result(ids, list(done))
 
     @overload
     def integrate(self, mode: Literal["flat"] = "flat") -> IntegrationResult: ...

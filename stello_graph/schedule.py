@@ -82,46 +82,83 @@ class BackgroundFailure:
 Job = Callable[[], object]
 
 
+Key = tuple[JobKind, str | None]
+
+
 class Scheduler:
-    """Runs background jobs with de-duplication, retries and failure records."""
+    """Runs background jobs with de-duplication, retries and failure records.
+
+    Jobs with the same key (kind, session) never run at once: a request that comes while its
+    key runs is kept (once) and runs when that run ends, covering everything up to then. A
+    session consolidated after every turn thus never has two consolidations racing on its
+    L2, and turns that follow each other faster than the model answers cause one
+    consolidation per model call, not one per turn.
+    """
 
     def __init__(self, schedule: Schedule, bus: EventBus | None = None) -> None:
         self.schedule = schedule
         self._bus = bus
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Condition()
-        self._queued: set[tuple[JobKind, str | None]] = set()
+        self._queued: set[Key] = set()
+        self._running: set[Key] = set()
+        self._next: dict[Key, Job] = {}
         self._active = 0
         self._failures: list[BackgroundFailure] = []
         self._closed = False
 
     # -- submitting -------------------------------------------------------------------------
     def submit(self, kind: JobKind, session_id: str | None, job: Job) -> bool:
-        """Queue `job` unless the same (kind, session) job is already queued; return if queued."""
+        """Queue `job` unless the same (kind, session) job is already waiting to run; while
+        that job runs, keep `job` to run after it. Return whether `job` was accepted."""
         key = (kind, session_id)
         with self._lock:
-            if self._closed or key in self._queued:
+            if self._closed or key in self._queued or key in self._next:
                 return False
-            self._queued.add(key)
             self._active += 1
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    self.schedule.max_concurrency, thread_name_prefix="stello-bg"
-                )
-            pool = self._pool
+            if key in self._running:
+                self._next[key] = job
+                return True
+            self._queued.add(key)
+            pool = self._ensure_pool()
         pool.submit(self._run, key, job)
         return True
 
-    def _run(self, key: tuple[JobKind, str | None], job: Job) -> None:
+    def _ensure_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                self.schedule.max_concurrency, thread_name_prefix="stello-bg"
+            )
+        return self._pool
+
+    def _run(self, key: Key, job: Job) -> None:
         kind, session_id = key
         with self._lock:
-            self._queued.discard(key)  # from now on a new request queues a fresh run
+            self._queued.discard(key)  # from now on a new request waits for this run
+            self._running.add(key)
         try:
             self._attempt(kind, session_id, job)
         finally:
-            with self._lock:
-                self._active -= 1
-                self._lock.notify_all()
+            self._finished(key)
+
+    def _finished(self, key: Key) -> None:
+        with self._lock:
+            self._running.discard(key)
+            self._active -= 1
+            follow = self._next.pop(key, None)
+            if follow is not None:
+                self._queued.add(key)
+            pool = self._pool
+            self._lock.notify_all()
+        if follow is None:
+            return
+        try:
+            if pool is not None:
+                pool.submit(self._run, key, follow)
+                return
+        except RuntimeError:  # the pool was shut down meanwhile
+            pass
+        self._run(key, follow)  # closing: no new work is taken, but what was accepted runs
 
     def _attempt(self, kind: JobKind, session_id: str | None, job: Job) -> None:
         attempts = self.schedule.retry_attempts

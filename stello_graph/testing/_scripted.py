@@ -618,13 +618,21 @@ def _to_chunks(reply: AIMessage, chunk_size: int | None) -> list[AIMessageChunk]
     return chunks
 
 
+_encode_json = json.JSONEncoder().encode  # `json.dumps` with its defaults, minus its overhead
+
+
 def _estimate_tokens(messages: Iterable[BaseMessage]) -> int:
-    """About one token per 4 characters of text and tool-call JSON, rounded up."""
+    """About one token per 4 characters of text and tool-call JSON, rounded up.
+
+    Runs on every call over the whole prompt, so it is kept cheap: a "zero-latency" model
+    whose own cost grows with the prompt would weigh on what a benchmark measures.
+    """
     chars = 0
     for message in messages:
-        chars += len(message.text)
-        if isinstance(message, AIMessage):
-            chars += sum(len(c["name"]) + len(json.dumps(c["args"])) for c in message.tool_calls)
+        content = message.content
+        chars += len(content) if isinstance(content, str) else len(message.text)
+        if isinstance(message, AIMessage) and message.tool_calls:
+            chars += sum(len(c["name"]) + len(_encode_json(c["args"])) for c in message.tool_calls)
     return -(-chars // 4)
 
 

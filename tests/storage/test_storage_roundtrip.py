@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import itertools
+import json
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import (
     AIMessage,
+    AIMessageChunk,
     BaseMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
+    message_to_dict,
 )
 from langchain_core.messages.tool import ToolCall
 
+from stello_graph.checkpoints._serde import decode_message, encode_message
 from stello_graph.models import SessionMeta
 from stello_graph.storage import MainStorage
 
@@ -65,14 +70,33 @@ messages: st.SearchStrategy[BaseMessage] = st.one_of(
         json_dicts,
     ),
     st.builds(
+        lambda content, msg_id, name, tokens, example: AIMessage(
+            content,
+            id=msg_id,
+            name=name,
+            example=example,
+            usage_metadata=None
+            if tokens is None
+            else {"input_tokens": tokens, "output_tokens": 1, "total_tokens": tokens + 1},
+        ),
+        texts,
+        st.none() | st.text(max_size=10),
+        st.none() | st.text(max_size=10),
+        st.none() | st.integers(min_value=0, max_value=10**6),
+        st.booleans(),
+    ),
+    st.builds(
         lambda blocks: HumanMessage([{"type": "text", "text": text} for text in blocks]),
         st.lists(texts, min_size=1, max_size=3),
     ),
     st.builds(
-        lambda content, call_id, status: ToolMessage(content, tool_call_id=call_id, status=status),
+        lambda content, call_id, status, artifact: ToolMessage(
+            content, tool_call_id=call_id, status=status, artifact=artifact
+        ),
         texts,
         st.text(min_size=1, max_size=20),
         st.sampled_from(["success", "error"]),
+        json_values,
     ),
     st.builds(SystemMessage, texts),
 )
@@ -108,6 +132,41 @@ def test_messages_round_trip(main_storage: MainStorage, batch: list[BaseMessage]
     main_storage.append_records(session_id, batch[1:])
     assert main_storage.list_records(session_id) == batch
     assert main_storage.count_records(session_id) == len(batch)
+
+
+@settings(max_examples=200, deadline=None)
+@given(message=messages)
+def test_message_codec_round_trips_and_reads_full_records(message: BaseMessage) -> None:
+    role, data = encode_message(message)
+    assert decode_message(data) == message
+    assert type(decode_message(data)) is type(message)
+    assert role == message.type
+    # records written in LangChain's full format (before defaults were left out) still read
+    assert decode_message(json.dumps(message_to_dict(message))) == message
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # tool calls only in the content blocks, or only in the provider's raw kwargs: the
+        # empty `tool_calls` left out must not make decoding parse them into `tool_calls`
+        AIMessage([{"type": "tool_call", "name": "t", "args": {}, "id": "c1"}]),
+        AIMessage("", additional_kwargs={"tool_calls": [{"id": "c1", "type": "function"}]}),
+        AIMessageChunk(content="", tool_call_chunks=[]),
+    ],
+)
+def test_tool_call_lists_left_out_come_back_alike(message: BaseMessage) -> None:
+    assert decode_message(encode_message(message)[1]) == message
+
+
+def test_default_fields_are_left_out_of_records() -> None:
+    assert encode_message(HumanMessage("hi", id="m1"))[1] == (
+        '{"type":"human","data":{"content":"hi","id":"m1"}}'
+    )
+    tool = ToolMessage("out", tool_call_id="c1", status="error", name="t")
+    assert json.loads(encode_message(tool)[1])["data"] == {
+        "content": "out", "name": "t", "tool_call_id": "c1", "status": "error"
+    }  # fmt: skip
 
 
 @FIXTURE_SETTINGS

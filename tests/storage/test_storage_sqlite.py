@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from sqlite_utils import Database
 
 import stello_graph.checkpoints
 from stello_graph.checkpoints import SqliteMainStorage, _schema
 from stello_graph.checkpoints import sqlite as sqlite_module
 from stello_graph.checkpoints._serde import decode_message as real_decode
+from stello_graph.checkpoints._serde import encode_message
 from stello_graph.errors import (
     InvalidInputError,
     NotADatabaseError,
@@ -321,6 +323,92 @@ def test_cached_records_are_not_decoded_again(
         assert decoded == 610  # only the appended records
 
 
+@pytest.fixture
+def decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The records the SQLite storage decodes from now on (their JSON)."""
+    seen: list[str] = []
+
+    def counting_decode(data: str) -> BaseMessage:
+        seen.append(data)
+        return real_decode(data)
+
+    monkeypatch.setattr(sqlite_module, "decode_message", counting_decode)
+    return seen
+
+
+def test_cache_survives_commits_that_do_not_touch_the_tree_records(
+    db_path: Path, raw: sqlite3.Connection, decodes: list[str]
+) -> None:
+    # A LangGraph checkpointer on the same file commits at every step of every turn.
+    raw.execute("CREATE TABLE checkpoints (thread_id TEXT, data BLOB)")
+    with SqliteMainStorage(db_path) as storage, SqliteMainStorage(db_path, tree_id="b") as b:
+        populate(storage)
+        populate(b)
+        assert contents(storage.list_records("s1")) == ["q", "a"]
+        assert len(decodes) == 2
+        raw.execute("INSERT INTO checkpoints VALUES ('t', x'00')")
+        b.append_records("s1", [HumanMessage("in tree b")])
+        b.put_memory("s1", "another tree's L2")
+        storage.put_insight("s1", "own write")
+        assert contents(storage.list_records("s1")) == ["q", "a"]
+        assert storage.count_records("s1") == 2
+        assert len(decodes) == 2  # still cached
+
+
+def test_raw_writes_to_the_records_invalidate_the_cache(
+    db_path: Path, raw: sqlite3.Connection
+) -> None:
+    with SqliteMainStorage(db_path) as storage:
+        populate(storage)
+        assert contents(storage.list_records("s1")) == ["q", "a"]
+        raw.execute("DELETE FROM stello_records WHERE seq = 0")
+        assert contents(storage.list_records("s1")) == ["a"]
+        raw.execute("UPDATE stello_records SET data = ? WHERE seq = 1", (raw_message("edited"),))
+        assert contents(storage.list_records("s1")) == ["edited"]
+
+
+def raw_message(content: str) -> str:
+    from stello_graph.checkpoints._serde import encode_message
+
+    return encode_message(HumanMessage(content))[1]
+
+
+def test_a_foreign_append_just_before_an_own_write_is_seen(db_path: Path) -> None:
+    with SqliteMainStorage(db_path) as first, SqliteMainStorage(db_path) as second:
+        populate(first)
+        assert contents(first.list_records("s1")) == ["q", "a"]  # cached
+        second.append_records("s1", [HumanMessage("second")])
+        first.append_records("s1", [HumanMessage("first")])  # no read in between
+        assert contents(first.list_records("s1")) == ["q", "a", "second", "first"]
+        assert contents(second.list_records("s1")) == ["q", "a", "second", "first"]
+
+
+async def test_async_writes_keep_the_cache_exact(db_path: Path) -> None:
+    with SqliteMainStorage(db_path) as first, SqliteMainStorage(db_path) as second:
+        populate(first)
+        assert contents(await first.alist_records("s1")) == ["q", "a"]
+        await second.aappend_records("s1", [HumanMessage("second")])
+        await first.aappend_records("s1", [HumanMessage("first")])
+        assert contents(await first.alist_records("s1")) == ["q", "a", "second", "first"]
+
+
+def test_a_version_1_database_is_upgraded(
+    db_path: Path, raw: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:1])
+        patch.setattr(_schema, "SCHEMA_VERSION", 1)
+        # (without a cache, the storage never reads the table version 2 adds)
+        with SqliteMainStorage(db_path, record_cache_size=0) as old:
+            populate(old)
+    with SqliteMainStorage(db_path) as storage, SqliteMainStorage(db_path) as other:
+        assert contents(storage.list_records("s1")) == ["q", "a"]
+        other.append_records("s1", [HumanMessage("after the upgrade")])
+        assert contents(storage.list_records("s1")) == ["q", "a", "after the upgrade"]
+    versions = raw.execute("SELECT version FROM stello_schema ORDER BY version").fetchall()
+    assert versions == [(v,) for v in range(1, _schema.SCHEMA_VERSION + 1)]
+
+
 def test_cache_is_bounded_and_can_be_disabled(db_path: Path) -> None:
     for size, expected in [(2, 2), (0, 0)]:
         with SqliteMainStorage(db_path, tree_id=f"t{size}", record_cache_size=size) as storage:
@@ -503,15 +591,32 @@ def test_docstring_examples_run(module: str) -> None:
     assert failures == 0
 
 
-def test_a_version_1_database_is_upgraded_in_place(
-    db_path: Path, raw: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with monkeypatch.context() as patch:
-        patch.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:1])
-        patch.setattr(_schema, "SCHEMA_VERSION", 1)
-        with SqliteMainStorage(db_path) as storage:
-            populate(storage)
-            storage.put_memory("s1", "old l2", through=1)
+def write_version_1(path: Path) -> None:
+    """A database as version 1 of the schema wrote it: its tables, one session, two records."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    db = Database(conn)
+    db.table("stello_schema").create({"version": int, "applied_at": str}, pk="version")
+    _schema.MIGRATIONS[0](db)
+    conn.execute("INSERT INTO stello_schema VALUES (1, '2026-01-01T00:00:00+00:00')")
+    now = "2026-01-01T00:00:00+00:00"
+    conn.execute(
+        "INSERT INTO stello_sessions (tree_id, id, label, role, status, tags, metadata, "
+        "created_at, updated_at, created_seq, memory, memory_through, turn_count, next_seq) "
+        "VALUES ('default', 's1', 'One', 'standard', 'active', '[]', '{}', ?, ?, 0, "
+        "'old l2', 1, 1, 2)",
+        (now, now),
+    )
+    for seq, message in enumerate([HumanMessage("q"), AIMessage("a")]):
+        kind, data = encode_message(message)
+        conn.execute(
+            "INSERT INTO stello_records VALUES ('default', 's1', ?, ?, ?, ?)",
+            (seq, kind, data, now),
+        )
+    conn.close()
+
+
+def test_a_version_1_database_is_upgraded_in_place(db_path: Path, raw: sqlite3.Connection) -> None:
+    write_version_1(db_path)
     assert raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0] == 1
     with SqliteMainStorage(db_path) as storage:
         assert storage.count_records("s1") == 2
@@ -522,4 +627,5 @@ def test_a_version_1_database_is_upgraded_in_place(
         storage.put_compression("s1", Compression(summary="early", through=1))
         storage.put_settings("s1", {"skills": ["a"]})
         assert storage.get_compression("s1") == Compression(summary="early", through=1)
-    assert raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0] == 2
+    version = raw.execute("SELECT MAX(version) FROM stello_schema").fetchone()[0]
+    assert version == _schema.SCHEMA_VERSION

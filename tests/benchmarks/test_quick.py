@@ -1,0 +1,42 @@
+"""The benchmark suite at a tiny scale, so it keeps running (its figures mean nothing here)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from tests.benchmarks._harness import QUICK, Figure, render_table
+from tests.benchmarks.suite import GROUPS, run_suite
+
+EXPECTED = {
+    "overhead": ["1a", "1b", "1c", "1d", "2a", "2b", "3a", "3b"],
+    "scale": ["4a", "4b", "4c", "4d", "4e", "4f"],
+    "concurrency": ["5a", "5b", "5c"],
+    "context": ["6a", "6b", "6c"],
+    "background": ["7"],
+    "startup": ["8c"],  # the quick scale starts no timed processes
+}
+
+
+def test_every_group_is_known() -> None:
+    assert list(GROUPS) == list(EXPECTED)
+
+
+def test_quick_run_gives_every_figure() -> None:
+    figures = run_suite(QUICK, quiet=True)
+    assert [f.key for f in figures] == [key for keys in EXPECTED.values() for key in keys]
+    for figure in figures:
+        assert figure.skipped or (figure.value is not None and math.isfinite(figure.value))
+        assert json.loads(figure.line())["figure"] == figure.key
+    by_key = {f.key: f for f in figures}
+    assert by_key["8c"].ok, by_key["8c"].detail  # provider SDKs stay lazy at any scale
+    assert by_key["6a"].value is not None and by_key["6a"].value < 1
+    table = render_table(figures)
+    assert all(f.key in table for f in figures)
+
+
+def test_status_of_a_figure() -> None:
+    assert Figure(key="x", name="x", value=1.0, unit="ms", target=2.0).status() == "ok"
+    assert Figure(key="x", name="x", value=3.0, unit="ms", target=2.0).status() == "MISS"
+    assert Figure(key="x", name="x", value=3.0, unit="ms").status() == "info"
+    assert Figure(key="x", name="x", value=None, unit="ms", skipped="n/a").status() == "skipped"
