@@ -72,16 +72,16 @@ def make_assemble_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
     def assemble(state: State) -> State:
         check_text(state.get("input"), "input")
         session = deps.session(state.get("session_id"))
-        ctx = session.turn_context()
+        insight = session.open_turn()
         emit(deps.bus, "turn_started", session.id)
-        return _start(session, state, ctx.insight)
+        return _start(session, state, insight)
 
     async def aassemble(state: State) -> State:
         check_text(state.get("input"), "input")
         session = await deps.asession(state.get("session_id"))
-        ctx = await session.aturn_context()
+        insight = await session.aopen_turn()
         emit(deps.bus, "turn_started", session.id)
-        return _start(session, state, ctx.insight)
+        return _start(session, state, insight)
 
     return _node("assemble", assemble, aassemble)
 

@@ -241,6 +241,19 @@ class SessionBase:
     def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
         raise NotImplementedError
 
+    def open_turn(self, *, operation: str = "a turn") -> str | None:
+        """Refuse a turn on an archived session; return the insight the turn will show.
+
+        A cheap check for the start of a turn: the history is read by `turn_context`.
+        """
+        self._active(self._load_meta(), operation)
+        return None if self._memory_part() else self._storage.get_insight(self._id)
+
+    async def aopen_turn(self, *, operation: str = "a turn") -> str | None:
+        """Async twin of `open_turn`."""
+        self._active(await self._aload_meta(), operation)
+        return None if self._memory_part() else await self._storage.aget_insight(self._id)
+
     def turn_context(self, *, operation: str = "a turn", insight: object = _READ) -> TurnContext:
         """Read everything a turn shows the model; refuse if the session is archived.
 
