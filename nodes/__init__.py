@@ -1,10 +1,11 @@
 """LangGraph nodes and routers of stello-graph (import as `stello_graph.nodes`).
 
-Each `make_*_node(deps)` returns a node (a runnable with sync and async paths) bound to a
+Each `make_*_node(deps)` returns a `StelloNode` (a runnable with sync and async paths) bound to a
 `StelloDeps`; routers are plain functions of the state. `stello_graph.graph.build_graph`
 wires them; they can be wired into a graph of your own just as well.
 """
 
+from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.builtin_tools import BuiltinTools
 from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps, tool_error_message
 from stello_graph.nodes.forking import afork_request, fork_request
@@ -35,6 +36,7 @@ __all__ = [
     "StelloDeps",
     "BuiltinTools",
     "tool_error_message",
+    "StelloNode",
     # the turn
     "make_assemble_node",
     "make_model_node",

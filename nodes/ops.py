@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from langchain_core.runnables import RunnableLambda
-
 from stello_graph._fork import ForkRequest, afork_session, fork_session
 from stello_graph._validate import check_id
 from stello_graph.errors import InvalidInputError, MainSessionNotFoundError
 from stello_graph.events import emit
 from stello_graph.main_session import MainSession
 from stello_graph.models import IntegrationResult, SessionMeta
+from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.forking import afork_request, fork_request
 from stello_graph.nodes.scheduling import (
@@ -62,10 +61,6 @@ def route_start(
     raise InvalidInputError(f"Unknown op {op!r}; use one of {list(OPS)}.")
 
 
-def _node(name: str, func: Any, afunc: Any) -> RunnableLambda[Any, Any]:
-    return RunnableLambda(func, afunc=afunc, name=name)
-
-
 # -- fork -----------------------------------------------------------------------------------
 def _spec(state: State) -> tuple[str, dict[str, Any]]:
     spec = state.get("fork")
@@ -79,7 +74,7 @@ def _forked(deps: StelloDeps, req: ForkRequest, meta: SessionMeta) -> State:
     return {"forked": {"session_id": meta.id, "label": meta.label, "parent_id": req.source_id}}
 
 
-def make_fork_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+def make_fork_node(deps: StelloDeps) -> StelloNode:
     """Node `fork`: create a child session and its TopologyNode atomically."""
 
     def fork(state: State) -> State:
@@ -90,11 +85,11 @@ def make_fork_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
         req = await afork_request(deps, *_spec(state))
         return _forked(deps, req, await afork_session(deps.storage, req))
 
-    return _node("fork", fork, afork)
+    return StelloNode("fork", fork, afork)
 
 
 # -- consolidate ----------------------------------------------------------------------------
-def make_consolidate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+def make_consolidate_node(deps: StelloDeps) -> StelloNode:
     """Node `consolidate`: L3 -> L2 for `state["session_id"]`."""
 
     def consolidate(state: State) -> State:
@@ -103,7 +98,7 @@ def make_consolidate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
     async def aconsolidate(state: State) -> State:
         return {"l2": await aconsolidate_now(deps, state["session_id"])}
 
-    return _node("consolidate", consolidate, aconsolidate)
+    return StelloNode("consolidate", consolidate, aconsolidate)
 
 
 # -- integrate ------------------------------------------------------------------------------
@@ -117,7 +112,7 @@ def _integrated(result: IntegrationResult) -> State:
     }
 
 
-def make_integrate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+def make_integrate_node(deps: StelloDeps) -> StelloNode:
     """Node `integrate`: every active child's L2 -> synthesis + insights (flat)."""
 
     def integrate(state: State) -> State:
@@ -140,4 +135,4 @@ def make_integrate_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
         announce_integration(deps, main.id, result)
         return _integrated(result)
 
-    return _node("integrate", integrate, aintegrate)
+    return StelloNode("integrate", integrate, aintegrate)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from langchain_core.runnables import RunnableLambda
 from langgraph.types import Send
 
 from stello_graph._tree import TreePlan, aintegrate_node, aplan_tree, integrate_node, plan_tree
 from stello_graph.events import emit
 from stello_graph.models import IntegrationResult
+from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.scheduling import publish
 
@@ -39,10 +39,6 @@ def merge_results(left: dict[str, Any] | None, right: dict[str, Any] | None) -> 
     return {**(left or {}), **right}
 
 
-def _node(name: str, func: Any, afunc: Any) -> RunnableLambda[Any, Any]:
-    return RunnableLambda(func, afunc=afunc, name=name)
-
-
 def _plan_state(plan: TreePlan) -> State:
     return {
         "tree_plan": {
@@ -56,7 +52,7 @@ def _plan_state(plan: TreePlan) -> State:
     }
 
 
-def make_plan_tree_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+def make_plan_tree_node(deps: StelloDeps) -> StelloNode:
     """Node `plan_tree`: read the active tree and group its internal nodes by level."""
 
     def plan(state: State) -> State:
@@ -65,10 +61,10 @@ def make_plan_tree_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
     async def aplan(state: State) -> State:
         return _plan_state(await aplan_tree(deps.storage))
 
-    return _node("plan_tree", plan, aplan)
+    return StelloNode("plan_tree", plan, aplan)
 
 
-def make_next_level_node() -> RunnableLambda[Any, Any]:
+def make_next_level_node() -> StelloNode:
     """Node `next_level`: move one level up the tree."""
 
     def step(state: State) -> State:
@@ -77,7 +73,7 @@ def make_next_level_node() -> RunnableLambda[Any, Any]:
     async def astep(state: State) -> State:
         return step(state)
 
-    return _node("next_level", step, astep)
+    return StelloNode("next_level", step, astep)
 
 
 def route_level(state: State) -> list[Send] | Literal["finish_tree"]:
@@ -110,7 +106,7 @@ def _as_plan(raw: dict[str, Any]) -> TreePlan:
     )
 
 
-def make_integrate_subtree_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+def make_integrate_subtree_node(deps: StelloDeps) -> StelloNode:
     """Node `integrate_subtree` (one per `Send`): integrate one node's direct children."""
 
     def integrate(task: State) -> State:
@@ -125,10 +121,10 @@ def make_integrate_subtree_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
         result = await aintegrate_node(deps.storage, plan, task["node_id"], fn)
         return {} if result is None else _announce(deps, plan, task["node_id"], result)
 
-    return _node("integrate_subtree", integrate, aintegrate)
+    return StelloNode("integrate_subtree", integrate, aintegrate)
 
 
-def make_finish_tree_node() -> RunnableLambda[Any, Any]:
+def make_finish_tree_node() -> StelloNode:
     """Node `finish_tree`: the run's output, `integration` with every node's result."""
 
     def finish(state: State) -> State:
@@ -146,4 +142,4 @@ def make_finish_tree_node() -> RunnableLambda[Any, Any]:
     async def afinish(state: State) -> State:
         return finish(state)
 
-    return _node("finish_tree", finish, afinish)
+    return StelloNode("finish_tree", finish, afinish)

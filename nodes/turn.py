@@ -20,7 +20,7 @@ from langchain_core.messages import (
     RemoveMessage,
     ToolMessage,
 )
-from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from stello_graph._base import SessionBase
@@ -29,6 +29,7 @@ from stello_graph._validate import check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
 from stello_graph.nodes._model_call import ainvoke_model, invoke_model
+from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.scheduling import after_turn
 from stello_graph.storage import MainStorage
@@ -44,10 +45,6 @@ __all__ = [
 
 State = dict[str, Any]
 TREE_TURNS_KEY = "stello:tree_turns"
-
-
-def _node(name: str, func: Any, afunc: Any) -> RunnableLambda[Any, Any]:
-    return RunnableLambda(func, afunc=afunc, name=name)
 
 
 # -- assemble -------------------------------------------------------------------------------
@@ -66,7 +63,7 @@ def _start(session: SessionBase, state: State, insight: str | None) -> State:
     }
 
 
-def make_assemble_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+def make_assemble_node(deps: StelloDeps) -> StelloNode:
     """Node `assemble`: check the input and the session, open the turn's records."""
 
     def assemble(state: State) -> State:
@@ -83,7 +80,7 @@ def make_assemble_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
         emit(deps.bus, "turn_started", session.id)
         return _start(session, state, insight)
 
-    return _node("assemble", assemble, aassemble)
+    return StelloNode("assemble", assemble, aassemble)
 
 
 # -- model ----------------------------------------------------------------------------------
@@ -112,7 +109,7 @@ def _tool_choice(state: State) -> Any:
     return state.get("turn_tool_choice") if state.get("tool_rounds", 0) == 0 else None
 
 
-def make_model_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+def make_model_node(deps: StelloDeps) -> StelloNode:
     """Node `model`: one call of the session's model on its context plus the turn so far."""
 
     def model(state: State) -> State:
@@ -129,7 +126,7 @@ def make_model_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
         reply = await ainvoke_model(session, prompt, deps.model_timeout, choice)
         return _check_rounds(deps, state, reply)
 
-    return _node("model", model, amodel)
+    return StelloNode("model", model, amodel)
 
 
 def route_after_model(state: State) -> Literal["tools", "commit"]:
@@ -186,7 +183,7 @@ def _tool_update(deps: StelloDeps, state: State, calls: list[Any], out: Any) -> 
     }
 
 
-def make_tools_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+def make_tools_node(deps: StelloDeps) -> StelloNode:
     """Node `tools`: run the reply's tool calls in parallel; a failing tool becomes an error
     result the model sees. A tool may call `interrupt()` to wait for a human."""
 
@@ -201,7 +198,7 @@ def make_tools_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
         out = await node.ainvoke(state, config) if calls else _NONE
         return _tool_update(deps, state, calls, out)
 
-    return _node("tools", tools, atools)
+    return StelloNode("tools", tools, atools)
 
 
 # -- commit ---------------------------------------------------------------------------------
@@ -243,7 +240,7 @@ def _counts_tree(deps: StelloDeps) -> bool:
     return deps.schedule is not None and deps.schedule.integrate_every_n_turns is not None
 
 
-def make_commit_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
+def make_commit_node(deps: StelloDeps) -> StelloNode:
     """Node `commit`: write the turn's records in one transaction, consume the insight."""
 
     def commit(state: State) -> State:
@@ -270,4 +267,4 @@ def make_commit_node(deps: StelloDeps) -> RunnableLambda[Any, Any]:
             turns = await s.aget_turn_count(session.id)
         return _finish(deps, session, state, turns, tree)
 
-    return _node("commit", commit, acommit)
+    return StelloNode("commit", commit, acommit)
