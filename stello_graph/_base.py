@@ -30,7 +30,7 @@ from langchain_core.messages import (
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from stello_graph._calls import call_async, call_sync
-from stello_graph._context import message_text, sanitize_history
+from stello_graph._context import SanitizedHistory, message_text, sanitize_history
 from stello_graph._stream import AsyncSessionStream, SessionStream
 from stello_graph._validate import (
     check_id,
@@ -180,6 +180,7 @@ class SessionBase:
         self._model = model
         self._tools: list[Any] = list(tools) if tools else []
         self._bound: Runnable[ModelInput, Any] | None = None
+        self._history = SanitizedHistory()  # the history shown at the last model call
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self._id!r}, label={self._meta.label!r})"
@@ -303,10 +304,10 @@ class SessionBase:
         self, meta: SessionMeta, parts: ContextParts, records: list[BaseMessage]
     ) -> TurnContext:
         through = parts.compression.through if parts.compression is not None else 0
-        history = sanitize_history(records[through:])
+        history = self._history(records[through:])
         insight = None if self._memory_part() else parts.extra
         system = self._system(meta, parts)
-        return TurnContext(self._id, system, tuple(history), insight, parts.compression)
+        return TurnContext(self._id, system, history, insight, parts.compression)
 
     # -- automatic compression --------------------------------------------------------------
     def _plan(

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 
 __all__ = [
+    "SanitizedHistory",
     "identity_line",
     "message_text",
     "sanitize_history",
@@ -94,6 +95,54 @@ def sanitize_history(records: Sequence[BaseMessage]) -> list[BaseMessage]:
         elif not isinstance(msg, ToolMessage):
             append(msg)
     return out
+
+
+class SanitizedHistory:
+    """`sanitize_history` of one session's history, reusing its previous result.
+
+    A session's history only grows between turns (and is the same for every model call of
+    one turn), so the result for the records seen last time is kept and only what was
+    appended since is sanitised. The previous result is reused when the new records start
+    with the same records (same first and last message ids, which L3 keeps unique) and the
+    first appended record is not a tool result (which could complete a group the previous
+    result dropped); anything else (a trim, a compression cut, records without ids) is
+    sanitised from scratch. Safe to share between threads: the kept state is replaced whole.
+    """
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: tuple[str, str, int, tuple[BaseMessage, ...]] | None = None
+
+    def __call__(self, records: Sequence[BaseMessage]) -> tuple[BaseMessage, ...]:
+        n = len(records)
+        if n == 0:
+            return ()
+        first, last = records[0].id, records[-1].id
+        if first is None or last is None:
+            return tuple(sanitize_history(records))
+        kept = self._kept
+        if kept is not None and self._extends(kept, records):
+            done, clean = kept[2], kept[3]
+            if done == n:
+                return clean
+            result = clean + tuple(sanitize_history(records[done:]))
+        else:
+            result = tuple(sanitize_history(records))
+        self._kept = (first, last, n, result)
+        return result
+
+    @staticmethod
+    def _extends(
+        kept: tuple[str, str, int, tuple[BaseMessage, ...]], records: Sequence[BaseMessage]
+    ) -> bool:
+        first, last, done, _ = kept
+        return (
+            done <= len(records)
+            and records[0].id == first
+            and records[done - 1].id == last
+            and (done == len(records) or not isinstance(records[done], ToolMessage))
+        )
 
 
 def is_clean(records: Sequence[BaseMessage]) -> bool:

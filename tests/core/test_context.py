@@ -1,14 +1,15 @@
-"""`sanitize_history` against its definition, on random histories."""
+"""`sanitize_history` against its definition, and `SanitizedHistory` against both."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from stello_graph._context import sanitize_history
+from stello_graph._context import SanitizedHistory, sanitize_history
 
 ids = st.sampled_from(["c1", "c2", "c3", None])
 records = st.lists(
@@ -53,3 +54,38 @@ def by_definition(records: Sequence[BaseMessage]) -> list[BaseMessage]:
 @given(history=records)
 def test_sanitize_history_keeps_exactly_the_complete_groups(history: list[BaseMessage]) -> None:
     assert [id(m) for m in sanitize_history(history)] == [id(m) for m in by_definition(history)]
+
+
+def _with_ids(history: list[BaseMessage], count: itertools.count[int]) -> list[BaseMessage]:
+    """Copies with ids unique over the test, as L3 gives its records."""
+    return [m.model_copy(update={"id": f"m{next(count)}"}) for m in history]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    chunks=st.lists(records, min_size=1, max_size=6),
+    trims=st.lists(st.integers(min_value=0, max_value=4), min_size=6, max_size=6),
+    repeat=st.booleans(),
+)
+def test_sanitized_history_equals_sanitizing_the_whole_history_each_time(
+    chunks: list[list[BaseMessage]], trims: list[int], repeat: bool
+) -> None:
+    """Histories grow by random chunks (open tool groups closed by a later chunk included),
+    sometimes lose their oldest records, and are sometimes read twice in a row."""
+    memo, count = SanitizedHistory(), itertools.count()
+    history: list[BaseMessage] = []
+    for chunk, trim in zip(chunks, trims, strict=False):
+        history = history[trim:] + _with_ids(chunk, count)
+        for _ in range(2 if repeat else 1):
+            got = memo(history)
+            assert [m.id for m in got] == [m.id for m in by_definition(history)]
+
+
+def test_sanitized_history_recomputes_for_records_without_ids() -> None:
+    memo = SanitizedHistory()
+    call = AIMessage("", tool_calls=[{"name": "t", "args": {}, "id": "c1"}], id="a1")
+    opened = [HumanMessage("h", id="h1"), call]
+    assert memo(opened) == (opened[0],)  # the open group is left out
+    closed = [*opened, ToolMessage("r", tool_call_id="c1")]  # the result has no id
+    assert memo(closed) == tuple(closed)
+    assert memo([]) == ()
