@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import doctest
+import gc
 import threading
 import time
 from collections.abc import Sequence
@@ -379,6 +380,31 @@ async def test_streamed_usage_totals_equal_the_invoked_usage(mode: Mode) -> None
     assert invoked.usage_metadata == {"input_tokens": 10, "output_tokens": 10, "total_tokens": 20}
     assert total(chunks).usage_metadata == invoked.usage_metadata
     assert [chunk.usage_metadata is not None for chunk in chunks].count(True) == 1
+
+
+def test_usage_follows_the_prompt_when_the_same_messages_come_again() -> None:
+    """The per-message count is kept for the very object, and only while its text is
+    unchanged; it is dropped when the message is gone."""
+    from stello_graph.testing._scripted import _char_counts
+
+    history = [HumanMessage("x" * 40), AIMessage("y" * 40)]
+    model = ScriptedChatModel(default="ok")
+
+    def input_tokens(prompt: list[BaseMessage]) -> int:
+        usage = model.invoke(prompt).usage_metadata
+        assert usage is not None
+        return usage["input_tokens"]
+
+    assert input_tokens(history) == 20
+    assert input_tokens(history) == 20  # counted from the kept entries
+    history[0].content = "x" * 80  # changed in place: counted again
+    assert input_tokens(history) == 30
+    assert input_tokens([HumanMessage("x" * 40), AIMessage("y" * 40)]) == 20  # equal, not same
+    kept = len(_char_counts._by_id)
+    del history
+    model.reset()  # the recorded prompts held the messages too
+    gc.collect()
+    assert len(_char_counts._by_id) < kept
 
 
 def test_usage_can_be_turned_off() -> None:

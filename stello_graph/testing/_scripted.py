@@ -29,6 +29,7 @@ import json
 import re
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -621,19 +622,59 @@ def _to_chunks(reply: AIMessage, chunk_size: int | None) -> list[AIMessageChunk]
 _encode_json = json.JSONEncoder().encode  # `json.dumps` with its defaults, minus its overhead
 
 
+def _message_chars(message: BaseMessage) -> int:
+    content = message.content
+    chars = len(content) if isinstance(content, str) else len(message.text)
+    if isinstance(message, AIMessage) and message.tool_calls:
+        chars += sum(len(c["name"]) + len(_encode_json(c["args"])) for c in message.tool_calls)
+    return chars
+
+
+class _CharCounts:
+    """Characters per message object, kept while the object lives.
+
+    A session's prompt is mostly the same message objects call after call (its history),
+    so each is measured once. An entry is used only for the very object it was made for
+    (checked through a weak reference) and only while its text has the same length.
+    No lock: the weak-reference callbacks run inside garbage collection, which may start
+    while this thread holds any lock; single dict operations are atomic, and a lost race
+    only costs a recount.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref[BaseMessage], int, int]] = {}
+
+    def __call__(self, message: BaseMessage) -> int:
+        content = message.content
+        size = len(content) if isinstance(content, str) else -1
+        entry = self._by_id.get(id(message))
+        if entry is not None and entry[0]() is message and entry[1] == size and size >= 0:
+            return entry[2]
+        chars = _message_chars(message)
+        if size >= 0:
+            key = id(message)
+            self._by_id[key] = (weakref.ref(message, self._forget(key)), size, chars)
+        return chars
+
+    def _forget(self, key: int) -> Callable[[weakref.ref[BaseMessage]], None]:
+        def forget(ref: weakref.ref[BaseMessage]) -> None:
+            entry = self._by_id.get(key)
+            if entry is not None and entry[0] is ref:
+                self._by_id.pop(key, None)
+
+        return forget
+
+
+_char_counts = _CharCounts()
+
+
 def _estimate_tokens(messages: Iterable[BaseMessage]) -> int:
     """About one token per 4 characters of text and tool-call JSON, rounded up.
 
     Runs on every call over the whole prompt, so it is kept cheap: a "zero-latency" model
     whose own cost grows with the prompt would weigh on what a benchmark measures.
     """
-    chars = 0
-    for message in messages:
-        content = message.content
-        chars += len(content) if isinstance(content, str) else len(message.text)
-        if isinstance(message, AIMessage) and message.tool_calls:
-            chars += sum(len(c["name"]) + len(_encode_json(c["args"])) for c in message.tool_calls)
-    return -(-chars // 4)
+    return -(-sum(map(_char_counts, messages)) // 4)
 
 
 def _last_user_text(messages: Sequence[BaseMessage]) -> str:
