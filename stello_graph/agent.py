@@ -27,6 +27,7 @@ from typing import Any, Literal, overload
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
+from langchain_core.messages.ai import UsageMetadata, add_usage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -82,6 +83,8 @@ class TurnResult:
         tool_calls: the tool calls run during the turn.
         turn_count: the session's user turns after this one.
         interrupts: what the turn waits for (resume it with `StelloAgent.resume`).
+        usage: the token usage of all the turn's model calls, summed (`None` when the model
+            reported none).
     """
 
     session_id: str
@@ -91,11 +94,21 @@ class TurnResult:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     turn_count: int = 0
     interrupts: tuple[Interrupt, ...] = ()
+    usage: UsageMetadata | None = None
 
     @property
     def interrupted(self) -> bool:
         """Whether the turn is paused, waiting for `resume`."""
         return bool(self.interrupts)
+
+
+def _turn_usage(records: list[Any]) -> UsageMetadata | None:
+    """The usage of a turn's replies, summed; `None` when none reported any."""
+    total: UsageMetadata | None = None
+    for record in records:
+        if isinstance(record, AIMessage) and record.usage_metadata is not None:
+            total = add_usage(total, record.usage_metadata)
+    return total
 
 
 def _tool_name(label: str) -> str:
@@ -416,6 +429,7 @@ class StelloAgent:
             tool_calls=list(out.get("tool_calls", [])),
             turn_count=out.get("turn_count", 0),
             interrupts=interrupts,
+            usage=_turn_usage(pending),
         )
 
     def _finished(self, sid: str, result: TurnResult) -> TurnResult:

@@ -63,6 +63,21 @@ def test_turn_with_parallel_tools_one_failing(make_agent: AgentFactory) -> None:
     assert model.calls[0].tools == ["add", "explode", "create_session"]
 
 
+def test_turn_usage_sums_every_model_call_of_the_turn(make_agent: AgentFactory) -> None:
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("add", {"a": 2, "b": 3}), "5"])
+    agent = make_agent(model=model, tools=[add])
+    branch = agent.fork(agent.main_session_id, "Math")
+    result = agent.turn(branch.id, "compute")
+    replies = [m for m in agent.session(branch.id).messages() if isinstance(m, AIMessage)]
+    usages = [m.usage_metadata for m in replies]
+    assert len(usages) == 2 and all(u is not None and u["input_tokens"] > 0 for u in usages)
+    assert result.usage is not None
+    for key in ("input_tokens", "output_tokens", "total_tokens"):
+        assert result.usage[key] == sum(u[key] for u in usages if u is not None)
+    silent = make_agent(model=ScriptedChatModel(default="ok", usage=False))
+    assert silent.turn(silent.main_session_id, "hi").usage is None
+
+
 def test_tool_round_limit_leaves_l3_clean(make_agent: AgentFactory) -> None:
     model = ScriptedChatModel(
         respond=lambda msgs: ScriptedChatModel.tool_call("add", {"a": 1, "b": 1})
