@@ -38,7 +38,7 @@ from stello_graph.memory import (
 from stello_graph.models import SessionMeta
 from stello_graph.nodes._model_call import check_model_timeout, model_retry_policy
 from stello_graph.profiles import ForkProfile, SplitGuard, UnknownProfileError
-from stello_graph.schedule import Schedule, Scheduler
+from stello_graph.schedule import Schedule, Scheduler, StorageFailureLog
 from stello_graph.session import Session
 from stello_graph.skills import Skill, load_skills
 from stello_graph.storage import MainStorage
@@ -149,7 +149,8 @@ class StelloDeps:
 
         self._builtins = BuiltinTools(self)
         if self.schedule is not None:
-            self._scheduler = Scheduler(self.schedule, self.bus)
+            log = StorageFailureLog(self.storage)
+            self._scheduler = Scheduler(self.schedule, self.bus, log)
 
     @property
     def scheduler(self) -> Scheduler | None:

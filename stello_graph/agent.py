@@ -59,7 +59,7 @@ from stello_graph.nodes.scheduling import (
     on_switch,
 )
 from stello_graph.profiles import ForkProfile, SplitGuard
-from stello_graph.schedule import BackgroundFailure, Schedule
+from stello_graph.schedule import BackgroundFailure, Schedule, StorageFailureLog
 from stello_graph.session import Session
 from stello_graph.skills import Skill, check_allow_list
 from stello_graph.storage import MainStorage
@@ -351,9 +351,23 @@ class StelloAgent:
         return self.deps.bus.subscribe(listener)
 
     def failures(self, session_id: str | None = None) -> list[BackgroundFailure]:
-        """Background failures kept so far (of one session, when given)."""
+        """Background failures kept so far (of one session, when given), oldest first.
+
+        They are stored with the tree (the newest 200), so an agent opened later, or in
+        another process, still reads them; `clear_failures` forgets them.
+        """
         scheduler = self.deps.scheduler
-        return scheduler.failures(session_id) if scheduler is not None else []
+        if scheduler is not None:
+            return scheduler.failures(session_id)
+        kept = StorageFailureLog(self.storage).read()
+        return kept if session_id is None else [f for f in kept if f.session_id == session_id]
+
+    def clear_failures(self, session_id: str | None = None) -> int:
+        """Forget the kept background failures (of one session, when given); return how many."""
+        scheduler = self.deps.scheduler
+        if scheduler is not None:
+            return scheduler.clear_failures(session_id)
+        return StorageFailureLog(self.storage).clear(session_id)
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for background work; False on timeout. Never raises the kept failures."""

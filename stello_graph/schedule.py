@@ -3,7 +3,8 @@
 Scheduled work runs on a small pool of worker threads, never on the caller's path, so it adds
 no latency to a turn. A failure never reaches the turn that triggered it: it is retried as the
 schedule says, then kept (readable per session with `failures()`) and published as a
-`background_error` event. `drain()` waits until all scheduled work is done.
+`background_error` event. With a `FailureLog` the kept failures are stored with the topology,
+so they outlive the process. `drain()` waits until all scheduled work is done.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from stello_graph.errors import InvalidInputError
 from stello_graph.events import EventBus, emit
 from stello_graph.models import utcnow
 
-__all__ = ["BackgroundFailure", "Schedule", "Scheduler"]
+__all__ = ["BackgroundFailure", "FailureLog", "Schedule", "Scheduler", "StorageFailureLog"]
 
 JobKind = Literal["consolidate", "integrate"]
 
@@ -81,6 +82,88 @@ class BackgroundFailure:
 
 Job = Callable[[], object]
 
+FAILURES_KEY = "stello:background_failures"
+"""The global key under which `StorageFailureLog` keeps a tree's background failures."""
+_KEPT_FAILURES = 200
+_TRACEBACK_CHARS = 4000
+
+
+class FailureLog(Protocol):
+    """Where a `Scheduler` keeps the failures of its jobs beyond its own memory."""
+
+    def append(self, failure: BackgroundFailure) -> None: ...
+    def read(self) -> list[BackgroundFailure]: ...
+    def clear(self, session_id: str | None = None) -> int: ...
+
+
+class _Globals(Protocol):
+    def transaction(self) -> Any: ...
+    def get_global(self, key: str) -> Any: ...
+    def put_global(self, key: str, value: Any) -> None: ...
+
+
+def _failure_dict(failure: BackgroundFailure) -> dict[str, Any]:
+    return {
+        "kind": failure.kind,
+        "session_id": failure.session_id,
+        "error_type": failure.error_type,
+        "message": failure.message,
+        "attempts": failure.attempts,
+        "at": failure.at.isoformat(),
+        "traceback": failure.traceback[-_TRACEBACK_CHARS:],
+    }
+
+
+def _failure_from(value: object) -> BackgroundFailure | None:
+    if not isinstance(value, dict):
+        return None
+    try:
+        return BackgroundFailure(
+            kind=value["kind"],
+            session_id=value.get("session_id"),
+            error_type=str(value["error_type"]),
+            message=str(value["message"]),
+            attempts=int(value["attempts"]),
+            at=datetime.fromisoformat(value["at"]),
+            traceback=str(value.get("traceback", "")),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None  # written by something else: not ours to read
+
+
+class StorageFailureLog:
+    """Background failures kept in the storage (the global `stello:background_failures` of
+    the tree): they survive the process, and every agent on the tree sees them. The newest
+    200 are kept."""
+
+    def __init__(self, storage: _Globals) -> None:
+        self._storage = storage
+
+    def _stored(self) -> list[Any]:
+        value = self._storage.get_global(FAILURES_KEY)
+        return list(value) if isinstance(value, list) else []
+
+    def append(self, failure: BackgroundFailure) -> None:
+        with self._storage.transaction():
+            kept = [*self._stored(), _failure_dict(failure)][-_KEPT_FAILURES:]
+            self._storage.put_global(FAILURES_KEY, kept)
+
+    def read(self) -> list[BackgroundFailure]:
+        return [f for f in map(_failure_from, self._stored()) if f is not None]
+
+    def clear(self, session_id: str | None = None) -> int:
+        with self._storage.transaction():
+            stored = self._stored()
+            kept = [
+                v
+                for v in stored
+                if session_id is not None
+                and not (isinstance(v, dict) and v.get("session_id") == session_id)
+            ]
+            if len(kept) != len(stored):
+                self._storage.put_global(FAILURES_KEY, kept)
+        return len(stored) - len(kept)
+
 
 Key = tuple[JobKind, str | None]
 
@@ -95,16 +178,19 @@ class Scheduler:
     consolidation per model call, not one per turn.
     """
 
-    def __init__(self, schedule: Schedule, bus: EventBus | None = None) -> None:
+    def __init__(
+        self, schedule: Schedule, bus: EventBus | None = None, log: FailureLog | None = None
+    ) -> None:
         self.schedule = schedule
         self._bus = bus
+        self._log = log
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Condition()
         self._queued: set[Key] = set()
         self._running: set[Key] = set()
         self._next: dict[Key, Job] = {}
         self._active = 0
-        self._failures: list[BackgroundFailure] = []
+        self._failures: list[tuple[BackgroundFailure, bool]] = []  # (failure, in the log)
         self._closed = False
 
     # -- submitting -------------------------------------------------------------------------
@@ -183,8 +269,9 @@ class Scheduler:
             attempts=attempts,
             traceback="".join(traceback.format_exception(exc)),
         )
+        saved = self._save(failure)
         with self._lock:
-            self._failures.append(failure)
+            self._failures.append((failure, saved))
         emit(
             self._bus,
             "background_error",
@@ -196,14 +283,45 @@ class Scheduler:
             attempts=attempts,
         )
 
+    def _save(self, failure: BackgroundFailure) -> bool:
+        """Store `failure` in the log; False (kept in memory instead) when that fails."""
+        if self._log is None:
+            return False
+        try:
+            self._log.append(failure)
+        except Exception:  # the storage is closed or failing: never lose the failure
+            return False
+        return True
+
     # -- reading ----------------------------------------------------------------------------
     def failures(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Failures kept so far, oldest first; only those of `session_id` when given."""
+        try:
+            stored = self._log.read() if self._log is not None else None
+        except Exception:  # the storage is closed: what this process kept is still known
+            stored = None
         with self._lock:
-            kept = list(self._failures)
+            own = [f for f, saved in self._failures if stored is None or not saved]
+        kept = sorted([*(stored or ()), *own], key=lambda f: f.at)
         if session_id is None:
             return kept
         return [f for f in kept if f.session_id == session_id]
+
+    def clear_failures(self, session_id: str | None = None) -> int:
+        """Forget the kept failures (of one session, when given); return how many."""
+        cleared = self._log.clear(session_id) if self._log is not None else 0
+        with self._lock:
+            gone = [
+                saved
+                for f, saved in self._failures
+                if session_id is None or f.session_id == session_id
+            ]
+            self._failures = [
+                (f, saved)
+                for f, saved in self._failures
+                if session_id is not None and f.session_id != session_id
+            ]
+        return cleared + gone.count(False)
 
     @property
     def busy(self) -> bool:

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from stello_graph.schedule import Schedule, Scheduler
+from langchain_core.messages import BaseMessage
+
+from stello_graph import StelloAgent
+from stello_graph.checkpoints import InMemoryMainStorage
+from stello_graph.schedule import BackgroundFailure, Schedule, Scheduler, StorageFailureLog
+from stello_graph.testing import ScriptedChatModel
 
 
 class Probe:
@@ -76,3 +83,77 @@ def test_a_kept_request_still_runs_when_the_scheduler_closes() -> None:
     assert not closer.is_alive()
     assert probe.runs == ["running", "kept"]
     assert not scheduler.busy
+
+
+# -- failures kept with the tree ----------------------------------------------------------------
+def _failing_agent(path: Path, **options: Any) -> StelloAgent:
+    def summary(current: str | None, records: list[BaseMessage]) -> str:
+        raise RuntimeError("summariser down")
+
+    return StelloAgent(
+        model=ScriptedChatModel(default="r"), storage=path, consolidate_fn=summary,
+        schedule=Schedule(consolidate_every_n_turns=1), **options,
+    )  # fmt: skip
+
+
+def test_background_failures_outlive_the_agent_and_can_be_cleared(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    agent = _failing_agent(path)
+    a = agent.fork(agent.main_session_id, "a").id
+    b = agent.fork(agent.main_session_id, "b").id
+    agent.turn(a, "one")
+    agent.turn(b, "two")
+    assert agent.drain(10)
+    assert {f.session_id for f in agent.failures()} == {a, b}
+    agent.close()
+    assert {f.session_id for f in agent.failures()} == {a, b}  # still known once closed
+
+    again = _failing_agent(path)  # another agent, as after a restart
+    (failure,) = again.failures(a)
+    assert failure.kind == "consolidate" and "summariser down" in failure.message
+    assert "RuntimeError" in failure.traceback
+    assert again.clear_failures(a) == 1
+    assert [f.session_id for f in again.failures()] == [b]
+    again.close()
+
+    plain = StelloAgent(model=ScriptedChatModel(default="r"), storage=path)  # no schedule
+    assert [f.session_id for f in plain.failures()] == [b]
+    assert plain.clear_failures() == 1 and plain.failures() == []
+    plain.close()
+
+
+def test_failures_are_kept_in_memory_when_the_storage_cannot_take_them() -> None:
+    class Broken:
+        def append(self, failure: BackgroundFailure) -> None:
+            raise OSError("disk full")
+
+        def read(self) -> list[BackgroundFailure]:
+            raise OSError("disk full")
+
+        def clear(self, session_id: str | None = None) -> int:
+            return 0
+
+    scheduler = Scheduler(Schedule(), log=Broken())
+
+    def job() -> None:
+        raise ValueError("bad")
+
+    scheduler.submit("consolidate", "s1", job)
+    assert scheduler.drain(5)
+    (failure,) = scheduler.failures("s1")
+    assert failure.error_type == "ValueError"
+    assert scheduler.clear_failures() == 1 and scheduler.failures() == []
+    scheduler.close()
+
+
+def test_the_newest_failures_are_kept() -> None:
+    storage = InMemoryMainStorage()
+    log = StorageFailureLog(storage)
+    for n in range(205):
+        log.append(BackgroundFailure(kind="integrate", session_id=None, error_type="E",
+                                     message=str(n), attempts=1))  # fmt: skip
+    kept = log.read()
+    assert len(kept) == 200 and kept[0].message == "5" and kept[-1].message == "204"
+    storage.put_global("stello:background_failures", [*storage.get_global(
+        "stello:background_failures"), {"not": "a failure"}])  # fmt: skip
+    assert len(log.read()) == 200  # what is not a failure is skipped
