@@ -359,8 +359,7 @@ class StelloAgent:
         scheduler = self.deps.scheduler
         if scheduler is not None:
             return scheduler.failures(session_id)
-        kept = StorageFailureLog(self.storage).read()
-        return kept if session_id is None else [f for f in kept if f.session_id == session_id]
+        return StorageFailureLog(self.storage).read(session_id)
 
     def clear_failures(self, session_id: str | None = None) -> int:
         """Forget the kept background failures (of one session, when given); return how many."""

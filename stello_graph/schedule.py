@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 from stello_graph.errors import InvalidInputError
 from stello_graph.events import EventBus, emit
 from stello_graph.models import utcnow
+from stello_graph.storage import MainStorage
 
 __all__ = ["BackgroundFailure", "FailureLog", "Schedule", "Scheduler", "StorageFailureLog"]
 
@@ -92,14 +93,12 @@ class FailureLog(Protocol):
     """Where a `Scheduler` keeps the failures of its jobs beyond its own memory."""
 
     def append(self, failure: BackgroundFailure) -> None: ...
-    def read(self) -> list[BackgroundFailure]: ...
+    def read(self, session_id: str | None = None) -> list[BackgroundFailure]: ...
     def clear(self, session_id: str | None = None) -> int: ...
 
 
-class _Globals(Protocol):
-    def transaction(self) -> Any: ...
-    def get_global(self, key: str) -> Any: ...
-    def put_global(self, key: str, value: Any) -> None: ...
+def _of(failures: Iterable[BackgroundFailure], session_id: str | None) -> list[BackgroundFailure]:
+    return [f for f in failures if session_id is None or f.session_id == session_id]
 
 
 def _failure_dict(failure: BackgroundFailure) -> dict[str, Any]:
@@ -136,7 +135,7 @@ class StorageFailureLog:
     the tree): they survive the process, and every agent on the tree sees them. The newest
     200 are kept."""
 
-    def __init__(self, storage: _Globals) -> None:
+    def __init__(self, storage: MainStorage) -> None:
         self._storage = storage
 
     def _stored(self) -> list[Any]:
@@ -148,8 +147,8 @@ class StorageFailureLog:
             kept = [*self._stored(), _failure_dict(failure)][-_KEPT_FAILURES:]
             self._storage.put_global(FAILURES_KEY, kept)
 
-    def read(self) -> list[BackgroundFailure]:
-        return [f for f in map(_failure_from, self._stored()) if f is not None]
+    def read(self, session_id: str | None = None) -> list[BackgroundFailure]:
+        return _of((f for f in map(_failure_from, self._stored()) if f is not None), session_id)
 
     def clear(self, session_id: str | None = None) -> int:
         with self._storage.transaction():
@@ -297,15 +296,12 @@ class Scheduler:
     def failures(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Failures kept so far, oldest first; only those of `session_id` when given."""
         try:
-            stored = self._log.read() if self._log is not None else None
+            stored = self._log.read(session_id) if self._log is not None else None
         except Exception:  # the storage is closed: what this process kept is still known
             stored = None
         with self._lock:
-            own = [f for f, saved in self._failures if stored is None or not saved]
-        kept = sorted([*(stored or ()), *own], key=lambda f: f.at)
-        if session_id is None:
-            return kept
-        return [f for f in kept if f.session_id == session_id]
+            own = _of((f for f, saved in self._failures if stored is None or not saved), session_id)
+        return sorted([*(stored or ()), *own], key=lambda f: f.at)
 
     def clear_failures(self, session_id: str | None = None) -> int:
         """Forget the kept failures (of one session, when given); return how many."""

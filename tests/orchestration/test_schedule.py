@@ -127,7 +127,7 @@ def test_failures_are_kept_in_memory_when_the_storage_cannot_take_them() -> None
         def append(self, failure: BackgroundFailure) -> None:
             raise OSError("disk full")
 
-        def read(self) -> list[BackgroundFailure]:
+        def read(self, session_id: str | None = None) -> list[BackgroundFailure]:
             raise OSError("disk full")
 
         def clear(self, session_id: str | None = None) -> int:
