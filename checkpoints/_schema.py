@@ -25,6 +25,10 @@ Version 3:
   `stello_records`. A connection caches decoded records; when another connection commits to
   the file (a LangGraph checkpointer on the same file does at every step), the counter tells
   whether the cache is still exact, instead of dropping it.
+
+Version 4 adds to `stello_sessions` the session lease of turns (`stello_graph.lease`):
+`lease_owner` (`NULL` when free), `lease_token` (the fencing token, which only grows) and
+`lease_expires` (seconds since the epoch). Kept in the session's row, it goes with it.
 """
 
 from __future__ import annotations
@@ -168,7 +172,19 @@ def _v3_record_changes(db: Database) -> None:
         )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_initial, _v2_tree_memory, _v3_record_changes)
+def _v4_session_lease(db: Database) -> None:
+    sessions = db.table(SESSIONS)
+    sessions.add_column("lease_owner", str)
+    sessions.add_column("lease_token", int, not_null_default=0)
+    sessions.add_column("lease_expires", float, not_null_default=0.0)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    _v1_initial,
+    _v2_tree_memory,
+    _v3_record_changes,
+    _v4_session_lease,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

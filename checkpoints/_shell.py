@@ -11,6 +11,7 @@ arguments already validated, and a write is always inside a transaction.
 from __future__ import annotations
 
 import json
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
@@ -41,6 +42,8 @@ from stello_graph.checkpoints._validate import (
     session_filter_args,
 )
 from stello_graph.errors import (
+    InvalidInputError,
+    LeaseLostError,
     NodeHasChildrenError,
     NodeNotFoundError,
     SessionNotFoundError,
@@ -49,6 +52,7 @@ from stello_graph.errors import (
 from stello_graph.models import (
     ChildL2,
     Compression,
+    Lease,
     SessionMeta,
     SessionRole,
     SessionStatus,
@@ -61,6 +65,7 @@ FIELDS = frozenset(
     {
         *("system_prompt", "insight", "memory", "memory_through", "turn_count"),
         *("subtree_synthesis", "compression", "compression_through", "settings"),
+        *("lease_owner", "lease_token", "lease_expires"),
     }
 )
 """Per-session values read and written through `_op_get_fields` / `_op_set_fields`."""
@@ -317,6 +322,43 @@ class StorageShell(ABC):
         text = dumps(value, what="A global value")
         self._txn.write(self._op_put_global, check_identifier(key, "key"), text)
 
+    # -- session lease ----------------------------------------------------------------------
+    def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
+    ) -> Lease | None:
+        """Take (or renew) the session's lease for `ttl` seconds; `None` if another holds it.
+
+        The lease is free when nobody holds it, when it has expired, or when its holder is
+        `replace` (one the caller found dead). Taken by a new owner, it gets a new fencing
+        token; renewed by its owner, it keeps it.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        args = _lease_args(session_id, owner, ttl, replace)
+        return self._txn.write(self._acquire_lease, *args)
+
+    def renew_lease(self, lease: Lease, ttl: float) -> Lease | None:
+        """Extend a lease still held with its token; `None` if it was lost."""
+        args = _lease_args(lease.session_id, lease.owner, ttl, None)
+        return self._txn.write(self._renew_lease, lease, args[2])
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Free the session if `lease` still holds it; `True` if it did."""
+        return self._txn.write(self._release_lease, _checked_lease(lease))
+
+    def get_lease(self, session_id: str) -> Lease | None:
+        """The session's current lease (expired or not), or `None` when it is free."""
+        return self._txn.read(self._get_lease, check_identifier(session_id))
+
+    def check_lease(self, lease: Lease) -> None:
+        """Refuse a holder that lost its lease: call it inside the transaction that commits.
+
+        Raises:
+            LeaseLostError: another owner took the session over (or it was released).
+        """
+        self._txn.read(self._check_lease, _checked_lease(lease))
+
     # -- async twins ----------------------------------------------------------------------
     async def aget_session(self, session_id: str) -> SessionMeta | None:
         return await self._txn.aread(self._op_get_session, check_identifier(session_id))
@@ -448,7 +490,79 @@ class StorageShell(ABC):
         text = dumps(value, what="A global value")
         await self._txn.awrite(self._op_put_global, check_identifier(key, "key"), text)
 
+    async def aacquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
+    ) -> Lease | None:
+        args = _lease_args(session_id, owner, ttl, replace)
+        return await self._txn.awrite(self._acquire_lease, *args)
+
+    async def arenew_lease(self, lease: Lease, ttl: float) -> Lease | None:
+        args = _lease_args(lease.session_id, lease.owner, ttl, None)
+        return await self._txn.awrite(self._renew_lease, lease, args[2])
+
+    async def arelease_lease(self, lease: Lease) -> bool:
+        return await self._txn.awrite(self._release_lease, _checked_lease(lease))
+
+    async def aget_lease(self, session_id: str) -> Lease | None:
+        return await self._txn.aread(self._get_lease, check_identifier(session_id))
+
+    async def acheck_lease(self, lease: Lease) -> None:
+        await self._txn.aread(self._check_lease, _checked_lease(lease))
+
     # -- compositions of primitives (run under the lock) ----------------------------------
+    _LEASE = ("lease_owner", "lease_token", "lease_expires")
+
+    def _lease_row(self, session_id: str) -> tuple[str | None, int, float]:
+        values = self._op_get_fields(session_id, self._LEASE)
+        if values is None:
+            raise SessionNotFoundError(session_id)
+        return values[0], int(values[1] or 0), float(values[2] or 0.0)
+
+    def _acquire_lease(
+        self, session_id: str, owner: str, ttl: float, replace: str | None
+    ) -> Lease | None:
+        holder, token, expires = self._lease_row(session_id)
+        now = time.time()
+        if holder is not None and holder not in (owner, replace) and expires > now:
+            return None
+        if holder != owner:
+            token += 1
+        lease = Lease(session_id, owner, token, now + ttl)
+        self._write_lease(lease)
+        return lease
+
+    def _renew_lease(self, lease: Lease, ttl: float) -> Lease | None:
+        holder, token, _ = self._lease_row(lease.session_id)
+        if holder != lease.owner or token != lease.token:
+            return None
+        renewed = Lease(lease.session_id, lease.owner, token, time.time() + ttl)
+        self._write_lease(renewed)
+        return renewed
+
+    def _write_lease(self, lease: Lease) -> None:
+        values = dict(zip(self._LEASE, (lease.owner, lease.token, lease.expires_at), strict=True))
+        self._op_set_fields(lease.session_id, values)
+
+    def _release_lease(self, lease: Lease) -> bool:
+        values = self._op_get_fields(lease.session_id, self._LEASE)
+        if values is None or values[0] != lease.owner or values[1] != lease.token:
+            return False  # lost, or the session is gone with its lease
+        self._op_set_fields(lease.session_id, {"lease_owner": None, "lease_expires": 0.0})
+        return True
+
+    def _get_lease(self, session_id: str) -> Lease | None:
+        values = self._op_get_fields(session_id, self._LEASE)
+        if values is None or values[0] is None:
+            return None
+        return Lease(session_id, values[0], int(values[1] or 0), float(values[2] or 0.0))
+
+    def _check_lease(self, lease: Lease) -> None:
+        values = self._op_get_fields(lease.session_id, self._LEASE)
+        if values is None:
+            raise SessionNotFoundError(lease.session_id)
+        if values[0] != lease.owner or values[1] != lease.token:
+            raise LeaseLostError(lease.session_id)
+
     def _field(self, session_id: str, name: str) -> Any:
         values = self._op_get_fields(session_id, (name,))
         return None if values is None else values[0]
@@ -567,6 +681,26 @@ def tree_order(nodes: list[TopologyNode]) -> list[TopologyNode]:
         ordered.append(node)
         stack.extend(reversed(children.get(node.id, [])))
     return ordered
+
+
+def _lease_args(
+    session_id: str, owner: object, ttl: object, replace: object
+) -> tuple[str, str, float, str | None]:
+    sid = check_identifier(session_id)
+    if not isinstance(owner, str) or not owner:
+        raise InvalidInputError(f"A lease owner must be a non-empty str, got {owner!r}.")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < 86_400:
+        raise InvalidInputError(f"A lease ttl must be seconds in (0, 86400), got {ttl!r}.")
+    if replace is not None and not isinstance(replace, str):
+        raise InvalidInputError(f"replace must be an owner (str) or None, got {replace!r}.")
+    return sid, owner, float(ttl), replace
+
+
+def _checked_lease(lease: object) -> Lease:
+    if not isinstance(lease, Lease):
+        raise InvalidInputError(f"Expected a Lease, got {type(lease).__name__}.")
+    check_identifier(lease.session_id)
+    return lease
 
 
 def _loads(text: str | None) -> Any:

@@ -41,6 +41,9 @@ class _Session:
     compression: str | None = None
     compression_through: int = 0
     settings: str = "{}"
+    lease_owner: str | None = None
+    lease_token: int = 0
+    lease_expires: float = 0.0
 
 
 @dataclass

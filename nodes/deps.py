@@ -26,6 +26,7 @@ from stello_graph.errors import (
     SessionNotFoundError,
 )
 from stello_graph.events import EventBus
+from stello_graph.lease import DEFAULT_LEASE_TTL, SessionLeases
 from stello_graph.main_session import MainSession
 from stello_graph.memory import (
     CompressFn,
@@ -97,6 +98,7 @@ class StelloDeps:
         compression: automatic context compression of every session.
         model_timeout: seconds each model call of a turn may take (`None`: no limit).
         model_retry: a LangGraph `RetryPolicy` for the turn's failed model calls.
+        lease_ttl: seconds a turn's session lease lasts without renewal.
         bus: where events go besides the `custom` stream.
     """
 
@@ -115,6 +117,7 @@ class StelloDeps:
     compression: CompressionPolicy | None = None
     model_timeout: float | None = None
     model_retry: RetryPolicy | None = None
+    lease_ttl: float = DEFAULT_LEASE_TTL
     bus: EventBus = field(default_factory=EventBus)
     profile_map: dict[str, ForkProfile] = field(default_factory=dict, init=False)
     """The registered profiles, by name."""
@@ -125,6 +128,8 @@ class StelloDeps:
     _tool_nodes: dict[tuple[int, ...], ToolNode] = field(default_factory=dict, init=False)
     _scheduler: Scheduler | None = field(default=None, init=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False)
+    leases: SessionLeases = field(init=False)
+    """The session leases that serialise turns (`stello_graph.lease`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tool_rounds, int) or self.max_tool_rounds < 0:
@@ -132,6 +137,7 @@ class StelloDeps:
                 f"max_tool_rounds must be an int >= 0, got {self.max_tool_rounds!r}."
             )
         self.model_timeout = check_model_timeout(self.model_timeout)
+        self.leases = SessionLeases(self.storage, ttl=self.lease_ttl)
         model_retry_policy(self.model_retry)  # refuses anything but a RetryPolicy
         unknown = [name for name in self.builtin_tools if name not in BUILTIN_TOOLS]
         if unknown:

@@ -29,6 +29,7 @@ from stello_graph._context import message_text
 from stello_graph._validate import check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
+from stello_graph.nodes._lease import LEASE_KEY, aturn_lease, turn_lease
 from stello_graph.nodes._model_call import ainvoke_model, invoke_model
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
@@ -70,16 +71,18 @@ def make_assemble_node(deps: StelloDeps) -> StelloNode:
     def assemble(state: State) -> State:
         check_text(state.get("input"), "input")
         session = deps.session(state.get("session_id"))
-        insight = session.open_turn()
+        with turn_lease(deps.leases, session.id, state, fresh=True) as held:
+            insight = session.open_turn()
         emit(deps.bus, "turn_started", session.id)
-        return _start(session, state, insight)
+        return {**_start(session, state, insight), **held.update()}
 
     async def aassemble(state: State) -> State:
         check_text(state.get("input"), "input")
         session = await deps.asession(state.get("session_id"))
-        insight = await session.aopen_turn()
+        async with aturn_lease(deps.leases, session.id, state, fresh=True) as held:
+            insight = await session.aopen_turn()
         emit(deps.bus, "turn_started", session.id)
-        return _start(session, state, insight)
+        return {**_start(session, state, insight), **held.update()}
 
     return StelloNode("assemble", assemble, aassemble)
 
@@ -115,17 +118,19 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
 
     def model(state: State) -> State:
         session = deps.session(state["session_id"])
-        ctx = session.turn_context(insight=state.get("insight"))
-        prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
-        reply = invoke_model(session, prompt, deps.model_timeout, choice)
-        return _check_rounds(deps, state, reply)
+        with turn_lease(deps.leases, session.id, state) as held:
+            ctx = session.turn_context(insight=state.get("insight"))
+            prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
+            reply = invoke_model(session, prompt, deps.model_timeout, choice)
+            return {**_check_rounds(deps, state, reply), **held.update()}
 
     async def amodel(state: State) -> State:
         session = await deps.asession(state["session_id"])
-        ctx = await session.aturn_context(insight=state.get("insight"))
-        prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
-        reply = await ainvoke_model(session, prompt, deps.model_timeout, choice)
-        return _check_rounds(deps, state, reply)
+        async with aturn_lease(deps.leases, session.id, state) as held:
+            ctx = await session.aturn_context(insight=state.get("insight"))
+            prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
+            reply = await ainvoke_model(session, prompt, deps.model_timeout, choice)
+            return {**_check_rounds(deps, state, reply), **held.update()}
 
     return StelloNode("model", model, amodel)
 
@@ -189,15 +194,20 @@ def make_tools_node(deps: StelloDeps) -> StelloNode:
     result the model sees. A tool may call `interrupt()` to wait for a human."""
 
     def tools(state: State, config: RunnableConfig) -> State:
-        calls = _announce(deps, state)
-        out = deps.tool_node(state["session_id"]).invoke(state, config) if calls else _NONE
-        return _tool_update(deps, state, calls, out)
+        sid = state["session_id"]
+        with turn_lease(deps.leases, sid, state) as held, deps.leases.busy(held.lease):
+            calls = _announce(deps, state)
+            out = deps.tool_node(sid).invoke(state, config) if calls else _NONE
+            return {**_tool_update(deps, state, calls, out), **held.update()}
 
     async def atools(state: State, config: RunnableConfig) -> State:
-        calls = _announce(deps, state)
-        node = deps.tool_node(state["session_id"])
-        out = await node.ainvoke(state, config) if calls else _NONE
-        return _tool_update(deps, state, calls, out)
+        sid = state["session_id"]
+        async with aturn_lease(deps.leases, sid, state) as held:
+            with deps.leases.busy(held.lease):
+                calls = _announce(deps, state)
+                node = deps.tool_node(sid)
+                out = await node.ainvoke(state, config) if calls else _NONE
+                return {**_tool_update(deps, state, calls, out), **held.update()}
 
     return StelloNode("tools", tools, atools)
 
@@ -251,25 +261,37 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
     def commit(state: State) -> State:
         session, s = deps.session(state["session_id"]), deps.storage
         records, tree = _records(state), 0
-        with s.transaction():
-            if not _committed(s, session.id, records):
-                session.commit_turn(records, insight=state.get("insight"))
-                if _counts_tree(deps):
-                    tree = int(s.get_global(TREE_TURNS_KEY) or 0) + 1
-                    s.put_global(TREE_TURNS_KEY, tree)
-            turns = s.get_turn_count(session.id)
-        return _finish(deps, session, state, turns, tree)
+        with turn_lease(deps.leases, session.id, state) as held:
+            with s.transaction():
+                s.check_lease(held.lease)  # a turn that lost its lease commits nothing
+                if not _committed(s, session.id, records):
+                    session.commit_turn(records, insight=state.get("insight"))
+                    if _counts_tree(deps):
+                        tree = int(s.get_global(TREE_TURNS_KEY) or 0) + 1
+                        s.put_global(TREE_TURNS_KEY, tree)
+                turns = s.get_turn_count(session.id)
+                if held.owned:
+                    s.release_lease(held.lease)
+            if held.owned:
+                deps.leases.forget(held.lease)
+        return {**_finish(deps, session, state, turns, tree), LEASE_KEY: None}
 
     async def acommit(state: State) -> State:
         session, s = await deps.asession(state["session_id"]), deps.storage
         records, tree = _records(state), 0
-        async with s.atransaction():
-            if not await _acommitted(s, session.id, records):
-                await session.acommit_turn(records, insight=state.get("insight"))
-                if _counts_tree(deps):
-                    tree = int(await s.aget_global(TREE_TURNS_KEY) or 0) + 1
-                    await s.aput_global(TREE_TURNS_KEY, tree)
-            turns = await s.aget_turn_count(session.id)
-        return _finish(deps, session, state, turns, tree)
+        async with aturn_lease(deps.leases, session.id, state) as held:
+            async with s.atransaction():
+                await s.acheck_lease(held.lease)
+                if not await _acommitted(s, session.id, records):
+                    await session.acommit_turn(records, insight=state.get("insight"))
+                    if _counts_tree(deps):
+                        tree = int(await s.aget_global(TREE_TURNS_KEY) or 0) + 1
+                        await s.aput_global(TREE_TURNS_KEY, tree)
+                turns = await s.aget_turn_count(session.id)
+                if held.owned:
+                    await s.arelease_lease(held.lease)
+            if held.owned:
+                deps.leases.forget(held.lease)
+        return {**_finish(deps, session, state, turns, tree), LEASE_KEY: None}
 
     return StelloNode("commit", commit, acommit)

@@ -21,7 +21,12 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
@@ -47,9 +52,16 @@ from stello_graph.errors import (
 )
 from stello_graph.events import StelloEvent, emit
 from stello_graph.graph import build_graph
+from stello_graph.lease import DEFAULT_LEASE_TTL
 from stello_graph.main_session import MainSession
 from stello_graph.memory import ConsolidateFn, IntegrateFn
-from stello_graph.models import IntegrationResult, SessionMeta, TopologyNode, TreeIntegration
+from stello_graph.models import (
+    IntegrationResult,
+    Lease,
+    SessionMeta,
+    TopologyNode,
+    TreeIntegration,
+)
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.forking import SKILLS_KEY
 from stello_graph.nodes.scheduling import (
@@ -183,35 +195,6 @@ def _batch_result(ids: list[str], outcomes: list[Any]) -> dict[str, str | None]:
     return dict(zip(ids, outcomes, strict=True))
 
 
-class _SessionLocks:
-    """One lock per session: turns on a session run one at a time, from threads or asyncio."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
-
-    def _get(self, session_id: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(session_id, threading.Lock())
-
-    @contextmanager
-    def hold(self, session_id: str) -> Iterator[None]:
-        lock = self._get(session_id)
-        with lock:
-            yield
-
-    @asynccontextmanager
-    async def ahold(self, session_id: str) -> AsyncIterator[None]:
-        lock, delay = self._get(session_id), 0.0005
-        while not lock.acquire(blocking=False):
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.02)
-        try:
-            yield
-        finally:
-            lock.release()
-
-
 class StelloAgent:
     """A session topology driven by a LangGraph graph: turns, forks, memory, scheduling.
 
@@ -244,6 +227,10 @@ class StelloAgent:
             `activate_skill`, within each session's allow-list.
         split_guard: limits on the forks the model makes itself.
         compression: automatic context compression of every session's prompt.
+        lease_ttl: seconds a turn's session lease lasts without renewal. Turns on one
+            session run one at a time, from threads, agents and processes alike (see
+            `stello_graph.lease`); a holder that died is taken over after this (at once
+            when it was a process of this machine).
     """
 
     def __init__(
@@ -270,6 +257,7 @@ class StelloAgent:
         skills: Sequence[Skill] | str | os.PathLike[str] = (),
         split_guard: SplitGuard | None = None,
         compression: CompressionPolicy | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
     ) -> None:
         model = _check_model(model)  # before anything is opened or created
         self._owns_storage = not hasattr(storage, "get_tree")
@@ -291,6 +279,7 @@ class StelloAgent:
                 compression=compression,
                 model_timeout=model_timeout,
                 model_retry=model_retry,
+                lease_ttl=lease_ttl,
             )
             found = self.storage.get_main_session()
             main_id = (
@@ -316,7 +305,7 @@ class StelloAgent:
             if self._owns_storage:  # a bad argument must not leave the file open
                 getattr(self.storage, "close", lambda: None)()
             raise
-        self._locks = _SessionLocks()
+        self._leases = self.deps.leases
         self._last_session: str | None = None
         self._streams: list[queue.SimpleQueue[StelloEvent]] = []
         self._streams_lock = threading.Lock()
@@ -468,7 +457,7 @@ class StelloAgent:
         """
         sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid)
-        with self._locks.hold(sid):
+        with self._run(sid):
             self._switch(sid)
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
@@ -479,7 +468,7 @@ class StelloAgent:
         """Async twin of `turn`."""
         sid, payload = self._begin(session_id, text, tool_choice)
         await self._atarget(sid)
-        async with self._locks.ahold(sid):
+        async with self._arun(sid):
             self._switch(sid)
             out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
             return await self._afinished(sid, self._result(sid, out))
@@ -495,7 +484,7 @@ class StelloAgent:
         sid = self._target(check_id(session_id))
         self._check_resumable()
         payload = self._resume_payload(sid, self.graph.get_state(self.config(sid)), value)
-        with self._locks.hold(sid):
+        with self._run(sid):
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
 
@@ -505,7 +494,7 @@ class StelloAgent:
         self._check_resumable()
         state = await self.graph.aget_state(self.config(sid))
         payload = self._resume_payload(sid, state, value)
-        async with self._locks.ahold(sid):
+        async with self._arun(sid):
             out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
             return await self._afinished(sid, self._result(sid, out))
 
@@ -577,7 +566,7 @@ class StelloAgent:
         self._target(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        with self._locks.hold(sid):
+        with self._run(sid):
             self._switch(sid)
             q = self._open_stream()
             try:
@@ -610,7 +599,7 @@ class StelloAgent:
         await self._atarget(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        async with self._locks.ahold(sid):
+        async with self._arun(sid):
             self._switch(sid)
             q = self._open_stream()
             try:
@@ -680,7 +669,7 @@ class StelloAgent:
     def archive(self, session_id: str) -> SessionMeta:
         """Archive a session (after its running turn, if any); it then refuses all work."""
         sid = self._archivable(session_id)
-        with self._locks.hold(sid):
+        with self._leases.hold(sid):
             session = self.session(sid)
             assert isinstance(session, Session)
             meta = session.archive()
@@ -691,7 +680,7 @@ class StelloAgent:
     async def aarchive(self, session_id: str) -> SessionMeta:
         """Async twin of `archive`."""
         sid = self._archivable(session_id)
-        async with self._locks.ahold(sid):
+        async with self._leases.ahold(sid):
             session = self.session(sid)
             assert isinstance(session, Session)
             meta = await session.aarchive()
@@ -875,7 +864,7 @@ class StelloAgent:
             NodeNotFoundError: the session has no node.
         """
         sid = self._removable(session_id)
-        with self._locks.hold(sid):
+        with self._leases.hold(sid):
             removed = self.storage.remove_node(sid, cascade=cascade)
         for gone in removed:
             self.deps.forget(gone)
@@ -884,7 +873,7 @@ class StelloAgent:
     async def aremove(self, session_id: str, *, cascade: bool = False) -> list[str]:
         """Async twin of `remove`."""
         sid = self._removable(session_id)
-        async with self._locks.ahold(sid):
+        async with self._leases.ahold(sid):
             removed = await self.storage.aremove_node(sid, cascade=cascade)
         for gone in removed:
             self.deps.forget(gone)
@@ -913,6 +902,28 @@ class StelloAgent:
             or f"Ask the stello session {label!r} a question and get its answer.",
         )
 
-    def hold(self, session_id: str) -> AbstractContextManager[None]:
-        """Hold the session's turn lock (no turn runs on it meanwhile)."""
-        return self._locks.hold(check_id(session_id))
+    def hold(self, session_id: str) -> AbstractContextManager[Lease]:
+        """Hold the session's lease: no turn runs on it meanwhile, in any process.
+
+        Waits for a running turn to end. Inside the block, taking the session again (a turn
+        on it, archiving it) fails with `SessionBusyError` rather than waiting for itself.
+        """
+        return self._leases.hold(check_id(session_id))
+
+    def ahold(self, session_id: str) -> AbstractAsyncContextManager[Lease]:
+        """Async twin of `hold`."""
+        return self._leases.ahold(check_id(session_id))
+
+    # -- the session lease around a graph run -------------------------------------------------
+    @contextmanager
+    def _run(self, sid: str) -> Iterator[None]:
+        """Hold the session for a whole run (its checkpoint thread included: pruning it must
+        not race another agent's run), lending the lease to the graph's nodes."""
+        with self._leases.hold(sid) as lease, self._leases.lending(lease):
+            yield
+
+    @asynccontextmanager
+    async def _arun(self, sid: str) -> AsyncIterator[None]:
+        async with self._leases.ahold(sid) as lease:
+            with self._leases.lending(lease):
+                yield

@@ -19,7 +19,9 @@ derive from the other branches::
     │   │   └── MainSessionNotFoundError the tree has no main session yet
     │   ├── SessionArchivedError         the session is archived and refuses the operation
     │   ├── DuplicateSessionError        a session with that id already exists
-    │   └── MainSessionExistsError       the tree already has a main session
+    │   ├── MainSessionExistsError       the tree already has a main session
+    │   ├── SessionBusyError             the session is held by a turn this call is part of
+    │   └── LeaseLostError               a turn lost its hold on the session; nothing stored
     ├── TopologyError
     │   ├── NodeNotFoundError            no topology node with that id (also a LookupError)
     │   ├── NodeHasChildrenError         removing a node with children without cascade
@@ -43,6 +45,7 @@ __all__ = [
     "FunctionNotConfiguredError",
     "IntegrationError",
     "InvalidInputError",
+    "LeaseLostError",
     "MainSessionExistsError",
     "MainSessionForkError",
     "MainSessionNotFoundError",
@@ -54,6 +57,7 @@ __all__ = [
     "NothingToIntegrateError",
     "SchemaVersionError",
     "SessionArchivedError",
+    "SessionBusyError",
     "SessionError",
     "SessionNotFoundError",
     "StelloError",
@@ -152,6 +156,30 @@ class MainSessionExistsError(SessionError):
         super().__init__(
             f"This tree already has a main session ({session_id!r}); "
             "use MainSession.load() or another tree_id.",
+            session_id=session_id,
+        )
+
+
+class SessionBusyError(SessionError):
+    """The session is held by a turn that this very call is part of (a tool of that turn, or
+    code inside `StelloAgent.hold`), or it stayed held longer than the caller would wait.
+
+    Waiting would never end in the first case: the turn waits for the tool that waits for
+    the turn. Run the operation after the turn ends instead.
+    """
+
+    def __init__(self, session_id: str, reason: str) -> None:
+        super().__init__(f"Session {session_id!r} is busy: {reason}", session_id=session_id)
+
+
+class LeaseLostError(SessionError):
+    """A turn's lease on its session lapsed and another holder took the session over, so
+    the turn's records were not committed (nothing of it is stored); run it again."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"The turn on session {session_id!r} lost its lease (it was not renewed in time "
+            "and another turn took the session over): nothing of it was stored; run it again.",
             session_id=session_id,
         )
 

@@ -39,6 +39,7 @@ from langgraph.store.base import BaseStore
 from langgraph.types import RetryPolicy
 
 from stello_graph.compression import CompressionPolicy
+from stello_graph.lease import DEFAULT_LEASE_TTL
 from stello_graph.memory import ConsolidateFn, IntegrateFn
 from stello_graph.nodes._model_call import model_retry_policy
 from stello_graph.nodes.deps import StelloDeps
@@ -113,6 +114,8 @@ class StelloState(StelloInput, StelloOutput, total=False):
     pending: Annotated[list[AnyMessage], add_messages]
     insight: str | None
     turn_tool_choice: str | dict[str, Any] | bool | None
+    lease: dict[str, Any] | None
+    """The owner and token of the session lease the turn holds (`stello_graph.lease`)."""
     tree_plan: dict[str, Any]
     tree_step: int
     tree_results: Annotated[dict[str, Any], merge_results]
@@ -166,6 +169,7 @@ def build_stello_graph(
     compression: CompressionPolicy | None = None,
     model_timeout: float | None = None,
     model_retry: RetryPolicy | None = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
 ) -> StateGraph[Any, Any, Any, Any]:
     """The stello orchestration as an uncompiled LangGraph `StateGraph`.
 
@@ -191,6 +195,10 @@ def build_stello_graph(
             longer fails the turn with `ModelCallError` (or is retried, see `model_retry`).
         model_retry: a LangGraph `RetryPolicy` for a turn's failed model calls; its
             `retry_on` judges the provider's exception. Timed-out calls are retried.
+        lease_ttl: seconds a turn's session lease lasts without renewal (a running turn
+            renews it; a holder that died is taken over after this, or at once when it was a
+            process of this machine). Turns on one session run one at a time through it,
+            from threads, graphs, agents and processes alike (`stello_graph.lease`).
     """
     deps = StelloDeps(
         storage=storage,
@@ -208,5 +216,6 @@ def build_stello_graph(
         compression=compression,
         model_timeout=model_timeout,
         model_retry=model_retry,
+        lease_ttl=lease_ttl,
     )
     return build_graph(deps)

@@ -19,6 +19,7 @@ __all__ = [
     "ChildL2",
     "Compression",
     "IntegrationResult",
+    "Lease",
     "SendResult",
     "SessionMeta",
     "SessionRole",
@@ -73,6 +74,24 @@ class TopologyNode(BaseModel):
     """`None` marks the root (the main session)."""
     label: str = ""
     """A copy of the session's label, so the tree can be drawn without loading sessions."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A turn's hold on its session, as stored with the session (see `stello_graph.lease`).
+
+    Attributes:
+        session_id: the session held.
+        owner: who holds it (a process and a run, `host/pid/nonce`).
+        token: the fencing token: it grows each time another owner takes the session, so a
+            holder that lost its lease can tell (its token is no longer the stored one).
+        expires_at: when the lease lapses unless renewed (seconds since the epoch).
+    """
+
+    session_id: str
+    owner: str
+    token: int
+    expires_at: float
 
 
 class ChildL2(BaseModel):

@@ -32,6 +32,7 @@ from langchain_core.messages import BaseMessage
 from stello_graph.models import (
     ChildL2,
     Compression,
+    Lease,
     SessionMeta,
     SessionRole,
     SessionStatus,
@@ -277,6 +278,34 @@ class MainStorage(SessionStorage, Protocol):
     def get_global(self, key: str) -> Any: ...
     def put_global(self, key: str, value: Any) -> None: ...
 
+    # -- session lease (turns on one session run one at a time, across processes) ----------
+    def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
+    ) -> Lease | None:
+        """Take or renew the session's lease atomically; `None` while another holds it.
+
+        Free means: nobody holds it, it expired, or its holder is `replace`. A new owner
+        gets the stored fencing token plus one; the owner renewing keeps its token.
+        """
+        ...
+
+    def renew_lease(self, lease: Lease, ttl: float) -> Lease | None:
+        """Extend `lease` if it still holds the session (same owner and token), else `None`."""
+        ...
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Free the session if `lease` still holds it (the token is kept, to keep growing)."""
+        ...
+
+    def get_lease(self, session_id: str) -> Lease | None:
+        """The session's lease (possibly expired), or `None` when free."""
+        ...
+
+    def check_lease(self, lease: Lease) -> None:
+        """Raise `LeaseLostError` unless `lease` still holds the session (use it inside the
+        transaction that commits what the holder did)."""
+        ...
+
     # -- async twins ----------------------------------------------------------------------
     async def aget_all_session_l2s(self) -> list[ChildL2]: ...
     async def alist_sessions(
@@ -297,3 +326,10 @@ class MainStorage(SessionStorage, Protocol):
     async def aremove_node(self, node_id: str, *, cascade: bool = False) -> list[str]: ...
     async def aget_global(self, key: str) -> Any: ...
     async def aput_global(self, key: str, value: Any) -> None: ...
+    async def aacquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
+    ) -> Lease | None: ...
+    async def arenew_lease(self, lease: Lease, ttl: float) -> Lease | None: ...
+    async def arelease_lease(self, lease: Lease) -> bool: ...
+    async def aget_lease(self, session_id: str) -> Lease | None: ...
+    async def acheck_lease(self, lease: Lease) -> None: ...

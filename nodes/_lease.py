@@ -1,0 +1,111 @@
+"""How the turn's nodes hold their session's lease (see `stello_graph.lease`).
+
+A turn is serialised in the graph's own path, whoever runs the graph. `assemble` takes the
+session's lease (waiting while another turn holds it) unless the caller already holds it for
+this run (`StelloAgent` does, for the whole run and its checkpoint pruning); the turn's
+state keeps the lease's owner and token from node to node; each later node renews it (or
+takes it again, if it lapsed meanwhile); `commit` checks it inside the transaction that
+writes the turn and releases it there. A node that fails, or a tool that interrupts the
+turn, releases the lease, so nobody waits for a turn that is not running; a resumed turn
+takes it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from stello_graph.lease import SessionLeases
+from stello_graph.models import Lease
+
+__all__ = ["LEASE_KEY", "TurnLease", "aturn_lease", "lease_state", "turn_lease"]
+
+LEASE_KEY = "lease"
+"""The state key of the turn's lease: `{"owner": ..., "token": ...}` or `None`."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLease:
+    """The lease a turn's node runs under.
+
+    Attributes:
+        lease: the lease.
+        owned: whether the turn itself holds it (else the caller lent it for this run and
+            releases it).
+    """
+
+    lease: Lease
+    owned: bool
+
+    def update(self) -> dict[str, Any]:
+        """The state update that hands the lease to the turn's next node."""
+        return {LEASE_KEY: lease_state(self.lease) if self.owned else None}
+
+
+def lease_state(lease: Lease) -> dict[str, Any]:
+    return {"owner": lease.owner, "token": lease.token}
+
+
+def _stored(session_id: str, state: Mapping[str, Any], fresh: bool) -> Lease | None:
+    found = None if fresh else state.get(LEASE_KEY)
+    if not isinstance(found, Mapping) or not isinstance(found.get("owner"), str):
+        return None
+    return Lease(session_id, found["owner"], int(found.get("token") or 0), 0.0)
+
+
+def _take(leases: SessionLeases, session_id: str, stored: Lease | None) -> Lease:
+    if stored is not None:
+        renewed = leases.storage.renew_lease(stored, leases.ttl)
+        if renewed is not None:
+            return renewed
+    return leases.acquire(session_id, owner=stored.owner if stored is not None else None)
+
+
+async def _atake(leases: SessionLeases, session_id: str, stored: Lease | None) -> Lease:
+    if stored is not None:
+        renewed = await leases.storage.arenew_lease(stored, leases.ttl)
+        if renewed is not None:
+            return renewed
+    return await leases.aacquire(session_id, owner=stored.owner if stored is not None else None)
+
+
+@contextmanager
+def turn_lease(
+    leases: SessionLeases, session_id: str, state: Mapping[str, Any], *, fresh: bool = False
+) -> Iterator[TurnLease]:
+    """Run a turn node under the session's lease; release it if the node fails.
+
+    `fresh` (the turn's first node): take a new lease rather than one left in the state by
+    an earlier run.
+    """
+    lent = leases.held(session_id)
+    if lent is not None:
+        yield TurnLease(lent, owned=False)
+        return
+    lease = _take(leases, session_id, _stored(session_id, state, fresh))
+    try:
+        with leases.keep(lease):
+            yield TurnLease(lease, owned=True)
+    except BaseException:
+        leases.release(lease)
+        raise
+
+
+@asynccontextmanager
+async def aturn_lease(
+    leases: SessionLeases, session_id: str, state: Mapping[str, Any], *, fresh: bool = False
+) -> AsyncIterator[TurnLease]:
+    """Async twin of `turn_lease`."""
+    lent = leases.held(session_id)
+    if lent is not None:
+        yield TurnLease(lent, owned=False)
+        return
+    lease = await _atake(leases, session_id, _stored(session_id, state, fresh))
+    try:
+        with leases.keep(lease):
+            yield TurnLease(lease, owned=True)
+    except BaseException:
+        await leases.arelease(lease)
+        raise

@@ -1,0 +1,389 @@
+"""The session lease: turns on one session run one at a time, wherever they come from.
+
+A turn holds its session through a lease stored with the session (`MainStorage.acquire_lease`):
+an owner, an expiry and a fencing token. Threads, asyncio tasks, two agents and two processes
+on one database all go through it, so every turn sees every turn committed before it started
+and an insight is shown to exactly one turn. While a turn runs, a keeper thread renews its
+lease; a holder that died is taken over: at once when it was a process of this machine that
+no longer exists, otherwise when its lease expires. A turn commits only while its token is
+still the stored one (`check_lease` inside the commit's transaction), so a holder that lost
+its lease cannot commit.
+
+A lease also knows where it is held: inside a turn's tools (and inside `StelloAgent.hold`)
+the session counts as held by the running code, and anything that would wait for it there
+(a tool that archives, or asks, its own session) fails at once with `SessionBusyError`
+instead of waiting for itself.
+
+Example:
+    >>> from stello_graph.checkpoints import InMemoryMainStorage
+    >>> from stello_graph.models import SessionMeta
+    >>> storage = InMemoryMainStorage()
+    >>> storage.put_session(SessionMeta(id="s1", label="Ideas"))
+    >>> leases = SessionLeases(storage)
+    >>> with leases.hold("s1") as lease:
+    ...     storage.get_lease("s1") == lease
+    True
+    >>> storage.get_lease("s1") is None
+    True
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from stello_graph.errors import InvalidInputError, SessionBusyError
+from stello_graph.models import Lease
+from stello_graph.storage import MainStorage
+
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "SessionLeases",
+    "check_lease_ttl",
+    "new_owner",
+    "owner_is_dead",
+]
+
+DEFAULT_LEASE_TTL = 30.0
+"""Seconds a lease lasts unless renewed; a running turn renews it every third of that."""
+
+_MAX_PAUSE = 0.05
+_HOST = socket.gethostname()
+
+# Owners of this process that hold (or are acquiring) a lease: any other owner naming this
+# process is a leftover, free to take over.
+_live: set[str] = set()
+_live_lock = threading.Lock()
+# Woken whenever this process releases a lease, so local waiters need not poll.
+_released = threading.Condition()
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    lease: Lease
+    busy: bool
+    """The code running now is part of the holder's work (a tool of its turn, a block inside
+    `hold`): waiting for the session here would wait for itself."""
+
+
+_HELD: ContextVar[Mapping[tuple[str, str], _Hold] | None] = ContextVar(
+    "stello_held_leases", default=None
+)
+
+
+def _held() -> Mapping[tuple[str, str], _Hold]:
+    return _HELD.get() or {}
+
+
+def check_lease_ttl(value: object) -> float:
+    """A lease ttl in seconds: a number in [1, 3600]."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 3600:
+        raise InvalidInputError(f"lease_ttl must be seconds between 1 and 3600, got {value!r}.")
+    return float(value)
+
+
+def new_owner() -> str:
+    """A fresh owner name: `host/pid/nonce`."""
+    return f"{_HOST}/{os.getpid()}/{uuid.uuid4().hex[:16]}"
+
+
+def owner_is_dead(owner: str) -> bool:
+    """Whether `owner` surely holds nothing any more: a process of this machine that is
+    gone, or an owner of this process that released or never finished acquiring."""
+    host, _, rest = owner.partition("/")
+    pid_text = rest.partition("/")[0]
+    if host != _HOST or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        with _live_lock:
+            return owner not in _live
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by another user
+        return False
+    return False
+
+
+def _scope(storage: MainStorage) -> str:
+    """Which database and tree a storage reads: two storages of one file share a scope."""
+    path = getattr(storage, "path", None)
+    if isinstance(path, str) and path not in ("", ":memory:"):
+        where = os.path.realpath(path)
+    else:
+        where = f"object:{id(storage)}"
+    return f"{type(storage).__name__}:{where}:{storage.tree_id}"
+
+
+@dataclass(slots=True)
+class _Kept:
+    storage: MainStorage
+    lease: Lease
+    ttl: float
+    due: float
+    lost: bool = False
+
+
+@dataclass
+class _Keeper:
+    """One daemon thread per process renewing the leases of running turns."""
+
+    kept: dict[int, _Kept] = field(default_factory=dict)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    pid: int = 0
+    counter: int = 0
+
+    def add(self, storage: MainStorage, lease: Lease, ttl: float) -> int:
+        with self.cond:
+            self.counter += 1
+            self.kept[self.counter] = _Kept(storage, lease, ttl, time.monotonic() + ttl / 3)
+            if self.pid != os.getpid():  # first use, or a forked child: no thread yet
+                self.pid = os.getpid()
+                threading.Thread(target=self._run, name="stello-lease", daemon=True).start()
+            self.cond.notify()
+            return self.counter
+
+    def drop(self, key: int) -> None:
+        with self.cond:
+            self.kept.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                now = time.monotonic()
+                due = [k for k in self.kept.values() if k.due <= now and not k.lost]
+                if not due:
+                    wake = min((k.due for k in self.kept.values() if not k.lost), default=None)
+                    self.cond.wait(None if wake is None else max(0.0, wake - now))
+                    continue
+            for kept in due:
+                self._renew(kept)
+
+    @staticmethod
+    def _renew(kept: _Kept) -> None:
+        try:
+            renewed = kept.storage.renew_lease(kept.lease, kept.ttl)
+        except Exception:  # a closed or failing storage: the commit's check will tell
+            renewed = None
+        kept.lost = renewed is None
+        kept.due = time.monotonic() + kept.ttl / 3
+
+
+_keeper = _Keeper()
+
+
+class SessionLeases:
+    """Acquire, hold and release session leases on one storage.
+
+    Args:
+        storage: the tree's storage (it stores the leases).
+        ttl: seconds a lease lasts without renewal (a turn's keeper renews it meanwhile).
+        wait: seconds to wait for a busy session before `SessionBusyError` (`None`: as long
+            as it takes).
+    """
+
+    def __init__(
+        self, storage: MainStorage, *, ttl: float = DEFAULT_LEASE_TTL, wait: float | None = None
+    ) -> None:
+        self.storage = storage
+        self.ttl = check_lease_ttl(ttl)
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
+            raise InvalidInputError(f"wait must be seconds or None, got {wait!r}.")
+        self.wait = wait
+        self.scope = _scope(storage)
+
+    # -- where the session is held ----------------------------------------------------------
+    def held(self, session_id: str) -> Lease | None:
+        """The lease this call chain already holds on the session and may use, if any.
+
+        Raises:
+            SessionBusyError: the session is held by work this call is part of (a tool of
+                its turn): waiting for it would never end.
+        """
+        hold = _held().get((self.scope, session_id))
+        if hold is None:
+            return None
+        if hold.busy:
+            raise self._reentrant(session_id)
+        return hold.lease
+
+    @contextmanager
+    def busy(self, lease: Lease) -> Iterator[None]:
+        """Mark the session held by the code run inside (a turn's tools): an attempt to
+        take it there fails at once instead of waiting for itself."""
+        reset = self._mark(lease, busy=True)
+        try:
+            yield
+        finally:
+            _HELD.reset(reset)
+
+    @contextmanager
+    def lending(self, lease: Lease) -> Iterator[None]:
+        """Let the graph run inside use `lease` (the agent holds it for the whole run)."""
+        reset = self._mark(lease, busy=False)
+        try:
+            yield
+        finally:
+            _HELD.reset(reset)
+
+    def _mark(self, lease: Lease, *, busy: bool) -> Any:
+        held = dict(_held())
+        held[(self.scope, lease.session_id)] = _Hold(lease, busy)
+        return _HELD.set(held)
+
+    def _refuse_reentry(self, session_id: str) -> None:
+        if (self.scope, session_id) in _held():
+            raise self._reentrant(session_id)
+
+    @staticmethod
+    def _reentrant(session_id: str) -> SessionBusyError:
+        return SessionBusyError(
+            session_id,
+            "this call runs inside that session's own turn (a tool of the turn, or code "
+            "inside StelloAgent.hold), which waits for it: waiting here would never end. "
+            "Do it after the turn ends.",
+        )
+
+    # -- acquire and release ----------------------------------------------------------------
+    def _try(self, session_id: str, owner: str) -> Lease | None:
+        lease = self.storage.acquire_lease(session_id, owner, self.ttl)
+        if lease is None:
+            current = self.storage.get_lease(session_id)
+            if current is not None and owner_is_dead(current.owner):
+                lease = self.storage.acquire_lease(
+                    session_id, owner, self.ttl, replace=current.owner
+                )
+        return lease
+
+    async def _atry(self, session_id: str, owner: str) -> Lease | None:
+        lease = await self.storage.aacquire_lease(session_id, owner, self.ttl)
+        if lease is None:
+            current = await self.storage.aget_lease(session_id)
+            if current is not None and owner_is_dead(current.owner):
+                lease = await self.storage.aacquire_lease(
+                    session_id, owner, self.ttl, replace=current.owner
+                )
+        return lease
+
+    def _deadline(self) -> float | None:
+        return None if self.wait is None else time.monotonic() + self.wait
+
+    def _check_deadline(self, session_id: str, deadline: float | None) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise SessionBusyError(
+                session_id, f"another turn held it for longer than {self.wait:g} s."
+            )
+
+    def acquire(self, session_id: str, *, owner: str | None = None) -> Lease:
+        """Take the session's lease, waiting while another turn holds it.
+
+        With the `owner` of a lease held before, renew it (or take it again if it lapsed).
+        """
+        self._refuse_reentry(session_id)
+        owner = owner or new_owner()
+        _add_live(owner)
+        deadline, pause = self._deadline(), 0.001
+        try:
+            while (lease := self._try(session_id, owner)) is None:
+                self._check_deadline(session_id, deadline)
+                with _released:
+                    _released.wait(pause)
+                pause = min(pause * 2, _MAX_PAUSE)
+        except BaseException:
+            _discard_live(owner)
+            raise
+        return lease
+
+    async def aacquire(self, session_id: str, *, owner: str | None = None) -> Lease:
+        """Async twin of `acquire`: waiting never blocks the event loop."""
+        self._refuse_reentry(session_id)
+        owner = owner or new_owner()
+        _add_live(owner)
+        deadline, pause = self._deadline(), 0.001
+        try:
+            while (lease := await self._atry(session_id, owner)) is None:
+                self._check_deadline(session_id, deadline)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _MAX_PAUSE)
+        except BaseException:
+            _discard_live(owner)
+            raise
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        """Free the session (if `lease` still holds it) and wake local waiters."""
+        try:
+            self.storage.release_lease(lease)
+        finally:
+            _released_by(lease.owner)
+
+    async def arelease(self, lease: Lease) -> None:
+        """Async twin of `release`."""
+        try:
+            await self.storage.arelease_lease(lease)
+        finally:
+            _released_by(lease.owner)
+
+    def forget(self, lease: Lease) -> None:
+        """Wake local waiters after `lease` was released inside a caller's transaction."""
+        _released_by(lease.owner)
+
+    @contextmanager
+    def keep(self, lease: Lease) -> Iterator[None]:
+        """Renew `lease` in the background while the block runs."""
+        key = _keeper.add(self.storage, lease, self.ttl)
+        try:
+            yield
+        finally:
+            _keeper.drop(key)
+
+    @contextmanager
+    def hold(self, session_id: str) -> Iterator[Lease]:
+        """Hold the session for the block: acquired (waiting), renewed, released.
+
+        The block counts as the holder's own work: taking the session again inside it fails
+        with `SessionBusyError`, except for a graph run it lends the lease to (`lending`).
+        """
+        lease = self.acquire(session_id)
+        try:
+            with self.keep(lease), self.busy(lease):
+                yield lease
+        finally:
+            self.release(lease)
+
+    @asynccontextmanager
+    async def ahold(self, session_id: str) -> AsyncIterator[Lease]:
+        """Async twin of `hold`."""
+        lease = await self.aacquire(session_id)
+        try:
+            with self.keep(lease), self.busy(lease):
+                yield lease
+        finally:
+            await self.arelease(lease)
+
+
+def _add_live(owner: str) -> None:
+    with _live_lock:
+        _live.add(owner)
+
+
+def _discard_live(owner: str) -> None:
+    with _live_lock:
+        _live.discard(owner)
+
+
+def _released_by(owner: str) -> None:
+    _discard_live(owner)
+    with _released:
+        _released.notify_all()
