@@ -28,7 +28,9 @@ Version 3:
 
 Version 4 adds to `stello_sessions` the session lease of turns (`stello_graph.lease`):
 `lease_owner` (`NULL` when free), `lease_token` (the fencing token, which only grows) and
-`lease_expires` (seconds since the epoch). Kept in the session's row, it goes with it.
+`lease_expires` (seconds since the epoch), and the turn waiting longest for it
+(`lease_waiter` until `lease_wait_until`), which gets it next. Kept in the session's row,
+it goes with it.
 """
 
 from __future__ import annotations
@@ -177,6 +179,8 @@ def _v4_session_lease(db: Database) -> None:
     sessions.add_column("lease_owner", str)
     sessions.add_column("lease_token", int, not_null_default=0)
     sessions.add_column("lease_expires", float, not_null_default=0.0)
+    sessions.add_column("lease_waiter", str)
+    sessions.add_column("lease_wait_until", float, not_null_default=0.0)
 
 
 MIGRATIONS: tuple[Migration, ...] = (

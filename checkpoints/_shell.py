@@ -61,11 +61,15 @@ from stello_graph.models import (
 
 __all__ = ["FIELDS", "StorageShell", "tree_order"]
 
+_WAITER_TTL = 0.5
+"""Seconds a turn waiting for a lease keeps its place as the next holder without asking
+again (a waiter asks every few milliseconds)."""
+
 FIELDS = frozenset(
     {
         *("system_prompt", "insight", "memory", "memory_through", "turn_count"),
         *("subtree_synthesis", "compression", "compression_through", "settings"),
-        *("lease_owner", "lease_token", "lease_expires"),
+        *("lease_owner", "lease_token", "lease_expires", "lease_waiter", "lease_wait_until"),
     }
 )
 """Per-session values read and written through `_op_get_fields` / `_op_set_fields`."""
@@ -330,7 +334,8 @@ class StorageShell(ABC):
 
         The lease is free when nobody holds it, when it has expired, or when its holder is
         `replace` (one the caller found dead). Taken by a new owner, it gets a new fencing
-        token; renewed by its owner, it keeps it.
+        token; renewed by its owner, it keeps it. The first owner refused waits in line: until
+        it takes the lease (or stops asking for half a second), nobody else does.
 
         Raises:
             SessionNotFoundError: no such session.
@@ -511,28 +516,36 @@ class StorageShell(ABC):
 
     # -- compositions of primitives (run under the lock) ----------------------------------
     _LEASE = ("lease_owner", "lease_token", "lease_expires")
+    _QUEUE = (*_LEASE, "lease_waiter", "lease_wait_until")
 
-    def _lease_row(self, session_id: str) -> tuple[str | None, int, float]:
-        values = self._op_get_fields(session_id, self._LEASE)
+    def _lease_row(self, session_id: str) -> tuple[Any, ...]:
+        values = self._op_get_fields(session_id, self._QUEUE)
         if values is None:
             raise SessionNotFoundError(session_id)
-        return values[0], int(values[1] or 0), float(values[2] or 0.0)
+        return values
 
     def _acquire_lease(
         self, session_id: str, owner: str, ttl: float, replace: str | None
     ) -> Lease | None:
-        holder, token, expires = self._lease_row(session_id)
-        now = time.time()
-        if holder is not None and holder not in (owner, replace) and expires > now:
+        holder, token, expires, waiter, wait_until = self._lease_row(session_id)
+        now, token = time.time(), int(token or 0)
+        free = holder is None or holder in (owner, replace) or (expires or 0.0) <= now
+        queued = waiter is not None and waiter != owner and (wait_until or 0.0) > now
+        if holder != owner and (not free or queued):
+            if waiter is None or waiter == owner or (wait_until or 0.0) <= now:
+                # the first to wait is the next to hold: a holder that turns again at once
+                # cannot starve the others
+                values = {"lease_waiter": owner, "lease_wait_until": now + _WAITER_TTL}
+                self._op_set_fields(session_id, values)
             return None
-        if holder != owner:
-            token += 1
-        lease = Lease(session_id, owner, token, now + ttl)
+        lease = Lease(session_id, owner, token if holder == owner else token + 1, now + ttl)
         self._write_lease(lease)
+        if waiter == owner:
+            self._op_set_fields(session_id, {"lease_waiter": None, "lease_wait_until": 0.0})
         return lease
 
     def _renew_lease(self, lease: Lease, ttl: float) -> Lease | None:
-        holder, token, _ = self._lease_row(lease.session_id)
+        holder, token = self._lease_row(lease.session_id)[:2]
         if holder != lease.owner or token != lease.token:
             return None
         renewed = Lease(lease.session_id, lease.owner, token, time.time() + ttl)

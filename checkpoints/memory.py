@@ -44,6 +44,8 @@ class _Session:
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires: float = 0.0
+    lease_waiter: str | None = None
+    lease_wait_until: float = 0.0
 
 
 @dataclass

@@ -285,7 +285,10 @@ class MainStorage(SessionStorage, Protocol):
         """Take or renew the session's lease atomically; `None` while another holds it.
 
         Free means: nobody holds it, it expired, or its holder is `replace`. A new owner
-        gets the stored fencing token plus one; the owner renewing keeps its token.
+        gets the stored fencing token plus one; the owner renewing keeps its token. A refused
+        owner is remembered as the next holder (unless another waits already, and asked
+        again within the last half second), so a holder that turns again at once cannot
+        starve the others.
         """
         ...
 
