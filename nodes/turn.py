@@ -69,14 +69,14 @@ def make_assemble_node(deps: StelloDeps) -> StelloNode:
 
     def assemble(state: State) -> State:
         check_text(state.get("input"), "input")
-        session = deps.session(state.get("session_id"))
+        session = deps.turn_session(state.get("session_id"))
         insight = session.open_turn()
         emit(deps.bus, "turn_started", session.id)
         return _start(session, state, insight)
 
     async def aassemble(state: State) -> State:
         check_text(state.get("input"), "input")
-        session = await deps.asession(state.get("session_id"))
+        session = await deps.aturn_session(state.get("session_id"))
         insight = await session.aopen_turn()
         emit(deps.bus, "turn_started", session.id)
         return _start(session, state, insight)
