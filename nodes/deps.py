@@ -139,6 +139,7 @@ class StelloDeps:
     _sessions: dict[str, _Cached] = field(default_factory=dict, init=False)
     _tool_nodes: dict[tuple[int, ...], ToolNode] = field(default_factory=dict, init=False)
     _scheduler: Scheduler | None = field(default=None, init=False)
+    _final_l2s: set[str] = field(default_factory=set, init=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False)
 
     def __post_init__(self) -> None:
@@ -170,6 +171,20 @@ class StelloDeps:
     @property
     def scheduler(self) -> Scheduler | None:
         return self._scheduler
+
+    def hold_final_l2(self, session_id: str) -> None:
+        """Have the next scheduled integration include this archived session's final L2."""
+        with self._lock:
+            self._final_l2s.add(session_id)
+
+    def final_l2s(self) -> list[str]:
+        """The archived sessions whose final L2 no scheduled integration has included yet."""
+        with self._lock:
+            return sorted(self._final_l2s)
+
+    def final_l2s_integrated(self, session_ids: Iterable[str]) -> None:
+        with self._lock:
+            self._final_l2s.difference_update(session_ids)
 
     def integrate_function(self) -> IntegrateFn:
         """The integrate function, or a clear error when none was given."""
