@@ -173,16 +173,18 @@ class StelloDeps:
         return self._scheduler
 
     def hold_final_l2(self, session_id: str) -> None:
-        """Have the next scheduled integration include this archived session's final L2."""
+        """Have the next flat integration (scheduled or called) bring this archived session's
+        final L2 (see `on_archive`)."""
         with self._lock:
             self._final_l2s.add(session_id)
 
     def final_l2s(self) -> list[str]:
-        """The archived sessions whose final L2 no scheduled integration has included yet."""
+        """The archived sessions whose final L2 no integration has included yet."""
         with self._lock:
             return sorted(self._final_l2s)
 
     def final_l2s_integrated(self, session_ids: Iterable[str]) -> None:
+        """These final L2s reached an integration: forget them."""
         with self._lock:
             self._final_l2s.difference_update(session_ids)
 
