@@ -9,7 +9,8 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from stello_graph import ModelCallError, Session
-from stello_graph.compression import CompressionPolicy, estimate_tokens
+from stello_graph.compression import CompressionPolicy, estimate_tokens, plan_cut
+from stello_graph.models import Compression
 from stello_graph.testing import ScriptedChatModel
 from tests.conftest import Api
 
@@ -81,3 +82,17 @@ async def test_the_turn_after_a_failed_one_does_not_cut_again(api: Api) -> None:
     await send(api, session, "second try")  # the failed turn's cut still holds
     assert fn.calls == 1
     assert kept_from(api, session) == expected
+
+
+def test_plan_cut_ignores_usage_measured_before_the_cut() -> None:
+    policy = CompressionPolicy(context_window=WINDOW, threshold=THRESHOLD, keep_recent=KEEP)
+    records = history()
+    current = Compression(summary="s", through=budget_cut(records))
+    # judged by the old reply's figure, the cut history still looks too long...
+    assert plan_cut(policy, WINDOW, [], records, current) is not None
+    # ...but that reply predates the cut: the kept history, estimated, fits
+    assert plan_cut(policy, WINDOW, [], records, current, measured_from=len(records)) is None
+    # a reply made after the cut is believed again
+    later = [*records, HumanMessage(content="q"), AIMessage(content="a")]
+    later[-1].usage_metadata = {"input_tokens": 900, "output_tokens": 5, "total_tokens": 905}  # type: ignore[attr-defined]
+    assert plan_cut(policy, WINDOW, [], later, current, measured_from=len(records)) is not None
