@@ -12,6 +12,8 @@ checkpointed) finds the child it already made instead of forking a second one.
 
 `activate_skill` is offered whenever skills are registered and the session may use some: its
 description lists exactly the skills of the session's allow-list, and it refuses any other.
+The allow-list is read from storage when the tool runs, so a skill revoked meanwhile (by
+another agent or process, even during the turn) cannot be activated.
 """
 
 from __future__ import annotations
@@ -167,12 +169,16 @@ class BuiltinTools:
         enabled = "create_session" in self.deps.builtin_tools
         self._create = self._create_session_tool() if enabled else None
 
+    def allowed_skills(self, settings: Mapping[str, Any]) -> tuple[str, ...]:
+        """The registered skills a session with these settings may activate."""
+        allowed = settings.get(SKILLS_KEY)
+        names = self.deps.skill_map if allowed is None else allowed
+        return tuple(n for n in names if n in self.deps.skill_map)
+
     def for_session(self, settings: Mapping[str, Any]) -> list[BaseTool]:
         """The built-in tools of a session with these settings."""
         tools: list[BaseTool] = [self._create] if self._create is not None else []
-        allowed = settings.get(SKILLS_KEY)
-        names = tuple(self.deps.skill_map if allowed is None else allowed)
-        names = tuple(n for n in names if n in self.deps.skill_map)
+        names = self.allowed_skills(settings)
         if names:
             tools.append(self._skill_tool(names))
         return tools
@@ -266,17 +272,31 @@ class BuiltinTools:
             state=(Annotated[dict[str, Any], InjectedState], Field(default_factory=dict)),
         )
 
-        def activate_skill(name: str, state: dict[str, Any] | None = None) -> str:
-            skill = skills.get(name)
+        def content(
+            name: str, state: Mapping[str, Any] | None, stored: Mapping[str, Any] | None
+        ) -> str:
+            allowed = names if stored is None else self.allowed_skills(stored)
+            skill = skills.get(name) if name in allowed else None
             if skill is None:
                 raise InvalidInputError(
-                    f"Skill {name!r} is not available in this session; available: {list(names)}."
+                    f"Skill {name!r} is not available in this session; available: {list(allowed)}."
                 )
             emit(self.deps.bus, "skill_activated", (state or {}).get("session_id"), skill=name)
             return skill.content
 
+        def activate_skill(name: str, state: dict[str, Any] | None = None) -> str:
+            sid = (state or {}).get("session_id")
+            stored = self.deps.storage.get_settings(sid) if isinstance(sid, str) else None
+            return content(name, state, stored)
+
+        async def aactivate_skill(name: str, state: dict[str, Any] | None = None) -> str:
+            sid = (state or {}).get("session_id")
+            stored = await self.deps.storage.aget_settings(sid) if isinstance(sid, str) else None
+            return content(name, state, stored)
+
         return StructuredTool.from_function(
             func=activate_skill,
+            coroutine=aactivate_skill,
             name="activate_skill",
             description="Load the full instructions of a skill when the task needs it. "
             f"Skills available here:\n{listing}",

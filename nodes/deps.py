@@ -38,6 +38,7 @@ from stello_graph.memory import (
 )
 from stello_graph.models import SessionMeta
 from stello_graph.nodes._model_call import check_model_timeout, model_retry_policy
+from stello_graph.nodes.forking import PROFILE_KEY, SKILLS_KEY
 from stello_graph.profiles import ForkProfile, SplitGuard, UnknownProfileError
 from stello_graph.schedule import Schedule, Scheduler, StorageFailureLog
 from stello_graph.session import Session
@@ -54,6 +55,20 @@ def tool_error_message(exc: Exception) -> str:
     """What the model sees when a tool raises: the error, and an invitation to recover."""
     detail = str(exc).rstrip(". \n")
     return f"Error: {type(exc).__name__}: {detail}. Fix the arguments or try another approach."
+
+
+def _shape(settings: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The stored settings a session object is built from: its profile and skills allow-list.
+
+    Other settings (the split guard's bookkeeping, say) change often and shape nothing.
+    """
+    return settings.get(PROFILE_KEY), settings.get(SKILLS_KEY)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    session: SessionBase
+    shape: tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +139,10 @@ class StelloDeps:
     skill_map: dict[str, Skill] = field(default_factory=dict, init=False)
     """The registered skills, by name."""
     _overrides: dict[str, _Overrides] = field(default_factory=dict, init=False)
-    _sessions: dict[str, SessionBase] = field(default_factory=dict, init=False)
+    _sessions: dict[str, _Cached] = field(default_factory=dict, init=False)
     _tool_nodes: dict[tuple[int, ...], ToolNode] = field(default_factory=dict, init=False)
     _scheduler: Scheduler | None = field(default=None, init=False)
+    _final_l2s: set[str] = field(default_factory=set, init=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False)
     leases: SessionLeases = field(init=False)
     """The session leases that serialise turns (`stello_graph.lease`)."""
@@ -161,6 +177,22 @@ class StelloDeps:
     @property
     def scheduler(self) -> Scheduler | None:
         return self._scheduler
+
+    def hold_final_l2(self, session_id: str) -> None:
+        """Have the next flat integration (scheduled or called) bring this archived session's
+        final L2 (see `on_archive`)."""
+        with self._lock:
+            self._final_l2s.add(session_id)
+
+    def final_l2s(self) -> list[str]:
+        """The archived sessions whose final L2 no integration has included yet."""
+        with self._lock:
+            return sorted(self._final_l2s)
+
+    def final_l2s_integrated(self, session_ids: Iterable[str]) -> None:
+        """These final L2s reached an integration: forget them."""
+        with self._lock:
+            self._final_l2s.difference_update(session_ids)
 
     def integrate_function(self) -> IntegrateFn:
         """The integrate function, or a clear error when none was given."""
@@ -259,23 +291,41 @@ class StelloDeps:
         )  # fmt: skip
 
     def _cached(
-        self, session_id: str, meta: SessionMeta | None, settings: Mapping[str, Any]
+        self,
+        session_id: str,
+        meta: SessionMeta | None,
+        settings: Mapping[str, Any],
+        *,
+        stale: SessionBase | None = None,
     ) -> SessionBase:
+        """The cached object of a session, made from `meta` and `settings` if there is
+        none (or if the one cached is `stale`)."""
         if meta is None:
             raise SessionNotFoundError(session_id)
         with self._lock:
             found = self._sessions.get(session_id)
-            if found is None:
-                found = self._sessions[session_id] = self._make(meta, settings)
+            if found is None or found.session is stale:
+                found = _Cached(self._make(meta, settings), _shape(settings))
+                self._sessions[session_id] = found
+        return found.session
+
+    def _lookup(self, session_id: str, settings: Mapping[str, Any] | None = None) -> _Cached | None:
+        with self._lock:
+            found = self._sessions.get(session_id)
+        if found is None or (settings is not None and found.shape != _shape(settings)):
+            return None
         return found
 
     def session(self, session_id: object) -> SessionBase:
-        """The `Session` or `MainSession` object for `session_id` (cached)."""
+        """The `Session` or `MainSession` object for `session_id` (cached).
+
+        The cached object keeps the tools its settings gave it when it was made; a turn
+        starts with `turn_session`, which checks them against storage.
+        """
         sid = check_id(session_id)
-        with self._lock:
-            found = self._sessions.get(sid)
+        found = self._lookup(sid)
         if found is not None:
-            return found
+            return found.session
         meta = self.storage.get_session(sid)
         settings = self.storage.get_settings(sid) if meta is not None else {}
         return self._cached(sid, meta, settings)
@@ -283,13 +333,39 @@ class StelloDeps:
     async def asession(self, session_id: object) -> SessionBase:
         """Async twin of `session`."""
         sid = check_id(session_id)
-        with self._lock:
-            found = self._sessions.get(sid)
+        found = self._lookup(sid)
         if found is not None:
-            return found
+            return found.session
         meta = await self.storage.aget_session(sid)
         settings = await self.storage.aget_settings(sid) if meta is not None else {}
         return self._cached(sid, meta, settings)
+
+    def turn_session(self, session_id: object) -> SessionBase:
+        """The session object a new turn uses, true to the session's stored settings.
+
+        Reads the settings (one small read) and rebuilds the cached object when its profile
+        or skills allow-list changed since it was made, whoever changed them (another agent
+        on the same storage, another process), so the turn offers exactly what is stored.
+        """
+        sid = check_id(session_id)
+        settings = self.storage.get_settings(sid)
+        found = self._lookup(sid, settings)
+        if found is not None:
+            return found.session
+        stale = self._lookup(sid)
+        meta = self.storage.get_session(sid)
+        return self._cached(sid, meta, settings, stale=stale.session if stale else None)
+
+    async def aturn_session(self, session_id: object) -> SessionBase:
+        """Async twin of `turn_session`."""
+        sid = check_id(session_id)
+        settings = await self.storage.aget_settings(sid)
+        found = self._lookup(sid, settings)
+        if found is not None:
+            return found.session
+        stale = self._lookup(sid)
+        meta = await self.storage.aget_session(sid)
+        return self._cached(sid, meta, settings, stale=stale.session if stale else None)
 
     def refresh(self, session_id: str) -> None:
         """Rebuild a session's object on next use (after its settings changed)."""

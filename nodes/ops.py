@@ -25,8 +25,9 @@ from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.forking import afork_request, fork_request
 from stello_graph.nodes.scheduling import (
     aconsolidate_now,
-    announce_integration,
+    aintegrate_flat,
     consolidate_now,
+    integrate_flat,
 )
 
 __all__ = [
@@ -121,9 +122,7 @@ def make_integrate_node(deps: StelloDeps) -> StelloNode:
             raise MainSessionNotFoundError(deps.storage.tree_id)
         main = deps.session(meta.id)
         assert isinstance(main, MainSession)
-        result = main.integrate(deps.integrate_function())
-        announce_integration(deps, main.id, result)
-        return _integrated(result)
+        return _integrated(integrate_flat(deps, main))
 
     async def aintegrate(state: State) -> State:
         meta = await deps.storage.aget_main_session()
@@ -131,8 +130,6 @@ def make_integrate_node(deps: StelloDeps) -> StelloNode:
             raise MainSessionNotFoundError(deps.storage.tree_id)
         main = await deps.asession(meta.id)
         assert isinstance(main, MainSession)
-        result = await main.aintegrate(deps.integrate_function())
-        announce_integration(deps, main.id, result)
-        return _integrated(result)
+        return _integrated(await aintegrate_flat(deps, main))
 
     return StelloNode("integrate", integrate, aintegrate)

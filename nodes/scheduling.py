@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 __all__ = [
     "aconsolidate_now",
     "after_turn",
+    "aintegrate_flat",
     "consolidate_now",
+    "integrate_flat",
     "integrate_now",
     "on_archive",
     "on_switch",
@@ -70,6 +72,36 @@ def announce_integration(deps: StelloDeps, main_id: str, result: IntegrationResu
         publish(deps, ("insights",), session_id, {"insight": insight})
 
 
+def integrate_flat(deps: StelloDeps, main: MainSession) -> IntegrationResult:
+    """Integrate the tree (flat) with the deps' function and announce it.
+
+    Sessions archived since the last integration bring their final L2 too (see
+    `on_archive`); an integration that fails keeps them for the next one.
+    """
+    final = deps.final_l2s()
+    try:
+        result = main.integrate(deps.integrate_function(), include_archived=final)
+    except NothingToIntegrateError:
+        deps.final_l2s_integrated(final)  # none of them had an L2 to bring
+        raise
+    deps.final_l2s_integrated(final)
+    announce_integration(deps, main.id, result)
+    return result
+
+
+async def aintegrate_flat(deps: StelloDeps, main: MainSession) -> IntegrationResult:
+    """Async twin of `integrate_flat`."""
+    final = deps.final_l2s()
+    try:
+        result = await main.aintegrate(deps.integrate_function(), include_archived=final)
+    except NothingToIntegrateError:
+        deps.final_l2s_integrated(final)
+        raise
+    deps.final_l2s_integrated(final)
+    announce_integration(deps, main.id, result)
+    return result
+
+
 def integrate_now(deps: StelloDeps) -> IntegrationResult | None:
     """Integrate the tree (flat) with the deps' function; `None` if nothing has an L2 yet."""
     meta = deps.storage.get_main_session()
@@ -78,17 +110,17 @@ def integrate_now(deps: StelloDeps) -> IntegrationResult | None:
     main = deps.session(meta.id)
     assert isinstance(main, MainSession)
     try:
-        result = main.integrate(deps.integrate_function())
+        return integrate_flat(deps, main)
     except NothingToIntegrateError:
         return None
-    announce_integration(deps, main.id, result)
-    return result
 
 
 def _consolidate_job(deps: StelloDeps, session_id: str, archived_ok: bool = False) -> None:
     consolidate_now(deps, session_id, archived_ok=archived_ok)
     schedule = deps.schedule
     if schedule is not None and schedule.integrate_after_consolidate:
+        if archived_ok:  # consolidated on archive: its final L2 goes to the integration
+            deps.hold_final_l2(session_id)
         _queue_integration(deps)
 
 
@@ -129,7 +161,12 @@ def on_switch(deps: StelloDeps, previous: str | None, current: str) -> None:
 
 
 def on_archive(deps: StelloDeps, session_id: str) -> None:
-    """A session was archived: consolidate what it has not consolidated yet, if scheduled."""
+    """A session was archived: consolidate what it has not consolidated yet, if scheduled.
+
+    The session is archived first (it refuses work at once); its consolidation runs in the
+    background, and the integration that follows it (with `integrate_after_consolidate`)
+    includes the session's final L2 although the session is no longer active.
+    """
     schedule = deps.schedule
     if schedule is not None and schedule.consolidate_on_archive:
         _queue_consolidation(deps, session_id, archived_ok=True)

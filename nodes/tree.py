@@ -4,7 +4,10 @@
               -> next_level -> [Send ... next level up] -> ... -> finish_tree
 
 The nodes of one level run in parallel (LangGraph `Send` fan-out, one superstep); levels run in
-sequence, bottom-up, so a parent always sees the summaries its children just made.
+sequence, bottom-up, so a parent always sees the summaries its children just made. Those are
+passed up in the state (`tree_results`), not through storage: `finish_tree` writes every
+node's result in one transaction, so a run that fails at any level writes nothing, and the
+`integrated` / `insight_pushed` events are emitted only once it is written.
 """
 
 from __future__ import annotations
@@ -13,7 +16,15 @@ from typing import Any, Literal
 
 from langgraph.types import Send
 
-from stello_graph._tree import TreePlan, aintegrate_node, aplan_tree, integrate_node, plan_tree
+from stello_graph._tree import (
+    TreePlan,
+    aintegrate_node,
+    aplan_tree,
+    awrite_tree,
+    integrate_node,
+    plan_tree,
+    write_tree,
+)
 from stello_graph.events import emit
 from stello_graph.models import IntegrationResult
 from stello_graph.nodes._runnable import StelloNode
@@ -77,16 +88,22 @@ def make_next_level_node() -> StelloNode:
 
 
 def route_level(state: State) -> list[Send] | Literal["finish_tree"]:
-    """Router: one `Send` per internal node of the current level, or finish."""
+    """Router: one `Send` per internal node of the current level, or finish.
+
+    Each carries the subtree syntheses the levels below made in this run (`made`).
+    """
     plan, step = state["tree_plan"], state["tree_step"]
     if step >= len(plan["levels"]):
         return "finish_tree"
+    results = state.get("tree_results") or {}
+    made = {node_id: result["synthesis"] for node_id, result in results.items()}
     return [
-        Send("integrate_subtree", {"node_id": n, "tree_plan": plan}) for n in plan["levels"][step]
+        Send("integrate_subtree", {"node_id": n, "tree_plan": plan, "made": made})
+        for n in plan["levels"][step]
     ]
 
 
-def _announce(deps: StelloDeps, plan: TreePlan, node_id: str, result: IntegrationResult) -> State:
+def _announce(deps: StelloDeps, plan: TreePlan, node_id: str, result: IntegrationResult) -> None:
     root = node_id == plan.root_id
     emit(deps.bus, "integrated", node_id, synthesis=result.synthesis,
          insights=len(result.insights), mode="tree")  # fmt: skip
@@ -97,7 +114,10 @@ def _announce(deps: StelloDeps, plan: TreePlan, node_id: str, result: Integratio
     for session_id, insight in result.insights.items():
         emit(deps.bus, "insight_pushed", session_id, insight=insight, by=node_id)
         publish(deps, ("insights",), session_id, {"insight": insight})
-    return {"tree_results": {node_id: result.model_dump()}}
+
+
+def _result(node_id: str, result: IntegrationResult | None) -> State:
+    return {} if result is None else {"tree_results": {node_id: result.model_dump()}}
 
 
 def _as_plan(raw: dict[str, Any]) -> TreePlan:
@@ -107,39 +127,59 @@ def _as_plan(raw: dict[str, Any]) -> TreePlan:
 
 
 def make_integrate_subtree_node(deps: StelloDeps) -> StelloNode:
-    """Node `integrate_subtree` (one per `Send`): integrate one node's direct children."""
+    """Node `integrate_subtree` (one per `Send`): integrate one node's direct children.
+
+    Writes nothing; its result joins `tree_results`, which `finish_tree` writes.
+    """
 
     def integrate(task: State) -> State:
-        plan = _as_plan(task["tree_plan"])
+        plan, node_id = _as_plan(task["tree_plan"]), task["node_id"]
         fn = deps.integrate_function()
-        result = integrate_node(deps.storage, plan, task["node_id"], fn)
-        return {} if result is None else _announce(deps, plan, task["node_id"], result)
+        return _result(node_id, integrate_node(deps.storage, plan, node_id, fn, task.get("made")))
 
     async def aintegrate(task: State) -> State:
-        plan = _as_plan(task["tree_plan"])
+        plan, node_id = _as_plan(task["tree_plan"]), task["node_id"]
         fn = deps.integrate_function()
-        result = await aintegrate_node(deps.storage, plan, task["node_id"], fn)
-        return {} if result is None else _announce(deps, plan, task["node_id"], result)
+        made = task.get("made")
+        return _result(node_id, await aintegrate_node(deps.storage, plan, node_id, fn, made))
 
     return StelloNode("integrate_subtree", integrate, aintegrate)
 
 
-def make_finish_tree_node() -> StelloNode:
-    """Node `finish_tree`: the run's output, `integration` with every node's result."""
+def _results(state: State) -> dict[str, IntegrationResult]:
+    raw = state.get("tree_results") or {}
+    return {node_id: IntegrationResult.model_validate(r) for node_id, r in raw.items()}
+
+
+def _finished(deps: StelloDeps, state: State, results: dict[str, IntegrationResult]) -> State:
+    plan = _as_plan(state["tree_plan"])
+    for level in plan.levels:  # announced bottom-up, as they were made
+        for node_id in level:
+            if node_id in results:
+                _announce(deps, plan, node_id, results[node_id])
+    levels = sum(1 for level in plan.levels if any(n in results for n in level))
+    return {
+        "integration": {
+            "mode": "tree",
+            "root_id": plan.root_id,
+            "levels": levels,
+            "results": {node_id: r.model_dump() for node_id, r in results.items()},
+        }
+    }
+
+
+def make_finish_tree_node(deps: StelloDeps) -> StelloNode:
+    """Node `finish_tree`: write every node's result in one transaction, announce them, and
+    return `integration` with every node's result."""
 
     def finish(state: State) -> State:
-        plan, results = state["tree_plan"], state.get("tree_results") or {}
-        levels = sum(1 for level in plan["levels"] if any(n in results for n in level))
-        return {
-            "integration": {
-                "mode": "tree",
-                "root_id": plan["root_id"],
-                "levels": levels,
-                "results": results,
-            }
-        }
+        results = _results(state)
+        write_tree(deps.storage, _as_plan(state["tree_plan"]), results)
+        return _finished(deps, state, results)
 
     async def afinish(state: State) -> State:
-        return finish(state)
+        results = _results(state)
+        await awrite_tree(deps.storage, _as_plan(state["tree_plan"]), results)
+        return _finished(deps, state, results)
 
     return StelloNode("finish_tree", finish, afinish)

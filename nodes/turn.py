@@ -26,7 +26,7 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from stello_graph._base import SessionBase
 from stello_graph._context import message_text
-from stello_graph._validate import check_text
+from stello_graph._validate import check_id, check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
 from stello_graph.nodes._lease import LEASE_KEY, aturn_lease, turn_lease
@@ -70,16 +70,18 @@ def make_assemble_node(deps: StelloDeps) -> StelloNode:
 
     def assemble(state: State) -> State:
         check_text(state.get("input"), "input")
-        session = deps.session(state.get("session_id"))
-        with turn_lease(deps.leases, session.id, state, fresh=True) as held:
+        sid = check_id(state.get("session_id"))
+        with turn_lease(deps.leases, sid, state, fresh=True) as held:
+            session = deps.turn_session(sid)  # the stored settings, read under the lease
             insight = session.open_turn()
         emit(deps.bus, "turn_started", session.id)
         return {**_start(session, state, insight), **held.update()}
 
     async def aassemble(state: State) -> State:
         check_text(state.get("input"), "input")
-        session = await deps.asession(state.get("session_id"))
-        async with aturn_lease(deps.leases, session.id, state, fresh=True) as held:
+        sid = check_id(state.get("session_id"))
+        async with aturn_lease(deps.leases, sid, state, fresh=True) as held:
+            session = await deps.aturn_session(sid)
             insight = await session.aopen_turn()
         emit(deps.bus, "turn_started", session.id)
         return {**_start(session, state, insight), **held.update()}

@@ -181,6 +181,9 @@ class SessionBase:
         self._tools: list[Any] = list(tools) if tools else []
         self._bound: Runnable[ModelInput, Any] | None = None
         self._history = SanitizedHistory()  # the history shown at the last model call
+        # The last cut this object made, and how many records L3 held then: the replies
+        # among those predate the cut (see `_plan`).
+        self._cut: tuple[Compression, int] | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self._id!r}, label={self._meta.label!r})"
@@ -319,7 +322,13 @@ class SessionBase:
             return None
         system = self._system(meta, parts)
         head = [system] if system is not None else []
-        return plan_cut(policy, window, head, records, parts.compression)
+        # The usage figures of replies older than the summary in use measured a prompt that
+        # still held the records it now covers: a tool round of the turn that cut (its own
+        # replies are not in L3 yet), or the turn after one that failed, must not judge the
+        # shorter history by them, or it cuts again and keeps less than the budget allows.
+        cut = self._cut
+        fresh = cut[1] if cut is not None and cut[0] == parts.compression else 0
+        return plan_cut(policy, window, head, records, parts.compression, measured_from=fresh)
 
     def _compressor(self) -> CompressFn:
         policy = self._compression
@@ -354,6 +363,7 @@ class SessionBase:
             raise self._compress_error(exc) from exc
         compression = Compression(summary=self._summary(result), through=cut)
         self._storage.put_compression(self._id, compression)
+        self._cut = compression, len(records)
         return compression
 
     async def _acompress(
@@ -369,6 +379,7 @@ class SessionBase:
             raise self._compress_error(exc) from exc
         compression = Compression(summary=self._summary(result), through=cut)
         await self._storage.aput_compression(self._id, compression)
+        self._cut = compression, len(records)
         return compression
 
     def _compress_error(self, exc: Exception) -> FunctionCallError:

@@ -9,11 +9,17 @@ children only, so sibling subtrees never see each other except through their com
 ancestor. The root's summary is the main session's synthesis.
 
 Archived sessions, and everything under them, take no part.
+
+A run is all or nothing, like flat integration: `integrate_node` only reads and calls the
+integrate function (the subtree syntheses made lower down in the same run are handed to it in
+memory), and `write_tree` stores every node's result in one transaction at the end. A failure
+at any level therefore leaves the stored syntheses and insights as they were.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from stello_graph._calls import call_async, call_sync
@@ -23,7 +29,18 @@ from stello_graph.memory import IntegrateFn
 from stello_graph.models import ChildL2, IntegrationResult, SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
 
-__all__ = ["TreePlan", "aintegrate_node", "aplan_tree", "integrate_node", "plan_tree"]
+__all__ = [
+    "TreePlan",
+    "aintegrate_node",
+    "aplan_tree",
+    "awrite_tree",
+    "integrate_node",
+    "plan_tree",
+    "write_tree",
+]
+
+Summaries = Mapping[str, str]
+"""The subtree syntheses a run has made so far, by node: they stand in for the stored ones."""
 
 
 @dataclass(frozen=True)
@@ -97,13 +114,19 @@ def branch_l2(own: str | None, summary: str | None) -> str | None:
     return own or summary
 
 
-def _child_l2(storage: MainStorage, plan: TreePlan, child: str) -> str | None:
-    summary = storage.get_subtree_synthesis(child) if plan.is_internal(child) else None
+def _child_l2(storage: MainStorage, plan: TreePlan, child: str, made: Summaries) -> str | None:
+    summary = made.get(child)
+    if summary is None and plan.is_internal(child):
+        summary = storage.get_subtree_synthesis(child)
     return branch_l2(storage.get_memory(child), summary)
 
 
-async def _achild_l2(storage: MainStorage, plan: TreePlan, child: str) -> str | None:
-    summary = await storage.aget_subtree_synthesis(child) if plan.is_internal(child) else None
+async def _achild_l2(
+    storage: MainStorage, plan: TreePlan, child: str, made: Summaries
+) -> str | None:
+    summary = made.get(child)
+    if summary is None and plan.is_internal(child):
+        summary = await storage.aget_subtree_synthesis(child)
     return branch_l2(await storage.aget_memory(child), summary)
 
 
@@ -115,14 +138,19 @@ def _error(node_id: str, exc: Exception) -> IntegrationError:
 
 
 def integrate_node(
-    storage: MainStorage, plan: TreePlan, node_id: str, fn: IntegrateFn
+    storage: MainStorage,
+    plan: TreePlan,
+    node_id: str,
+    fn: IntegrateFn,
+    made: Summaries | None = None,
 ) -> IntegrationResult | None:
     """Integrate the direct children of one node; `None` (no call) if none has an L2 yet.
 
-    The node's subtree synthesis (the main session's synthesis, for the root) and the
-    insights to its children are written in one transaction.
+    Writes nothing: a child's subtree synthesis is taken from `made` (what this run made of
+    it) before storage, and `write_tree` stores the results of the whole run.
     """
-    l2s = {c: _child_l2(storage, plan, c) for c in plan.children.get(node_id, [])}
+    made = made or {}
+    l2s = {c: _child_l2(storage, plan, c, made) for c in plan.children.get(node_id, [])}
     inputs = _inputs(plan, node_id, l2s)
     if not inputs:
         return None
@@ -134,22 +162,19 @@ def integrate_node(
         raise
     except Exception as exc:
         raise _error(node_id, exc) from exc
-    result = check_integration(raw, inputs, node_id)
-    with storage.transaction():
-        if root:
-            storage.put_memory(node_id, result.synthesis)
-        else:
-            storage.put_subtree_synthesis(node_id, result.synthesis)
-        for session_id, insight in result.insights.items():
-            storage.put_insight(session_id, insight)
-    return result
+    return check_integration(raw, inputs, node_id)
 
 
 async def aintegrate_node(
-    storage: MainStorage, plan: TreePlan, node_id: str, fn: IntegrateFn
+    storage: MainStorage,
+    plan: TreePlan,
+    node_id: str,
+    fn: IntegrateFn,
+    made: Summaries | None = None,
 ) -> IntegrationResult | None:
     """Async twin of `integrate_node`."""
-    l2s = {c: await _achild_l2(storage, plan, c) for c in plan.children.get(node_id, [])}
+    made = made or {}
+    l2s = {c: await _achild_l2(storage, plan, c, made) for c in plan.children.get(node_id, [])}
     inputs = _inputs(plan, node_id, l2s)
     if not inputs:
         return None
@@ -164,12 +189,33 @@ async def aintegrate_node(
         raise
     except Exception as exc:
         raise _error(node_id, exc) from exc
-    result = check_integration(raw, inputs, node_id)
+    return check_integration(raw, inputs, node_id)
+
+
+def write_tree(
+    storage: MainStorage, plan: TreePlan, results: Mapping[str, IntegrationResult]
+) -> None:
+    """Store a run's results in one transaction: each node's subtree synthesis (the main
+    session's synthesis, for the root) and the insights to its children."""
+    with storage.transaction():
+        for node_id, result in results.items():
+            if node_id == plan.root_id:
+                storage.put_memory(node_id, result.synthesis)
+            else:
+                storage.put_subtree_synthesis(node_id, result.synthesis)
+            for session_id, insight in result.insights.items():
+                storage.put_insight(session_id, insight)
+
+
+async def awrite_tree(
+    storage: MainStorage, plan: TreePlan, results: Mapping[str, IntegrationResult]
+) -> None:
+    """Async twin of `write_tree`."""
     async with storage.atransaction():
-        if root:
-            await storage.aput_memory(node_id, result.synthesis)
-        else:
-            await storage.aput_subtree_synthesis(node_id, result.synthesis)
-        for session_id, insight in result.insights.items():
-            await storage.aput_insight(session_id, insight)
-    return result
+        for node_id, result in results.items():
+            if node_id == plan.root_id:
+                await storage.aput_memory(node_id, result.synthesis)
+            else:
+                await storage.aput_subtree_synthesis(node_id, result.synthesis)
+            for session_id, insight in result.insights.items():
+                await storage.aput_insight(session_id, insight)

@@ -747,6 +747,9 @@ class StelloAgent:
         integrates only its direct children's L2 into a summary of its subtree (what its
         parent then sees for that branch) and pushes insights one level down; siblings of a
         level run in parallel. Returns a `TreeIntegration` with one result per node.
+
+        Both modes are all or nothing: the results are written in one transaction at the end,
+        so a failed integration (at any level, in tree mode) leaves everything as it was.
         """
         out = self._ops.invoke(_integrate_input(mode), _OPS_CONFIG)
         return _integration(out["integration"])

@@ -10,7 +10,9 @@ never past the newest user turn of the history (the turn being sent is never par
 
 How big a prompt is: the provider's own figure when it reported one (the input and output
 tokens of the last reply, plus an estimate of what came after it), else an estimate from the
-characters (`chars_per_token`, no tokenizer download needed).
+characters (`chars_per_token`, no tokenizer download needed). A reply made before the summary
+in use is not taken at its word: its figure counted the records the summary now stands for.
+So a turn compresses once, and again only if the history it kept really outgrows the window.
 """
 
 from __future__ import annotations
@@ -86,14 +88,19 @@ def estimate_tokens(messages: Sequence[BaseMessage], chars_per_token: float = 4.
 
 
 def prompt_tokens(
-    policy: CompressionPolicy, head: Sequence[BaseMessage], records: Sequence[BaseMessage]
+    policy: CompressionPolicy,
+    head: Sequence[BaseMessage],
+    records: Sequence[BaseMessage],
+    *,
+    measured_from: int = 0,
 ) -> int:
     """Tokens of a prompt of `head` (system part) + `records`, from provider usage if any.
 
     The last reply that carries usage reported what its prompt cost; what was added after it
-    is estimated. Without any usage, the whole prompt is estimated.
+    is estimated. Without any usage, the whole prompt is estimated. Only replies from index
+    `measured_from` on are asked: those before it measured a different prompt.
     """
-    for i in range(len(records) - 1, -1, -1):
+    for i in range(len(records) - 1, max(measured_from, 0) - 1, -1):
         usage = getattr(records[i], "usage_metadata", None)
         if usage and usage.get("input_tokens"):
             after = estimate_tokens(records[i + 1 :], policy.chars_per_token)
@@ -107,16 +114,22 @@ def plan_cut(
     head: Sequence[BaseMessage],
     records: Sequence[BaseMessage],
     current: Compression | None,
+    *,
+    measured_from: int = 0,
 ) -> int | None:
     """The new number of records a summary should cover, or `None` if the prompt fits.
 
     `records` is the whole L3; `current` the summary in use (covering `current.through`
     records). The returned cut is a user-turn boundary, beyond `current.through`, and keeps at
-    least the newest user turn of the history verbatim.
+    least the newest user turn of the history verbatim. `measured_from`: how many records L3
+    held when `current` was made; the usage figures of the replies among them measured the
+    prompt before that cut, so the prompt is estimated instead.
     """
     through = current.through if current is not None else 0
     through = min(through, len(records))
-    if prompt_tokens(policy, head, records[through:]) <= policy.threshold * window:
+    fresh = max(measured_from - through, 0)
+    tokens = prompt_tokens(policy, head, records[through:], measured_from=fresh)
+    if tokens <= policy.threshold * window:
         return None
     starts = [i for i in range(through + 1, len(records)) if isinstance(records[i], HumanMessage)]
     if not starts:

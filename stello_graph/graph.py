@@ -138,7 +138,7 @@ def build_graph(deps: StelloDeps) -> StateGraph[Any, Any, Any, Any]:
     graph.add_node("plan_tree", make_plan_tree_node(deps))
     graph.add_node("integrate_subtree", make_integrate_subtree_node(deps))
     graph.add_node("next_level", make_next_level_node())
-    graph.add_node("finish_tree", make_finish_tree_node())
+    graph.add_node("finish_tree", make_finish_tree_node(deps))
     starts = ["assemble", "fork", "consolidate", "integrate", "plan_tree"]
     graph.add_conditional_edges(START, route_start, starts)
     graph.add_conditional_edges("plan_tree", route_level, ["integrate_subtree", "finish_tree"])

@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from langchain_core.language_models import BaseChatModel
@@ -51,9 +51,14 @@ __all__ = ["MainSession", "check_integration"]
 
 
 def check_integration(
-    result: object, children: Sequence[ChildL2], main_id: str
+    result: object,
+    children: Sequence[ChildL2],
+    main_id: str,
+    *,
+    targets: Collection[str] | None = None,
 ) -> IntegrationResult:
-    """Validate an integrate function's answer and keep only insights for the given children."""
+    """Validate an integrate function's answer and keep only insights for the given children
+    (for those of them in `targets`, when given)."""
     if isinstance(result, Mapping):
         try:
             result = IntegrationResult.model_validate(dict(result))
@@ -70,10 +75,20 @@ def check_integration(
     if not result.synthesis.strip():
         raise IntegrationError("The integrate function returned an empty synthesis.")
     allowed = {c.session_id for c in children}
+    if targets is not None:
+        allowed &= set(targets)
     insights = {
         sid: text for sid, text in result.insights.items() if sid in allowed and text.strip()
     }
     return IntegrationResult(synthesis=result.synthesis, insights=insights)
+
+
+def _archived_ids(value: Iterable[str]) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise InvalidInputError(
+            f"include_archived must be a list of session ids, got {value!r:.80}."
+        )
+    return list(dict.fromkeys(check_id(sid) for sid in value))
 
 
 class MainSession(SessionBase):
@@ -278,42 +293,64 @@ class MainSession(SessionBase):
             f"Integration failed: {type(exc).__name__}: {exc}", session_id=self._id
         )
 
-    def integrate(self, fn: IntegrateFn | None = None) -> IntegrationResult:
+    def _archived_l2(self, meta: SessionMeta | None, l2: str | None) -> ChildL2 | None:
+        if meta is None or meta.role != "standard" or meta.status != "archived" or not l2:
+            return None
+        return ChildL2(session_id=meta.id, label=meta.label, l2=l2)
+
+    def integrate(
+        self, fn: IntegrateFn | None = None, *, include_archived: Iterable[str] = ()
+    ) -> IntegrationResult:
         """Integrate the L2 of the active children into a synthesis and insights.
 
         The synthesis and every insight are written in one transaction; insights addressed
         to sessions that were not among the inputs are dropped. Returns what was written.
+
+        `include_archived` names archived sessions whose L2 is an input too: the final L2 of
+        branches just archived (what a scheduled consolidation on archive wrote), which would
+        otherwise never reach a synthesis. They get no insight; the ids of sessions that are
+        not archived (or have no L2) are ignored.
         """
         chosen = self._integrator(fn)
+        extra = _archived_ids(include_archived)
         s = self._main_storage
         self._active(self._load_meta(), "integration")
-        children = self._children(s.get_all_session_l2s())
+        active = s.get_all_session_l2s()
+        found = [self._archived_l2(s.get_session(x), s.get_memory(x)) for x in extra]
+        children = self._children([*active, *(c for c in found if c is not None)])
         try:
             raw = call_sync(chosen, list(children), s.get_memory(self._id))
         except StelloError:
             raise
         except Exception as exc:
             raise self._fn_error(exc) from exc
-        result = check_integration(raw, children, self._id)
+        targets = {c.session_id for c in active}
+        result = check_integration(raw, children, self._id, targets=targets)
         with s.transaction():
             s.put_memory(self._id, result.synthesis)
             for session_id, insight in result.insights.items():
                 s.put_insight(session_id, insight)
         return result
 
-    async def aintegrate(self, fn: IntegrateFn | None = None) -> IntegrationResult:
+    async def aintegrate(
+        self, fn: IntegrateFn | None = None, *, include_archived: Iterable[str] = ()
+    ) -> IntegrationResult:
         """Async twin of `integrate`."""
         chosen = self._integrator(fn)
+        extra = _archived_ids(include_archived)
         s = self._main_storage
         self._active(await self._aload_meta(), "integration")
-        children = self._children(await s.aget_all_session_l2s())
+        active = await s.aget_all_session_l2s()
+        found = [self._archived_l2(await s.aget_session(x), await s.aget_memory(x)) for x in extra]
+        children = self._children([*active, *(c for c in found if c is not None)])
         try:
             raw = await call_async(chosen, list(children), await s.aget_memory(self._id))
         except StelloError:
             raise
         except Exception as exc:
             raise self._fn_error(exc) from exc
-        result = check_integration(raw, children, self._id)
+        targets = {c.session_id for c in active}
+        result = check_integration(raw, children, self._id, targets=targets)
         async with s.atransaction():
             await s.aput_memory(self._id, result.synthesis)
             for session_id, insight in result.insights.items():

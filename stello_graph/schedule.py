@@ -42,7 +42,10 @@ class Schedule:
         consolidate_every_n_turns: consolidate a session after every N-th user turn on it
             (counted exactly, from the turns committed to storage).
         consolidate_on_switch: consolidate a session when the next turn goes to another one.
-        consolidate_on_archive: consolidate a session when it is archived (before archiving).
+        consolidate_on_archive: consolidate a session when it is archived. The archive
+            takes effect at once; the consolidation runs in the background, and the
+            integration it triggers (with `integrate_after_consolidate`) includes the
+            session's final L2, although integration otherwise reads active sessions only.
         integrate_after_consolidate: integrate after every scheduled consolidation.
         integrate_every_n_turns: integrate after every N-th user turn of the whole tree.
         max_concurrency: worker threads for background work.

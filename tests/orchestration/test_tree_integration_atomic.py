@@ -1,0 +1,110 @@
+"""Tree integration is all or nothing: a failure at any level writes no synthesis, no subtree
+synthesis and no insight, like a failed flat integration.
+
+Every level still sees the subtree syntheses the level below just made (passed along in
+memory, since nothing is written before the end).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from stello_graph import ChildL2, IntegrationError, IntegrationResult, StelloAgent
+from stello_graph.testing import ScriptedChatModel
+from tests.orchestration.conftest import AgentFactory
+
+UNDER = "\n\nWhat the sessions under it found: "
+
+
+def okr(agent: StelloAgent) -> dict[str, str]:
+    """Objective (main) -> KR1 (tasks T1a, T1b), KR2 (task T2a), KR3; an L2 for all."""
+    ids = {"O": agent.main_session_id}
+    for kr in ("KR1", "KR2", "KR3"):
+        ids[kr] = agent.fork(ids["O"], kr).id
+    for task, kr in (("T1a", "KR1"), ("T1b", "KR1"), ("T2a", "KR2")):
+        ids[task] = agent.fork(ids[kr], task).id
+    for name, sid in ids.items():
+        if name != "O":
+            agent.storage.put_memory(sid, f"L2 of {name}")
+    return ids
+
+
+class Integrator:
+    """Names each node's synthesis after the run (`tag`); fails at the node `fail_at`."""
+
+    def __init__(self, ids: dict[str, str], tag: str, fail_at: str | None = None) -> None:
+        self.names = {v: k for k, v in ids.items()}
+        self.tag, self.fail_at = tag, fail_at
+        self.seen: dict[str, list[str]] = {}
+
+    def __call__(self, children: list[ChildL2], current: str | None) -> IntegrationResult:
+        first = self.names[children[0].session_id]
+        node = "O" if first.startswith("KR") else f"KR{first[1]}"
+        self.seen[node] = [c.l2 for c in children]
+        if node == self.fail_at:
+            raise RuntimeError(f"integration of {node} is down")
+        return IntegrationResult(
+            synthesis=f"{self.tag} summary of {node}",
+            insights={c.session_id: f"{self.tag} {node} -> {self.names[c.session_id]}"
+                      for c in children},
+        )  # fmt: skip
+
+
+def snapshot(agent: StelloAgent, ids: dict[str, str]) -> dict[str, object]:
+    s = agent.storage
+    found: dict[str, object] = {"synthesis": s.get_memory(ids["O"])}
+    for name, sid in ids.items():
+        if name != "O":
+            found[f"subtree {name}"] = s.get_subtree_synthesis(sid)
+            found[f"insight {name}"] = s.get_insight(sid)
+    return found
+
+
+async def integrate_tree(agent: StelloAgent, mode: str) -> object:
+    if mode == "sync":
+        return agent.integrate(mode="tree")
+    return await agent.aintegrate(mode="tree")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("fail_at", ["O", "KR2"])
+async def test_failed_tree_integration_writes_nothing(
+    make_agent: AgentFactory, mode: str, fail_at: str
+) -> None:
+    agent = make_agent(model=ScriptedChatModel(default="r"))
+    ids = okr(agent)
+    agent.deps.integrate_fn = Integrator(ids, "first")
+    await integrate_tree(agent, mode)
+    before = snapshot(agent, ids)
+    assert before["synthesis"] == "first summary of O"
+    assert before["subtree KR1"] == "first summary of KR1"
+    assert before["insight T1a"] == "first KR1 -> T1a"
+
+    events: list[str] = []
+    agent.subscribe(lambda e: events.append(e.type))
+    agent.deps.integrate_fn = Integrator(ids, "second", fail_at=fail_at)
+    with pytest.raises(IntegrationError, match="is down"):
+        await integrate_tree(agent, mode)
+    assert snapshot(agent, ids) == before
+    assert "integrated" not in events and "insight_pushed" not in events
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_each_level_sees_the_new_syntheses_below(make_agent: AgentFactory, mode: str) -> None:
+    agent = make_agent(model=ScriptedChatModel(default="r"))
+    ids = okr(agent)
+    agent.deps.integrate_fn = Integrator(ids, "first")
+    await integrate_tree(agent, mode)
+    recorder = Integrator(ids, "second")
+    agent.deps.integrate_fn = recorder
+    await integrate_tree(agent, mode)
+    assert recorder.seen["O"] == [
+        f"L2 of KR1{UNDER}second summary of KR1",
+        f"L2 of KR2{UNDER}second summary of KR2",
+        "L2 of KR3",
+    ]
+    after = snapshot(agent, ids)
+    assert after["synthesis"] == "second summary of O"
+    assert after["subtree KR2"] == "second summary of KR2"
+    assert after["insight KR1"] == "second O -> KR1"
+    assert after["insight T2a"] == "second KR2 -> T2a"
