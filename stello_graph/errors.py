@@ -8,11 +8,13 @@ derive from the other branches::
     StelloError
     ├── StelloUsageError                 a developer mistake: fix the call
     │   ├── InvalidInputError            bad argument value (also a ValueError)
+    │   │   └── SkillLoadError           a SKILL.md file cannot be read as a skill
     │   ├── ModelNotConfiguredError      a call needs a chat model and none was given
     │   ├── FunctionNotConfiguredError   consolidate / integrate / compress function missing
     │   ├── MainSessionForkError         the main session cannot fork
     │   ├── NothingToIntegrateError      integrate() found no child L2 to read
     │   ├── StreamNotFinishedError       a stream's result was read before it ended
+    │   ├── UnknownProfileError          a fork named an unregistered profile (a LookupError)
     │   └── ScriptExhaustedError         (stello_graph.testing) a scripted model ran out
     ├── SessionError
     │   ├── SessionNotFoundError         no session with that id (also a LookupError)
@@ -23,7 +25,8 @@ derive from the other branches::
     ├── TopologyError
     │   ├── NodeNotFoundError            no topology node with that id (also a LookupError)
     │   ├── NodeHasChildrenError         removing a node with children without cascade
-    │   └── TopologyCycleError           a move would put a node under its own subtree
+    │   ├── TopologyCycleError           a move would put a node under its own subtree
+    │   └── SplitGuardError              the split guard refused a fork the model asked for
     ├── ModelCallError                   the chat model raised; the cause is chained
     ├── ToolRoundLimitError              a turn asked for more tool rounds than allowed
     ├── FunctionCallError
@@ -35,6 +38,8 @@ derive from the other branches::
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 __all__ = [
     "ConsolidationError",
@@ -56,6 +61,8 @@ __all__ = [
     "SessionArchivedError",
     "SessionError",
     "SessionNotFoundError",
+    "SkillLoadError",
+    "SplitGuardError",
     "StelloError",
     "StelloUsageError",
     "StorageError",
@@ -63,6 +70,7 @@ __all__ = [
     "ToolRoundLimitError",
     "TopologyCycleError",
     "TopologyError",
+    "UnknownProfileError",
 ]
 
 
@@ -76,6 +84,10 @@ class StelloUsageError(StelloError):
 
 class InvalidInputError(StelloUsageError, ValueError):
     """An argument has a value the library cannot accept (empty text, wrong type, ...)."""
+
+
+class SkillLoadError(InvalidInputError):
+    """A `SKILL.md` file could not be read as a skill; the message names the file."""
 
 
 class ModelNotConfiguredError(StelloUsageError):
@@ -96,6 +108,15 @@ class NothingToIntegrateError(StelloUsageError):
 
 class StreamNotFinishedError(StelloUsageError):
     """A stream's `result` was read before the stream was consumed to its end."""
+
+
+class UnknownProfileError(StelloUsageError, LookupError):
+    """A fork named a profile that is not registered (register it, or name a known one)."""
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        listed = ", ".join(repr(k) for k in known) or "none are registered"
+        super().__init__(f"Unknown fork profile {name!r}; known profiles: {listed}.")
+        self.name = name
 
 
 class SessionError(StelloError):
@@ -190,6 +211,10 @@ class TopologyCycleError(TopologyError):
         )
         self.node_id = node_id
         self.parent_id = parent_id
+
+
+class SplitGuardError(TopologyError):
+    """The split guard refused a model-initiated fork; the message gives the reason."""
 
 
 class ModelCallError(StelloError):

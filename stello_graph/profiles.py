@@ -20,24 +20,11 @@ from typing import Any, Literal
 
 from stello_graph._fork import ForkContext
 from stello_graph._validate import check_label
-from stello_graph.errors import InvalidInputError, StelloError
+from stello_graph.errors import InvalidInputError, SplitGuardError, UnknownProfileError
 
 __all__ = ["ForkProfile", "SplitGuard", "SplitGuardError", "UnknownProfileError"]
 
 PromptMode = Literal["preset", "prepend", "append"]
-
-
-class UnknownProfileError(StelloError, LookupError):
-    """A fork named a profile that is not registered."""
-
-    def __init__(self, name: str, known: Sequence[str]) -> None:
-        listed = ", ".join(repr(k) for k in known) or "none are registered"
-        super().__init__(f"Unknown fork profile {name!r}; known profiles: {listed}.")
-        self.name = name
-
-
-class SplitGuardError(StelloError):
-    """The split guard refused a model-initiated fork; the message gives the reason."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
