@@ -72,6 +72,11 @@ def _request(
     if unknown:
         raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
     profile = _profile(deps, spec.get("profile"))
+    if profile is None and spec.get("profile_vars") is not None:
+        raise InvalidInputError(
+            f"profile_vars were given without a profile ({spec['profile_vars']!r:.80}); "
+            "name the profile whose prompt uses them, or leave them out."
+        )
     options = {k: v for k, v in spec.items() if k in _OPTIONS and v is not None}
     if profile is not None:
         variables = _variables(spec.get("profile_vars"))

@@ -37,7 +37,7 @@ from langgraph.store.base import BaseStore
 from langgraph.types import Command, Durability, Interrupt, RetryPolicy, StateSnapshot
 
 from stello_graph._base import ToolChoice, check_tool_choice
-from stello_graph._validate import check_id, check_text
+from stello_graph._validate import check_chat_model, check_id, check_text, check_tools
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     InvalidInputError,
@@ -115,14 +115,6 @@ def _tool_name(label: str) -> str:
     """`ask_<label>` as a tool name providers accept (letters, digits, `_`, at most 64)."""
     slug = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")[:50]
     return f"ask_{slug}" if slug else "ask_session"
-
-
-def _check_model(model: object) -> BaseChatModel:
-    if not callable(getattr(model, "invoke", None)) or not callable(getattr(model, "stream", None)):
-        raise InvalidInputError(
-            f"model must be a LangChain chat model (e.g. ChatOpenAI(...)), got {model!r:.80}."
-        )
-    return model  # type: ignore[return-value]
 
 
 def _open_storage(
@@ -271,7 +263,7 @@ class StelloAgent:
         split_guard: SplitGuard | None = None,
         compression: CompressionPolicy | None = None,
     ) -> None:
-        model = _check_model(model)  # before anything is opened or created
+        model = check_chat_model(model)  # before anything is opened or created
         self._owns_storage = not hasattr(storage, "get_tree")
         self.storage: MainStorage = _open_storage(storage, tree_id)
         try:
@@ -641,6 +633,11 @@ class StelloAgent:
         unknown = set(options) - allowed - {"model", "tools"}
         if unknown:
             raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
+        # model and tools are applied once the fork ran: check them before it runs
+        if options.get("model") is not None:
+            check_chat_model(options["model"])
+        if options.get("tools") is not None:
+            check_tools(options["tools"])
         spec = {k: v for k, v in options.items() if k in allowed}
         return {"op": "fork", "session_id": check_id(source_id), "fork": {"label": label, **spec}}
 
@@ -662,6 +659,13 @@ class StelloAgent:
         `inherit_system_prompt` (for forks of the main session), `prompt` (opening line),
         `model`, `tools`, `tags`, `metadata`, `id`. The session and its node are written in
         one transaction. Returns the child's `TopologyNode`.
+
+        Raises:
+            InvalidInputError: a bad option (an unknown one, a `model` that is not a chat
+                model, `tools` that are not a list of tools or callables, a non-bool
+                `inherit_system_prompt`, `profile_vars` without a `profile`, ...); every
+                option is checked before anything is written.
+            UnknownProfileError: `profile` is not registered.
         """
         out = self._ops.invoke(self._fork_payload(source_id, label, options))
         return self._forked(out, options)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stello_graph._fork import ForkContext
-from stello_graph._validate import check_label
+from stello_graph._validate import check_chat_model, check_label, check_tools
 from stello_graph.errors import InvalidInputError, SplitGuardError, UnknownProfileError
 
 __all__ = ["ForkProfile", "SplitGuard", "SplitGuardError", "UnknownProfileError"]
@@ -64,6 +64,10 @@ class ForkProfile:
                 f"system_prompt_mode must be 'preset', 'prepend' or 'append', "
                 f"got {self.system_prompt_mode!r}."
             )
+        if self.tools is not None:
+            check_tools(self.tools, f"Profile {self.name!r}: tools")
+        if self.model is not None:
+            check_chat_model(self.model, f"Profile {self.name!r}: model")
 
     def _own_prompt(self, variables: Mapping[str, str]) -> str | None:
         if not callable(self.system_prompt):
