@@ -784,8 +784,16 @@ class StelloAgent:
         self.deps.register_profile(profile)
 
     def skills_of(self, session_id: str) -> list[str]:
-        """The skills a session may activate (its allow-list resolved)."""
-        allowed = self.storage.get_settings(check_id(session_id)).get(SKILLS_KEY)
+        """The skills a session may activate (its allow-list resolved).
+
+        Raises:
+            SessionNotFoundError: there is no such session (the allow-list is the session's,
+                so a session without a node has one too).
+        """
+        sid = check_id(session_id)
+        if self.storage.get_session(sid) is None:
+            raise SessionNotFoundError(sid)
+        allowed = self.storage.get_settings(sid).get(SKILLS_KEY)
         return list(self.deps.skill_map) if allowed is None else list(allowed)
 
     def set_skills(self, session_id: str, skills: Sequence[str] | None) -> None:
@@ -798,22 +806,52 @@ class StelloAgent:
         self.deps.refresh(sid)
 
     # -- the tree ---------------------------------------------------------------------------
+    # The tree reads raise `NodeNotFoundError` for an id without a node (an unknown id, or a
+    # session made outside the tree); an empty answer always means a node that has none.
+    def _known(self, found: list[TopologyNode], node_id: str) -> list[TopologyNode]:
+        if not found:
+            self._node(self.storage.get_node(node_id), node_id)
+        return found
+
+    async def _aknown(self, found: list[TopologyNode], node_id: str) -> list[TopologyNode]:
+        if not found:
+            self._node(await self.storage.aget_node(node_id), node_id)
+        return found
+
     def children(self, session_id: str) -> list[TopologyNode]:
-        """The direct children of a session's node, in creation order (read on demand)."""
-        return self.storage.get_children(check_id(session_id))
+        """The direct children of a session's node, in creation order (read on demand).
+
+        Raises:
+            NodeNotFoundError: the id has no node.
+        """
+        sid = check_id(session_id)
+        return self._known(self.storage.get_children(sid), sid)
 
     async def achildren(self, session_id: str) -> list[TopologyNode]:
-        return await self.storage.aget_children(check_id(session_id))
+        """Async twin of `children`."""
+        sid = check_id(session_id)
+        return await self._aknown(await self.storage.aget_children(sid), sid)
 
     def ancestors(self, session_id: str) -> list[TopologyNode]:
-        """The parent, grandparent, ... up to the main session (nearest first)."""
-        return self.storage.get_ancestors(check_id(session_id))
+        """The parent, grandparent, ... up to the main session (nearest first).
+
+        Raises:
+            NodeNotFoundError: the id has no node.
+        """
+        sid = check_id(session_id)
+        return self._known(self.storage.get_ancestors(sid), sid)
 
     async def aancestors(self, session_id: str) -> list[TopologyNode]:
-        return await self.storage.aget_ancestors(check_id(session_id))
+        """Async twin of `ancestors`."""
+        sid = check_id(session_id)
+        return await self._aknown(await self.storage.aget_ancestors(sid), sid)
 
     def siblings(self, session_id: str) -> list[TopologyNode]:
-        """The other children of the session's parent."""
+        """The other children of the session's parent.
+
+        Raises:
+            NodeNotFoundError: the id has no node.
+        """
         sid = check_id(session_id)
         node = self._node(self.storage.get_node(sid), sid)
         if node.parent_id is None:
@@ -821,6 +859,7 @@ class StelloAgent:
         return [n for n in self.storage.get_children(node.parent_id) if n.id != sid]
 
     async def asiblings(self, session_id: str) -> list[TopologyNode]:
+        """Async twin of `siblings`."""
         sid = check_id(session_id)
         node = self._node(await self.storage.aget_node(sid), sid)
         if node.parent_id is None:
