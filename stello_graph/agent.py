@@ -175,6 +175,20 @@ def _batch_result(ids: list[str], outcomes: list[Any]) -> dict[str, str | None]:
     return dict(zip(ids, outcomes, strict=True))
 
 
+def _consolidatable(sid: str, meta: SessionMeta | None) -> None:
+    """Refuse an id of a batch that can never be consolidated (before any session is).
+
+    An archived session is not refused here: like a failing consolidate function, it fails
+    on its own, and the rest of the batch is still consolidated."""
+    if meta is None:
+        raise SessionNotFoundError(sid)
+    if meta.role == "main":
+        raise InvalidInputError(
+            f"Session {sid!r} is the main session: it integrates; it does not consolidate. "
+            "Leave it out of session_ids."
+        )
+
+
 class _SessionLocks:
     """One lock per session: turns on a session run one at a time, from threads or asyncio."""
 
@@ -724,11 +738,17 @@ class StelloAgent:
         the order given (duplicates once).
 
         Raises:
-            InvalidInputError: a bad id or `concurrency`; nothing was consolidated.
-            StelloError: the first failure, in the order given, once all sessions were
-                attempted (the others' L2 are stored); a note counts the other failures.
+            InvalidInputError: a bad id or `concurrency`, or the main session's id.
+            SessionNotFoundError: an id of no session.
+                Every id is checked for these before any session is consolidated: after
+                them, nothing was consolidated.
+            StelloError: the first failure (an archived session, a consolidate function
+                that failed, ...), in the order given, once all sessions were attempted
+                (the others' L2 are stored); a note counts the other failures.
         """
         ids, workers = _batch(session_ids, concurrency)
+        for sid in ids:
+            _consolidatable(sid, self.storage.get_session(sid))
         if not ids:
             return {}
         with ThreadPoolExecutor(min(workers, len(ids)), thread_name_prefix="stello") as pool:
@@ -740,6 +760,8 @@ class StelloAgent:
     ) -> dict[str, str | None]:
         """Async twin of `consolidate_many`."""
         ids, workers = _batch(session_ids, concurrency)
+        for sid in ids:
+            _consolidatable(sid, await self.storage.aget_session(sid))
         gate = asyncio.Semaphore(workers)
 
         async def one(sid: str) -> str | None:
