@@ -419,11 +419,18 @@ class StelloAgent:
             raise SessionArchivedError(sid, "a turn")
         return sid
 
-    def _target(self, sid: str) -> str:
-        return self._check_target(sid, self.storage.get_session(sid))
+    def _target(self, sid: str, tool_choice: ToolChoice = None) -> str:
+        self._check_target(sid, self.storage.get_session(sid))
+        if tool_choice is not None:  # the session's tools, before the graph checkpoints
+            check_tool_choice(tool_choice, self.deps.session(sid).tools, session_id=sid)
+        return sid
 
-    async def _atarget(self, sid: str) -> str:
-        return self._check_target(sid, await self.storage.aget_session(sid))
+    async def _atarget(self, sid: str, tool_choice: ToolChoice = None) -> str:
+        self._check_target(sid, await self.storage.aget_session(sid))
+        if tool_choice is not None:
+            session = await self.deps.asession(sid)
+            check_tool_choice(tool_choice, session.tools, session_id=sid)
+        return sid
 
     def _resume_payload(self, sid: str, state: StateSnapshot, value: Any) -> Command[Any] | None:
         if state.interrupts:
@@ -470,10 +477,11 @@ class StelloAgent:
             ModelCallError: the model failed; nothing was stored.
 
         `tool_choice` forces the turn's first model call to use tools (`"required"`, a
-        tool's name, ...); later rounds of the turn are free to answer.
+        tool's name, ...); later rounds of the turn are free to answer. A name that is not
+        one of the session's tools raises `InvalidInputError` before anything is written.
         """
         sid, payload = self._begin(session_id, text, tool_choice)
-        self._target(sid)
+        self._target(sid, tool_choice)
         with self._locks.hold(sid):
             self._switch(sid)
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
@@ -484,7 +492,7 @@ class StelloAgent:
     ) -> TurnResult:
         """Async twin of `turn`."""
         sid, payload = self._begin(session_id, text, tool_choice)
-        await self._atarget(sid)
+        await self._atarget(sid, tool_choice)
         async with self._locks.ahold(sid):
             self._switch(sid)
             out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
@@ -580,7 +588,7 @@ class StelloAgent:
         of modes, items are `(mode, item)` pairs.
         """
         sid, payload = self._begin(session_id, text, tool_choice)
-        self._target(sid)
+        self._target(sid, tool_choice)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         with self._locks.hold(sid):
@@ -613,7 +621,7 @@ class StelloAgent:
     ) -> AsyncIterator[Any]:
         """Async twin of `stream`."""
         sid, payload = self._begin(session_id, text, tool_choice)
-        await self._atarget(sid)
+        await self._atarget(sid, tool_choice)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         async with self._locks.ahold(sid):
