@@ -677,7 +677,8 @@ class StelloAgent:
 
         Options: `context` ("none" | "inherit" | "compress" | a function of the records),
         `profile` (a registered `ForkProfile`) and `profile_vars`, `skills` (the child's
-        allow-list; inherited when left out), `system_prompt`,
+        allow-list; inherited when left out; any registered skills, even ones the source
+        lacks: unlike the model's `create_session`, the caller is trusted), `system_prompt`,
         `inherit_system_prompt` (for forks of the main session), `prompt` (opening line),
         `model`, `tools`, `tags`, `metadata`, `id`. The session and its node are written in
         one transaction. Returns the child's `TopologyNode`.
