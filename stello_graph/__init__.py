@@ -20,6 +20,7 @@ from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     ConsolidationError,
     DuplicateSessionError,
+    ForeignDatabaseError,
     FunctionCallError,
     FunctionNotConfiguredError,
     IntegrationError,
@@ -166,6 +167,7 @@ __all__ = [
     "StorageError",
     "SchemaVersionError",
     "NotADatabaseError",
+    "ForeignDatabaseError",
     "UnknownProfileError",
     "SplitGuardError",
     "SkillLoadError",

@@ -226,7 +226,9 @@ class StelloAgent:
 
     Args:
         model: the default chat model of every session (any LangChain chat model).
-        storage: a `MainStorage`, or the path of a SQLite file (default `stello.db`).
+        storage: a `MainStorage`, or the path of a SQLite file (default `stello.db`). A
+            file holding another application's tables is refused (`ForeignDatabaseError`);
+            to share one, pass `SqliteMainStorage(path, allow_foreign_tables=True)`.
         checkpointer: where in-flight turns are kept. Default: a saver on the same SQLite
             file (in memory for in-memory storage). `False`: none (no interrupts).
         tools: tools every session's model is given.

@@ -34,7 +34,8 @@ derive from the other branches::
     │   └── IntegrationError             the integrate function failed or returned garbage
     └── StorageError                     the storage backend failed
         ├── SchemaVersionError           the database was written by a newer schema
-        └── NotADatabaseError            the file is not a SQLite database
+        ├── NotADatabaseError            the file is not a SQLite database
+        └── ForeignDatabaseError         another application's SQLite file, not stello's
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from collections.abc import Sequence
 __all__ = [
     "ConsolidationError",
     "DuplicateSessionError",
+    "ForeignDatabaseError",
     "FunctionCallError",
     "FunctionNotConfiguredError",
     "IntegrationError",
@@ -264,3 +266,11 @@ class SchemaVersionError(StorageError):
 
 class NotADatabaseError(StorageError):
     """The file given as a database is not a SQLite database."""
+
+
+class ForeignDatabaseError(StorageError):
+    """The SQLite file holds another application's tables and no stello-graph data.
+
+    Stello adds its tables to such a file only when asked
+    (`SqliteMainStorage(path, allow_foreign_tables=True)`); the file is left untouched.
+    """
