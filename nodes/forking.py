@@ -91,7 +91,7 @@ def _request(
     if unknown:
         raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
     profile = _profile(deps, spec.get("profile"))
-    if profile is None and spec.get("profile_vars") is not None:
+    if profile is None and spec.get("profile_vars") not in (None, {}):
         raise InvalidInputError(
             f"profile_vars were given without a profile ({spec['profile_vars']!r:.80}); "
             "name the profile whose prompt uses them, or leave them out."

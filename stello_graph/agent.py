@@ -749,10 +749,10 @@ class StelloAgent:
         the order given (duplicates once).
 
         Raises:
-            InvalidInputError: a bad id or `concurrency`, or the main session's id.
-            SessionNotFoundError: an id of no session.
-                Every id is checked for these before any session is consolidated: after
-                them, nothing was consolidated.
+            InvalidInputError: a bad id or `concurrency`, or the main session's id;
+                checked for every id before any session is consolidated, so nothing was.
+            SessionNotFoundError: an id of no session; checked likewise, nothing was
+                consolidated.
             StelloError: the first failure (an archived session, a consolidate function
                 that failed, ...), in the order given, once all sessions were attempted
                 (the others' L2 are stored); a note counts the other failures.
