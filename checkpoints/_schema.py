@@ -41,13 +41,14 @@ from collections.abc import Callable
 from sqlite_utils import Database
 from sqlite_utils.db import ForeignKey
 
-from stello_graph.errors import SchemaVersionError
+from stello_graph.errors import ForeignDatabaseError, SchemaVersionError
 from stello_graph.models import utcnow
 
 __all__ = [
     "CHANGES",
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "check_not_foreign",
     "check_version",
     "migrate",
     "read_version",
@@ -213,6 +214,37 @@ def check_version(version: int, where: str) -> None:
         raise SchemaVersionError(
             f"The database {where} has stello schema version {version}, but this version of "
             f"stello-graph only knows versions up to {SCHEMA_VERSION}: upgrade stello-graph."
+        )
+
+
+LANGGRAPH_TABLES = frozenset({"checkpoints", "writes"})
+"""Tables of LangGraph's SQLite checkpointer, which stello puts on its own file: not foreign."""
+
+
+def foreign_tables(conn: sqlite3.Connection) -> list[str]:
+    """The tables that are neither SQLite's, stello's nor a LangGraph checkpointer's."""
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+    return [
+        name
+        for (name,) in rows
+        if not name.startswith(("sqlite_", "stello_")) and name not in LANGGRAPH_TABLES
+    ]
+
+
+def check_not_foreign(conn: sqlite3.Connection, version: int, where: str) -> None:
+    """Refuse to add stello's tables to another application's database.
+
+    Raises:
+        ForeignDatabaseError: the database has no stello schema (`version` 0) and holds
+            other tables.
+    """
+    found = foreign_tables(conn) if version == 0 else []
+    if found:
+        listed = ", ".join(map(repr, found[:5])) + (", ..." if len(found) > 5 else "")
+        raise ForeignDatabaseError(
+            f"The database {where} holds another application's tables ({listed}) and no "
+            "stello-graph data, so stello-graph did not add its tables to it. Name another "
+            "file, or pass SqliteMainStorage(..., allow_foreign_tables=True) to share this one."
         )
 
 

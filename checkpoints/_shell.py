@@ -247,9 +247,14 @@ class StorageShell(ABC):
         return self._txn.read(self._text, check_identifier(session_id), "memory")
 
     def put_memory(self, session_id: str, memory: str, *, through: int | None = None) -> None:
-        """Replace the memory; `through` (records covered) is kept when `None`."""
+        """Replace the memory; `through` (records covered) is kept when `None`.
+
+        Raises:
+            InvalidInputError: `through` is more than the session's records (counted in the
+                write's own transaction).
+        """
         sid, values = memory_args(session_id, memory, through)
-        self._txn.write(self._op_set_fields, sid, values)
+        self._txn.write(self._put_memory, sid, values)
 
     def get_memory_through(self, session_id: str) -> int:
         """How many records, from the first, the memory covers (0 if none)."""
@@ -440,7 +445,7 @@ class StorageShell(ABC):
         self, session_id: str, memory: str, *, through: int | None = None
     ) -> None:
         sid, values = memory_args(session_id, memory, through)
-        await self._txn.awrite(self._op_set_fields, sid, values)
+        await self._txn.awrite(self._put_memory, sid, values)
 
     async def aget_memory_through(self, session_id: str) -> int:
         sid = check_identifier(session_id)
@@ -620,6 +625,18 @@ class StorageShell(ABC):
         values = {"memory_through": memory, "compression_through": compression}
         self._op_set_fields(session_id, values)
         return dropped
+
+    def _put_memory(self, session_id: str, values: dict[str, Any]) -> None:
+        through = values.get("memory_through")
+        if through is not None and not self._op_session_exists(session_id):
+            raise SessionNotFoundError(session_id)
+        if through is not None and through > (count := self._op_count(session_id)):
+            raise InvalidInputError(
+                f"through={through} is beyond the {count} record(s) of session "
+                f"{session_id!r}: the memory can cover at most every record; pass at most "
+                f"{count}."
+            )
+        self._op_set_fields(session_id, values)
 
     def _compression(self, session_id: str) -> Compression | None:
         values = self._op_get_fields(session_id, ("compression", "compression_through"))

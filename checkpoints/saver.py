@@ -83,13 +83,14 @@ def sqlite_saver(path: str | os.PathLike[str]) -> StelloSqliteSaver:
 
 
 def open_sqlite(
-    path: str | os.PathLike[str], *, tree_id: str = "default"
+    path: str | os.PathLike[str], *, tree_id: str = "default", allow_foreign_tables: bool = False
 ) -> tuple[SqliteMainStorage, StelloSqliteSaver]:
-    """Open the stello storage and a LangGraph checkpointer on the same SQLite file.
+    """Open the stello storage and a LangGraph checkpointer on the same SQLite file
+    (`allow_foreign_tables` as `SqliteMainStorage` takes it).
 
     Example:
         >>> storage, saver = open_sqlite("app.db")  # doctest: +SKIP
         >>> agent = StelloAgent(model=model, storage=storage, checkpointer=saver)  # doctest: +SKIP
     """
-    storage = SqliteMainStorage(path, tree_id=tree_id)
+    storage = SqliteMainStorage(path, tree_id=tree_id, allow_foreign_tables=allow_foreign_tables)
     return storage, sqlite_saver(path)

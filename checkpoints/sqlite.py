@@ -49,9 +49,15 @@ class SqliteMainStorage(StorageShell):
             invisible.
         busy_timeout: seconds a write waits for another connection's transaction.
         record_cache_size: how many sessions' decoded records to keep (0 disables).
+        allow_foreign_tables: add stello's tables to a database that has none yet but holds
+            other tables (another application's). Refused by default, so that a mistyped
+            path never writes into someone else's database; a LangGraph checkpointer's
+            tables (`checkpoints`, `writes`) do not count as foreign.
 
     Raises:
         NotADatabaseError: the file is not a SQLite database.
+        ForeignDatabaseError: the database holds other tables and no stello data, and
+            `allow_foreign_tables` is false (it is left untouched).
         SchemaVersionError: the database was written by a newer stello-graph (it is left
             untouched).
 
@@ -70,6 +76,7 @@ class SqliteMainStorage(StorageShell):
         tree_id: str = "default",
         busy_timeout: float = 30.0,
         record_cache_size: int = 256,
+        allow_foreign_tables: bool = False,
     ) -> None:
         check_identifier(tree_id, "tree_id")  # before a connection is opened, not after
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)):
@@ -81,12 +88,12 @@ class SqliteMainStorage(StorageShell):
         super().__init__(tree_id, self._hooks)
         self._closed = False
         try:
-            self._open()
+            self._open(allow_foreign_tables=bool(allow_foreign_tables))
         except BaseException:
             self._release_connection()
             raise
 
-    def _open(self) -> None:
+    def _open(self, *, allow_foreign_tables: bool) -> None:
         conn, where = self._conn, repr(self.path)
         if conn.in_transaction:
             raise InvalidInputError("The connection given has an open transaction.")
@@ -96,6 +103,8 @@ class SqliteMainStorage(StorageShell):
             version = _schema.read_version(conn)
             # Refuse a newer schema before anything (journal mode included) changes the file.
             _schema.check_version(version, where)
+            if not allow_foreign_tables:
+                _schema.check_not_foreign(conn, version, where)
             if self.path not in ("", ":memory:"):
                 conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")

@@ -3,8 +3,10 @@
 `create_session` lets the model fork the session it is talking in, during its own turn: the
 child and its TopologyNode are written at once (the turn's own records are committed only at
 its end, so nothing waits on anything) and the model gets `{"session_id", "label"}` back. It
-can name a registered profile; an unknown profile, or a fork the split guard refuses, comes
-back to the model as an error result it can read, never as an exception in the turn.
+can name a registered profile; an unknown profile, skills beyond the session's own (a child
+gets at most its parent's skills, whether named in `skills` or by the profile), or a fork the
+split guard refuses, comes back to the model as an error result it can read, never as an
+exception in the turn.
 
 The child's id is derived from the turn and the tool call, so a tool round that runs again
 (a turn resumed after a crash that came after the fork but before the round was
@@ -68,7 +70,8 @@ class CreateSessionArgs(BaseModel):
     )
     skills: list[str] | None = Field(
         default=None,
-        description="Skills the new session may use: leave out to inherit, [] for none.",
+        description="Skills the new session may use (at most this session's): leave out to "
+        "inherit, [] for none.",
     )
     state: Annotated[dict[str, Any], InjectedState] = Field(default_factory=dict)
     tool_call_id: Annotated[str | None, InjectedToolCallId] = None
@@ -206,7 +209,7 @@ class BuiltinTools:
     def _fork(self, args: Mapping[str, Any]) -> dict[str, str]:
         source = args["state"]["session_id"]
         spec = _spec(args, _child_id(self.deps.storage.tree_id, args))
-        req = fork_request(self.deps, source, spec)
+        req = fork_request(self.deps, source, spec, within_parent=True)
         done = self._replay(req)
         if done is not None:  # this very call already forked: a resumed tool round
             return done
@@ -225,7 +228,7 @@ class BuiltinTools:
     async def _afork(self, args: Mapping[str, Any]) -> dict[str, str]:
         source = args["state"]["session_id"]
         spec = _spec(args, _child_id(self.deps.storage.tree_id, args))
-        req = await afork_request(self.deps, source, spec)
+        req = await afork_request(self.deps, source, spec, within_parent=True)
         done = await self._areplay(req)
         if done is not None:
             return done

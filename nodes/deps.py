@@ -18,7 +18,7 @@ from langgraph.store.base import BaseStore
 from langgraph.types import RetryPolicy
 
 from stello_graph._base import SessionBase
-from stello_graph._validate import check_id
+from stello_graph._validate import check_chat_model, check_id, check_tools
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     FunctionNotConfiguredError,
@@ -152,6 +152,9 @@ class StelloDeps:
             raise InvalidInputError(
                 f"max_tool_rounds must be an int >= 0, got {self.max_tool_rounds!r}."
             )
+        if self.model is not None:
+            check_chat_model(self.model)
+        self.tools = tuple(check_tools(self.tools))
         self.model_timeout = check_model_timeout(self.model_timeout)
         self.leases = SessionLeases(self.storage, ttl=self.lease_ttl)
         model_retry_policy(self.model_retry)  # refuses anything but a RetryPolicy
@@ -239,6 +242,10 @@ class StelloDeps:
         tools: Sequence[Any] | None = None,
     ) -> None:
         """Give one session its own model and/or tools (kept in memory, not in storage)."""
+        if model is not None:
+            check_chat_model(model)
+        if tools is not None:
+            tools = check_tools(tools)
         with self._lock:
             self._overrides[session_id] = _Overrides(
                 model, tuple(tools) if tools is not None else None

@@ -6,6 +6,8 @@ asked by the model), so both follow the same rules:
 * a named profile supplies the system prompt (combined with the supplied one by its mode),
   the default context mode, opening line, skills allow-list, tools and model;
 * the child's skills allow-list is the one given, else the profile's, else its parent's;
+  a fork the model asks for (`create_session`) gets at most its parent's skills, while the
+  developer's `fork` may give any registered skill;
 * `context="compress"` finds its compress function (the agent's compression policy, else an
   LLM compressor on the agent's model) or fails before anything is written.
 """
@@ -55,23 +57,45 @@ def _variables(raw: object) -> Mapping[str, str]:
 
 
 def _allow_list(
-    deps: StelloDeps, given: object, profile: ForkProfile | None, parent: object
+    deps: StelloDeps,
+    given: object,
+    profile: ForkProfile | None,
+    parent: object,
+    within_parent: bool,
 ) -> list[str] | None:
     known = list(deps.skill_map)
+    inherited = list(parent) if isinstance(parent, list) else None
     if given is not _UNSET and given is not None:
-        return check_allow_list(given, known)
-    if profile is not None and profile.skills is not None:
-        return check_allow_list(profile.skills, known)
-    return list(parent) if isinstance(parent, list) else None
+        chosen = check_allow_list(given, known)
+    elif profile is not None and profile.skills is not None:
+        chosen = check_allow_list(profile.skills, known)
+    else:
+        return inherited
+    beyond = [n for n in chosen if inherited is not None and n not in inherited]
+    if within_parent and beyond:
+        raise InvalidInputError(
+            f"The new session cannot have the skill(s) {beyond!r}: a session you fork gets at "
+            f"most its parent's skills {inherited!r}. Pass skills= a subset of them."
+        )
+    return chosen
 
 
 def _request(
-    deps: StelloDeps, source_id: str, spec: Mapping[str, Any], parent_settings: Mapping[str, Any]
+    deps: StelloDeps,
+    source_id: str,
+    spec: Mapping[str, Any],
+    parent_settings: Mapping[str, Any],
+    within_parent: bool,
 ) -> ForkRequest:
     unknown = set(spec) - _OPTIONS - {"label", "profile", "profile_vars", "skills"}
     if unknown:
         raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
     profile = _profile(deps, spec.get("profile"))
+    if profile is None and spec.get("profile_vars") not in (None, {}):
+        raise InvalidInputError(
+            f"profile_vars were given without a profile ({spec['profile_vars']!r:.80}); "
+            "name the profile whose prompt uses them, or leave them out."
+        )
     options = {k: v for k, v in spec.items() if k in _OPTIONS and v is not None}
     if profile is not None:
         variables = _variables(spec.get("profile_vars"))
@@ -79,7 +103,8 @@ def _request(
         options.setdefault("context", profile.context or "none")
         if profile.prompt is not None:
             options.setdefault("prompt", profile.prompt)
-    skills = _allow_list(deps, spec.get("skills", _UNSET), profile, parent_settings.get(SKILLS_KEY))
+    parent_skills = parent_settings.get(SKILLS_KEY)
+    skills = _allow_list(deps, spec.get("skills", _UNSET), profile, parent_skills, within_parent)
     settings = {SKILLS_KEY: skills, PROFILE_KEY: profile.name if profile else None}
     compress_fn = deps.compress_function() if options.get("context") == "compress" else None
     return ForkRequest.build(
@@ -87,12 +112,22 @@ def _request(
     )
 
 
-def fork_request(deps: StelloDeps, source_id: str, spec: Mapping[str, Any]) -> ForkRequest:
+def fork_request(
+    deps: StelloDeps, source_id: str, spec: Mapping[str, Any], *, within_parent: bool = False
+) -> ForkRequest:
     """Validate fork options (`spec`: `label` plus fork options, `profile`, `profile_vars`,
-    `skills`) against the agent's profiles and skills."""
-    return _request(deps, source_id, spec, deps.storage.get_settings(source_id))
+    `skills`) against the agent's profiles and skills.
+
+    With `within_parent` (forks the model asks for), the child's skills must be among its
+    parent's; otherwise any registered skill may be given.
+    """
+    settings = deps.storage.get_settings(source_id)
+    return _request(deps, source_id, spec, settings, within_parent)
 
 
-async def afork_request(deps: StelloDeps, source_id: str, spec: Mapping[str, Any]) -> ForkRequest:
+async def afork_request(
+    deps: StelloDeps, source_id: str, spec: Mapping[str, Any], *, within_parent: bool = False
+) -> ForkRequest:
     """Async twin of `fork_request`."""
-    return _request(deps, source_id, spec, await deps.storage.aget_settings(source_id))
+    settings = await deps.storage.aget_settings(source_id)
+    return _request(deps, source_id, spec, settings, within_parent)

@@ -20,6 +20,7 @@ from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     ConsolidationError,
     DuplicateSessionError,
+    ForeignDatabaseError,
     FunctionCallError,
     FunctionNotConfiguredError,
     IntegrationError,
@@ -39,6 +40,8 @@ from stello_graph.errors import (
     SessionBusyError,
     SessionError,
     SessionNotFoundError,
+    SkillLoadError,
+    SplitGuardError,
     StelloError,
     StelloUsageError,
     StorageError,
@@ -46,6 +49,7 @@ from stello_graph.errors import (
     ToolRoundLimitError,
     TopologyCycleError,
     TopologyError,
+    UnknownProfileError,
 )
 from stello_graph.main_session import MainSession
 from stello_graph.memory import (
@@ -65,7 +69,7 @@ from stello_graph.models import (
     TopologyNode,
     TreeIntegration,
 )
-from stello_graph.profiles import ForkProfile, SplitGuard, SplitGuardError, UnknownProfileError
+from stello_graph.profiles import ForkProfile, SplitGuard
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage, SessionStorage
 
@@ -75,7 +79,7 @@ if TYPE_CHECKING:
     from stello_graph.events import StelloEvent
     from stello_graph.graph import StelloState, build_stello_graph
     from stello_graph.schedule import BackgroundFailure, Schedule
-    from stello_graph.skills import Skill, SkillLoadError, load_skills
+    from stello_graph.skills import Skill, load_skills
     from stello_graph.topology import Topology
 
 __version__ = "0.1.0"
@@ -94,7 +98,6 @@ _LAZY: dict[str, str] = {
     "Topology": "stello_graph.topology",
     # skills (load YAML)
     "Skill": "stello_graph.skills",
-    "SkillLoadError": "stello_graph.skills",
     "load_skills": "stello_graph.skills",
 }
 
@@ -168,6 +171,7 @@ __all__ = [
     "StorageError",
     "SchemaVersionError",
     "NotADatabaseError",
+    "ForeignDatabaseError",
     "UnknownProfileError",
     "SplitGuardError",
     "SkillLoadError",

@@ -70,14 +70,49 @@ ToolChoice = str | dict[str, Any] | bool | None
 """How a call must use its tools, as LangChain's `bind_tools(tool_choice=...)` takes it."""
 
 
-def check_tool_choice(value: object) -> str | dict[str, Any] | bool:
-    """A `tool_choice` LangChain accepts: a string, a dict or a bool."""
-    if isinstance(value, bool | dict) or (isinstance(value, str) and value.strip()):
-        return value
-    raise InvalidInputError(
-        f"tool_choice must be 'auto', 'required', 'any', a tool name, a dict or a bool, "
-        f"got {value!r}."
-    )
+_CHOICE_MODES = frozenset({"auto", "none", "required", "any"})
+
+
+def _named_tool(choice: str | dict[str, Any] | bool) -> str | None:
+    """The tool a `tool_choice` names (a name, or an OpenAI-style dict), if it names one."""
+    if isinstance(choice, str):
+        return None if choice in _CHOICE_MODES else choice
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else choice.get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _tool_names(tools: Sequence[Any]) -> list[str] | None:
+    """The names the model sees for `tools`; `None` when one cannot be told."""
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    try:
+        return [str(convert_to_openai_tool(t)["function"]["name"]) for t in tools]
+    except Exception:  # a tool only the model's own bind_tools understands
+        return None
+
+
+def check_tool_choice(
+    value: object, tools: Sequence[Any] | None = None, *, session_id: str | None = None
+) -> str | dict[str, Any] | bool:
+    """A `tool_choice` LangChain accepts: a string, a dict or a bool; given the session's
+    `tools`, one that names a tool must name one of them (checked here, before the call,
+    since many providers' clients send any name and fail only at the provider)."""
+    if not (isinstance(value, bool | dict) or (isinstance(value, str) and value.strip())):
+        raise InvalidInputError(
+            f"tool_choice must be 'auto', 'required', 'any', a tool name, a dict or a bool, "
+            f"got {value!r}."
+        )
+    named = _named_tool(value)
+    names = None if tools is None or named is None else _tool_names(tools)
+    if names is not None and named not in names:
+        raise InvalidInputError(
+            f"tool_choice {named!r} names no tool of session {session_id!r}; its tools are "
+            f"{names!r}: name one of them, or pass 'auto' or 'required'."
+        )
+    return value
 
 
 _READ: Any = object()  # sentinel: read the insight from storage
@@ -411,7 +446,8 @@ class SessionBase:
                 raise InvalidInputError(
                     f"tool_choice={tool_choice!r}, but session {self._id!r} has no tools."
                 )
-            return self._bind(self._model, check_tool_choice(tool_choice))
+            choice = check_tool_choice(tool_choice, self._tools, session_id=self._id)
+            return self._bind(self._model, choice)
         if self._bound is None:
             self._bound = self._bind(self._model, None) if self._tools else self._model
         return self._bound

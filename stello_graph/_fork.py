@@ -85,6 +85,10 @@ class ForkRequest:
                 "context must be 'none', 'inherit', 'compress' or a function of the records, "
                 f"got {context!r}."
             )
+        if inherit_system_prompt is not None and not isinstance(inherit_system_prompt, bool):
+            raise InvalidInputError(
+                f"inherit_system_prompt must be a bool or None, got {inherit_system_prompt!r:.80}."
+            )
         if context == "compress" and compress_fn is None:
             raise FunctionNotConfiguredError(
                 "A fork with context='compress' needs a compress function: pass compress_fn= "

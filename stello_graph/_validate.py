@@ -14,12 +14,14 @@ __all__ = [
     "MAX_INPUT_CHARS",
     "MAX_LABEL_CHARS",
     "MAX_TAG_CHARS",
+    "check_chat_model",
     "check_id",
     "check_label",
     "check_metadata",
     "check_optional_text",
     "check_tags",
     "check_text",
+    "check_tools",
     "new_id",
 ]
 
@@ -134,3 +136,32 @@ def check_metadata(value: object) -> dict[str, Any]:
         )
     _check_encodable(encoded, "metadata")
     return dict(json.loads(encoded))
+
+
+def check_chat_model(value: object, what: str = "model") -> Any:
+    """A LangChain chat model: anything with `invoke` and `stream` (checked before it is used,
+    so a wrong value fails where it is given, not at the session's next turn)."""
+    if not callable(getattr(value, "invoke", None)) or not callable(getattr(value, "stream", None)):
+        raise InvalidInputError(
+            f"{what} must be a LangChain chat model (e.g. ChatOpenAI(...)), got {value!r:.80}."
+        )
+    return value
+
+
+def check_tools(value: object, what: str = "tools", *, schemas: bool = False) -> list[Any]:
+    """Tools: a list or tuple of LangChain tools or callables (and, with `schemas`, of the
+    dicts `bind_tools` also takes, for a session whose caller runs its tools)."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
+        raise InvalidInputError(
+            f"{what} must be a list or tuple of tools, got {_type_name(value)}; "
+            "wrap a single tool in a list."
+        )
+    for index, item in enumerate(value):
+        is_tool = callable(getattr(item, "invoke", None)) and isinstance(
+            getattr(item, "name", None), str
+        )
+        if not (is_tool or callable(item) or (schemas and isinstance(item, Mapping))):
+            raise InvalidInputError(
+                f"{what}[{index}] must be a LangChain tool or a callable, got {item!r:.80}."
+            )
+    return list(value)

@@ -42,7 +42,7 @@ from langgraph.store.base import BaseStore
 from langgraph.types import Command, Durability, Interrupt, RetryPolicy, StateSnapshot
 
 from stello_graph._base import ToolChoice, check_tool_choice
-from stello_graph._validate import check_id, check_text
+from stello_graph._validate import check_chat_model, check_id, check_text, check_tools
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     InvalidInputError,
@@ -129,14 +129,6 @@ def _tool_name(label: str) -> str:
     return f"ask_{slug}" if slug else "ask_session"
 
 
-def _check_model(model: object) -> BaseChatModel:
-    if not callable(getattr(model, "invoke", None)) or not callable(getattr(model, "stream", None)):
-        raise InvalidInputError(
-            f"model must be a LangChain chat model (e.g. ChatOpenAI(...)), got {model!r:.80}."
-        )
-    return model  # type: ignore[return-value]
-
-
 def _open_storage(
     storage: MainStorage | str | os.PathLike[str] | None, tree_id: str
 ) -> MainStorage:
@@ -195,6 +187,20 @@ def _batch_result(ids: list[str], outcomes: list[Any]) -> dict[str, str | None]:
     return dict(zip(ids, outcomes, strict=True))
 
 
+def _consolidatable(sid: str, meta: SessionMeta | None) -> None:
+    """Refuse an id of a batch that can never be consolidated (before any session is).
+
+    An archived session is not refused here: like a failing consolidate function, it fails
+    on its own, and the rest of the batch is still consolidated."""
+    if meta is None:
+        raise SessionNotFoundError(sid)
+    if meta.role == "main":
+        raise InvalidInputError(
+            f"Session {sid!r} is the main session: it integrates; it does not consolidate. "
+            "Leave it out of session_ids."
+        )
+
+
 class StelloAgent:
     """A session topology driven by a LangGraph graph: turns, forks, memory, scheduling.
 
@@ -203,7 +209,9 @@ class StelloAgent:
 
     Args:
         model: the default chat model of every session (any LangChain chat model).
-        storage: a `MainStorage`, or the path of a SQLite file (default `stello.db`).
+        storage: a `MainStorage`, or the path of a SQLite file (default `stello.db`). A
+            file holding another application's tables is refused (`ForeignDatabaseError`);
+            to share one, pass `SqliteMainStorage(path, allow_foreign_tables=True)`.
         checkpointer: where in-flight turns are kept. Default: a saver on the same SQLite
             file (in memory for in-memory storage). `False`: none (no interrupts).
         tools: tools every session's model is given.
@@ -259,7 +267,7 @@ class StelloAgent:
         compression: CompressionPolicy | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
     ) -> None:
-        model = _check_model(model)  # before anything is opened or created
+        model = check_chat_model(model)  # before anything is opened or created
         self._owns_storage = not hasattr(storage, "get_tree")
         self.storage: MainStorage = _open_storage(storage, tree_id)
         try:
@@ -402,11 +410,18 @@ class StelloAgent:
             raise SessionArchivedError(sid, "a turn")
         return sid
 
-    def _target(self, sid: str) -> str:
-        return self._check_target(sid, self.storage.get_session(sid))
+    def _target(self, sid: str, tool_choice: ToolChoice = None) -> str:
+        self._check_target(sid, self.storage.get_session(sid))
+        if tool_choice is not None:  # the session's tools, before the graph checkpoints
+            check_tool_choice(tool_choice, self.deps.session(sid).tools, session_id=sid)
+        return sid
 
-    async def _atarget(self, sid: str) -> str:
-        return self._check_target(sid, await self.storage.aget_session(sid))
+    async def _atarget(self, sid: str, tool_choice: ToolChoice = None) -> str:
+        self._check_target(sid, await self.storage.aget_session(sid))
+        if tool_choice is not None:
+            session = await self.deps.asession(sid)
+            check_tool_choice(tool_choice, session.tools, session_id=sid)
+        return sid
 
     def _resume_payload(self, sid: str, state: StateSnapshot, value: Any) -> Command[Any] | None:
         if state.interrupts:
@@ -453,10 +468,11 @@ class StelloAgent:
             ModelCallError: the model failed; nothing was stored.
 
         `tool_choice` forces the turn's first model call to use tools (`"required"`, a
-        tool's name, ...); later rounds of the turn are free to answer.
+        tool's name, ...); later rounds of the turn are free to answer. A name that is not
+        one of the session's tools raises `InvalidInputError` before anything is written.
         """
         sid, payload = self._begin(session_id, text, tool_choice)
-        self._target(sid)
+        self._target(sid, tool_choice)
         with self._run(sid):
             self._switch(sid)
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
@@ -467,7 +483,7 @@ class StelloAgent:
     ) -> TurnResult:
         """Async twin of `turn`."""
         sid, payload = self._begin(session_id, text, tool_choice)
-        await self._atarget(sid)
+        await self._atarget(sid, tool_choice)
         async with self._arun(sid):
             self._switch(sid)
             out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
@@ -563,7 +579,7 @@ class StelloAgent:
         of modes, items are `(mode, item)` pairs.
         """
         sid, payload = self._begin(session_id, text, tool_choice)
-        self._target(sid)
+        self._target(sid, tool_choice)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         with self._run(sid):
@@ -596,7 +612,7 @@ class StelloAgent:
     ) -> AsyncIterator[Any]:
         """Async twin of `stream`."""
         sid, payload = self._begin(session_id, text, tool_choice)
-        await self._atarget(sid)
+        await self._atarget(sid, tool_choice)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         async with self._arun(sid):
@@ -630,6 +646,11 @@ class StelloAgent:
         unknown = set(options) - allowed - {"model", "tools"}
         if unknown:
             raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
+        # model and tools are applied once the fork ran: check them before it runs
+        if options.get("model") is not None:
+            check_chat_model(options["model"])
+        if options.get("tools") is not None:
+            check_tools(options["tools"])
         spec = {k: v for k, v in options.items() if k in allowed}
         return {"op": "fork", "session_id": check_id(source_id), "fork": {"label": label, **spec}}
 
@@ -647,10 +668,18 @@ class StelloAgent:
 
         Options: `context` ("none" | "inherit" | "compress" | a function of the records),
         `profile` (a registered `ForkProfile`) and `profile_vars`, `skills` (the child's
-        allow-list; inherited when left out), `system_prompt`,
+        allow-list; inherited when left out; any registered skills, even ones the source
+        lacks: unlike the model's `create_session`, the caller is trusted), `system_prompt`,
         `inherit_system_prompt` (for forks of the main session), `prompt` (opening line),
         `model`, `tools`, `tags`, `metadata`, `id`. The session and its node are written in
         one transaction. Returns the child's `TopologyNode`.
+
+        Raises:
+            InvalidInputError: a bad option (an unknown one, a `model` that is not a chat
+                model, `tools` that are not a list of tools or callables, a non-bool
+                `inherit_system_prompt`, `profile_vars` without a `profile`, ...); every
+                option is checked before anything is written.
+            UnknownProfileError: `profile` is not registered.
         """
         out = self._ops.invoke(self._fork_payload(source_id, label, options))
         return self._forked(out, options)
@@ -709,11 +738,17 @@ class StelloAgent:
         the order given (duplicates once).
 
         Raises:
-            InvalidInputError: a bad id or `concurrency`; nothing was consolidated.
-            StelloError: the first failure, in the order given, once all sessions were
-                attempted (the others' L2 are stored); a note counts the other failures.
+            InvalidInputError: a bad id or `concurrency`, or the main session's id;
+                checked for every id before any session is consolidated, so nothing was.
+            SessionNotFoundError: an id of no session; checked likewise, nothing was
+                consolidated.
+            StelloError: the first failure (an archived session, a consolidate function
+                that failed, ...), in the order given, once all sessions were attempted
+                (the others' L2 are stored); a note counts the other failures.
         """
         ids, workers = _batch(session_ids, concurrency)
+        for sid in ids:
+            _consolidatable(sid, self.storage.get_session(sid))
         if not ids:
             return {}
         with ThreadPoolExecutor(min(workers, len(ids)), thread_name_prefix="stello") as pool:
@@ -725,6 +760,8 @@ class StelloAgent:
     ) -> dict[str, str | None]:
         """Async twin of `consolidate_many`."""
         ids, workers = _batch(session_ids, concurrency)
+        for sid in ids:
+            _consolidatable(sid, await self.storage.aget_session(sid))
         gate = asyncio.Semaphore(workers)
 
         async def one(sid: str) -> str | None:
@@ -772,8 +809,16 @@ class StelloAgent:
         self.deps.register_profile(profile)
 
     def skills_of(self, session_id: str) -> list[str]:
-        """The skills a session may activate (its allow-list resolved)."""
-        allowed = self.storage.get_settings(check_id(session_id)).get(SKILLS_KEY)
+        """The skills a session may activate (its allow-list resolved).
+
+        Raises:
+            SessionNotFoundError: there is no such session (the allow-list is the session's,
+                so a session without a node has one too).
+        """
+        sid = check_id(session_id)
+        if self.storage.get_session(sid) is None:
+            raise SessionNotFoundError(sid)
+        allowed = self.storage.get_settings(sid).get(SKILLS_KEY)
         return list(self.deps.skill_map) if allowed is None else list(allowed)
 
     def set_skills(self, session_id: str, skills: Sequence[str] | None) -> None:
@@ -786,22 +831,52 @@ class StelloAgent:
         self.deps.refresh(sid)
 
     # -- the tree ---------------------------------------------------------------------------
+    # The tree reads raise `NodeNotFoundError` for an id without a node (an unknown id, or a
+    # session made outside the tree); an empty answer always means a node that has none.
+    def _known(self, found: list[TopologyNode], node_id: str) -> list[TopologyNode]:
+        if not found:
+            self._node(self.storage.get_node(node_id), node_id)
+        return found
+
+    async def _aknown(self, found: list[TopologyNode], node_id: str) -> list[TopologyNode]:
+        if not found:
+            self._node(await self.storage.aget_node(node_id), node_id)
+        return found
+
     def children(self, session_id: str) -> list[TopologyNode]:
-        """The direct children of a session's node, in creation order (read on demand)."""
-        return self.storage.get_children(check_id(session_id))
+        """The direct children of a session's node, in creation order (read on demand).
+
+        Raises:
+            NodeNotFoundError: the id has no node.
+        """
+        sid = check_id(session_id)
+        return self._known(self.storage.get_children(sid), sid)
 
     async def achildren(self, session_id: str) -> list[TopologyNode]:
-        return await self.storage.aget_children(check_id(session_id))
+        """Async twin of `children`."""
+        sid = check_id(session_id)
+        return await self._aknown(await self.storage.aget_children(sid), sid)
 
     def ancestors(self, session_id: str) -> list[TopologyNode]:
-        """The parent, grandparent, ... up to the main session (nearest first)."""
-        return self.storage.get_ancestors(check_id(session_id))
+        """The parent, grandparent, ... up to the main session (nearest first).
+
+        Raises:
+            NodeNotFoundError: the id has no node.
+        """
+        sid = check_id(session_id)
+        return self._known(self.storage.get_ancestors(sid), sid)
 
     async def aancestors(self, session_id: str) -> list[TopologyNode]:
-        return await self.storage.aget_ancestors(check_id(session_id))
+        """Async twin of `ancestors`."""
+        sid = check_id(session_id)
+        return await self._aknown(await self.storage.aget_ancestors(sid), sid)
 
     def siblings(self, session_id: str) -> list[TopologyNode]:
-        """The other children of the session's parent."""
+        """The other children of the session's parent.
+
+        Raises:
+            NodeNotFoundError: the id has no node.
+        """
         sid = check_id(session_id)
         node = self._node(self.storage.get_node(sid), sid)
         if node.parent_id is None:
@@ -809,6 +884,7 @@ class StelloAgent:
         return [n for n in self.storage.get_children(node.parent_id) if n.id != sid]
 
     async def asiblings(self, session_id: str) -> list[TopologyNode]:
+        """Async twin of `siblings`."""
         sid = check_id(session_id)
         node = self._node(await self.storage.aget_node(sid), sid)
         if node.parent_id is None:

@@ -8,11 +8,13 @@ derive from the other branches::
     StelloError
     ├── StelloUsageError                 a developer mistake: fix the call
     │   ├── InvalidInputError            bad argument value (also a ValueError)
+    │   │   └── SkillLoadError           a SKILL.md file cannot be read as a skill
     │   ├── ModelNotConfiguredError      a call needs a chat model and none was given
     │   ├── FunctionNotConfiguredError   consolidate / integrate / compress function missing
     │   ├── MainSessionForkError         the main session cannot fork
     │   ├── NothingToIntegrateError      integrate() found no child L2 to read
     │   ├── StreamNotFinishedError       a stream's result was read before it ended
+    │   ├── UnknownProfileError          a fork named an unregistered profile (a LookupError)
     │   └── ScriptExhaustedError         (stello_graph.testing) a scripted model ran out
     ├── SessionError
     │   ├── SessionNotFoundError         no session with that id (also a LookupError)
@@ -25,7 +27,8 @@ derive from the other branches::
     ├── TopologyError
     │   ├── NodeNotFoundError            no topology node with that id (also a LookupError)
     │   ├── NodeHasChildrenError         removing a node with children without cascade
-    │   └── TopologyCycleError           a move would put a node under its own subtree
+    │   ├── TopologyCycleError           a move would put a node under its own subtree
+    │   └── SplitGuardError              the split guard refused a fork the model asked for
     ├── ModelCallError                   the chat model raised; the cause is chained
     ├── ToolRoundLimitError              a turn asked for more tool rounds than allowed
     ├── FunctionCallError
@@ -33,14 +36,18 @@ derive from the other branches::
     │   └── IntegrationError             the integrate function failed or returned garbage
     └── StorageError                     the storage backend failed
         ├── SchemaVersionError           the database was written by a newer schema
-        └── NotADatabaseError            the file is not a SQLite database
+        ├── NotADatabaseError            the file is not a SQLite database
+        └── ForeignDatabaseError         another application's SQLite file, not stello's
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "ConsolidationError",
     "DuplicateSessionError",
+    "ForeignDatabaseError",
     "FunctionCallError",
     "FunctionNotConfiguredError",
     "IntegrationError",
@@ -60,6 +67,8 @@ __all__ = [
     "SessionBusyError",
     "SessionError",
     "SessionNotFoundError",
+    "SkillLoadError",
+    "SplitGuardError",
     "StelloError",
     "StelloUsageError",
     "StorageError",
@@ -67,6 +76,7 @@ __all__ = [
     "ToolRoundLimitError",
     "TopologyCycleError",
     "TopologyError",
+    "UnknownProfileError",
 ]
 
 
@@ -80,6 +90,10 @@ class StelloUsageError(StelloError):
 
 class InvalidInputError(StelloUsageError, ValueError):
     """An argument has a value the library cannot accept (empty text, wrong type, ...)."""
+
+
+class SkillLoadError(InvalidInputError):
+    """A `SKILL.md` file could not be read as a skill; the message names the file."""
 
 
 class ModelNotConfiguredError(StelloUsageError):
@@ -100,6 +114,15 @@ class NothingToIntegrateError(StelloUsageError):
 
 class StreamNotFinishedError(StelloUsageError):
     """A stream's `result` was read before the stream was consumed to its end."""
+
+
+class UnknownProfileError(StelloUsageError, LookupError):
+    """A fork named a profile that is not registered (register it, or name a known one)."""
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        listed = ", ".join(repr(k) for k in known) or "none are registered"
+        super().__init__(f"Unknown fork profile {name!r}; known profiles: {listed}.")
+        self.name = name
 
 
 class SessionError(StelloError):
@@ -220,6 +243,10 @@ class TopologyCycleError(TopologyError):
         self.parent_id = parent_id
 
 
+class SplitGuardError(TopologyError):
+    """The split guard refused a model-initiated fork; the message gives the reason."""
+
+
 class ModelCallError(StelloError):
     """The chat model raised during a call; the original exception is the `__cause__`."""
 
@@ -267,3 +294,11 @@ class SchemaVersionError(StorageError):
 
 class NotADatabaseError(StorageError):
     """The file given as a database is not a SQLite database."""
+
+
+class ForeignDatabaseError(StorageError):
+    """The SQLite file holds another application's tables and no stello-graph data.
+
+    Stello adds its tables to such a file only when asked
+    (`SqliteMainStorage(path, allow_foreign_tables=True)`); the file is left untouched.
+    """

@@ -19,25 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stello_graph._fork import ForkContext
-from stello_graph._validate import check_label
-from stello_graph.errors import InvalidInputError, StelloError
+from stello_graph._validate import check_chat_model, check_label, check_tools
+from stello_graph.errors import InvalidInputError, SplitGuardError, UnknownProfileError
 
 __all__ = ["ForkProfile", "SplitGuard", "SplitGuardError", "UnknownProfileError"]
 
 PromptMode = Literal["preset", "prepend", "append"]
-
-
-class UnknownProfileError(StelloError, LookupError):
-    """A fork named a profile that is not registered."""
-
-    def __init__(self, name: str, known: Sequence[str]) -> None:
-        listed = ", ".join(repr(k) for k in known) or "none are registered"
-        super().__init__(f"Unknown fork profile {name!r}; known profiles: {listed}.")
-        self.name = name
-
-
-class SplitGuardError(StelloError):
-    """The split guard refused a model-initiated fork; the message gives the reason."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,6 +64,10 @@ class ForkProfile:
                 f"system_prompt_mode must be 'preset', 'prepend' or 'append', "
                 f"got {self.system_prompt_mode!r}."
             )
+        if self.tools is not None:
+            check_tools(self.tools, f"Profile {self.name!r}: tools")
+        if self.model is not None:
+            check_chat_model(self.model, f"Profile {self.name!r}: model")
 
     def _own_prompt(self, variables: Mapping[str, str]) -> str | None:
         if not callable(self.system_prompt):

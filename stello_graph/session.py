@@ -35,7 +35,13 @@ from stello_graph._context import (
     system_message,
 )
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
-from stello_graph._validate import check_id, check_optional_text, check_text
+from stello_graph._validate import (
+    check_chat_model,
+    check_id,
+    check_optional_text,
+    check_text,
+    check_tools,
+)
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     ConsolidationError,
@@ -385,10 +391,13 @@ class Session(SessionBase):
         Raises:
             FunctionNotConfiguredError: `context="compress"` and no compress function can be
                 found; nothing is created then.
+            InvalidInputError: a bad option (a `model` that is not a chat model, `tools`
+                that are not a list of tools, ...); nothing is created then.
 
         If this session has a TopologyNode, the child's node is written under it in the
         same transaction as the child.
         """
+        _check_child_setup(model, tools)
         req = ForkRequest.build(
             self._id,
             label,
@@ -417,6 +426,7 @@ class Session(SessionBase):
         compress_fn: CompressFn | None = None,
     ) -> Session:
         """Async twin of `fork`."""
+        _check_child_setup(model, tools)
         req = ForkRequest.build(
             self._id,
             label,
@@ -447,3 +457,11 @@ class Session(SessionBase):
             await self._storage.aput_session(meta)
         self._meta = meta
         return meta
+
+
+def _check_child_setup(model: object, tools: object) -> None:
+    """A fork's own model and tools, checked before the child is written."""
+    if model is not None:
+        check_chat_model(model)
+    if tools is not None:
+        check_tools(tools, schemas=True)

@@ -22,16 +22,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from stello_graph.errors import InvalidInputError
+from stello_graph.errors import InvalidInputError, SkillLoadError
 
 __all__ = ["Skill", "SkillLoadError", "load_skills", "parse_skill"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)(.*)\Z", re.DOTALL)
-
-
-class SkillLoadError(InvalidInputError):
-    """A `SKILL.md` file could not be read as a skill; the message names the file."""
 
 
 class Skill(BaseModel):

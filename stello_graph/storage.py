@@ -144,7 +144,9 @@ class SessionStorage(Protocol):
         ...
 
     def put_memory(self, session_id: str, memory: str, *, through: int | None = None) -> None:
-        """Replace the memory; `through` records how many L3 records it covers."""
+        """Replace the memory; `through` records how many L3 records it covers (at most
+        the session's records, counted in the same transaction; more is an
+        `InvalidInputError`)."""
         ...
 
     def get_memory_through(self, session_id: str) -> int:

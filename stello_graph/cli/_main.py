@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from stello_graph.cli._common import USAGE_ERROR, CliError, Console, probe_database
 from stello_graph.cli._provider import ProviderSettings, build_chat_model
-from stello_graph.errors import InvalidInputError, StelloError
+from stello_graph.errors import ForeignDatabaseError, InvalidInputError, StelloError
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -202,7 +202,7 @@ def main(
     except CliError as exc:
         console.error(str(exc))
         return exc.code
-    except InvalidInputError as exc:
+    except (InvalidInputError, ForeignDatabaseError) as exc:  # a bad argument or input file
         console.error(str(exc))
         return USAGE_ERROR
     except StelloError as exc:

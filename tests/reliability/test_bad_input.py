@@ -27,6 +27,7 @@ from langchain_core.messages import HumanMessage, ToolMessage
 
 from stello_graph import (
     DuplicateSessionError,
+    ForeignDatabaseError,
     FunctionNotConfiguredError,
     InvalidInputError,
     MainSession,
@@ -310,6 +311,41 @@ CASES: list[Case] = [
          InvalidInputError, "mode must be 'flat' or 'tree'"),
     Case("fork with an unknown profile", lambda w: w.agent.fork(w.main, "x", profile="nope"),
          StelloError, "Unknown fork profile 'nope'"),
+    Case("tree read of an unknown node", lambda w: w.agent.children("nope"),
+         NodeNotFoundError, "'nope' does not exist"),
+    Case("async ancestors of an unknown node", lambda w: w.agent.aancestors("nope"),
+         NodeNotFoundError, "'nope' does not exist"),
+    Case("siblings of an unknown node", lambda w: w.agent.asiblings("nope"),
+         NodeNotFoundError, "'nope' does not exist"),
+    Case("skills of an unknown session", lambda w: w.agent.skills_of("nope"),
+         SessionNotFoundError, "'nope' does not exist"),
+    # -- fork options applied after the fork, and options that need another ----------------
+    Case("fork with a model that is not a chat model",
+         lambda w: w.agent.fork(w.child, "x", model="notamodel"),
+         InvalidInputError, "model must be a LangChain chat model"),
+    Case("fork with tools as a string", lambda w: w.agent.afork(w.child, "x", tools="abc"),
+         InvalidInputError, "tools must be a list or tuple of tools, got str"),
+    Case("fork with a tool that is not a tool", lambda w: w.agent.fork(w.child, "x", tools=[42]),
+         InvalidInputError, "tools[0] must be a LangChain tool or a callable, got 42"),
+    Case("fork with a non-bool inherit_system_prompt",
+         lambda w: w.agent.fork(w.main, "x", inherit_system_prompt="yes"),
+         InvalidInputError, "inherit_system_prompt must be a bool or None, got 'yes'"),
+    Case("fork with profile_vars and no profile",
+         lambda w: w.agent.afork(w.child, "x", profile_vars={"topic": "t"}),
+         InvalidInputError, "profile_vars were given without a profile"),
+    # -- checks that used to come after a first write ---------------------------------------
+    Case("batch consolidation including the main session",
+         lambda w: w.agent.consolidate_many([w.child, w.grandchild, w.main]),
+         InvalidInputError, "it does not consolidate", world="no-memory"),
+    Case("async batch consolidation including an unknown id",
+         lambda w: w.agent.aconsolidate_many([w.child, "nope"]),
+         SessionNotFoundError, "'nope' does not exist", world="no-memory"),
+    Case("tool_choice naming no tool of the session",
+         lambda w: w.agent.turn(w.child, "hi", tool_choice="nope"),
+         InvalidInputError, "'nope' names no tool of session"),
+    Case("memory cursor beyond L3",
+         lambda w: w.storage.put_memory(w.child, "m", through=10**6),
+         InvalidInputError, "through=1000000 is beyond the"),
 ]  # fmt: skip
 
 
@@ -346,7 +382,20 @@ def _newer_schema(path: Path) -> None:
     conn.close()
 
 
+def _app_database(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("CREATE TABLE users (name TEXT)")
+        conn.execute("INSERT INTO users VALUES ('ada')")
+    conn.close()
+
+
 FILE_CASES = [
+    ("storage on another application's database", _app_database,
+     lambda p: SqliteMainStorage(p), ForeignDatabaseError, "another application's tables"),
+    ("agent on another application's database", _app_database,
+     lambda p: StelloAgent(model=ScriptedChatModel(), storage=p),
+     ForeignDatabaseError, "allow_foreign_tables=True"),
     ("storage on a text file", _not_a_database, lambda p: SqliteMainStorage(p),
      NotADatabaseError, "is not a SQLite database"),
     ("agent on a text file", _not_a_database,

@@ -204,6 +204,7 @@ async def test_insight_replaced_and_compare_and_clear(api: Api) -> None:
 async def test_memory_and_its_cursor(api: Api) -> None:
     await api("put_session", SessionMeta(id="s1", label=""))
     assert await api("get_memory_through", "s1") == 0
+    await api("append_records", "s1", [HumanMessage("q"), AIMessage("a")] * 2)
     await api("put_memory", "s1", "v1", through=4)
     await api("put_memory", "s1", "v2")  # through=None keeps the cursor
     assert await api("get_memory", "s1") == "v2"
