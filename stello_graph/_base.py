@@ -597,31 +597,41 @@ class SessionBase:
         return await self._storage.aget_system_prompt(self._id)
 
     def set_system_prompt(self, prompt: str | None) -> None:
-        """Replace the system prompt (`None` removes it)."""
+        """Replace the system prompt (`None` removes it).
+
+        The status check and the write are one transaction: a session archived meanwhile
+        refuses the change with `SessionArchivedError`.
+        """
         prompt = check_optional_text(prompt, "system_prompt")
-        self._active(self._load_meta(), "a system prompt change")
-        self._storage.put_system_prompt(self._id, prompt)
+        with self._storage.transaction():
+            self._active(self._load_meta(), "a system prompt change")
+            self._storage.put_system_prompt(self._id, prompt)
 
     async def aset_system_prompt(self, prompt: str | None) -> None:
+        """Async twin of `set_system_prompt`."""
         prompt = check_optional_text(prompt, "system_prompt")
-        self._active(await self._aload_meta(), "a system prompt change")
-        await self._storage.aput_system_prompt(self._id, prompt)
+        async with self._storage.atransaction():
+            self._active(await self._aload_meta(), "a system prompt change")
+            await self._storage.aput_system_prompt(self._id, prompt)
 
-    def _updated(
+    def _changes(
         self,
-        meta: SessionMeta,
         label: str | None,
         tags: Sequence[str] | None,
         metadata: dict[str, Any] | None,
-    ) -> SessionMeta:
-        changes: dict[str, Any] = {"updated_at": utcnow()}
+    ) -> dict[str, Any]:
+        """The validated fields of a meta update (checked before any lock is taken)."""
+        changes: dict[str, Any] = {}
         if label is not None:
             changes["label"] = check_label(label)
         if tags is not None:
             changes["tags"] = check_tags(tags)
         if metadata is not None:
             changes["metadata"] = check_metadata(metadata)
-        return meta.model_copy(update=changes)
+        return changes
+
+    def _updated(self, meta: SessionMeta, changes: dict[str, Any]) -> SessionMeta:
+        return meta.model_copy(update={**changes, "updated_at": utcnow()})
 
     def update_meta(
         self,
@@ -630,10 +640,16 @@ class SessionBase:
         tags: Sequence[str] | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> SessionMeta:
-        """Change label, tags or metadata (each replaced when given); return the new meta."""
-        meta = self._active(self._load_meta(), "a meta update")
-        new = self._updated(meta, label, tags, metadata)
-        self._storage.put_session(new)
+        """Change label, tags or metadata (each replaced when given); return the new meta.
+
+        The meta is read, checked and written in one transaction, so the update changes only
+        the fields given: a concurrent archive or update of other fields is never undone
+        (and an archive that came first refuses the update with `SessionArchivedError`).
+        """
+        s, changes = self._storage, self._changes(label, tags, metadata)
+        with s.transaction():
+            new = self._updated(self._active(self._load_meta(), "a meta update"), changes)
+            s.put_session(new)
         self._meta = new
         return new
 
@@ -645,9 +661,10 @@ class SessionBase:
         metadata: dict[str, Any] | None = None,
     ) -> SessionMeta:
         """Async twin of `update_meta`."""
-        meta = self._active(await self._aload_meta(), "a meta update")
-        new = self._updated(meta, label, tags, metadata)
-        await self._storage.aput_session(new)
+        s, changes = self._storage, self._changes(label, tags, metadata)
+        async with s.atransaction():
+            new = self._updated(self._active(await self._aload_meta(), "a meta update"), changes)
+            await s.aput_session(new)
         self._meta = new
         return new
 

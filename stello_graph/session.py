@@ -229,15 +229,22 @@ class Session(SessionBase):
         return await self._storage.aget_insight(self._id)
 
     def set_insight(self, insight: str) -> None:
-        """Replace the pending insight; the next turn shows it once."""
+        """Replace the pending insight; the next turn shows it once.
+
+        The status check and the write are one transaction: a session archived meanwhile
+        refuses the insight with `SessionArchivedError`.
+        """
         text = check_text(insight, "insight")
-        self._active(self._load_meta(), "an insight")
-        self._storage.put_insight(self._id, text)
+        with self._storage.transaction():
+            self._active(self._load_meta(), "an insight")
+            self._storage.put_insight(self._id, text)
 
     async def aset_insight(self, insight: str) -> None:
+        """Async twin of `set_insight`."""
         text = check_text(insight, "insight")
-        self._active(await self._aload_meta(), "an insight")
-        await self._storage.aput_insight(self._id, text)
+        async with self._storage.atransaction():
+            self._active(await self._aload_meta(), "an insight")
+            await self._storage.aput_insight(self._id, text)
 
     def memory(self) -> str | None:
         """The session's L2: its outward summary, as the main session sees it."""
@@ -431,19 +438,29 @@ class Session(SessionBase):
         return self._child(await afork_session(self._storage, req), model, tools)
 
     def archive(self) -> SessionMeta:
-        """Archive the session: from now on it refuses turns, forks, consolidation, updates."""
-        meta = self._load_meta()
-        if meta.status != "archived":
-            meta = meta.model_copy(update={"status": "archived", "updated_at": utcnow()})
-            self._storage.put_session(meta)
+        """Archive the session: from now on it refuses turns, forks, consolidation, updates.
+
+        The meta is read and written in one transaction, so only the status changes: an
+        update that ran meanwhile is kept, and one that comes after is refused.
+        """
+        with self._storage.transaction():
+            meta = self._load_meta()
+            if meta.status != "archived":
+                meta = _archived(meta)
+                self._storage.put_session(meta)
         self._meta = meta
         return meta
 
     async def aarchive(self) -> SessionMeta:
         """Async twin of `archive`."""
-        meta = await self._aload_meta()
-        if meta.status != "archived":
-            meta = meta.model_copy(update={"status": "archived", "updated_at": utcnow()})
-            await self._storage.aput_session(meta)
+        async with self._storage.atransaction():
+            meta = await self._aload_meta()
+            if meta.status != "archived":
+                meta = _archived(meta)
+                await self._storage.aput_session(meta)
         self._meta = meta
         return meta
+
+
+def _archived(meta: SessionMeta) -> SessionMeta:
+    return meta.model_copy(update={"status": "archived", "updated_at": utcnow()})
