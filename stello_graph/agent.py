@@ -662,6 +662,10 @@ class StelloAgent:
         `inherit_system_prompt` (for forks of the main session), `prompt` (opening line),
         `model`, `tools`, `tags`, `metadata`, `id`. The session and its node are written in
         one transaction. Returns the child's `TopologyNode`.
+
+        Raises:
+            NodeNotFoundError: `source_id` has no node in the tree (a session made with
+                `Session.create` on the agent's storage); nothing is written.
         """
         out = self._ops.invoke(self._fork_payload(source_id, label, options))
         return self._forked(out, options)

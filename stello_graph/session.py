@@ -392,9 +392,12 @@ class Session(SessionBase):
         Raises:
             FunctionNotConfiguredError: `context="compress"` and no compress function can be
                 found; nothing is created then.
+            NodeNotFoundError: the storage keeps a tree (it has a main session) and this
+                session has no TopologyNode in it; nothing is created then.
 
         If this session has a TopologyNode, the child's node is written under it in the
-        same transaction as the child.
+        same transaction as the child. A standalone session (a storage with no main
+        session) forks standalone children, without nodes.
         """
         req = ForkRequest.build(
             self._id,
