@@ -26,6 +26,7 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from stello_graph._base import SessionBase
 from stello_graph._context import message_text
+from stello_graph._text import storable_message
 from stello_graph._validate import check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
@@ -172,7 +173,8 @@ def _tool_update(deps: StelloDeps, state: State, calls: list[Any], out: Any) -> 
         raise StelloUsageError(
             "A tool returned a Command; stello turns accept tools that return content only."
         )
-    results: list[BaseMessage] = [*out["pending"], *_unreadable_calls(state)]
+    # a tool's output is not the user's text: a lone surrogate in it is mended, not refused
+    results = [storable_message(m) for m in [*out["pending"], *_unreadable_calls(state)]]
     for msg in results:
         emit(deps.bus, "tool_result", state["session_id"], name=getattr(msg, "name", None),
              tool_call_id=getattr(msg, "tool_call_id", None), content=message_text(msg.content),

@@ -32,6 +32,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import SanitizedHistory, message_text, sanitize_history
 from stello_graph._stream import AsyncSessionStream, SessionStream
+from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
     check_id,
     check_label,
@@ -127,12 +128,13 @@ class TurnContext:
 
 
 def _as_ai_message(reply: Any) -> AIMessage:
+    """The model's reply as an `AIMessage` that can be stored (see `_text`)."""
     if isinstance(reply, AIMessage):
-        return reply
+        return storable_message(reply)
     if isinstance(reply, str):
-        return AIMessage(content=reply)
+        return AIMessage(content=storable(reply))
     if isinstance(reply, BaseMessage):
-        return AIMessage(content=reply.content)
+        return storable_message(AIMessage(content=reply.content))
     raise ModelCallError(f"The model returned {type(reply).__name__}, not a chat message.")
 
 
@@ -147,8 +149,10 @@ def to_send_result(reply: AIMessage) -> SendResult:
 
 
 def _check_tool_results(results: object) -> list[ToolMessage]:
+    """The tool results as a list, their text made storable (a tool's output is not the
+    user's text: a lone surrogate in it is replaced, not refused)."""
     if isinstance(results, ToolMessage):
-        return [results]
+        return [storable_message(results)]
     if not isinstance(results, Sequence) or not results:
         raise InvalidInputError("tool results must be a non-empty list of ToolMessage objects.")
     bad = next((r for r in results if not isinstance(r, ToolMessage)), None)
@@ -156,7 +160,7 @@ def _check_tool_results(results: object) -> list[ToolMessage]:
         raise InvalidInputError(
             f"tool results must be ToolMessage objects, got {type(bad).__name__}."
         )
-    return list(cast(Sequence[ToolMessage], results))
+    return [storable_message(r) for r in cast(Sequence[ToolMessage], results)]
 
 
 class SessionBase:
@@ -339,7 +343,7 @@ class SessionBase:
                 "expected a non-empty summary.",
                 session_id=self._id,
             )
-        return result
+        return storable(result)
 
     def _compress(
         self, current: Compression | None, records: list[BaseMessage], cut: int
@@ -452,9 +456,11 @@ class SessionBase:
         A turn that starts with a user message counts as one user turn. The insight is
         cleared only if it is still the one shown (a newer one is kept for the next turn).
         A session archived while the turn ran (or before a crashed turn was resumed) refuses
-        the records with `SessionArchivedError`.
+        the records with `SessionArchivedError`. Records the user did not write (replies,
+        tool results) are stored with U+FFFD in place of any lone surrogate; a user message
+        holding one is refused with `InvalidInputError`.
         """
-        s = self._storage
+        s, records = self._storage, _storable_records(records)
         with s.transaction():
             self._active(self._load_meta(), "a turn's records")
             s.append_records(self._id, records, user_turn=_is_user_turn(records))
@@ -465,7 +471,7 @@ class SessionBase:
         self, records: Sequence[BaseMessage], *, insight: str | None = None
     ) -> None:
         """Async twin of `commit_turn`."""
-        s = self._storage
+        s, records = self._storage, _storable_records(records)
         async with s.atransaction():
             self._active(await self._aload_meta(), "a turn's records")
             await s.aappend_records(self._id, records, user_turn=_is_user_turn(records))
@@ -694,6 +700,11 @@ def _through(ctx: TurnContext) -> int:
     return ctx.compression.through if ctx.compression is not None else 0
 
 
+def _storable_records(records: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """A turn's records with the text the user did not write made storable (`_text`)."""
+    return [m if isinstance(m, HumanMessage) else storable_message(m) for m in records]
+
+
 def _is_user_turn(records: Sequence[BaseMessage]) -> bool:
     return bool(records) and isinstance(records[0], HumanMessage)
 
@@ -701,7 +712,7 @@ def _is_user_turn(records: Sequence[BaseMessage]) -> bool:
 def _chunk_to_message(total: AIMessageChunk | None) -> AIMessage:
     if total is None:
         return AIMessage(content="")
-    return AIMessage(
+    reply = AIMessage(
         content=total.content,
         tool_calls=total.tool_calls,
         invalid_tool_calls=total.invalid_tool_calls,
@@ -710,6 +721,7 @@ def _chunk_to_message(total: AIMessageChunk | None) -> AIMessage:
         additional_kwargs=total.additional_kwargs,
         id=total.id,
     )
+    return storable_message(reply)
 
 
 def _continue_history(

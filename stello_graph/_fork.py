@@ -20,6 +20,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import sanitize_history
+from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
     check_id,
     check_label,
@@ -179,6 +180,8 @@ def _child_records(req: ForkRequest, selected: object) -> list[BaseMessage]:
     if not isinstance(selected, list) or not all(isinstance(m, BaseMessage) for m in selected):
         raise InvalidInputError("A fork context function must return a list of messages.")
     records = sanitize_history(selected)
+    if callable(req.context):  # made by a function, not read from L3: may need mending
+        records = [storable_message(m) for m in records]
     if req.prompt:
         records.append(AIMessage(content=req.prompt))
     return [m.model_copy() for m in records]
@@ -189,7 +192,7 @@ def _summary(result: object) -> Compression:
         raise FunctionCallError(
             f"The compress function returned {result!r:.60}, expected a non-empty summary."
         )
-    return Compression(summary=result, through=0)
+    return Compression(summary=storable(result), through=0)
 
 
 def _child(

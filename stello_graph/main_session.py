@@ -31,6 +31,7 @@ from langchain_core.messages import SystemMessage
 from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import summary_block, synthesis_block, system_message
+from stello_graph._text import storable
 from stello_graph._validate import check_id, check_optional_text
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
@@ -71,9 +72,11 @@ def check_integration(
         raise IntegrationError("The integrate function returned an empty synthesis.")
     allowed = {c.session_id for c in children}
     insights = {
-        sid: text for sid, text in result.insights.items() if sid in allowed and text.strip()
+        sid: storable(text)
+        for sid, text in result.insights.items()
+        if sid in allowed and text.strip()
     }
-    return IntegrationResult(synthesis=result.synthesis, insights=insights)
+    return IntegrationResult(synthesis=storable(result.synthesis), insights=insights)
 
 
 class MainSession(SessionBase):

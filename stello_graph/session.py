@@ -35,6 +35,7 @@ from stello_graph._context import (
     system_message,
 )
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
+from stello_graph._text import storable
 from stello_graph._validate import check_id, check_optional_text, check_text
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
@@ -64,7 +65,7 @@ def _consolidated(result: object, session_id: str) -> str:
         raise ConsolidationError(
             "The consolidate function returned an empty summary.", session_id=session_id
         )
-    return result
+    return storable(result)  # a lone surrogate in it is not the user's fault
 
 
 class Session(SessionBase):
