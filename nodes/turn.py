@@ -26,6 +26,7 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from stello_graph._base import SessionBase
 from stello_graph._context import message_text
+from stello_graph._copies import ashared_records, shared_records
 from stello_graph._text import storable_message
 from stello_graph._validate import check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
@@ -211,13 +212,13 @@ def _committed(storage: MainStorage, session_id: str, pending: Sequence[BaseMess
     Another writer (a second process) may have appended after them, so the turn's first
     record is looked for anywhere, newest first, rather than only at the tail.
     """
-    return _holds(storage.list_records(session_id), pending)
+    return _holds(shared_records(storage, session_id), pending)
 
 
 async def _acommitted(
     storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]
 ) -> bool:
-    return _holds(await storage.alist_records(session_id), pending)
+    return _holds(await ashared_records(storage, session_id), pending)
 
 
 _record_id = operator.attrgetter("id")

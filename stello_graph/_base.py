@@ -31,6 +31,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import SanitizedHistory, message_text, sanitize_history
+from stello_graph._copies import ashared_records, detached_all, shared_records
 from stello_graph._stream import AsyncSessionStream, SessionStream
 from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
@@ -109,7 +110,9 @@ class TurnContext:
     Attributes:
         session_id: the session the turn runs on.
         system: the leading system message (system prompt, identity, insight or synthesis).
-        history: the session's L3, sanitised (no incomplete tool-call groups).
+        history: the session's L3, sanitised (no incomplete tool-call groups). The messages
+            are the storage's own (not copied: a turn reads all of L3 at every model call),
+            so read them but do not change them; `Session.messages()` gives copies.
         insight: the insight shown in `system`, consumed when the turn commits.
         compression: the summary standing for the oldest records, when the history was
             compressed (`history` then starts after the records it covers).
@@ -276,7 +279,7 @@ class SessionBase:
             parts.extra = s.get_insight(self._id) if insight is _READ else _opt_str(insight)
             get_branch = getattr(s, "get_subtree_synthesis", None)
             parts.branch = get_branch(self._id) if get_branch is not None else None
-        records = s.list_records(self._id)
+        records = shared_records(s, self._id)
         parts.compression = s.get_compression(self._id)
         cut = self._plan(meta, parts, records)
         if cut is not None:
@@ -297,7 +300,7 @@ class SessionBase:
             parts.extra = await s.aget_insight(self._id) if read else _opt_str(insight)
             get_branch = getattr(s, "aget_subtree_synthesis", None)
             parts.branch = await get_branch(self._id) if get_branch is not None else None
-        records = await s.alist_records(self._id)
+        records = await ashared_records(s, self._id)
         parts.compression = await s.aget_compression(self._id)
         cut = self._plan(meta, parts, records)
         if cut is not None:
@@ -351,7 +354,7 @@ class SessionBase:
         start = current.through if current is not None else 0
         previous = current.summary if current is not None else None
         try:
-            result = call_sync(self._compressor(), previous, list(records[start:cut]))
+            result = call_sync(self._compressor(), previous, detached_all(records[start:cut]))
         except StelloError:
             raise
         except Exception as exc:
@@ -366,7 +369,8 @@ class SessionBase:
         start = current.through if current is not None else 0
         previous = current.summary if current is not None else None
         try:
-            result = await call_async(self._compressor(), previous, list(records[start:cut]))
+            older = detached_all(records[start:cut])
+            result = await call_async(self._compressor(), previous, older)
         except StelloError:
             raise
         except Exception as exc:
@@ -508,7 +512,7 @@ class SessionBase:
         """
         tool_messages = _check_tool_results(results)
         ctx = self.turn_context()
-        raw = self._storage.list_records(self._id)[_through(ctx) :]
+        raw = shared_records(self._storage, self._id)[_through(ctx) :]
         history = _continue_history(self._id, raw, tool_messages)
         reply = self.invoke(replace(ctx, history=history).prompt())
         self.commit_turn([*tool_messages, reply], insight=ctx.insight)
@@ -518,7 +522,7 @@ class SessionBase:
         """Async twin of `send_tool_results`."""
         tool_messages = _check_tool_results(results)
         ctx = await self.aturn_context()
-        raw = (await self._storage.alist_records(self._id))[_through(ctx) :]
+        raw = (await ashared_records(self._storage, self._id))[_through(ctx) :]
         history = _continue_history(self._id, raw, tool_messages)
         reply = await self.ainvoke(replace(ctx, history=history).prompt())
         await self.acommit_turn([*tool_messages, reply], insight=ctx.insight)

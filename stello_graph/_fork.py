@@ -20,6 +20,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import sanitize_history
+from stello_graph._copies import ashared_records, shared_records
 from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
     check_id,
@@ -250,6 +251,24 @@ async def _awrite(storage: SessionStorage, req: ForkRequest, child: _Child) -> N
         await storage.aput_node(node)  # type: ignore[attr-defined]
 
 
+def _records(storage: SessionStorage, req: ForkRequest) -> list[BaseMessage]:
+    """The source's L3 the fork needs: shared when it is only copied into the child,
+    copies when a context or compress function gets it."""
+    if req.context == "none":
+        return []
+    if req.context == "inherit":
+        return shared_records(storage, req.source_id)
+    return storage.list_records(req.source_id)
+
+
+async def _arecords(storage: SessionStorage, req: ForkRequest) -> list[BaseMessage]:
+    if req.context == "none":
+        return []
+    if req.context == "inherit":
+        return await ashared_records(storage, req.source_id)
+    return await storage.alist_records(req.source_id)
+
+
 def _fn_error(exc: Exception, what: str) -> FunctionCallError:
     return FunctionCallError(f"The fork's {what} function failed: {type(exc).__name__}: {exc}")
 
@@ -263,7 +282,7 @@ def fork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     source = _check_source(storage.get_session(req.source_id), req.source_id)
     _has_node(storage, req.source_id)  # refuse early, before any function runs
     source_prompt = storage.get_system_prompt(req.source_id)
-    records = storage.list_records(req.source_id) if req.context != "none" else []
+    records = _records(storage, req)
     selected: object = records if req.context == "inherit" else []
     compression = None
     try:
@@ -286,7 +305,7 @@ async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMet
     source = _check_source(await storage.aget_session(req.source_id), req.source_id)
     await _ahas_node(storage, req.source_id)
     source_prompt = await storage.aget_system_prompt(req.source_id)
-    records = await storage.alist_records(req.source_id) if req.context != "none" else []
+    records = await _arecords(storage, req)
     selected: object = records if req.context == "inherit" else []
     compression = None
     try:
