@@ -79,6 +79,11 @@ def check_integration(
     return IntegrationResult(synthesis=storable(result.synthesis), insights=insights)
 
 
+def _active(meta: SessionMeta | None) -> bool:
+    """Whether an insight can still go to this session (it exists and is not archived)."""
+    return meta is not None and meta.status == "active"
+
+
 class MainSession(SessionBase):
     """The root session of a tree. Create with `MainSession.create`, reopen with `load`."""
 
@@ -285,7 +290,8 @@ class MainSession(SessionBase):
         """Integrate the L2 of the active children into a synthesis and insights.
 
         The synthesis and every insight are written in one transaction; insights addressed
-        to sessions that were not among the inputs are dropped. Returns what was written.
+        to sessions that were not among the inputs, or that were archived while the
+        function ran, are dropped. Returns what was written.
         """
         chosen = self._integrator(fn)
         s = self._main_storage
@@ -300,9 +306,12 @@ class MainSession(SessionBase):
         result = check_integration(raw, children, self._id)
         with s.transaction():
             s.put_memory(self._id, result.synthesis)
+            written = {}
             for session_id, insight in result.insights.items():
-                s.put_insight(session_id, insight)
-        return result
+                if _active(s.get_session(session_id)):
+                    s.put_insight(session_id, insight)
+                    written[session_id] = insight
+        return IntegrationResult(synthesis=result.synthesis, insights=written)
 
     async def aintegrate(self, fn: IntegrateFn | None = None) -> IntegrationResult:
         """Async twin of `integrate`."""
@@ -319,9 +328,12 @@ class MainSession(SessionBase):
         result = check_integration(raw, children, self._id)
         async with s.atransaction():
             await s.aput_memory(self._id, result.synthesis)
+            written = {}
             for session_id, insight in result.insights.items():
-                await s.aput_insight(session_id, insight)
-        return result
+                if _active(await s.aget_session(session_id)):
+                    await s.aput_insight(session_id, insight)
+                    written[session_id] = insight
+        return IntegrationResult(synthesis=result.synthesis, insights=written)
 
     # -- refused ----------------------------------------------------------------------------
     def fork(self, *args: Any, **kwargs: Any) -> NoReturn:
