@@ -19,6 +19,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
+from stello_graph._copies import detached_all
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     MetaRow,
@@ -201,9 +202,20 @@ class StorageShell(ABC):
         offset: int = 0,
         role: str | None = None,
     ) -> list[BaseMessage]:
-        """Records in append order; `role` filters first, then `offset` / `limit` page."""
+        """Records in append order; `role` filters first, then `offset` / `limit` page.
+
+        The messages are the caller's own copies: changing them changes nothing stored.
+        """
         args = page_args(session_id, limit, offset, role)
-        return self._txn.read(self._list_records, *args)
+        return detached_all(self._txn.read(self._list_records, *args))
+
+    def shared_records(self, session_id: str) -> list[BaseMessage]:
+        """Every record of the session, in order, *not* copied: the messages are the ones the
+        storage keeps (its record cache), shared with every other caller, and must never
+        be changed. For the library's hot path, where a turn reads all of L3 at each model
+        call; everyone else reads `list_records`, which returns copies.
+        """
+        return self._txn.read(self._shared_records, check_identifier(session_id))
 
     def count_records(self, session_id: str) -> int:
         """The number of L3 records (0 for a missing session)."""
@@ -407,7 +419,11 @@ class StorageShell(ABC):
         role: str | None = None,
     ) -> list[BaseMessage]:
         args = page_args(session_id, limit, offset, role)
-        return await self._txn.aread(self._list_records, *args)
+        return detached_all(await self._txn.aread(self._list_records, *args))
+
+    async def ashared_records(self, session_id: str) -> list[BaseMessage]:
+        """Async twin of `shared_records`."""
+        return await self._txn.aread(self._shared_records, check_identifier(session_id))
 
     async def acount_records(self, session_id: str) -> int:
         return await self._txn.aread(self._op_count, check_identifier(session_id))
@@ -612,6 +628,9 @@ class StorageShell(ABC):
             records = [record for record in records if message_role(record) == role]
         end = None if limit is None else offset + limit
         return list(records[offset:end])
+
+    def _shared_records(self, session_id: str) -> list[BaseMessage]:
+        return list(self._op_records(session_id))
 
     def _trim(self, session_id: str, keep_last: int) -> int:
         cursors = self._op_get_fields(session_id, ("memory_through", "compression_through"))

@@ -26,6 +26,8 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from stello_graph._base import SessionBase
 from stello_graph._context import message_text
+from stello_graph._copies import ashared_records, shared_records
+from stello_graph._text import storable_message
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
@@ -179,7 +181,8 @@ def _tool_update(deps: StelloDeps, state: State, calls: list[Any], out: Any) -> 
         raise StelloUsageError(
             "A tool returned a Command; stello turns accept tools that return content only."
         )
-    results: list[BaseMessage] = [*out["pending"], *_unreadable_calls(state)]
+    # a tool's output is not the user's text: a lone surrogate in it is mended, not refused
+    results = [storable_message(m) for m in [*out["pending"], *_unreadable_calls(state)]]
     for msg in results:
         emit(deps.bus, "tool_result", state["session_id"], name=getattr(msg, "name", None),
              tool_call_id=getattr(msg, "tool_call_id", None), content=message_text(msg.content),
@@ -221,13 +224,13 @@ def _committed(storage: MainStorage, session_id: str, pending: Sequence[BaseMess
     Another writer (a second process) may have appended after them, so the turn's first
     record is looked for anywhere, newest first, rather than only at the tail.
     """
-    return _holds(storage.list_records(session_id), pending)
+    return _holds(shared_records(storage, session_id), pending)
 
 
 async def _acommitted(
     storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]
 ) -> bool:
-    return _holds(await storage.alist_records(session_id), pending)
+    return _holds(await ashared_records(storage, session_id), pending)
 
 
 _record_id = operator.attrgetter("id")

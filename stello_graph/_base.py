@@ -31,7 +31,9 @@ from langchain_core.runnables import Runnable, RunnableConfig
 
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import SanitizedHistory, message_text, sanitize_history
+from stello_graph._copies import ashared_records, detached_all, shared_records
 from stello_graph._stream import AsyncSessionStream, SessionStream
+from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
     check_id,
     check_label,
@@ -143,7 +145,9 @@ class TurnContext:
     Attributes:
         session_id: the session the turn runs on.
         system: the leading system message (system prompt, identity, insight or synthesis).
-        history: the session's L3, sanitised (no incomplete tool-call groups).
+        history: the session's L3, sanitised (no incomplete tool-call groups). The messages
+            are the storage's own (not copied: a turn reads all of L3 at every model call),
+            so read them but do not change them; `Session.messages()` gives copies.
         insight: the insight shown in `system`, consumed when the turn commits.
         compression: the summary standing for the oldest records, when the history was
             compressed (`history` then starts after the records it covers).
@@ -162,12 +166,13 @@ class TurnContext:
 
 
 def _as_ai_message(reply: Any) -> AIMessage:
+    """The model's reply as an `AIMessage` that can be stored (see `_text`)."""
     if isinstance(reply, AIMessage):
-        return reply
+        return storable_message(reply)
     if isinstance(reply, str):
-        return AIMessage(content=reply)
+        return AIMessage(content=storable(reply))
     if isinstance(reply, BaseMessage):
-        return AIMessage(content=reply.content)
+        return storable_message(AIMessage(content=reply.content))
     raise ModelCallError(f"The model returned {type(reply).__name__}, not a chat message.")
 
 
@@ -182,8 +187,10 @@ def to_send_result(reply: AIMessage) -> SendResult:
 
 
 def _check_tool_results(results: object) -> list[ToolMessage]:
+    """The tool results as a list, their text made storable (a tool's output is not the
+    user's text: a lone surrogate in it is replaced, not refused)."""
     if isinstance(results, ToolMessage):
-        return [results]
+        return [storable_message(results)]
     if not isinstance(results, Sequence) or not results:
         raise InvalidInputError("tool results must be a non-empty list of ToolMessage objects.")
     bad = next((r for r in results if not isinstance(r, ToolMessage)), None)
@@ -191,7 +198,7 @@ def _check_tool_results(results: object) -> list[ToolMessage]:
         raise InvalidInputError(
             f"tool results must be ToolMessage objects, got {type(bad).__name__}."
         )
-    return list(cast(Sequence[ToolMessage], results))
+    return [storable_message(r) for r in cast(Sequence[ToolMessage], results)]
 
 
 class SessionBase:
@@ -310,7 +317,7 @@ class SessionBase:
             parts.extra = s.get_insight(self._id) if insight is _READ else _opt_str(insight)
             get_branch = getattr(s, "get_subtree_synthesis", None)
             parts.branch = get_branch(self._id) if get_branch is not None else None
-        records = s.list_records(self._id)
+        records = shared_records(s, self._id)
         parts.compression = s.get_compression(self._id)
         cut = self._plan(meta, parts, records)
         if cut is not None:
@@ -331,7 +338,7 @@ class SessionBase:
             parts.extra = await s.aget_insight(self._id) if read else _opt_str(insight)
             get_branch = getattr(s, "aget_subtree_synthesis", None)
             parts.branch = await get_branch(self._id) if get_branch is not None else None
-        records = await s.alist_records(self._id)
+        records = await ashared_records(s, self._id)
         parts.compression = await s.aget_compression(self._id)
         cut = self._plan(meta, parts, records)
         if cut is not None:
@@ -383,7 +390,7 @@ class SessionBase:
                 "expected a non-empty summary.",
                 session_id=self._id,
             )
-        return result
+        return storable(result)
 
     def _compress(
         self, current: Compression | None, records: list[BaseMessage], cut: int
@@ -391,7 +398,7 @@ class SessionBase:
         start = current.through if current is not None else 0
         previous = current.summary if current is not None else None
         try:
-            result = call_sync(self._compressor(), previous, list(records[start:cut]))
+            result = call_sync(self._compressor(), previous, detached_all(records[start:cut]))
         except StelloError:
             raise
         except Exception as exc:
@@ -407,7 +414,8 @@ class SessionBase:
         start = current.through if current is not None else 0
         previous = current.summary if current is not None else None
         try:
-            result = await call_async(self._compressor(), previous, list(records[start:cut]))
+            older = detached_all(records[start:cut])
+            result = await call_async(self._compressor(), previous, older)
         except StelloError:
             raise
         except Exception as exc:
@@ -499,9 +507,11 @@ class SessionBase:
         A turn that starts with a user message counts as one user turn. The insight is
         cleared only if it is still the one shown (a newer one is kept for the next turn).
         A session archived while the turn ran (or before a crashed turn was resumed) refuses
-        the records with `SessionArchivedError`.
+        the records with `SessionArchivedError`. Records the user did not write (replies,
+        tool results) are stored with U+FFFD in place of any lone surrogate; a user message
+        holding one is refused with `InvalidInputError`.
         """
-        s = self._storage
+        s, records = self._storage, _storable_records(records)
         with s.transaction():
             self._active(self._load_meta(), "a turn's records")
             s.append_records(self._id, records, user_turn=_is_user_turn(records))
@@ -512,7 +522,7 @@ class SessionBase:
         self, records: Sequence[BaseMessage], *, insight: str | None = None
     ) -> None:
         """Async twin of `commit_turn`."""
-        s = self._storage
+        s, records = self._storage, _storable_records(records)
         async with s.atransaction():
             self._active(await self._aload_meta(), "a turn's records")
             await s.aappend_records(self._id, records, user_turn=_is_user_turn(records))
@@ -549,7 +559,7 @@ class SessionBase:
         """
         tool_messages = _check_tool_results(results)
         ctx = self.turn_context()
-        raw = self._storage.list_records(self._id)[_through(ctx) :]
+        raw = shared_records(self._storage, self._id)[_through(ctx) :]
         history = _continue_history(self._id, raw, tool_messages)
         reply = self.invoke(replace(ctx, history=history).prompt())
         self.commit_turn([*tool_messages, reply], insight=ctx.insight)
@@ -559,7 +569,7 @@ class SessionBase:
         """Async twin of `send_tool_results`."""
         tool_messages = _check_tool_results(results)
         ctx = await self.aturn_context()
-        raw = (await self._storage.alist_records(self._id))[_through(ctx) :]
+        raw = (await ashared_records(self._storage, self._id))[_through(ctx) :]
         history = _continue_history(self._id, raw, tool_messages)
         reply = await self.ainvoke(replace(ctx, history=history).prompt())
         await self.acommit_turn([*tool_messages, reply], insight=ctx.insight)
@@ -644,31 +654,41 @@ class SessionBase:
         return await self._storage.aget_system_prompt(self._id)
 
     def set_system_prompt(self, prompt: str | None) -> None:
-        """Replace the system prompt (`None` removes it)."""
+        """Replace the system prompt (`None` removes it).
+
+        The status check and the write are one transaction: a session archived meanwhile
+        refuses the change with `SessionArchivedError`.
+        """
         prompt = check_optional_text(prompt, "system_prompt")
-        self._active(self._load_meta(), "a system prompt change")
-        self._storage.put_system_prompt(self._id, prompt)
+        with self._storage.transaction():
+            self._active(self._load_meta(), "a system prompt change")
+            self._storage.put_system_prompt(self._id, prompt)
 
     async def aset_system_prompt(self, prompt: str | None) -> None:
+        """Async twin of `set_system_prompt`."""
         prompt = check_optional_text(prompt, "system_prompt")
-        self._active(await self._aload_meta(), "a system prompt change")
-        await self._storage.aput_system_prompt(self._id, prompt)
+        async with self._storage.atransaction():
+            self._active(await self._aload_meta(), "a system prompt change")
+            await self._storage.aput_system_prompt(self._id, prompt)
 
-    def _updated(
+    def _changes(
         self,
-        meta: SessionMeta,
         label: str | None,
         tags: Sequence[str] | None,
         metadata: dict[str, Any] | None,
-    ) -> SessionMeta:
-        changes: dict[str, Any] = {"updated_at": utcnow()}
+    ) -> dict[str, Any]:
+        """The validated fields of a meta update (checked before any lock is taken)."""
+        changes: dict[str, Any] = {}
         if label is not None:
             changes["label"] = check_label(label)
         if tags is not None:
             changes["tags"] = check_tags(tags)
         if metadata is not None:
             changes["metadata"] = check_metadata(metadata)
-        return meta.model_copy(update=changes)
+        return changes
+
+    def _updated(self, meta: SessionMeta, changes: dict[str, Any]) -> SessionMeta:
+        return meta.model_copy(update={**changes, "updated_at": utcnow()})
 
     def update_meta(
         self,
@@ -677,10 +697,16 @@ class SessionBase:
         tags: Sequence[str] | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> SessionMeta:
-        """Change label, tags or metadata (each replaced when given); return the new meta."""
-        meta = self._active(self._load_meta(), "a meta update")
-        new = self._updated(meta, label, tags, metadata)
-        self._storage.put_session(new)
+        """Change label, tags or metadata (each replaced when given); return the new meta.
+
+        The meta is read, checked and written in one transaction, so the update changes only
+        the fields given: a concurrent archive or update of other fields is never undone
+        (and an archive that came first refuses the update with `SessionArchivedError`).
+        """
+        s, changes = self._storage, self._changes(label, tags, metadata)
+        with s.transaction():
+            new = self._updated(self._active(self._load_meta(), "a meta update"), changes)
+            s.put_session(new)
         self._meta = new
         return new
 
@@ -692,9 +718,10 @@ class SessionBase:
         metadata: dict[str, Any] | None = None,
     ) -> SessionMeta:
         """Async twin of `update_meta`."""
-        meta = self._active(await self._aload_meta(), "a meta update")
-        new = self._updated(meta, label, tags, metadata)
-        await self._storage.aput_session(new)
+        s, changes = self._storage, self._changes(label, tags, metadata)
+        async with s.atransaction():
+            new = self._updated(self._active(await self._aload_meta(), "a meta update"), changes)
+            await s.aput_session(new)
         self._meta = new
         return new
 
@@ -724,6 +751,11 @@ def _through(ctx: TurnContext) -> int:
     return ctx.compression.through if ctx.compression is not None else 0
 
 
+def _storable_records(records: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """A turn's records with the text the user did not write made storable (`_text`)."""
+    return [m if isinstance(m, HumanMessage) else storable_message(m) for m in records]
+
+
 def _is_user_turn(records: Sequence[BaseMessage]) -> bool:
     return bool(records) and isinstance(records[0], HumanMessage)
 
@@ -731,7 +763,7 @@ def _is_user_turn(records: Sequence[BaseMessage]) -> bool:
 def _chunk_to_message(total: AIMessageChunk | None) -> AIMessage:
     if total is None:
         return AIMessage(content="")
-    return AIMessage(
+    reply = AIMessage(
         content=total.content,
         tool_calls=total.tool_calls,
         invalid_tool_calls=total.invalid_tool_calls,
@@ -740,6 +772,7 @@ def _chunk_to_message(total: AIMessageChunk | None) -> AIMessage:
         additional_kwargs=total.additional_kwargs,
         id=total.id,
     )
+    return storable_message(reply)
 
 
 def _continue_history(

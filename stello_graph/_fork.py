@@ -3,6 +3,11 @@
 Shared by `Session.fork` and the orchestration layer (which also forks from the main session).
 The child's meta, system prompt, copied records, opening line and TopologyNode are written in
 one transaction: a fork never leaves a session without its node, or a node without its session.
+
+In a tree (a storage with a main session) every fork gets a node under its source's, so a
+source without a node is refused with `NodeNotFoundError` before anything is computed or
+written. A storage without a tree (standalone sessions, or a plain `SessionStorage`) keeps
+no nodes: there a fork is standalone like its source.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import sanitize_history
+from stello_graph._copies import ashared_records, shared_records
+from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
     check_id,
     check_label,
@@ -28,6 +35,7 @@ from stello_graph.errors import (
     FunctionCallError,
     FunctionNotConfiguredError,
     InvalidInputError,
+    NodeNotFoundError,
     SessionArchivedError,
     SessionNotFoundError,
     StelloError,
@@ -136,10 +144,49 @@ def _check_source(meta: SessionMeta | None, source_id: str) -> SessionMeta:
     return meta
 
 
+def _outside_the_tree(source_id: str) -> NodeNotFoundError:
+    return NodeNotFoundError(
+        source_id,
+        message=f"Session {source_id!r} has no topology node in this tree, so a fork of it "
+        "would be a session outside the tree: fork a session of the tree (the main session "
+        "or one made by a fork), or give it a node first with put_node(TopologyNode(...)).",
+    )
+
+
+def _has_node(storage: SessionStorage, source_id: str) -> bool:
+    """Whether the child gets a node (its source has one); refuse a source outside the tree.
+
+    Raises:
+        NodeNotFoundError: the storage keeps a tree (it has a main session) and the source
+            has no node in it.
+    """
+    get_node = getattr(storage, "get_node", None)
+    if get_node is None:
+        return False  # a plain SessionStorage keeps no topology
+    if get_node(source_id) is not None:
+        return True
+    if storage.get_main_session() is not None:  # type: ignore[attr-defined]
+        raise _outside_the_tree(source_id)
+    return False
+
+
+async def _ahas_node(storage: SessionStorage, source_id: str) -> bool:
+    aget_node = getattr(storage, "aget_node", None)
+    if aget_node is None:
+        return False
+    if await aget_node(source_id) is not None:
+        return True
+    if await storage.aget_main_session() is not None:  # type: ignore[attr-defined]
+        raise _outside_the_tree(source_id)
+    return False
+
+
 def _child_records(req: ForkRequest, selected: object) -> list[BaseMessage]:
     if not isinstance(selected, list) or not all(isinstance(m, BaseMessage) for m in selected):
         raise InvalidInputError("A fork context function must return a list of messages.")
     records = sanitize_history(selected)
+    if callable(req.context):  # made by a function, not read from L3: may need mending
+        records = [storable_message(m) for m in records]
     if req.prompt:
         records.append(AIMessage(content=req.prompt))
     return [m.model_copy() for m in records]
@@ -150,7 +197,7 @@ def _summary(result: object) -> Compression:
         raise FunctionCallError(
             f"The compress function returned {result!r:.60}, expected a non-empty summary."
         )
-    return Compression(summary=result, through=0)
+    return Compression(summary=storable(result), through=0)
 
 
 def _child(
@@ -170,6 +217,7 @@ def _child(
 def _write(storage: SessionStorage, req: ForkRequest, child: _Child) -> None:
     """The writes of a fork; the caller holds the transaction."""
     _check_source(storage.get_session(req.source_id), req.source_id)
+    with_node = _has_node(storage, req.source_id)
     meta = child.meta
     if storage.get_session(meta.id) is not None:
         raise DuplicateSessionError(meta.id)
@@ -182,14 +230,14 @@ def _write(storage: SessionStorage, req: ForkRequest, child: _Child) -> None:
         storage.put_compression(meta.id, child.compression)
     if req.settings:
         storage.put_settings(meta.id, req.settings)
-    get_node = getattr(storage, "get_node", None)
-    if get_node is not None and get_node(req.source_id) is not None:
+    if with_node:
         node = TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label)
         storage.put_node(node)  # type: ignore[attr-defined]
 
 
 async def _awrite(storage: SessionStorage, req: ForkRequest, child: _Child) -> None:
     _check_source(await storage.aget_session(req.source_id), req.source_id)
+    with_node = await _ahas_node(storage, req.source_id)
     meta = child.meta
     if await storage.aget_session(meta.id) is not None:
         raise DuplicateSessionError(meta.id)
@@ -202,10 +250,27 @@ async def _awrite(storage: SessionStorage, req: ForkRequest, child: _Child) -> N
         await storage.aput_compression(meta.id, child.compression)
     if req.settings:
         await storage.aput_settings(meta.id, req.settings)
-    aget_node = getattr(storage, "aget_node", None)
-    if aget_node is not None and await aget_node(req.source_id) is not None:
+    if with_node:
         node = TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label)
         await storage.aput_node(node)  # type: ignore[attr-defined]
+
+
+def _records(storage: SessionStorage, req: ForkRequest) -> list[BaseMessage]:
+    """The source's L3 the fork needs: shared when it is only copied into the child,
+    copies when a context or compress function gets it."""
+    if req.context == "none":
+        return []
+    if req.context == "inherit":
+        return shared_records(storage, req.source_id)
+    return storage.list_records(req.source_id)
+
+
+async def _arecords(storage: SessionStorage, req: ForkRequest) -> list[BaseMessage]:
+    if req.context == "none":
+        return []
+    if req.context == "inherit":
+        return await ashared_records(storage, req.source_id)
+    return await storage.alist_records(req.source_id)
 
 
 def _fn_error(exc: Exception, what: str) -> FunctionCallError:
@@ -215,12 +280,13 @@ def _fn_error(exc: Exception, what: str) -> FunctionCallError:
 def fork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     """Create the child of `req.source_id` and its TopologyNode atomically; return its meta.
 
-    Nothing is written when anything fails: the source is missing or archived, the id is
-    taken, or a context / compress function raises.
+    Nothing is written when anything fails: the source is missing, archived or (in a tree)
+    has no node, the id is taken, or a context / compress function raises.
     """
     source = _check_source(storage.get_session(req.source_id), req.source_id)
+    _has_node(storage, req.source_id)  # refuse early, before any function runs
     source_prompt = storage.get_system_prompt(req.source_id)
-    records = storage.list_records(req.source_id) if req.context != "none" else []
+    records = _records(storage, req)
     selected: object = records if req.context == "inherit" else []
     compression = None
     try:
@@ -241,8 +307,9 @@ def fork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
 async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     """Async twin of `fork_session`."""
     source = _check_source(await storage.aget_session(req.source_id), req.source_id)
+    await _ahas_node(storage, req.source_id)
     source_prompt = await storage.aget_system_prompt(req.source_id)
-    records = await storage.alist_records(req.source_id) if req.context != "none" else []
+    records = await _arecords(storage, req)
     selected: object = records if req.context == "inherit" else []
     compression = None
     try:

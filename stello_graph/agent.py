@@ -680,6 +680,8 @@ class StelloAgent:
                 `inherit_system_prompt`, `profile_vars` without a `profile`, ...); every
                 option is checked before anything is written.
             UnknownProfileError: `profile` is not registered.
+            NodeNotFoundError: `source_id` has no node in the tree (a session made with
+                `Session.create` on the agent's storage); nothing is written.
         """
         out = self._ops.invoke(self._fork_payload(source_id, label, options))
         return self._forked(out, options)

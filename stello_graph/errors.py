@@ -214,8 +214,8 @@ class TopologyError(StelloError):
 class NodeNotFoundError(TopologyError, LookupError):
     """No topology node with the given id exists."""
 
-    def __init__(self, node_id: str) -> None:
-        super().__init__(f"Topology node {node_id!r} does not exist.")
+    def __init__(self, node_id: str, *, message: str | None = None) -> None:
+        super().__init__(message or f"Topology node {node_id!r} does not exist.")
         self.node_id = node_id
 
 

@@ -31,6 +31,7 @@ from langchain_core.messages import SystemMessage
 from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import summary_block, synthesis_block, system_message
+from stello_graph._text import storable
 from stello_graph._validate import check_id, check_optional_text
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
@@ -78,9 +79,16 @@ def check_integration(
     if targets is not None:
         allowed &= set(targets)
     insights = {
-        sid: text for sid, text in result.insights.items() if sid in allowed and text.strip()
+        sid: storable(text)
+        for sid, text in result.insights.items()
+        if sid in allowed and text.strip()
     }
-    return IntegrationResult(synthesis=result.synthesis, insights=insights)
+    return IntegrationResult(synthesis=storable(result.synthesis), insights=insights)
+
+
+def _active(meta: SessionMeta | None) -> bool:
+    """Whether an insight can still go to this session (it exists and is not archived)."""
+    return meta is not None and meta.status == "active"
 
 
 def _archived_ids(value: Iterable[str]) -> list[str]:
@@ -304,7 +312,8 @@ class MainSession(SessionBase):
         """Integrate the L2 of the active children into a synthesis and insights.
 
         The synthesis and every insight are written in one transaction; insights addressed
-        to sessions that were not among the inputs are dropped. Returns what was written.
+        to sessions that were not among the inputs, or that were archived while the
+        function ran, are dropped. Returns what was written.
 
         `include_archived` names archived sessions whose L2 is an input too: the final L2 of
         branches just archived (what a scheduled consolidation on archive wrote), which would
@@ -328,9 +337,12 @@ class MainSession(SessionBase):
         result = check_integration(raw, children, self._id, targets=targets)
         with s.transaction():
             s.put_memory(self._id, result.synthesis)
+            written = {}
             for session_id, insight in result.insights.items():
-                s.put_insight(session_id, insight)
-        return result
+                if _active(s.get_session(session_id)):
+                    s.put_insight(session_id, insight)
+                    written[session_id] = insight
+        return IntegrationResult(synthesis=result.synthesis, insights=written)
 
     async def aintegrate(
         self, fn: IntegrateFn | None = None, *, include_archived: Iterable[str] = ()
@@ -353,9 +365,12 @@ class MainSession(SessionBase):
         result = check_integration(raw, children, self._id, targets=targets)
         async with s.atransaction():
             await s.aput_memory(self._id, result.synthesis)
+            written = {}
             for session_id, insight in result.insights.items():
-                await s.aput_insight(session_id, insight)
-        return result
+                if _active(await s.aget_session(session_id)):
+                    await s.aput_insight(session_id, insight)
+                    written[session_id] = insight
+        return IntegrationResult(synthesis=result.synthesis, insights=written)
 
     # -- refused ----------------------------------------------------------------------------
     def fork(self, *args: Any, **kwargs: Any) -> NoReturn:

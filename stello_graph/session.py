@@ -35,6 +35,7 @@ from stello_graph._context import (
     system_message,
 )
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
+from stello_graph._text import storable
 from stello_graph._validate import (
     check_chat_model,
     check_id,
@@ -70,7 +71,7 @@ def _consolidated(result: object, session_id: str) -> str:
         raise ConsolidationError(
             "The consolidate function returned an empty summary.", session_id=session_id
         )
-    return result
+    return storable(result)  # a lone surrogate in it is not the user's fault
 
 
 class Session(SessionBase):
@@ -235,15 +236,22 @@ class Session(SessionBase):
         return await self._storage.aget_insight(self._id)
 
     def set_insight(self, insight: str) -> None:
-        """Replace the pending insight; the next turn shows it once."""
+        """Replace the pending insight; the next turn shows it once.
+
+        The status check and the write are one transaction: a session archived meanwhile
+        refuses the insight with `SessionArchivedError`.
+        """
         text = check_text(insight, "insight")
-        self._active(self._load_meta(), "an insight")
-        self._storage.put_insight(self._id, text)
+        with self._storage.transaction():
+            self._active(self._load_meta(), "an insight")
+            self._storage.put_insight(self._id, text)
 
     async def aset_insight(self, insight: str) -> None:
+        """Async twin of `set_insight`."""
         text = check_text(insight, "insight")
-        self._active(await self._aload_meta(), "an insight")
-        await self._storage.aput_insight(self._id, text)
+        async with self._storage.atransaction():
+            self._active(await self._aload_meta(), "an insight")
+            await self._storage.aput_insight(self._id, text)
 
     def memory(self) -> str | None:
         """The session's L2: its outward summary, as the main session sees it."""
@@ -393,9 +401,12 @@ class Session(SessionBase):
                 found; nothing is created then.
             InvalidInputError: a bad option (a `model` that is not a chat model, `tools`
                 that are not a list of tools, ...); nothing is created then.
+            NodeNotFoundError: the storage keeps a tree (it has a main session) and this
+                session has no TopologyNode in it; nothing is created then.
 
         If this session has a TopologyNode, the child's node is written under it in the
-        same transaction as the child.
+        same transaction as the child. A standalone session (a storage with no main
+        session) forks standalone children, without nodes.
         """
         _check_child_setup(model, tools)
         req = ForkRequest.build(
@@ -441,20 +452,26 @@ class Session(SessionBase):
         return self._child(await afork_session(self._storage, req), model, tools)
 
     def archive(self) -> SessionMeta:
-        """Archive the session: from now on it refuses turns, forks, consolidation, updates."""
-        meta = self._load_meta()
-        if meta.status != "archived":
-            meta = meta.model_copy(update={"status": "archived", "updated_at": utcnow()})
-            self._storage.put_session(meta)
+        """Archive the session: from now on it refuses turns, forks, consolidation, updates.
+
+        The meta is read and written in one transaction, so only the status changes: an
+        update that ran meanwhile is kept, and one that comes after is refused.
+        """
+        with self._storage.transaction():
+            meta = self._load_meta()
+            if meta.status != "archived":
+                meta = _archived(meta)
+                self._storage.put_session(meta)
         self._meta = meta
         return meta
 
     async def aarchive(self) -> SessionMeta:
         """Async twin of `archive`."""
-        meta = await self._aload_meta()
-        if meta.status != "archived":
-            meta = meta.model_copy(update={"status": "archived", "updated_at": utcnow()})
-            await self._storage.aput_session(meta)
+        async with self._storage.atransaction():
+            meta = await self._aload_meta()
+            if meta.status != "archived":
+                meta = _archived(meta)
+                await self._storage.aput_session(meta)
         self._meta = meta
         return meta
 
@@ -465,3 +482,7 @@ def _check_child_setup(model: object, tools: object) -> None:
         check_chat_model(model)
     if tools is not None:
         check_tools(tools, schemas=True)
+
+
+def _archived(meta: SessionMeta) -> SessionMeta:
+    return meta.model_copy(update={"status": "archived", "updated_at": utcnow()})

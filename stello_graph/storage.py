@@ -14,7 +14,10 @@ them, and can be pointed at a third):
 * Reads of something missing return `None` (or an empty list); writes to a session that does
   not exist raise `SessionNotFoundError`.
 * L3 is append-only apart from `trim_records`; records come back in the order they were
-  appended, as LangChain message objects. Returned messages must not be mutated by callers.
+  appended, as LangChain message objects that belong to the caller: changing one changes
+  nothing stored. (A storage that keeps decoded records may also offer `shared_records` /
+  `ashared_records(session_id)`, all of L3 without copies, which the core uses for prompts
+  and never changes; the reference storages do.)
 * `transaction()` makes every write inside it atomic and is re-entrant: a nested
   `transaction()` joins (as a savepoint) the outer one, so the orchestration can create a
   session and its `TopologyNode` atomically around calls that open transactions of their own.
@@ -100,7 +103,8 @@ class SessionStorage(Protocol):
         offset: int = 0,
         role: str | None = None,
     ) -> list[BaseMessage]:
-        """Records in append order, optionally filtered by `role` and paged."""
+        """Records in append order, optionally filtered by `role` and paged; the caller's
+        own copies."""
         ...
 
     def count_records(self, session_id: str) -> int:

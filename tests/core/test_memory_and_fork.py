@@ -176,9 +176,7 @@ def test_fork_writes_node_under_parent_node(main_storage: MainStorage) -> None:
     assert main_storage.get_node(leaf.id) == TopologyNode(
         id=leaf.id, parent_id=branch.id, label="Leaf"
     )
-    # a standalone session forks standalone children: no node at all
-    alone = Session.create(main_storage)
-    assert main_storage.get_node(alone.fork("x").id) is None
+    # a session outside the tree: see test_fork_outside_the_tree.py
 
 
 def test_fork_from_main_does_not_inherit_prompt_unless_asked(main_storage: MainStorage) -> None:
