@@ -52,15 +52,13 @@ TREE_TURNS_KEY = "stello:tree_turns"
 def _start(session: SessionBase, state: State, insight: str | None) -> State:
     human = HumanMessage(content=state["input"], id=str(uuid.uuid4()))
     return {
-        "op": "turn",
         "pending": [RemoveMessage(id=REMOVE_ALL_MESSAGES), human],
         "insight": insight,
         "tool_rounds": 0,
         "tool_calls": [],
         "content": "",
-        # the input's tool_choice holds for this turn's first model call only
+        # the input's tool_choice (cleared after this step) holds for the first model call
         "turn_tool_choice": state.get("tool_choice"),
-        "tool_choice": None,
     }
 
 
