@@ -37,6 +37,7 @@ from langgraph.store.base import BaseStore
 from langgraph.types import Command, Durability, Interrupt, RetryPolicy, StateSnapshot
 
 from stello_graph._base import ToolChoice, check_tool_choice
+from stello_graph._ids import legacy_thread_id, thread_id
 from stello_graph._validate import check_id, check_text
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
@@ -133,6 +134,19 @@ def _open_storage(
 
         return SqliteMainStorage(DEFAULT_DB if storage is None else storage, tree_id=tree_id)
     return storage
+
+
+def _thread(thread: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread}}
+
+
+def _belongs(state: StateSnapshot, sid: str, *, in_flight: bool) -> bool:
+    """Whether the state of a legacy thread is `sid`'s (a turn still in flight, if asked).
+
+    The legacy id `stello:{tree}:{session}` is ambiguous, but for a given session id it names
+    one tree only, so the session the state holds tells whose thread it is.
+    """
+    return state.values.get("session_id") == sid and (bool(state.next) or not in_flight)
 
 
 def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
@@ -317,6 +331,7 @@ class StelloAgent:
                 getattr(self.storage, "close", lambda: None)()
             raise
         self._locks = _SessionLocks()
+        self._threads: dict[str, str] = {}  # session id -> its checkpoint thread, once looked up
         self._last_session: str | None = None
         self._streams: list[queue.SimpleQueue[StelloEvent]] = []
         self._streams_lock = threading.Lock()
@@ -343,8 +358,38 @@ class StelloAgent:
         return await Topology.aread(self.storage)
 
     def config(self, session_id: str) -> RunnableConfig:
-        """The LangGraph config of turns on `session_id` (its checkpoint thread)."""
-        return {"configurable": {"thread_id": f"stello:{self.storage.tree_id}:{session_id}"}}
+        """The LangGraph config of turns on `session_id` (its checkpoint thread).
+
+        The thread id escapes the tree and session ids (`stello/{tree}/{session}`), so no two
+        trees sharing a checkpointer ever meet. A turn left in flight under the id of earlier
+        versions (`stello:{tree}:{session}`) is found by `turn` / `resume` / `stream`, which
+        finish it on that thread; until then this names it.
+        """
+        return _thread(self._threads.get(session_id) or thread_id(self.storage.tree_id, session_id))
+
+    def _legacy(self, sid: str) -> RunnableConfig:
+        return _thread(legacy_thread_id(self.storage.tree_id, sid))
+
+    def _resolve(self, sid: str) -> None:
+        """Look up once which thread `sid`'s turns run on (see `config`)."""
+        if self.checkpointer is None or sid in self._threads:
+            return
+        found = thread_id(self.storage.tree_id, sid)
+        if self.checkpointer.get_tuple(_thread(found)) is None and _belongs(
+            self.graph.get_state(self._legacy(sid)), sid, in_flight=True
+        ):
+            found = legacy_thread_id(self.storage.tree_id, sid)
+        self._threads[sid] = found
+
+    async def _aresolve(self, sid: str) -> None:
+        if self.checkpointer is None or sid in self._threads:
+            return
+        found = thread_id(self.storage.tree_id, sid)
+        if await self.checkpointer.aget_tuple(_thread(found)) is None and _belongs(
+            await self.graph.aget_state(self._legacy(sid)), sid, in_flight=True
+        ):
+            found = legacy_thread_id(self.storage.tree_id, sid)
+        self._threads[sid] = found
 
     def subscribe(self, listener: Callable[[StelloEvent], None]) -> Callable[[], None]:
         """Call `listener` with every stello event (background ones included)."""
@@ -446,13 +491,19 @@ class StelloAgent:
         )
 
     def _finished(self, sid: str, result: TurnResult) -> TurnResult:
-        if self._prune and not result.interrupted and self.checkpointer is not None:
-            self.checkpointer.delete_thread(self.config(sid)["configurable"]["thread_id"])
+        if not result.interrupted and self.checkpointer is not None:
+            if self._prune:
+                self.checkpointer.delete_thread(self.config(sid)["configurable"]["thread_id"])
+            self._threads[sid] = thread_id(self.storage.tree_id, sid)  # next turns: new thread
         return result
 
     async def _afinished(self, sid: str, result: TurnResult) -> TurnResult:
-        if self._prune and not result.interrupted and self.checkpointer is not None:
-            await self.checkpointer.adelete_thread(self.config(sid)["configurable"]["thread_id"])
+        if not result.interrupted and self.checkpointer is not None:
+            if self._prune:
+                await self.checkpointer.adelete_thread(
+                    self.config(sid)["configurable"]["thread_id"]
+                )
+            self._threads[sid] = thread_id(self.storage.tree_id, sid)
         return result
 
     def turn(self, session_id: str, text: str, *, tool_choice: ToolChoice = None) -> TurnResult:
@@ -468,6 +519,7 @@ class StelloAgent:
         """
         sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid)
+        self._resolve(sid)
         with self._locks.hold(sid):
             self._switch(sid)
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
@@ -479,6 +531,7 @@ class StelloAgent:
         """Async twin of `turn`."""
         sid, payload = self._begin(session_id, text, tool_choice)
         await self._atarget(sid)
+        await self._aresolve(sid)
         async with self._locks.ahold(sid):
             self._switch(sid)
             out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
@@ -494,6 +547,7 @@ class StelloAgent:
         """
         sid = self._target(check_id(session_id))
         self._check_resumable()
+        self._resolve(sid)
         payload = self._resume_payload(sid, self.graph.get_state(self.config(sid)), value)
         with self._locks.hold(sid):
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
@@ -503,6 +557,7 @@ class StelloAgent:
         """Async twin of `resume`."""
         sid = await self._atarget(check_id(session_id))
         self._check_resumable()
+        await self._aresolve(sid)
         state = await self.graph.aget_state(self.config(sid))
         payload = self._resume_payload(sid, state, value)
         async with self._locks.ahold(sid):
@@ -575,6 +630,7 @@ class StelloAgent:
         """
         sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid)
+        self._resolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         with self._locks.hold(sid):
@@ -608,6 +664,7 @@ class StelloAgent:
         """Async twin of `stream`."""
         sid, payload = self._begin(session_id, text, tool_choice)
         await self._atarget(sid)
+        await self._aresolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         async with self._locks.ahold(sid):
