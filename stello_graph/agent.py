@@ -927,6 +927,10 @@ class StelloAgent:
     def remove(self, session_id: str, *, cascade: bool = False) -> list[str]:
         """Delete a session, its node and all its data; with `cascade`, its whole subtree.
 
+        The checkpoint threads of every removed session go too (a turn in flight, or kept
+        turns when checkpoints are not pruned, under the current or the earlier thread id),
+        so none of its text stays behind and a new session given the same id starts clean.
+
         Raises:
             NodeHasChildrenError: the session has children and `cascade` is false.
             NodeNotFoundError: the session has no node.
@@ -934,6 +938,8 @@ class StelloAgent:
         sid = self._removable(session_id)
         with self._locks.hold(sid):
             removed = self.storage.remove_node(sid, cascade=cascade)
+            for gone in removed:
+                self._drop_threads(gone)
         for gone in removed:
             self.deps.forget(gone)
         return removed
@@ -943,9 +949,30 @@ class StelloAgent:
         sid = self._removable(session_id)
         async with self._locks.ahold(sid):
             removed = await self.storage.aremove_node(sid, cascade=cascade)
+            for gone in removed:
+                await self._adrop_threads(gone)
         for gone in removed:
             self.deps.forget(gone)
         return removed
+
+    def _drop_threads(self, sid: str) -> None:
+        """Delete the checkpoint threads of a removed session (the legacy one if it is its)."""
+        self._threads.pop(sid, None)
+        saver = self.checkpointer
+        if saver is None:
+            return
+        saver.delete_thread(thread_id(self.storage.tree_id, sid))
+        if _belongs(self.graph.get_state(self._legacy(sid)), sid, in_flight=False):
+            saver.delete_thread(legacy_thread_id(self.storage.tree_id, sid))
+
+    async def _adrop_threads(self, sid: str) -> None:
+        self._threads.pop(sid, None)
+        saver = self.checkpointer
+        if saver is None:
+            return
+        await saver.adelete_thread(thread_id(self.storage.tree_id, sid))
+        if _belongs(await self.graph.aget_state(self._legacy(sid)), sid, in_flight=False):
+            await saver.adelete_thread(legacy_thread_id(self.storage.tree_id, sid))
 
     # -- composition ------------------------------------------------------------------------
     def as_tool(
