@@ -29,7 +29,7 @@ from stello_graph._context import message_text
 from stello_graph._validate import check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
-from stello_graph.nodes._model_call import ainvoke_model, invoke_model
+from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_cancel
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.scheduling import after_turn
@@ -111,11 +111,11 @@ def _tool_choice(state: State) -> Any:
 def make_model_node(deps: StelloDeps) -> StelloNode:
     """Node `model`: one call of the session's model on its context plus the turn so far."""
 
-    def model(state: State) -> State:
+    def model(state: State, config: RunnableConfig) -> State:
         session = deps.session(state["session_id"])
         ctx = session.turn_context(insight=state.get("insight"))
         prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
-        reply = invoke_model(session, prompt, deps.model_timeout, choice)
+        reply = invoke_model(session, prompt, deps.model_timeout, choice, run_cancel(config))
         return _check_rounds(deps, state, reply)
 
     async def amodel(state: State) -> State:

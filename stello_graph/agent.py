@@ -38,6 +38,7 @@ from langgraph.types import Command, Durability, Interrupt, RetryPolicy, StateSn
 
 from stello_graph._base import ToolChoice, check_tool_choice
 from stello_graph._ids import legacy_thread_id, thread_id
+from stello_graph._stream import stoppable
 from stello_graph._validate import check_id, check_text
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
@@ -51,6 +52,7 @@ from stello_graph.graph import build_graph
 from stello_graph.main_session import MainSession
 from stello_graph.memory import ConsolidateFn, IntegrateFn
 from stello_graph.models import IntegrationResult, SessionMeta, TopologyNode, TreeIntegration
+from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.forking import SKILLS_KEY
 from stello_graph.nodes.scheduling import (
@@ -627,27 +629,39 @@ class StelloAgent:
         events as dicts (tool calls and results, forks, consolidations, integrations,
         insights delivered, background errors); `updates` / `values` as usual. With a list
         of modes, items are `(mode, item)` pairs.
+
+        Closing the generator early (`close()`, or Ctrl-C while it waits) stops the turn at
+        once and stores nothing: the model call in flight is abandoned and stops at its
+        next token, which closes the provider's HTTP stream (see `nodes._model_call`).
         """
         sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid)
         self._resolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
+        cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
+        config = self.config(sid)
+        config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
         with self._locks.hold(sid):
             self._switch(sid)
             q = self._open_stream()
-            try:
-                for item in self.graph.stream(
+            run = stoppable(
+                lambda: self.graph.stream(
                     payload,
-                    self.config(sid),
+                    config,
                     stream_mode=stream_mode,  # type: ignore[arg-type]
                     durability=self._durability,
-                ):
+                ),
+                cancel.cancel,
+            )
+            try:
+                for item in run:
                     yield from self._drain_events(q, modes, multi)
                     if "messages" not in modes or self._from_model(item, multi):
                         yield item
                 yield from self._drain_events(q, modes, multi)
             finally:
+                run.close()  # now, under the lock: the run has ended when this returns
                 self._close_stream(q)
             state = self.graph.get_state(self.config(sid)) if self.checkpointer else None
             if state is None or not state.interrupts:
