@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from stello_graph._ids import store_label
 from stello_graph.errors import InvalidInputError, NothingToIntegrateError
 from stello_graph.events import emit
 from stello_graph.main_session import MainSession
@@ -33,7 +34,7 @@ def publish(
 ) -> None:
     """Mirror a memory write to the LangGraph store, when one was given."""
     if deps.store is not None:
-        deps.store.put(("stello", deps.storage.tree_id, *namespace), key, value)
+        deps.store.put(("stello", store_label(deps.storage.tree_id), *namespace), key, value)
 
 
 def consolidate_now(deps: StelloDeps, session_id: str, *, archived_ok: bool = False) -> str | None:

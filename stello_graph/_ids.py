@@ -4,7 +4,8 @@ Joining parts with a separator they may contain is ambiguous: `stello:team:x:not
 checkpoint thread of tree `team`, session `x:notes` *and* of tree `team:x`, session `notes`.
 `compose` percent-escapes each part (`:` and `/` included), so two different lists of parts
 never give one id, and the id stays readable. Every id made of a tree id and a session id
-(checkpoint threads, keys derived from them, leases) is made here.
+(checkpoint threads, keys derived from them, leases) is made here. A LangGraph store
+namespace is a tuple, unambiguous already, but its labels cannot hold a `.`: `store_label`.
 
 Example:
     >>> thread_id("team", "x:notes"), thread_id("team:x", "notes")
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-__all__ = ["compose", "legacy_thread_id", "thread_id"]
+__all__ = ["compose", "legacy_thread_id", "store_label", "thread_id"]
 
 
 def compose(*parts: str) -> str:
@@ -35,3 +36,12 @@ def legacy_thread_id(tree_id: str, session_id: str) -> str:
     its state names the same session (which, for a given session id, also pins the tree).
     """
     return f"stello:{tree_id}:{session_id}"
+
+
+def store_label(part: str) -> str:
+    """`part` as a LangGraph store namespace label (which cannot hold `.` or NUL).
+
+    Only `%`, `.` and NUL are percent-escaped, so an id without them keeps its label (and
+    the namespace it was published under) while distinct ids still get distinct labels.
+    """
+    return part.replace("%", "%25").replace(".", "%2E").replace("\x00", "%00")

@@ -195,7 +195,8 @@ def build_stello_graph(
             (default: `llm_integrator(model)`).
         schedule: background consolidation / integration after turns.
         store: a LangGraph store that L2, synthesis and insights are also published to,
-            under `("stello", tree_id, "l2" | "synthesis" | "subtree" | "insights")`.
+            under `("stello", tree_id, "l2" | "synthesis" | "subtree" | "insights")` (with
+            `.` and `%` of the tree id percent-escaped: store labels cannot hold a `.`).
         profiles: fork profiles the caller and the model can name.
         skills: skills models can activate (`activate_skill`), per-session allow-lists.
         split_guard: limits on forks the model makes itself.

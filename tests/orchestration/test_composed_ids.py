@@ -17,9 +17,11 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.store.memory import InMemoryStore
 from langgraph.types import interrupt
 
 from stello_graph import InvalidInputError, StelloAgent, TurnResult
+from stello_graph._ids import store_label
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.nodes.builtin_tools import _child_id
 from stello_graph.testing import ScriptedChatModel
@@ -185,3 +187,28 @@ async def test_a_fork_made_under_the_old_child_id_is_not_made_twice(
     else:
         await agent.graph.ainvoke(None, before_tools)
     assert [c.id for c in agent.storage.get_children(parent)] == [old_id]
+
+
+@pytest.mark.parametrize("tree_id", ["acme.com", "team:x", "100%"])
+def test_any_tree_id_publishes_to_the_store(tree_id: str) -> None:
+    # a LangGraph store refuses namespace labels holding a `.`: the tree id is escaped
+    store = InMemoryStore()
+    with StelloAgent(
+        model=ScriptedChatModel(default="ok"),
+        storage=InMemoryMainStorage(tree_id=tree_id),
+        store=store,
+        consolidate_fn=lambda l2, records: "the summary",
+    ) as agent:
+        child = agent.fork(agent.main_session_id, "Notes").id
+        agent.turn(child, "hello")
+        assert agent.consolidate(child) == "the summary"
+    (label,) = {ns[1] for ns in store.list_namespaces(prefix=("stello",))}
+    assert "." not in label
+    item = store.get(("stello", label, "l2"), child)
+    assert item is not None and item.value["l2"] == "the summary"
+
+
+def test_store_labels_of_distinct_tree_ids_differ() -> None:
+    ids = ["a.b", "a%2Eb", "a%b", "a", "default"]
+    assert len({store_label(i) for i in ids}) == len(ids)
+    assert store_label("default") == "default"  # plain ids keep their namespace
