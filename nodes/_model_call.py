@@ -101,8 +101,12 @@ class _StopOnCancel(BaseCallbackHandler):
             raise _Stopped()
 
 
-class _Stopped(Exception):
-    """Raised inside a cancelled model call (its result is not read)."""
+class _Stopped(BaseException):
+    """Raised inside a cancelled model call (whose result nobody reads any more).
+
+    A `BaseException`, as `asyncio.CancelledError` is: LangChain's callback managers log
+    every `Exception` a handler raises as a failing handler before raising it again.
+    """
 
 
 # every callback manager configured where this is set (the model call's thread) gets it

@@ -9,6 +9,7 @@ bounds (the call must not run to its end), not benchmarks.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -52,7 +53,10 @@ def slow_agent(
 
 @pytest.mark.parametrize("model_timeout", [None, 60.0])
 def test_closing_an_agent_stream_stops_the_call(
-    slow_agent: Callable[..., StelloAgent], server: FakeOpenAI, model_timeout: float | None
+    slow_agent: Callable[..., StelloAgent],
+    server: FakeOpenAI,
+    model_timeout: float | None,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     agent = slow_agent(model_timeout=model_timeout)
     sid = agent.main_session_id
@@ -63,6 +67,7 @@ def test_closing_an_agent_stream_stops_the_call(
     stream.close()  # type: ignore[attr-defined]
     assert time.monotonic() - started < BOUND
     _assert_nothing_stored(agent, sid, server)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # a quiet stop
 
 
 def test_ctrl_c_in_an_agent_stream_stops_the_call(
