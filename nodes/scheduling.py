@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 __all__ = [
     "aconsolidate_now",
     "after_turn",
+    "aunpublish",
     "consolidate_now",
     "integrate_now",
     "on_archive",
     "on_switch",
     "publish",
+    "unpublish",
 ]
 
 
@@ -34,7 +36,29 @@ def publish(
 ) -> None:
     """Mirror a memory write to the LangGraph store, when one was given."""
     if deps.store is not None:
-        deps.store.put(("stello", store_label(deps.storage.tree_id), *namespace), key, value)
+        deps.store.put(_namespace(deps, *namespace), key, value)
+
+
+def _namespace(deps: StelloDeps, *kind: str) -> tuple[str, ...]:
+    return ("stello", store_label(deps.storage.tree_id), *kind)
+
+
+_PUBLISHED = ("l2", "synthesis", "subtree", "insights")
+"""What `publish` writes under a session's id."""
+
+
+def unpublish(deps: StelloDeps, session_id: str) -> None:
+    """Delete from the store what was published of a (removed) session."""
+    if deps.store is not None:
+        for kind in _PUBLISHED:
+            deps.store.delete(_namespace(deps, kind), session_id)
+
+
+async def aunpublish(deps: StelloDeps, session_id: str) -> None:
+    """Async twin of `unpublish`."""
+    if deps.store is not None:
+        for kind in _PUBLISHED:
+            await deps.store.adelete(_namespace(deps, kind), session_id)
 
 
 def consolidate_now(deps: StelloDeps, session_id: str, *, archived_ok: bool = False) -> str | None:

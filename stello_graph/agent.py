@@ -57,9 +57,11 @@ from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.forking import SKILLS_KEY
 from stello_graph.nodes.scheduling import (
     aconsolidate_now,
+    aunpublish,
     consolidate_now,
     on_archive,
     on_switch,
+    unpublish,
 )
 from stello_graph.profiles import ForkProfile, SplitGuard
 from stello_graph.schedule import BackgroundFailure, Schedule, StorageFailureLog
@@ -943,7 +945,8 @@ class StelloAgent:
 
         The checkpoint threads of every removed session go too (a turn in flight, or kept
         turns when checkpoints are not pruned, under the current or the earlier thread id),
-        so none of its text stays behind and a new session given the same id starts clean.
+        and what was published of it to the agent's store, so none of its text stays
+        behind and a new session given the same id starts clean.
 
         Raises:
             NodeHasChildrenError: the session has children and `cascade` is false.
@@ -954,6 +957,7 @@ class StelloAgent:
             removed = self.storage.remove_node(sid, cascade=cascade)
             for gone in removed:
                 self._drop_threads(gone)
+                unpublish(self.deps, gone)
         for gone in removed:
             self.deps.forget(gone)
         return removed
@@ -965,6 +969,7 @@ class StelloAgent:
             removed = await self.storage.aremove_node(sid, cascade=cascade)
             for gone in removed:
                 await self._adrop_threads(gone)
+                await aunpublish(self.deps, gone)
         for gone in removed:
             self.deps.forget(gone)
         return removed

@@ -1,4 +1,5 @@
-"""Removing a session removes its checkpoint threads too: no text left, no turn taken over.
+"""Removing a session removes its checkpoint threads and store entries too: no text left, no
+turn taken over.
 
 A removed session's in-flight (or, without pruning, finished) turns stayed in the
 checkpointer, and a new session given the same id took over the old interrupted turn.
@@ -9,9 +10,10 @@ from __future__ import annotations
 import pytest
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
+from langgraph.store.memory import InMemoryStore
 from langgraph.types import interrupt
 
-from stello_graph import InvalidInputError, StelloAgent
+from stello_graph import IntegrationResult, InvalidInputError, StelloAgent
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory
 
@@ -86,3 +88,38 @@ async def test_a_new_session_with_a_removed_id_starts_clean(
         agent.resume("reused", "yes")
     assert agent.session("reused").messages() == []
     assert model.call_count == 1  # nothing of the old turn was sent to the model again
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_removed_sessions_leave_nothing_in_the_store(
+    make_agent: AgentFactory, mode: str
+) -> None:
+    store = InMemoryStore()
+    agent = make_agent(
+        model=ScriptedChatModel(default="ok"),
+        store=store,
+        consolidate_fn=lambda l2, records: "the summary",
+        integrate_fn=lambda children, current: IntegrationResult(
+            synthesis="s", insights={c.session_id: "the insight" for c in children}
+        ),
+    )
+    parent = agent.fork(agent.main_session_id, "Parent").id
+    child = agent.fork(parent, "Child").id
+    for sid in (parent, child):
+        agent.turn(sid, "hello")
+        agent.consolidate(sid)
+    agent.integrate("tree")  # L2, insights, and the parent's subtree summary are published
+    published = {(ns[-1], key) for ns, key in _store_keys(store)}
+    assert {("l2", child), ("insights", child), ("subtree", parent)} <= published
+    await _remove(agent, parent, mode, cascade=True)
+    left = {key for _, key in _store_keys(store)}
+    assert not left & {parent, child}
+    assert agent.main_session_id in left  # the rest of the tree keeps its entries
+
+
+def _store_keys(store: InMemoryStore) -> list[tuple[tuple[str, ...], str]]:
+    return [
+        (ns, item.key)
+        for ns in store.list_namespaces(prefix=("stello",))
+        for item in store.search(ns, limit=1000)
+    ]
