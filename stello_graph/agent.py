@@ -366,8 +366,9 @@ class StelloAgent:
 
         The thread id escapes the tree and session ids (`stello/{tree}/{session}`), so no two
         trees sharing a checkpointer ever meet. A turn left in flight under the id of earlier
-        versions (`stello:{tree}:{session}`) is found by `turn` / `resume` / `stream`, which
-        finish it on that thread; until then this names it.
+        versions (`stello:{tree}:{session}`) is found by the first `turn` / `resume` /
+        `stream` of the session, which finishes it on that thread (this names that thread
+        from then on, until the turn ends; before, it names the new one).
         """
         return _thread(self._threads.get(session_id) or thread_id(self.storage.tree_id, session_id))
 
