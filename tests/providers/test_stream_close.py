@@ -9,6 +9,7 @@ bounds (the call must not run to its end), not benchmarks.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import threading
@@ -104,3 +105,20 @@ def test_closing_a_session_stream_stops_the_call(
     stream.close()
     assert time.monotonic() - started < BOUND
     _assert_nothing_stored(agent, session.id, server)
+
+
+async def test_closing_an_async_agent_stream_stops_the_call(
+    slow_agent: Callable[..., StelloAgent], server: FakeOpenAI
+) -> None:
+    agent = slow_agent()
+    sid = agent.main_session_id
+    stream = agent.astream(sid, "Tell me everything.")
+    await anext(stream)
+    started = time.monotonic()
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert time.monotonic() - started < BOUND
+    for _ in range(500):  # let the loop run the cancellation: at most 10 s
+        if server.aborted:
+            break
+        await asyncio.sleep(0.02)
+    _assert_nothing_stored(agent, sid, server)
