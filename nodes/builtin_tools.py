@@ -30,6 +30,7 @@ from langgraph.prebuilt import InjectedState
 from pydantic import BaseModel, Field, create_model
 
 from stello_graph._fork import ForkRequest, afork_session, fork_session
+from stello_graph._ids import compose
 from stello_graph.errors import DuplicateSessionError, InvalidInputError
 from stello_graph.events import emit
 from stello_graph.models import SessionMeta
@@ -85,15 +86,28 @@ def _spec(args: Mapping[str, Any], child_id: str | None) -> dict[str, Any]:
     return spec
 
 
-def _child_id(tree_id: str, args: Mapping[str, Any]) -> str | None:
-    """The same id each time one tool call of one turn runs (`None`: no turn to tie it to)."""
+def _turn_call(tree_id: str, args: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """What ties a tool call to its turn: tree, session, first record, call (or `None`)."""
     state, tool_call_id = args.get("state") or {}, args.get("tool_call_id")
     pending = state.get("pending") or []
     first = pending[0] if pending else None
     if tool_call_id is None or not isinstance(first, BaseMessage) or first.id is None:
         return None
-    key = f"stello:{tree_id}:{state['session_id']}:{first.id}:{tool_call_id}"
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, key))
+    return (tree_id, str(state["session_id"]), first.id, str(tool_call_id))
+
+
+def _child_id(tree_id: str, args: Mapping[str, Any]) -> str | None:
+    """The same id each time one tool call of one turn runs (`None`: no turn to tie it to)."""
+    parts = _turn_call(tree_id, args)
+    return None if parts is None else str(uuid.uuid5(uuid.NAMESPACE_URL, compose("stello", *parts)))
+
+
+def _legacy_child_id(tree_id: str, args: Mapping[str, Any]) -> str | None:
+    """The id earlier versions gave that child: a turn they left in flight may run it again."""
+    parts = _turn_call(tree_id, args)
+    return (
+        None if parts is None else str(uuid.uuid5(uuid.NAMESPACE_URL, ":".join(("stello", *parts))))
+    )
 
 
 def _replayed(meta: SessionMeta | None, parent: str | None, source: str) -> dict[str, str] | None:
@@ -192,25 +206,31 @@ class BuiltinTools:
              by="model")  # fmt: skip
         return {"session_id": meta.id, "label": meta.label}
 
-    def _replay(self, req: ForkRequest) -> dict[str, str] | None:
-        if req.id is None:
-            return None
-        node = self.deps.storage.get_node(req.id)
-        meta = self.deps.storage.get_session(req.id)
-        return _replayed(meta, node.parent_id if node else None, req.source_id)
+    def _replay(self, req: ForkRequest, legacy: str | None = None) -> dict[str, str] | None:
+        for child_id in (req.id, legacy):
+            if child_id is not None:
+                node = self.deps.storage.get_node(child_id)
+                meta = self.deps.storage.get_session(child_id)
+                done = _replayed(meta, node.parent_id if node else None, req.source_id)
+                if done is not None:
+                    return done
+        return None
 
-    async def _areplay(self, req: ForkRequest) -> dict[str, str] | None:
-        if req.id is None:
-            return None
-        node = await self.deps.storage.aget_node(req.id)
-        meta = await self.deps.storage.aget_session(req.id)
-        return _replayed(meta, node.parent_id if node else None, req.source_id)
+    async def _areplay(self, req: ForkRequest, legacy: str | None = None) -> dict[str, str] | None:
+        for child_id in (req.id, legacy):
+            if child_id is not None:
+                node = await self.deps.storage.aget_node(child_id)
+                meta = await self.deps.storage.aget_session(child_id)
+                done = _replayed(meta, node.parent_id if node else None, req.source_id)
+                if done is not None:
+                    return done
+        return None
 
     def _fork(self, args: Mapping[str, Any]) -> dict[str, str]:
         source = args["state"]["session_id"]
         spec = _spec(args, _child_id(self.deps.storage.tree_id, args))
         req = fork_request(self.deps, source, spec, within_parent=True)
-        done = self._replay(req)
+        done = self._replay(req, _legacy_child_id(self.deps.storage.tree_id, args))
         if done is not None:  # this very call already forked: a resumed tool round
             return done
         previous = self._guard.book(source)
@@ -229,7 +249,7 @@ class BuiltinTools:
         source = args["state"]["session_id"]
         spec = _spec(args, _child_id(self.deps.storage.tree_id, args))
         req = await afork_request(self.deps, source, spec, within_parent=True)
-        done = await self._areplay(req)
+        done = await self._areplay(req, _legacy_child_id(self.deps.storage.tree_id, args))
         if done is not None:
             return done
         previous = await self._guard.abook(source)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from stello_graph._ids import store_label
 from stello_graph.errors import InvalidInputError, NothingToIntegrateError
 from stello_graph.events import emit
 from stello_graph.main_session import MainSession
@@ -21,12 +22,14 @@ __all__ = [
     "aconsolidate_now",
     "after_turn",
     "aintegrate_flat",
+    "aunpublish",
     "consolidate_now",
     "integrate_flat",
     "integrate_now",
     "on_archive",
     "on_switch",
     "publish",
+    "unpublish",
 ]
 
 
@@ -35,7 +38,29 @@ def publish(
 ) -> None:
     """Mirror a memory write to the LangGraph store, when one was given."""
     if deps.store is not None:
-        deps.store.put(("stello", deps.storage.tree_id, *namespace), key, value)
+        deps.store.put(_namespace(deps, *namespace), key, value)
+
+
+def _namespace(deps: StelloDeps, *kind: str) -> tuple[str, ...]:
+    return ("stello", store_label(deps.storage.tree_id), *kind)
+
+
+_PUBLISHED = ("l2", "synthesis", "subtree", "insights")
+"""What `publish` writes under a session's id."""
+
+
+def unpublish(deps: StelloDeps, session_id: str) -> None:
+    """Delete from the store what was published of a (removed) session."""
+    if deps.store is not None:
+        for kind in _PUBLISHED:
+            deps.store.delete(_namespace(deps, kind), session_id)
+
+
+async def aunpublish(deps: StelloDeps, session_id: str) -> None:
+    """Async twin of `unpublish`."""
+    if deps.store is not None:
+        for kind in _PUBLISHED:
+            await deps.store.adelete(_namespace(deps, kind), session_id)
 
 
 def consolidate_now(deps: StelloDeps, session_id: str, *, archived_ok: bool = False) -> str | None:

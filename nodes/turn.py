@@ -32,7 +32,7 @@ from stello_graph._validate import check_id, check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
 from stello_graph.nodes._lease import LEASE_KEY, aturn_lease, turn_lease
-from stello_graph.nodes._model_call import ainvoke_model, invoke_model
+from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_cancel
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.scheduling import after_turn
@@ -55,15 +55,13 @@ TREE_TURNS_KEY = "stello:tree_turns"
 def _start(session: SessionBase, state: State, insight: str | None) -> State:
     human = HumanMessage(content=state["input"], id=str(uuid.uuid4()))
     return {
-        "op": "turn",
         "pending": [RemoveMessage(id=REMOVE_ALL_MESSAGES), human],
         "insight": insight,
         "tool_rounds": 0,
         "tool_calls": [],
         "content": "",
-        # the input's tool_choice holds for this turn's first model call only
+        # the input's tool_choice (cleared after this step) holds for the first model call
         "turn_tool_choice": state.get("tool_choice"),
-        "tool_choice": None,
     }
 
 
@@ -120,12 +118,12 @@ def _tool_choice(state: State) -> Any:
 def make_model_node(deps: StelloDeps) -> StelloNode:
     """Node `model`: one call of the session's model on its context plus the turn so far."""
 
-    def model(state: State) -> State:
+    def model(state: State, config: RunnableConfig) -> State:
         session = deps.session(state["session_id"])
         with turn_lease(deps.leases, session.id, state) as held:
             ctx = session.turn_context(insight=state.get("insight"))
             prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
-            reply = invoke_model(session, prompt, deps.model_timeout, choice)
+            reply = invoke_model(session, prompt, deps.model_timeout, choice, run_cancel(config))
             return {**_check_rounds(deps, state, reply), **held.update()}
 
     async def amodel(state: State) -> State:

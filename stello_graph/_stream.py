@@ -1,14 +1,76 @@
-"""Stream objects returned by `Session.stream` / `astream`: text chunks, then `.result`."""
+"""Stream objects returned by `Session.stream` / `astream`: text chunks, then `.result`;
+and `stoppable`, which lets the caller of a sync stream stop it at any moment."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import contextvars
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from types import TracebackType
+from typing import Any, TypeVar
 
 from stello_graph.errors import StreamNotFinishedError
 from stello_graph.models import SendResult
 
-__all__ = ["AsyncSessionStream", "SessionStream"]
+__all__ = ["AsyncSessionStream", "SessionStream", "stoppable"]
+
+T = TypeVar("T")
+
+
+def stoppable(
+    make: Callable[[], Iterator[T]], stop: Callable[[], None]
+) -> Generator[T, None, None]:
+    """Iterate `make()` in a worker thread, so that its caller can stop at any moment.
+
+    A sync LangGraph stream that is closed, or interrupted by Ctrl-C, while it waits for a
+    node waits for that node to finish before it lets go. Here the caller only ever waits
+    on a queue. The source is advanced only when the caller asks for the next item, as if
+    the caller iterated it itself (a caller that stops reading stops the run). When it stops
+    early (`close()`, or an exception such as KeyboardInterrupt while it waits), `stop()` is
+    called, which must make the source end soon (cancel its model call), and the worker is
+    waited for, so that what the source holds is released by the time this returns. The
+    worker runs in a copy of the caller's context.
+    """
+    items: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+    wanted = threading.Semaphore(0)
+    stopping = threading.Event()
+
+    def produce() -> None:
+        try:
+            source = make()
+            try:
+                while wanted.acquire() and not stopping.is_set():
+                    items.put((True, next(source)))
+            finally:
+                getattr(source, "close", lambda: None)()
+        except StopIteration:
+            items.put((False, None))
+        except BaseException as exc:  # raised again in the caller's thread
+            items.put((False, exc))
+
+    context = contextvars.copy_context()
+    worker = threading.Thread(target=context.run, args=(produce,), name="stello-stream")
+    worker.daemon = True
+    worker.start()
+    ended = False
+    try:
+        while True:
+            wanted.release()
+            more, value = items.get()
+            if more:
+                yield value
+                continue
+            ended = True
+            if value is not None:
+                raise value
+            return
+    finally:
+        if not ended:
+            stopping.set()
+            stop()
+            wanted.release()
+        worker.join()
 
 
 class SessionStream(Iterator[str]):

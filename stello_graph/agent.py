@@ -42,6 +42,8 @@ from langgraph.store.base import BaseStore
 from langgraph.types import Command, Durability, Interrupt, RetryPolicy, StateSnapshot
 
 from stello_graph._base import ToolChoice, check_tool_choice
+from stello_graph._ids import legacy_thread_id, thread_id
+from stello_graph._stream import stoppable
 from stello_graph._validate import check_chat_model, check_id, check_text, check_tools
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
@@ -62,13 +64,16 @@ from stello_graph.models import (
     TopologyNode,
     TreeIntegration,
 )
+from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.forking import SKILLS_KEY
 from stello_graph.nodes.scheduling import (
     aconsolidate_now,
+    aunpublish,
     consolidate_now,
     on_archive,
     on_switch,
+    unpublish,
 )
 from stello_graph.profiles import ForkProfile, SplitGuard
 from stello_graph.schedule import BackgroundFailure, Schedule, StorageFailureLog
@@ -137,6 +142,19 @@ def _open_storage(
 
         return SqliteMainStorage(DEFAULT_DB if storage is None else storage, tree_id=tree_id)
     return storage
+
+
+def _thread(thread: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread}}
+
+
+def _belongs(state: StateSnapshot, sid: str, *, in_flight: bool) -> bool:
+    """Whether the state of a legacy thread is `sid`'s (a turn still in flight, if asked).
+
+    The legacy id `stello:{tree}:{session}` is ambiguous, but for a given session id it names
+    one tree only, so the session the state holds tells whose thread it is.
+    """
+    return state.values.get("session_id") == sid and (bool(state.next) or not in_flight)
 
 
 def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
@@ -314,6 +332,7 @@ class StelloAgent:
                 getattr(self.storage, "close", lambda: None)()
             raise
         self._leases = self.deps.leases
+        self._threads: dict[str, str] = {}  # session id -> its checkpoint thread, once looked up
         self._last_session: str | None = None
         self._streams: list[queue.SimpleQueue[StelloEvent]] = []
         self._streams_lock = threading.Lock()
@@ -340,8 +359,39 @@ class StelloAgent:
         return await Topology.aread(self.storage)
 
     def config(self, session_id: str) -> RunnableConfig:
-        """The LangGraph config of turns on `session_id` (its checkpoint thread)."""
-        return {"configurable": {"thread_id": f"stello:{self.storage.tree_id}:{session_id}"}}
+        """The LangGraph config of turns on `session_id` (its checkpoint thread).
+
+        The thread id escapes the tree and session ids (`stello/{tree}/{session}`), so no two
+        trees sharing a checkpointer ever meet. A turn left in flight under the id of earlier
+        versions (`stello:{tree}:{session}`) is found by the first `turn` / `resume` /
+        `stream` of the session, which finishes it on that thread (this names that thread
+        from then on, until the turn ends; before, it names the new one).
+        """
+        return _thread(self._threads.get(session_id) or thread_id(self.storage.tree_id, session_id))
+
+    def _legacy(self, sid: str) -> RunnableConfig:
+        return _thread(legacy_thread_id(self.storage.tree_id, sid))
+
+    def _resolve(self, sid: str) -> None:
+        """Look up once which thread `sid`'s turns run on (see `config`)."""
+        if self.checkpointer is None or sid in self._threads:
+            return
+        found = thread_id(self.storage.tree_id, sid)
+        if self.checkpointer.get_tuple(_thread(found)) is None and _belongs(
+            self.graph.get_state(self._legacy(sid)), sid, in_flight=True
+        ):
+            found = legacy_thread_id(self.storage.tree_id, sid)
+        self._threads[sid] = found
+
+    async def _aresolve(self, sid: str) -> None:
+        if self.checkpointer is None or sid in self._threads:
+            return
+        found = thread_id(self.storage.tree_id, sid)
+        if await self.checkpointer.aget_tuple(_thread(found)) is None and _belongs(
+            await self.graph.aget_state(self._legacy(sid)), sid, in_flight=True
+        ):
+            found = legacy_thread_id(self.storage.tree_id, sid)
+        self._threads[sid] = found
 
     def subscribe(self, listener: Callable[[StelloEvent], None]) -> Callable[[], None]:
         """Call `listener` with every stello event (background ones included)."""
@@ -450,13 +500,19 @@ class StelloAgent:
         )
 
     def _finished(self, sid: str, result: TurnResult) -> TurnResult:
-        if self._prune and not result.interrupted and self.checkpointer is not None:
-            self.checkpointer.delete_thread(self.config(sid)["configurable"]["thread_id"])
+        if not result.interrupted and self.checkpointer is not None:
+            if self._prune:
+                self.checkpointer.delete_thread(self.config(sid)["configurable"]["thread_id"])
+            self._threads[sid] = thread_id(self.storage.tree_id, sid)  # next turns: new thread
         return result
 
     async def _afinished(self, sid: str, result: TurnResult) -> TurnResult:
-        if self._prune and not result.interrupted and self.checkpointer is not None:
-            await self.checkpointer.adelete_thread(self.config(sid)["configurable"]["thread_id"])
+        if not result.interrupted and self.checkpointer is not None:
+            if self._prune:
+                await self.checkpointer.adelete_thread(
+                    self.config(sid)["configurable"]["thread_id"]
+                )
+            self._threads[sid] = thread_id(self.storage.tree_id, sid)
         return result
 
     def turn(self, session_id: str, text: str, *, tool_choice: ToolChoice = None) -> TurnResult:
@@ -473,6 +529,7 @@ class StelloAgent:
         """
         sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid, tool_choice)
+        self._resolve(sid)
         with self._run(sid):
             self._switch(sid)
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
@@ -484,6 +541,7 @@ class StelloAgent:
         """Async twin of `turn`."""
         sid, payload = self._begin(session_id, text, tool_choice)
         await self._atarget(sid, tool_choice)
+        await self._aresolve(sid)
         async with self._arun(sid):
             self._switch(sid)
             out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
@@ -499,6 +557,7 @@ class StelloAgent:
         """
         sid = self._target(check_id(session_id))
         self._check_resumable()
+        self._resolve(sid)
         payload = self._resume_payload(sid, self.graph.get_state(self.config(sid)), value)
         with self._run(sid):
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
@@ -508,6 +567,7 @@ class StelloAgent:
         """Async twin of `resume`."""
         sid = await self._atarget(check_id(session_id))
         self._check_resumable()
+        await self._aresolve(sid)
         state = await self.graph.aget_state(self.config(sid))
         payload = self._resume_payload(sid, state, value)
         async with self._arun(sid):
@@ -577,26 +637,39 @@ class StelloAgent:
         events as dicts (tool calls and results, forks, consolidations, integrations,
         insights delivered, background errors); `updates` / `values` as usual. With a list
         of modes, items are `(mode, item)` pairs.
+
+        Closing the generator early (`close()`, or Ctrl-C while it waits) stops the turn at
+        once and stores nothing: the model call in flight is abandoned and stops at its
+        next token, which closes the provider's HTTP stream (see `nodes._model_call`).
         """
         sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid, tool_choice)
+        self._resolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
+        cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
+        config = self.config(sid)
+        config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
         with self._run(sid):
             self._switch(sid)
             q = self._open_stream()
-            try:
-                for item in self.graph.stream(
+            run = stoppable(
+                lambda: self.graph.stream(
                     payload,
-                    self.config(sid),
+                    config,
                     stream_mode=stream_mode,  # type: ignore[arg-type]
                     durability=self._durability,
-                ):
+                ),
+                cancel.cancel,
+            )
+            try:
+                for item in run:
                     yield from self._drain_events(q, modes, multi)
                     if "messages" not in modes or self._from_model(item, multi):
                         yield item
                 yield from self._drain_events(q, modes, multi)
             finally:
+                run.close()  # now, under the lock: the run has ended when this returns
                 self._close_stream(q)
             state = self.graph.get_state(self.config(sid)) if self.checkpointer else None
             if state is None or not state.interrupts:
@@ -613,6 +686,7 @@ class StelloAgent:
         """Async twin of `stream`."""
         sid, payload = self._begin(session_id, text, tool_choice)
         await self._atarget(sid, tool_choice)
+        await self._aresolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         async with self._arun(sid):
@@ -940,6 +1014,11 @@ class StelloAgent:
     def remove(self, session_id: str, *, cascade: bool = False) -> list[str]:
         """Delete a session, its node and all its data; with `cascade`, its whole subtree.
 
+        The checkpoint threads of every removed session go too (a turn in flight, or kept
+        turns when checkpoints are not pruned, under the current or the earlier thread id),
+        and what was published of it to the agent's store, so none of its text stays
+        behind and a new session given the same id starts clean.
+
         Raises:
             NodeHasChildrenError: the session has children and `cascade` is false.
             NodeNotFoundError: the session has no node.
@@ -947,6 +1026,9 @@ class StelloAgent:
         sid = self._removable(session_id)
         with self._leases.hold(sid):
             removed = self.storage.remove_node(sid, cascade=cascade)
+            for gone in removed:
+                self._drop_threads(gone)
+                unpublish(self.deps, gone)
         for gone in removed:
             self.deps.forget(gone)
         return removed
@@ -956,9 +1038,31 @@ class StelloAgent:
         sid = self._removable(session_id)
         async with self._leases.ahold(sid):
             removed = await self.storage.aremove_node(sid, cascade=cascade)
+            for gone in removed:
+                await self._adrop_threads(gone)
+                await aunpublish(self.deps, gone)
         for gone in removed:
             self.deps.forget(gone)
         return removed
+
+    def _drop_threads(self, sid: str) -> None:
+        """Delete the checkpoint threads of a removed session (the legacy one if it is its)."""
+        self._threads.pop(sid, None)
+        saver = self.checkpointer
+        if saver is None:
+            return
+        saver.delete_thread(thread_id(self.storage.tree_id, sid))
+        if _belongs(self.graph.get_state(self._legacy(sid)), sid, in_flight=False):
+            saver.delete_thread(legacy_thread_id(self.storage.tree_id, sid))
+
+    async def _adrop_threads(self, sid: str) -> None:
+        self._threads.pop(sid, None)
+        saver = self.checkpointer
+        if saver is None:
+            return
+        await saver.adelete_thread(thread_id(self.storage.tree_id, sid))
+        if _belongs(await self.graph.aget_state(self._legacy(sid)), sid, in_flight=False):
+            await saver.adelete_thread(legacy_thread_id(self.storage.tree_id, sid))
 
     # -- composition ------------------------------------------------------------------------
     def as_tool(

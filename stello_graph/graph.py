@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal, TypedDict
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AnyMessage
+from langgraph.channels import EphemeralValue
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.store.base import BaseStore
@@ -109,8 +110,20 @@ class StelloOutput(TypedDict, total=False):
 
 
 class StelloState(StelloInput, StelloOutput, total=False):
-    """The graph's state: input, output, and the turn in flight."""
+    """The graph's state: input, output, and the turn in flight.
 
+    The keys only a run's input sets are ephemeral: they hold for the run's first step and
+    are then cleared, so on a checkpointed thread (every LangGraph Server thread) one run's
+    `op`, `input`, `fork`, `tool_choice` or `mode` never carries over into the next run.
+    Continuing a run (`Command(resume=...)`, or `None` after a crash) still sees them from
+    its checkpoint; what later steps need is copied into the turn's own keys by `assemble`.
+    """
+
+    op: Annotated[Literal["turn", "fork", "consolidate", "integrate"], EphemeralValue]
+    input: Annotated[str, EphemeralValue]
+    fork: Annotated[dict[str, Any], EphemeralValue]
+    tool_choice: Annotated[str | dict[str, Any] | bool | None, EphemeralValue]
+    mode: Annotated[Literal["flat", "tree"], EphemeralValue]
     pending: Annotated[list[AnyMessage], add_messages]
     insight: str | None
     turn_tool_choice: str | dict[str, Any] | bool | None
@@ -186,7 +199,8 @@ def build_stello_graph(
             (default: `llm_integrator(model)`).
         schedule: background consolidation / integration after turns.
         store: a LangGraph store that L2, synthesis and insights are also published to,
-            under `("stello", tree_id, "l2" | "synthesis" | "subtree" | "insights")`.
+            under `("stello", tree_id, "l2" | "synthesis" | "subtree" | "insights")` (with
+            `.` and `%` of the tree id percent-escaped: store labels cannot hold a `.`).
         profiles: fork profiles the caller and the model can name.
         skills: skills models can activate (`activate_skill`), per-session allow-lists.
         split_guard: limits on forks the model makes itself.

@@ -10,10 +10,12 @@
   next ones with `index` and pieces of `function.arguments`), a chunk with `finish_reason`, a
   usage chunk with empty `choices` when `stream_options.include_usage` is set, `data: [DONE]`;
 * errors: an HTTP status with OpenAI's `{"error": {...}}` body, a stream cut off after some
-  chunks, or a reply slower than the client's timeout.
+  chunks, or a reply slower than the client's timeout;
+* slow streams (`chunk_delay` seconds between chunks), as a real model generates them.
 
 Every request is recorded (`server.requests`), so a test can check the messages, tools and
-`tool_choice` a real client sent.
+`tool_choice` a real client sent; `server.aborted` counts the streams the client closed before
+their end.
 
 Example:
     >>> from langchain_openai import ChatOpenAI  # doctest: +SKIP
@@ -81,6 +83,7 @@ class Reply:
         error: the message of that error.
         cut_after: streaming only: drop the connection after this many chunks.
         delay: seconds to wait before answering (to exercise client timeouts).
+        chunk_delay: streaming only: seconds to wait before each chunk (a slow model).
         id: the completion id (default: a fresh `chatcmpl-...`).
     """
 
@@ -91,6 +94,7 @@ class Reply:
     error: str = "The server had an error while processing your request."
     cut_after: int | None = None
     delay: float = 0.0
+    chunk_delay: float = 0.0
     id: str | None = None
 
     @classmethod
@@ -253,13 +257,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         cid = reply.id or _new_id()
-        for n, chunk in enumerate(_chunks(reply, body, cid)):
-            if reply.cut_after is not None and n >= reply.cut_after:
-                self.close_connection = True
-                return  # the connection drops mid-body: no [DONE], no last chunk
-            self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
-        self._write_chunk(b"data: [DONE]\n\n")
-        self._write_chunk(b"")
+        try:
+            for n, chunk in enumerate(_chunks(reply, body, cid)):
+                if reply.cut_after is not None and n >= reply.cut_after:
+                    self.close_connection = True
+                    return  # the connection drops mid-body: no [DONE], no last chunk
+                if reply.chunk_delay:
+                    time.sleep(reply.chunk_delay)
+                self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+            self._write_chunk(b"data: [DONE]\n\n")
+            self._write_chunk(b"")
+        except ConnectionError:  # the client closed the stream before its end
+            self.close_connection = True
+            self.server.owner.count_aborted()
 
 
 def _new_id() -> str:
@@ -340,6 +350,7 @@ class FakeOpenAI:
         self.requests: list[Request] = []
         self.errors: list[BaseException] = []
         """Exceptions raised while serving (a bug of the fake, or a request it cannot read)."""
+        self._aborted = 0
         self._server = _Server(("127.0.0.1", 0))
         self._server.owner = self
         self._thread = threading.Thread(
@@ -373,6 +384,16 @@ class FakeOpenAI:
         if self._default is not None:
             return self._default
         return Reply(status=500, error="FakeOpenAI: script exhausted")
+
+    def count_aborted(self) -> None:
+        with self._lock:
+            self._aborted += 1
+
+    @property
+    def aborted(self) -> int:
+        """Streams the client closed before their end (the server noticed when writing)."""
+        with self._lock:
+            return self._aborted
 
     @property
     def remaining(self) -> int:

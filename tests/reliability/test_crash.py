@@ -109,8 +109,9 @@ def verify(db: Path, ack: Path, figures: Figures) -> None:
 
 def _in_flight_text(agent: StelloAgent, sid: str) -> str:
     """The user text of the turn in flight. Until the turn has started, it is only in the
-    input checkpoint (the `__start__` channel, or a pending write to it); the state's
-    `input` still holds the previous turn's text then."""
+    input checkpoint (the `__start__` channel, or a pending write to it); then in the
+    state's `input` for one step (an input key lasts for a run's first step only); after
+    that in the turn's first record."""
     config = agent.config(sid)
     state = agent.graph.get_state(config)
     if state.next == ("__start__",):
@@ -120,8 +121,10 @@ def _in_flight_text(agent: StelloAgent, sid: str) -> str:
         written = [v for _, channel, v in found.pending_writes or () if channel == "__start__"]
         start = written[0] if written else found.checkpoint["channel_values"]["__start__"]
         text = start["input"]
-    else:
+    elif "input" in state.values:
         text = state.values["input"]
+    else:
+        text = state.values["pending"][0].content
     assert isinstance(text, str), text
     return text
 
