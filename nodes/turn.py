@@ -52,8 +52,23 @@ TREE_TURNS_KEY = "stello:tree_turns"
 
 
 # -- assemble -------------------------------------------------------------------------------
-def _start(session: SessionBase, state: State, insight: str | None) -> State:
-    human = HumanMessage(content=state["input"], id=str(uuid.uuid4()))
+def _human_id(config: RunnableConfig) -> str:
+    """The id of the turn's user message, the same each time this step runs again.
+
+    It is derived from the step's task (LangGraph derives that from the checkpoint the step
+    starts from): a turn resumed from a checkpoint written before its commit was (a crash
+    with asynchronous checkpointing) makes the same message, so the commit finds the records
+    it already stored instead of storing the turn twice.
+    """
+    configurable = config.get("configurable") or {}
+    task, thread = configurable.get("checkpoint_ns"), configurable.get("thread_id")
+    if not task:
+        return str(uuid.uuid4())
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"stello-turn/{thread}/{task}"))
+
+
+def _start(session: SessionBase, state: State, insight: str | None, human_id: str) -> State:
+    human = HumanMessage(content=state["input"], id=human_id)
     return {
         "pending": [RemoveMessage(id=REMOVE_ALL_MESSAGES), human],
         "insight": insight,
@@ -68,23 +83,23 @@ def _start(session: SessionBase, state: State, insight: str | None) -> State:
 def make_assemble_node(deps: StelloDeps) -> StelloNode:
     """Node `assemble`: check the input and the session, open the turn's records."""
 
-    def assemble(state: State) -> State:
+    def assemble(state: State, config: RunnableConfig) -> State:
         check_text(state.get("input"), "input")
         sid = check_id(state.get("session_id"))
         with turn_lease(deps.leases, sid, state, fresh=True) as held:
             session = deps.turn_session(sid)  # the stored settings, read under the lease
             insight = session.open_turn()
         emit(deps.bus, "turn_started", session.id)
-        return {**_start(session, state, insight), **held.update()}
+        return {**_start(session, state, insight, _human_id(config)), **held.update()}
 
-    async def aassemble(state: State) -> State:
+    async def aassemble(state: State, config: RunnableConfig) -> State:
         check_text(state.get("input"), "input")
         sid = check_id(state.get("session_id"))
         async with aturn_lease(deps.leases, sid, state, fresh=True) as held:
             session = await deps.aturn_session(sid)
             insight = await session.aopen_turn()
         emit(deps.bus, "turn_started", session.id)
-        return {**_start(session, state, insight), **held.update()}
+        return {**_start(session, state, insight, _human_id(config)), **held.update()}
 
     return StelloNode("assemble", assemble, aassemble)
 

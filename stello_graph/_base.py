@@ -54,8 +54,9 @@ from stello_graph.errors import (
     SessionNotFoundError,
     StelloError,
 )
+from stello_graph.lease import SessionLeases
 from stello_graph.memory import CompressFn, llm_compressor
-from stello_graph.models import Compression, SendResult, SessionMeta, SessionRole, utcnow
+from stello_graph.models import Compression, Lease, SendResult, SessionMeta, SessionRole, utcnow
 from stello_graph.storage import SessionStorage
 
 __all__ = [
@@ -223,6 +224,7 @@ class SessionBase:
         self._tools: list[Any] = list(tools) if tools else []
         self._bound: Runnable[ModelInput, Any] | None = None
         self._history = SanitizedHistory()  # the history shown at the last model call
+        self._lease_keeper: SessionLeases | None = None
         # The last cut this object made, and how many records L3 held then: the replies
         # among those predate the cut (see `_plan`).
         self._cut: tuple[Compression, int] | None = None
@@ -501,7 +503,13 @@ class SessionBase:
             raise self._model_error(exc) from exc
 
     # -- commit -----------------------------------------------------------------------------
-    def commit_turn(self, records: Sequence[BaseMessage], *, insight: str | None = None) -> None:
+    def commit_turn(
+        self,
+        records: Sequence[BaseMessage],
+        *,
+        insight: str | None = None,
+        lease: Lease | None = None,
+    ) -> None:
         """Append a turn's records in one transaction, then consume the insight it showed.
 
         A turn that starts with a user message counts as one user turn. The insight is
@@ -509,21 +517,30 @@ class SessionBase:
         A session archived while the turn ran (or before a crashed turn was resumed) refuses
         the records with `SessionArchivedError`. Records the user did not write (replies,
         tool results) are stored with U+FFFD in place of any lone surrogate; a user message
-        holding one is refused with `InvalidInputError`.
+        holding one is refused with `InvalidInputError`. With the turn's `lease`, a turn that
+        lost it commits nothing (`LeaseLostError`).
         """
         s, records = self._storage, _storable_records(records)
         with s.transaction():
+            if lease is not None:
+                s.check_lease(lease)
             self._active(self._load_meta(), "a turn's records")
             s.append_records(self._id, records, user_turn=_is_user_turn(records))
             if insight is not None:
                 s.clear_insight(self._id, expected=insight)
 
     async def acommit_turn(
-        self, records: Sequence[BaseMessage], *, insight: str | None = None
+        self,
+        records: Sequence[BaseMessage],
+        *,
+        insight: str | None = None,
+        lease: Lease | None = None,
     ) -> None:
         """Async twin of `commit_turn`."""
         s, records = self._storage, _storable_records(records)
         async with s.atransaction():
+            if lease is not None:
+                await s.acheck_lease(lease)
             self._active(await self._aload_meta(), "a turn's records")
             await s.aappend_records(self._id, records, user_turn=_is_user_turn(records))
             if insight is not None:
@@ -536,20 +553,29 @@ class SessionBase:
         If the reply asks for tools, run them and pass their results to `send_tool_results`.
         `tool_choice` forces the call's use of tools (e.g. `"required"` or a tool's name).
         The text is stored exactly as given (text that looks like JSON is still user text).
+        The call holds the session's lease (`stello_graph.lease`): turns on one session, from
+        here, other threads, agents or processes, run one at a time.
         """
         human = HumanMessage(content=check_text(content))
-        ctx = self.turn_context()
-        reply = self.invoke(ctx.prompt([human]), tool_choice=tool_choice)
-        self.commit_turn([human, reply], insight=ctx.insight)
+        with self._leases().hold(self._id) as lease:
+            ctx = self.turn_context()
+            reply = self.invoke(ctx.prompt([human]), tool_choice=tool_choice)
+            self.commit_turn([human, reply], insight=ctx.insight, lease=lease)
         return to_send_result(reply)
 
     async def asend(self, content: str, *, tool_choice: ToolChoice = None) -> SendResult:
         """Async twin of `send`."""
         human = HumanMessage(content=check_text(content))
-        ctx = await self.aturn_context()
-        reply = await self.ainvoke(ctx.prompt([human]), tool_choice=tool_choice)
-        await self.acommit_turn([human, reply], insight=ctx.insight)
+        async with self._leases().ahold(self._id) as lease:
+            ctx = await self.aturn_context()
+            reply = await self.ainvoke(ctx.prompt([human]), tool_choice=tool_choice)
+            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease)
         return to_send_result(reply)
+
+    def _leases(self) -> SessionLeases:
+        if self._lease_keeper is None:
+            self._lease_keeper = SessionLeases(self._storage)
+        return self._lease_keeper
 
     def send_tool_results(self, results: Sequence[ToolMessage] | ToolMessage) -> SendResult:
         """Continue a turn whose reply asked for tools: one model call with their results.
@@ -558,21 +584,27 @@ class SessionBase:
         new reply are appended to L3 together.
         """
         tool_messages = _check_tool_results(results)
-        ctx = self.turn_context()
-        raw = shared_records(self._storage, self._id)[_through(ctx) :]
-        history = _continue_history(self._id, raw, tool_messages)
-        reply = self.invoke(replace(ctx, history=history).prompt())
-        self.commit_turn([*tool_messages, reply], insight=ctx.insight)
+        self._active(self._load_meta(), "a turn")  # refused before the lease is taken
+        _continue_history(self._id, shared_records(self._storage, self._id), tool_messages)
+        with self._leases().hold(self._id) as lease:
+            ctx = self.turn_context()
+            raw = shared_records(self._storage, self._id)[_through(ctx) :]
+            history = _continue_history(self._id, raw, tool_messages)
+            reply = self.invoke(replace(ctx, history=history).prompt())
+            self.commit_turn([*tool_messages, reply], insight=ctx.insight, lease=lease)
         return to_send_result(reply)
 
     async def asend_tool_results(self, results: Sequence[ToolMessage] | ToolMessage) -> SendResult:
         """Async twin of `send_tool_results`."""
         tool_messages = _check_tool_results(results)
-        ctx = await self.aturn_context()
-        raw = (await ashared_records(self._storage, self._id))[_through(ctx) :]
-        history = _continue_history(self._id, raw, tool_messages)
-        reply = await self.ainvoke(replace(ctx, history=history).prompt())
-        await self.acommit_turn([*tool_messages, reply], insight=ctx.insight)
+        self._active(await self._aload_meta(), "a turn")  # refused before the lease is taken
+        _continue_history(self._id, await ashared_records(self._storage, self._id), tool_messages)
+        async with self._leases().ahold(self._id) as lease:
+            ctx = await self.aturn_context()
+            raw = (await ashared_records(self._storage, self._id))[_through(ctx) :]
+            history = _continue_history(self._id, raw, tool_messages)
+            reply = await self.ainvoke(replace(ctx, history=history).prompt())
+            await self.acommit_turn([*tool_messages, reply], insight=ctx.insight, lease=lease)
         return to_send_result(reply)
 
     # -- stream -----------------------------------------------------------------------------
@@ -580,30 +612,34 @@ class SessionBase:
         """Like `send`, yielding the reply's text chunks (`str`) as the model produces them.
 
         The `SendResult` is `stream.result` once the stream is exhausted; the turn is
-        committed then. A stream closed early commits nothing and keeps the insight.
+        committed then. A stream closed early commits nothing and keeps the insight. The
+        session's lease is held from the first chunk asked for until the stream ends.
         """
         human = HumanMessage(content=check_text(content))
-        ctx = self.turn_context()
+        self._active(self._load_meta(), "a turn")
         self._runnable()
-        return SessionStream(self._stream_turn(ctx, human))
+        return SessionStream(self._stream_turn(human))
 
-    def _stream_turn(self, ctx: TurnContext, human: HumanMessage) -> Iterator[str | SendResult]:
-        runnable = self._runnable()
-        total: AIMessageChunk | None = None
-        try:
-            for chunk in runnable.stream(ctx.prompt([human]), config=self._config()):
-                if not isinstance(chunk, AIMessageChunk):
-                    chunk = AIMessageChunk(content=message_text(_as_ai_message(chunk).content))
-                total = chunk if total is None else total + chunk
-                text = message_text(chunk.content)
-                if text:
-                    yield text
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._model_error(exc) from exc
-        reply = _chunk_to_message(total)
-        self.commit_turn([human, reply], insight=ctx.insight)
+    def _stream_turn(self, human: HumanMessage) -> Iterator[str | SendResult]:
+        with self._leases().hold(self._id) as lease:
+            ctx = self.turn_context()
+            runnable = self._runnable()
+            total: AIMessageChunk | None = None
+            try:
+                for chunk in runnable.stream(ctx.prompt([human]), config=self._config()):
+                    if not isinstance(chunk, AIMessageChunk):
+                        text = message_text(_as_ai_message(chunk).content)
+                        chunk = AIMessageChunk(content=text)
+                    total = chunk if total is None else total + chunk
+                    text = message_text(chunk.content)
+                    if text:
+                        yield text
+            except StelloError:
+                raise
+            except Exception as exc:
+                raise self._model_error(exc) from exc
+            reply = _chunk_to_message(total)
+            self.commit_turn([human, reply], insight=ctx.insight, lease=lease)
         yield to_send_result(reply)
 
     def astream(self, content: str) -> AsyncSessionStream:
@@ -612,23 +648,25 @@ class SessionBase:
         return AsyncSessionStream(self._astream_turn(human))
 
     async def _astream_turn(self, human: HumanMessage) -> AsyncIterator[str | SendResult]:
-        ctx = await self.aturn_context()
-        runnable = self._runnable()
-        total: AIMessageChunk | None = None
-        try:
-            async for chunk in runnable.astream(ctx.prompt([human]), config=self._config()):
-                if not isinstance(chunk, AIMessageChunk):
-                    chunk = AIMessageChunk(content=message_text(_as_ai_message(chunk).content))
-                total = chunk if total is None else total + chunk
-                text = message_text(chunk.content)
-                if text:
-                    yield text
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._model_error(exc) from exc
-        reply = _chunk_to_message(total)
-        await self.acommit_turn([human, reply], insight=ctx.insight)
+        async with self._leases().ahold(self._id) as lease:
+            ctx = await self.aturn_context()
+            runnable = self._runnable()
+            total: AIMessageChunk | None = None
+            try:
+                async for chunk in runnable.astream(ctx.prompt([human]), config=self._config()):
+                    if not isinstance(chunk, AIMessageChunk):
+                        text = message_text(_as_ai_message(chunk).content)
+                        chunk = AIMessageChunk(content=text)
+                    total = chunk if total is None else total + chunk
+                    text = message_text(chunk.content)
+                    if text:
+                        yield text
+            except StelloError:
+                raise
+            except Exception as exc:
+                raise self._model_error(exc) from exc
+            reply = _chunk_to_message(total)
+            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease)
         yield to_send_result(reply)
 
     # -- records and prompt -----------------------------------------------------------------

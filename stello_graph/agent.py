@@ -48,6 +48,7 @@ from stello_graph._validate import check_chat_model, check_id, check_text, check
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     InvalidInputError,
+    NodeHasChildrenError,
     NodeNotFoundError,
     SessionArchivedError,
     SessionNotFoundError,
@@ -772,8 +773,16 @@ class StelloAgent:
         return sid
 
     def archive(self, session_id: str) -> SessionMeta:
-        """Archive a session (after its running turn, if any); it then refuses all work."""
+        """Archive a session (after its running turn, if any); it then refuses all work.
+
+        Archiving an archived session changes nothing and returns its meta.
+        """
         sid = self._archivable(session_id)
+        found = self.storage.get_session(sid)
+        if found is None:
+            raise SessionNotFoundError(sid)
+        if found.status == "archived":
+            return found
         with self._leases.hold(sid):
             session = self.session(sid)
             assert isinstance(session, Session)
@@ -785,6 +794,11 @@ class StelloAgent:
     async def aarchive(self, session_id: str) -> SessionMeta:
         """Async twin of `archive`."""
         sid = self._archivable(session_id)
+        found = await self.storage.aget_session(sid)
+        if found is None:
+            raise SessionNotFoundError(sid)
+        if found.status == "archived":
+            return found
         async with self._leases.ahold(sid):
             session = self.session(sid)
             assert isinstance(session, Session)
@@ -1024,6 +1038,10 @@ class StelloAgent:
             NodeNotFoundError: the session has no node.
         """
         sid = self._removable(session_id)
+        self._node(self.storage.get_node(sid), sid)  # refused before the lease is taken
+        children = self.storage.get_children(sid)
+        if children and not cascade:
+            raise NodeHasChildrenError(sid, len(children))
         with self._leases.hold(sid):
             removed = self.storage.remove_node(sid, cascade=cascade)
             for gone in removed:
@@ -1036,6 +1054,10 @@ class StelloAgent:
     async def aremove(self, session_id: str, *, cascade: bool = False) -> list[str]:
         """Async twin of `remove`."""
         sid = self._removable(session_id)
+        self._node(await self.storage.aget_node(sid), sid)
+        children = await self.storage.aget_children(sid)
+        if children and not cascade:
+            raise NodeHasChildrenError(sid, len(children))
         async with self._leases.ahold(sid):
             removed = await self.storage.aremove_node(sid, cascade=cascade)
             for gone in removed:

@@ -1,6 +1,6 @@
 """The session lease: turns on one session run one at a time, wherever they come from.
 
-A turn holds its session through a lease stored with the session (`MainStorage.acquire_lease`):
+A turn holds its session through a lease stored with the session (`SessionStorage.acquire_lease`):
 an owner, an expiry and a fencing token. Threads, asyncio tasks, two agents and two processes
 on one database all go through it, so every turn sees every turn committed before it started
 and an insight is shown to exactly one turn. While a turn runs, a keeper thread renews its
@@ -15,9 +15,9 @@ the session counts as held by the running code, and anything that would wait for
 instead of waiting for itself.
 
 Example:
-    >>> from stello_graph.checkpoints import InMemoryMainStorage
+    >>> from stello_graph.checkpoints import InMemorySessionStorage
     >>> from stello_graph.models import SessionMeta
-    >>> storage = InMemoryMainStorage()
+    >>> storage = InMemorySessionStorage()
     >>> storage.put_session(SessionMeta(id="s1", label="Ideas"))
     >>> leases = SessionLeases(storage)
     >>> with leases.hold("s1") as lease:
@@ -43,7 +43,7 @@ from typing import Any
 
 from stello_graph.errors import InvalidInputError, SessionBusyError
 from stello_graph.models import Lease
-from stello_graph.storage import MainStorage
+from stello_graph.storage import SessionStorage
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -116,19 +116,19 @@ def owner_is_dead(owner: str) -> bool:
     return False
 
 
-def _scope(storage: MainStorage) -> str:
+def _scope(storage: SessionStorage) -> str:
     """Which database and tree a storage reads: two storages of one file share a scope."""
     path = getattr(storage, "path", None)
     if isinstance(path, str) and path not in ("", ":memory:"):
         where = os.path.realpath(path)
     else:
         where = f"object:{id(storage)}"
-    return f"{type(storage).__name__}:{where}:{storage.tree_id}"
+    return f"{type(storage).__name__}:{where}:{getattr(storage, 'tree_id', '')}"
 
 
 @dataclass(slots=True)
 class _Kept:
-    storage: MainStorage
+    storage: SessionStorage
     lease: Lease
     ttl: float
     due: float
@@ -144,7 +144,7 @@ class _Keeper:
     pid: int = 0
     counter: int = 0
 
-    def add(self, storage: MainStorage, lease: Lease, ttl: float) -> int:
+    def add(self, storage: SessionStorage, lease: Lease, ttl: float) -> int:
         with self.cond:
             self.counter += 1
             self.kept[self.counter] = _Kept(storage, lease, ttl, time.monotonic() + ttl / 3)
@@ -194,7 +194,7 @@ class SessionLeases:
     """
 
     def __init__(
-        self, storage: MainStorage, *, ttl: float = DEFAULT_LEASE_TTL, wait: float | None = None
+        self, storage: SessionStorage, *, ttl: float = DEFAULT_LEASE_TTL, wait: float | None = None
     ) -> None:
         self.storage = storage
         self.ttl = check_lease_ttl(ttl)
