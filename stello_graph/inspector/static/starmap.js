@@ -38,7 +38,7 @@ export class StarMap {
     this.tree = tree;
     this.collapsed = collapsed;
     this._layout();
-    if (!keepView) this.fit();
+    if (!keepView || !this.touched) this.fit();  // follow a growing tree until moved by hand
     this.redraw();
   }
 
@@ -121,6 +121,7 @@ export class StarMap {
 
   zoom(factor, sx = this.width / 2, sy = this.height / 2) {
     const v = this.view;
+    this.touched = true;
     const next = Math.min(60, Math.max(0.02, v.scale * factor));
     v.x = sx - ((sx - v.x) * next) / v.scale;
     v.y = sy - ((sy - v.y) * next) / v.scale;
@@ -358,7 +359,7 @@ export class StarMap {
       if (drag) {
         const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
         if (Math.abs(dx) + Math.abs(dy) > 3) { drag.moved = true; c.classList.add("drag"); }
-        if (drag.moved) { this.view.x = drag.vx + dx; this.view.y = drag.vy + dy; this.redraw(); this._tip(null); return; }
+        if (drag.moved) { this.touched = true; this.view.x = drag.vx + dx; this.view.y = drag.vy + dy; this.redraw(); this._tip(null); return; }
       }
       const node = this.nodeAt(sx, sy);
       const id = node ? node.id : null;
