@@ -55,6 +55,21 @@ def _db_options(parser: argparse.ArgumentParser, default: str) -> None:
     )
 
 
+def _map_size(text: str) -> float:
+    """`--size`: a number of pixels the star map can be drawn at."""
+    from stello_graph.starmap import MAX_SIZE
+
+    try:
+        size = float(text)
+    except ValueError:
+        size = float("nan")
+    if not 100 < size <= MAX_SIZE:  # NaN and infinities fail too
+        raise argparse.ArgumentTypeError(
+            f"must be a number of pixels above 100 and at most {MAX_SIZE}, got {text!r}"
+        )
+    return int(size) if size.is_integer() else size
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `stello-graph` argument parser."""
     parser = argparse.ArgumentParser(
@@ -77,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     tree = commands.add_parser("tree", help="print a stored tree; write its star map (SVG)")
     _db_options(tree, CHAT_DB)
     tree.add_argument("--svg", metavar="OUT", help="write the star map to OUT ('-': stdout)")
-    tree.add_argument("--size", type=int, default=640, help="star map size in pixels")
+    tree.add_argument(
+        "--size", type=_map_size, default=640, help="star map size in pixels (101-20000)"
+    )
     tree.set_defaults(run=_run_tree)
     export = commands.add_parser("export", help="print a stored tree as JSON")
     _db_options(export, CHAT_DB)
