@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from stello_graph.agent import StelloAgent
     from stello_graph.storage import MainStorage
 
-__all__ = ["DEFAULT_PORT", "open_storage", "run_inspect"]
+__all__ = ["DEFAULT_PORT", "listen", "open_storage", "run_inspect"]
 
 DEFAULT_PORT = 8321
 """The port `inspect` listens on unless told otherwise (`--port 0`: any free port)."""
@@ -60,9 +60,13 @@ def open_storage(db: str, tree_id: str) -> tuple[MainStorage, str]:
     return open_tree(path, tree_id), str(path.resolve())
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on `host:port` (0: a free port), with Nagle's algorithm off
+    on the connections it accepts (a response's headers and body are written apart: with it
+    on, keep-alive requests waited 40 ms for a delayed ACK)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -121,7 +125,7 @@ def run_inspect(
     _check_address(args.host, args.port)
     storage, label = open_storage(args.db, args.tree_id)
     try:
-        sock = _bind(args.host, args.port)
+        sock = listen(args.host, args.port)
     except BaseException:
         _close(storage)
         raise

@@ -131,12 +131,18 @@ class Inspector:
         return body
 
     async def poll_loop(self) -> None:
-        """Refresh the feed until the server stops, pausing at least `poll_interval` and at
-        least four times as long as a poll took (a large tree is polled less often)."""
+        """Refresh the feed until the server stops, and encode the tree again whenever it
+        changed (so `GET /api/tree` is served ready-made); pause at least `poll_interval` and
+        at least four times as long as that work took (a large tree is polled less often)."""
         self.polling = True
         try:
             while not self.stopping.is_set():
+                seq = self.feed.seq
                 took = await run_in_threadpool(self.refresh)
+                if self._tree is None or self.feed.seq != seq:  # prepare the next GET
+                    started = time.perf_counter()
+                    await run_in_threadpool(self.tree_json)
+                    took += time.perf_counter() - started
                 await _sleep_unless(self.stopping, max(self.poll_interval, 4 * took))
         finally:
             self.polling = False

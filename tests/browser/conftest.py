@@ -11,7 +11,6 @@ import contextlib
 import io
 import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import ViewportSize
 
 from stello_graph import demo
 from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.cli._serve import listen
 from stello_graph.storage import MainStorage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-VIEWPORT = {"width": 1440, "height": 860}
+VIEWPORT: ViewportSize = {"width": 1440, "height": 860}
 
 
 def chromium_path() -> str:
@@ -61,8 +62,7 @@ def serve(storage: MainStorage, db: Path, **options: Any) -> Iterator[Server]:
     from stello_graph.inspector import create_app
 
     app = create_app(storage, label=str(db), poll_interval=0.25, **options)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = listen("127.0.0.1", 0)
     config = uvicorn.Config(app, log_level="warning", loop="asyncio", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
