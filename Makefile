@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 NOTEBOOKS_OUT ?= build/notebooks
 BENCH_ARGS ?=
 
-.PHONY: install test test-live live-server test-reliability browser test-browser lint type check demo notebooks bench bench-quick clean
+.PHONY: install test test-live live-server test-reliability browser test-browser screenshots lint type check demo notebooks bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ browser:
 
 test-browser: $(STAMP) browser
 	$(BIN)/python -m pytest -m browser tests/browser $(PYTEST_ARGS)
+
+# The README's screenshots of the inspector, as the browser tests take them.
+screenshots: test-browser
+	mkdir -p docs
+	for view in tree session context events; do cp build/inspector/$$view.png docs/inspector-$$view.png; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

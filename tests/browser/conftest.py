@@ -33,7 +33,7 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-VIEWPORT: ViewportSize = {"width": 1440, "height": 860}
+VIEWPORT: ViewportSize = {"width": 1280, "height": 780}
 
 
 def chromium_path() -> str:
@@ -61,7 +61,7 @@ def serve(storage: MainStorage, db: Path, **options: Any) -> Iterator[Server]:
 
     from stello_graph.inspector import create_app
 
-    app = create_app(storage, label=str(db), poll_interval=0.25, **options)
+    app = create_app(storage, label=db.name, poll_interval=0.25, **options)
     sock = listen("127.0.0.1", 0)
     config = uvicorn.Config(app, log_level="warning", loop="asyncio", access_log=False)
     server = uvicorn.Server(config)

@@ -58,7 +58,7 @@ export class SessionList {
   _row(node, index) {
     const twist = node.kids.length ? (this.collapsed.has(node.id) ? "▸" : "▾") : "";
     const cls = ["vrow", node.status, node.id === this.selected ? "sel" : ""].join(" ").trim();
-    const indent = 8 + Math.min(node.depth, 12) * 12;
+    const indent = 8 + Math.min(node.depth, 8) * 12;
     const stale = node.role !== "main" && node.status !== "archived" && node.stale_turns
       ? el("span.stale", { title: `${node.stale_turns} turn(s) since the last consolidation` }, `stale ${node.stale_turns}`) : null;
     const row = el("div", {

@@ -76,7 +76,7 @@ export async function renderSession(root, id, ctx) {
     el("a", { onclick: () => ctx.select(a.id) }, a.label || "(no label)"), " › "]), meta.label || "(no label)");
   const staleCls = data.stale_turns ? "warn" : "";
   const l2meta = data.memory_through
-    ? `covers records 1–${data.memory_through} of ${data.records} · ${data.stale_turns ? plural(data.stale_turns, "turn") + " since" : "up to date"}`
+    ? `covers records 1–${data.memory_through} of ${data.records} · ${data.stale_turns ? plural(data.stale_turns, "turn") + " since it was made" : "up to date"}`
     : "";
   const parts = [
     crumbs,

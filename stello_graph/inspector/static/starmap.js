@@ -203,8 +203,12 @@ export class StarMap {
   /** A star's radius in world units: its size, kept between 1.3 and 16 (main: 22) pixels. */
   radius(n) {
     const px = 1 / this.view.scale;
-    return Math.min(Math.max(n.r, 1.3 * px), (n.depth === 0 ? 22 : 14) * px);
+    const least = n.depth === 0 ? 6 : n.depth === 1 ? 2.5 : 1.3;  // the sun and its ring stand out
+    return Math.min(Math.max(n.r, least * px), (n.depth === 0 ? 22 : 14) * px);
   }
+
+  /** Whether a star is drawn big enough on screen to carry marks and a label. */
+  legible(n) { return n.depth <= 1 || n.r * this.view.scale >= 2.5; }
 
   _marks(px) {
     const { ctx } = this;
@@ -212,7 +216,7 @@ export class StarMap {
     ctx.strokeStyle = COLORS.stale;
     ctx.beginPath();
     for (const n of this.placed) {
-      if (n.role === "main" || n.status === "archived" || !n.stale_turns) continue;
+      if (n.role === "main" || n.status === "archived" || !n.stale_turns || !this.legible(n)) continue;
       const r = this.radius(n) + 1.8 * px;
       ctx.moveTo(n.x + r, n.y); ctx.arc(n.x, n.y, r, 0, 2 * Math.PI);
     }
@@ -221,7 +225,7 @@ export class StarMap {
       ctx.fillStyle = colour;
       ctx.beginPath();
       for (const n of this.placed) {
-        if (!n[key]) continue;
+        if (!n[key] || (!this.legible(n) && key !== "failures")) continue;
         const r = this.radius(n);
         const d = Math.max(2.2 * px, r * 0.4);
         const cx = n.x + dx * r * 0.8, cy = n.y - r * 0.8;
@@ -264,6 +268,8 @@ export class StarMap {
     for (const n of this.placed) {
       const [sx, sy] = this.toScreen(n);
       if (sx < -50 || sy < -20 || sx > W + 50 || sy > H + 20) continue;
+      const pinned = n.id === this.selected || n.id === this.hovered || this.matches.has(n.id);
+      if (!pinned && !this.legible(n)) continue;  // zoom in to name the small ones
       onScreen.push([n, sx, sy]);
     }
     const first = (n) => (n.id === this.selected || n.id === this.hovered ? 0 : this.matches.has(n.id) ? 1 : 2);
