@@ -119,14 +119,16 @@ def _in_tree_order(stats: list[SessionStats]) -> list[tuple[SessionStats, int]]:
     return ordered
 
 
-def tree_view(storage: MainStorage) -> dict[str, Any]:
-    """`GET /api/tree`: every node with what the page draws and lists.
+def tree_view(storage: MainStorage, *, compact: bool = False) -> dict[str, Any]:
+    """`GET /api/tree`: every node with what the page draws and lists, parents first,
+    siblings in creation order.
 
-    To stay small at 10,000 sessions the nodes are rows of values, named once by `fields`
-    (`TREE_FIELDS`): `id`, `parent_id`, `label`, `role`, `status`, `depth`, `turns`,
-    `records`, `memory_through`, `stale_turns` (user turns since the L2 was made),
-    `has_l2`, `has_insight`, `has_subtree_synthesis`, `failures` (stored background
-    failures), `updated_at`. Rows come parents first, siblings in creation order.
+    Each node: `id`, `parent_id`, `label`, `role`, `status`, `depth`, `turns`, `records`,
+    `memory_through`, `stale_turns` (user turns since the L2 was made), `has_l2`,
+    `has_insight`, `has_subtree_synthesis`, `failures` (stored background failures),
+    `updated_at` (`TREE_FIELDS`). With `compact` (`?compact=1`, what the page asks for)
+    each node is a row of those values, named once by `fields`: less than half the bytes
+    at 10,000 sessions.
     """
     stats = session_stats(storage)
     failures: dict[str | None, int] = {}
@@ -141,19 +143,23 @@ def tree_view(storage: MainStorage) -> dict[str, Any]:
         for s, depth in _in_tree_order(stats)
     ]
     main = next((s.id for s in stats if s.role == "main" and s.in_tree), None)
-    return {
+    head = {
         "tree_id": storage.tree_id,
         "main_session_id": main,
         "count": len(rows),
         "tree_failures": failures.get(None, 0),
-        "fields": list(TREE_FIELDS),
-        "nodes": rows,
     }
+    if compact:
+        return {**head, "fields": list(TREE_FIELDS), "nodes": rows}
+    return {**head, "nodes": [dict(zip(TREE_FIELDS, row, strict=True)) for row in rows]}
 
 
 def tree_nodes(view: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of a `tree_view` as one dict per node (for tests and scripts)."""
-    fields = view["fields"]
+    """The nodes of a `tree_view`, compact or not, as one dict per node."""
+    fields = view.get("fields")
+    if fields is None:
+        nodes: list[dict[str, Any]] = view["nodes"]
+        return nodes
     return [dict(zip(fields, row, strict=True)) for row in view["nodes"]]
 
 

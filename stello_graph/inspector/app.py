@@ -79,7 +79,7 @@ class Inspector:
         self.feed = Feed()
         self.polling = False
         """Whether the server's poll loop runs (the app's lifespan starts it)."""
-        self._tree: tuple[int, bytes] | None = None
+        self._tree: dict[bool, tuple[int, bytes]] = {}
         self._agent_factory = agent
         self._agent: StelloAgent | None = None
         self._write_lock = threading.Lock()
@@ -106,7 +106,7 @@ class Inspector:
             try:
                 return fn(self.agent())
             finally:
-                self._tree = None
+                self._tree = {}
 
     def refresh(self) -> float:
         """Read the events after the feed's cursor into the feed; return the seconds it took.
@@ -117,17 +117,18 @@ class Inspector:
         self.feed.add(found, newest)
         return time.perf_counter() - started
 
-    def tree_json(self) -> bytes:
-        """`GET /api/tree`, encoded. While the poll loop runs, the encoding is reused until
+    def tree_json(self, compact: bool = True) -> bytes:
+        """`GET /api/tree`, encoded. While the poll loop runs, an encoding is reused until
         the loop sees a change (or a write is made here): the tree is then as fresh as the
         last poll. Without the loop, every call reads the storage."""
-        kept = self._tree
+        kept = self._tree.get(compact)
         if self.polling and kept is not None and kept[0] == self.feed.seq:
             return kept[1]
         seq = self.feed.seq
-        body = json.dumps(_views.tree_view(self.storage), separators=(",", ":")).encode()
+        view = _views.tree_view(self.storage, compact=compact)
+        body = json.dumps(view, separators=(",", ":")).encode()
         if self.polling:
-            self._tree = (seq, body)
+            self._tree[compact] = (seq, body)
         return body
 
     async def poll_loop(self) -> None:
@@ -139,9 +140,10 @@ class Inspector:
             while not self.stopping.is_set():
                 seq = self.feed.seq
                 took = await run_in_threadpool(self.refresh)
-                if self._tree is None or self.feed.seq != seq:  # prepare the next GET
+                if not self._tree or self.feed.seq != seq:  # prepare the next GETs
                     started = time.perf_counter()
-                    await run_in_threadpool(self.tree_json)
+                    for compact in (True, False):
+                        await run_in_threadpool(self.tree_json, compact)
                     took += time.perf_counter() - started
                 await _sleep_unless(self.stopping, max(self.poll_interval, 4 * took))
         finally:
@@ -239,7 +241,8 @@ async def info(request: Request) -> Response:
 
 
 async def tree(request: Request) -> Response:
-    body = await run_in_threadpool(_state(request).tree_json)
+    compact = request.query_params.get("compact", "") not in ("", "0", "false")
+    body = await run_in_threadpool(_state(request).tree_json, compact)
     return Response(body, media_type="application/json")
 
 

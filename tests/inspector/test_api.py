@@ -30,7 +30,7 @@ def test_tree_lists_every_node_with_what_the_page_needs(tree: Tree, client: Test
     data = client.get("/api/tree").json()
     nodes = _nodes(client)
     assert data["main_session_id"] == tree.main and data["count"] == 4
-    assert [row[0] for row in data["nodes"]] == [tree.main, tree.pricing, tree.tiers, tree.growth]
+    assert [n["id"] for n in data["nodes"]] == [tree.main, tree.pricing, tree.tiers, tree.growth]
     pricing, tiers, growth = nodes[tree.pricing], nodes[tree.tiers], nodes[tree.growth]
     assert pricing["parent_id"] == tree.main and tiers["parent_id"] == tree.pricing
     assert (nodes[tree.main]["depth"], pricing["depth"], tiers["depth"]) == (0, 1, 2)
@@ -40,6 +40,16 @@ def test_tree_lists_every_node_with_what_the_page_needs(tree: Tree, client: Test
     assert growth["status"] == "archived" and nodes[tree.main]["role"] == "main"
     assert (tiers["failures"], pricing["failures"]) == (1, 0)
     assert pricing["label"] == "Pricing"
+
+
+def test_the_compact_tree_has_the_same_nodes_as_rows(client: TestClient) -> None:
+    full, compact = client.get("/api/tree").json(), client.get("/api/tree?compact=1").json()
+    assert compact["fields"][:5] == ["id", "parent_id", "label", "role", "status"]
+    assert all(isinstance(row, list) for row in compact["nodes"])
+    assert tree_nodes(compact) == full["nodes"]
+    assert {k: v for k, v in compact.items() if k not in ("fields", "nodes")} == {
+        k: v for k, v in full.items() if k != "nodes"
+    }
 
 
 def test_tree_view_needs_no_bulk_read(tree: Tree) -> None:

@@ -18,7 +18,7 @@ async function request(method, path, body) {
 
 export const api = {
   info: () => request("GET", "/api/info"),
-  tree: () => request("GET", "/api/tree"),
+  tree: () => request("GET", "/api/tree?compact=1"),
   session: (id) => request("GET", `/api/sessions/${encodeURIComponent(id)}`),
   records: (id, offset = 0, limit = 1000) =>
     request("GET", `/api/sessions/${encodeURIComponent(id)}/records?offset=${offset}&limit=${limit}`),
