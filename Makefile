@@ -47,7 +47,7 @@ test-browser: $(STAMP) browser
 # The README's screenshots of the inspector, as the browser tests take them.
 screenshots: test-browser
 	mkdir -p docs
-	for view in tree session context events; do cp build/inspector/$$view.png docs/inspector-$$view.png; done
+	for view in tree session context events large; do cp build/inspector/$$view.png docs/inspector-$$view.png; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

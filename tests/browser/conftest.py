@@ -139,3 +139,19 @@ def write_server(demo_file: Path, tmp_path: Path) -> Iterator[Server]:
     shutil.copy(demo_file, db)
     with SqliteMainStorage(db) as storage, serve(storage, db, write=True) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def large_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2,000-session tree (the benchmark's shape)."""
+    from tests.benchmarks.inspector import build_tree_file
+
+    db = tmp_path_factory.mktemp("large") / "large.db"
+    build_tree_file(db, 2000)
+    return db
+
+
+@pytest.fixture
+def large_server(large_file: Path) -> Iterator[Server]:
+    with SqliteMainStorage(large_file) as storage, serve(storage, large_file) as running:
+        yield running

@@ -127,3 +127,36 @@ def test_a_write_from_the_page(page: Any, write_server: Server) -> None:
     )
     pricing = _id(page, "Pricing")
     assert write_server.storage.get_memory_through(pricing) == 4
+
+
+_BOXES = "window.stelloInspector.map.labelBoxes"
+_OVERLAPS = f"""() => {{
+  const b = {_BOXES};
+  let n = 0;
+  for (let i = 0; i < b.length; i++) for (let j = i + 1; j < b.length; j++)
+    if (b[i][0] < b[j][2] && b[j][0] < b[i][2] && b[i][1] < b[j][3] && b[j][1] < b[i][3]) n++;
+  return n;
+}}"""
+
+
+def test_a_large_tree_labels_never_overlap_at_any_zoom(
+    page: Any, large_server: Server, shot: Shot
+) -> None:
+    _open(page, large_server.url)
+    assert "2000 sessions" in page.inner_text("#counts")
+    assert page.locator(".vrow").count() < 100  # the list is virtualised
+    box = page.locator("#map").bounding_box()
+    centre = (box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    counts = []
+    for _ in range(4):
+        page.mouse.move(*centre)
+        page.mouse.wheel(0, -500)  # zoom in around the centre
+        page.wait_for_timeout(150)
+        counts.append(page.evaluate(f"{_BOXES}.length"))
+        assert page.evaluate(_OVERLAPS) == 0
+    assert counts[-1] > counts[0]  # zooming in names more stars
+    page.fill("#search", "#1999")
+    page.press("#search", "Enter")
+    page.wait_for_selector("body[data-view^='session:s1999']", timeout=TIMEOUT)
+    assert page.evaluate(_OVERLAPS) == 0
+    shot(page, "large")

@@ -26,7 +26,7 @@ function listItems() {
 }
 
 function refreshList() {
-  list.setItems(listItems(), state.collapsed);
+  list.setItems(listItems(), state.collapsed, Boolean(state.query));
   list.select(state.selected);
   const t = state.tree;
   const archived = t.nodes.filter((n) => n.status === "archived").length;
@@ -183,6 +183,8 @@ async function start() {
   map.onDrawn = () => { document.body.dataset.ready = "1"; map.onDrawn = null; };
   map.redraw();
 }
+
+window.stelloInspector = { map, list, state };  // for tests and the console
 
 start().catch((error) => {
   document.body.dataset.ready = "error";

@@ -19,9 +19,11 @@ export class SessionList {
     new ResizeObserver(() => this.render()).observe(this.box);
   }
 
-  setItems(items, collapsed) {
+  /** `flat`: search results, shown without the tree's indentation. */
+  setItems(items, collapsed, flat = false) {
     this.items = items;
     this.collapsed = collapsed;
+    this.flat = flat;
     this.spacer.style.height = `${items.length * ROW}px`;
     for (const row of this.rows.values()) row.remove();
     this.rows.clear();
@@ -58,7 +60,7 @@ export class SessionList {
   _row(node, index) {
     const twist = node.kids.length ? (this.collapsed.has(node.id) ? "▸" : "▾") : "";
     const cls = ["vrow", node.status, node.id === this.selected ? "sel" : ""].join(" ").trim();
-    const indent = 8 + Math.min(node.depth, 8) * 12;
+    const indent = 8 + (this.flat ? 0 : Math.min(node.depth, 8) * 12);
     const stale = node.role !== "main" && node.status !== "archived" && node.stale_turns
       ? el("span.stale", { title: `${node.stale_turns} turn(s) since the last consolidation` }, `stale ${node.stale_turns}`) : null;
     const row = el("div", {

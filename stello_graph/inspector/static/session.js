@@ -73,7 +73,8 @@ export async function renderSession(root, id, ctx) {
   const main = meta.role === "main";
   const actions = ctx.write ? sessionActions(id, data, ctx) : null;
   const crumbs = el("div.crumbs", {}, [...data.ancestors].reverse().flatMap((a) => [
-    el("a", { onclick: () => ctx.select(a.id) }, a.label || "(no label)"), " › "]), meta.label || "(no label)");
+    el("a", { onclick: () => ctx.select(a.id) }, a.label || (a.parent_id ? "(no label)" : "Main Session")), " › "]),
+    meta.label || "(no label)");
   const staleCls = data.stale_turns ? "warn" : "";
   const l2meta = data.memory_through
     ? `covers records 1–${data.memory_through} of ${data.records} · ${data.stale_turns ? plural(data.stale_turns, "turn") + " since it was made" : "up to date"}`

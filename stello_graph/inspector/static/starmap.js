@@ -126,6 +126,7 @@ export class StarMap {
     v.x = sx - ((sx - v.x) * next) / v.scale;
     v.y = sy - ((sy - v.y) * next) / v.scale;
     v.scale = next;
+    this._tip(null);
     this.redraw();
   }
 
@@ -135,6 +136,7 @@ export class StarMap {
     this.view.scale = Math.max(this.view.scale, minScale);
     this.view.x = this.width / 2 - node.x * this.view.scale;
     this.view.y = this.height / 2 - node.y * this.view.scale;
+    this._tip(null);
     this.redraw();
   }
 
@@ -299,9 +301,10 @@ export class StarMap {
       const text = elide(n.label || (n.role === "main" ? "Main Session" : n.id), 28);
       const w = this._width(text), h = LABEL_FONT + 3;
       const r = this.radius(n) * this.view.scale + 4;
-      const left = sx < W / 2 && n.depth > 0 && sx - r - w > 0;
+      const fitsRight = sx + r + w + 2 <= W, fitsLeft = sx - r - w - 2 >= 0;
+      const left = n.depth > 0 && fitsLeft && (sx < W / 2 || !fitsRight);
       const box = left ? [sx - r - w - 2, sy - h / 2, sx - r + 2, sy + h / 2] : [sx + r - 2, sy - h / 2, sx + r + w + 2, sy + h / 2];
-      if (hits(box)) continue;
+      if (box[0] < 0 || box[2] > W || box[1] < 0 || box[3] > H || hits(box)) continue;
       add(box); boxes.push(box);
       drawn.push([n, text, box]);
     }
