@@ -279,6 +279,8 @@ async def event_stream(request: Request) -> Response:
 
     async def stream() -> AsyncIterator[str]:
         nonlocal cursor
+        if cursor > inspector.feed.seq:  # a cursor of a previous server: start over
+            cursor = 0
         yield "retry: 2000\n\n"
         idle = 0.0
         while not inspector.stopping.is_set():

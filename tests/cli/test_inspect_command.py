@@ -145,3 +145,22 @@ def test_other_commands_do_not_load_the_web_stack() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_writes_use_the_offline_model_unless_one_is_named(demo_db: Path) -> None:
+    import argparse
+
+    from stello_graph.checkpoints import SqliteMainStorage
+    from stello_graph.cli._serve import _agent_factory
+
+    args = argparse.Namespace(model=None, base_url=None)
+    with SqliteMainStorage(demo_db) as storage:
+        agent = _agent_factory(args, {}, None)(storage)
+        with agent:
+            pricing = next(n for n in agent.children(agent.main_session_id) if n.label == "Pricing")
+            l2 = agent.consolidate(pricing.id)  # the offline summariser extends the L2
+            assert (
+                l2 == "Yes: a free tier capped at 3 projects. Discussed: What should we do next?."
+            )
+            assert agent.storage is storage
+        assert storage.get_memory_through(pricing.id) == 4  # the storage stays open
