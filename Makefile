@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 NOTEBOOKS_OUT ?= build/notebooks
 BENCH_ARGS ?=
 
-.PHONY: install test test-live live-server test-reliability lint type check demo notebooks bench bench-quick clean
+.PHONY: install test test-live live-server test-reliability browser test-browser screenshots lint type check demo notebooks bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,19 @@ live-server: $(STAMP)
 # (RELIABILITY_FULL=1 for the full local counts; see RELIABILITY.md).
 test-reliability: $(STAMP)
 	$(BIN)/python -m pytest -m reliability tests/reliability $(PYTEST_ARGS)
+
+# The inspector page in a real headless Chromium (Debian's, installed by `make browser` where
+# it is missing); screenshots land in build/inspector/.
+browser:
+	bash .ci/browser.sh
+
+test-browser: $(STAMP) browser
+	$(BIN)/python -m pytest -m browser tests/browser $(PYTEST_ARGS)
+
+# The README's screenshots of the inspector, as the browser tests take them.
+screenshots: test-browser
+	mkdir -p docs
+	for view in tree session context events large; do cp build/inspector/$$view.png docs/inspector-$$view.png; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -56,6 +56,7 @@ from stello_graph.models import (
     Lease,
     SessionMeta,
     SessionRole,
+    SessionStats,
     SessionStatus,
     TopologyNode,
 )
@@ -124,6 +125,10 @@ class StorageShell(ABC):
     @abstractmethod
     def _op_l2s(self) -> list[ChildL2]: ...
     @abstractmethod
+    def _op_session_stats(self) -> list[SessionStats]:
+        """Every session's `SessionStats`, in creation order."""
+
+    @abstractmethod
     def _op_get_node(self, node_id: str) -> TopologyNode | None: ...
     @abstractmethod
     def _op_put_node(self, node: TopologyNode) -> None:
@@ -185,6 +190,15 @@ class StorageShell(ABC):
     def get_all_session_l2s(self) -> list[ChildL2]:
         """The L2 of every active standard session that has one, in creation order."""
         return self._txn.read(self._op_l2s)
+
+    def list_session_stats(self) -> list[SessionStats]:
+        """Every session's meta with its turns, records and memory figures, in creation
+        order, read at once (a view of a large tree would otherwise read them one by one).
+
+        Not part of the `MainStorage` protocol: a view falls back to the per-session reads
+        on a storage without it.
+        """
+        return self._txn.read(self._op_session_stats)
 
     # -- L3 records -----------------------------------------------------------------------
     def append_records(
@@ -403,6 +417,9 @@ class StorageShell(ABC):
 
     async def aget_all_session_l2s(self) -> list[ChildL2]:
         return await self._txn.aread(self._op_l2s)
+
+    async def alist_session_stats(self) -> list[SessionStats]:
+        return await self._txn.aread(self._op_session_stats)
 
     async def aappend_records(
         self, session_id: str, messages: Sequence[BaseMessage], *, user_turn: bool = False

@@ -21,7 +21,14 @@ from langchain_core.messages import BaseMessage
 from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, decode_message, row_to_meta
 from stello_graph.checkpoints._shell import StorageShell
 from stello_graph.errors import SessionNotFoundError
-from stello_graph.models import ChildL2, SessionMeta, SessionRole, SessionStatus, TopologyNode
+from stello_graph.models import (
+    ChildL2,
+    SessionMeta,
+    SessionRole,
+    SessionStats,
+    SessionStatus,
+    TopologyNode,
+)
 
 __all__ = ["InMemoryMainStorage"]
 
@@ -193,6 +200,32 @@ class InMemoryMainStorage(StorageShell):
             if role == "standard" and status == "active" and session.memory is not None:
                 children.append(ChildL2(session_id=session_id, label=label, l2=session.memory))
         return children
+
+    def _op_session_stats(self) -> list[SessionStats]:
+        out = []
+        for s in self._in_creation_order():
+            meta, node = row_to_meta(s.row), self._nodes.get(s.row[0])
+            out.append(
+                SessionStats(
+                    id=meta.id,
+                    label=meta.label,
+                    role=meta.role,
+                    status=meta.status,
+                    updated_at=meta.updated_at,
+                    parent_id=node.node.parent_id if node is not None else None,
+                    in_tree=node is not None,
+                    turns=s.turn_count,
+                    records=len(s.records),
+                    memory_through=s.memory_through,
+                    turns_since_memory=sum(
+                        r.type == "human" for r in s.records[s.memory_through :]
+                    ),
+                    has_memory=s.memory is not None,
+                    has_insight=s.insight is not None,
+                    has_subtree_synthesis=s.subtree_synthesis is not None,
+                )
+            )
+        return out
 
     def _in_creation_order(self) -> list[_Session]:
         return sorted(self._sessions.values(), key=lambda session: session.created_seq)

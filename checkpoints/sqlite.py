@@ -20,7 +20,13 @@ from langchain_core.messages import BaseMessage
 from stello_graph.checkpoints import _schema
 from stello_graph.checkpoints._cache import RecordCache
 from stello_graph.checkpoints._schema import CHANGES, GLOBALS, NODES, RECORDS, SESSIONS
-from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, decode_message, row_to_meta
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    MetaRow,
+    decode_message,
+    from_iso,
+    row_to_meta,
+)
 from stello_graph.checkpoints._shell import FIELDS, StorageShell
 from stello_graph.checkpoints._validate import check_identifier, check_non_negative
 from stello_graph.errors import (
@@ -29,7 +35,14 @@ from stello_graph.errors import (
     SessionNotFoundError,
     StorageError,
 )
-from stello_graph.models import ChildL2, SessionMeta, SessionRole, SessionStatus, TopologyNode
+from stello_graph.models import (
+    ChildL2,
+    SessionMeta,
+    SessionRole,
+    SessionStats,
+    SessionStatus,
+    TopologyNode,
+)
 
 __all__ = ["SqliteMainStorage"]
 
@@ -199,6 +212,46 @@ class SqliteMainStorage(StorageShell):
             (self.tree_id,),
         )
         return [ChildL2(session_id=sid, label=label, l2=l2) for sid, label, l2 in rows]
+
+    def _op_session_stats(self) -> list[SessionStats]:
+        # Per session, through the records' primary key. A session's seqs are contiguous
+        # (appends take `next_seq` on, a trim drops the oldest), so the records after the L2
+        # cursor (a count from the first record) are those from MIN(seq) + memory_through on.
+        rows = self._q(
+            f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
+                n.id IS NOT NULL, s.turn_count,
+                (SELECT COUNT(*) FROM {RECORDS} r
+                    WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
+                s.memory_through,
+                (SELECT COUNT(*) FROM {RECORDS} r
+                    WHERE r.tree_id = s.tree_id AND r.session_id = s.id AND r.type = 'human'
+                    AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
+                        WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                s.memory IS NOT NULL, s.insight IS NOT NULL, s.subtree_synthesis IS NOT NULL
+            FROM {SESSIONS} s
+            LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
+            WHERE s.tree_id = ? ORDER BY s.created_seq""",
+            (self.tree_id,),
+        )
+        return [
+            SessionStats(
+                id=row[0],
+                label=row[1],
+                role=row[2],
+                status=row[3],
+                updated_at=from_iso(row[4]),
+                parent_id=row[5],
+                in_tree=bool(row[6]),
+                turns=row[7],
+                records=row[8],
+                memory_through=row[9] or 0,
+                turns_since_memory=row[10],
+                has_memory=bool(row[11]),
+                has_insight=bool(row[12]),
+                has_subtree_synthesis=bool(row[13]),
+            )
+            for row in rows
+        ]
 
     def _op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         assert FIELDS.issuperset(names)

@@ -23,6 +23,7 @@ __all__ = [
     "SendResult",
     "SessionMeta",
     "SessionRole",
+    "SessionStats",
     "SessionStatus",
     "TopologyNode",
     "TreeIntegration",
@@ -160,6 +161,40 @@ class Compression(BaseModel):
 
     summary: str
     through: int = Field(ge=0)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStats:
+    """What a view of a large tree shows of one session, read for every session at once
+    (`list_session_stats`): one query instead of several per session, and no full
+    `SessionMeta` to build.
+
+    Attributes:
+        id / label / role / status / updated_at: from the session's meta.
+        parent_id: its topology node's parent (`None` for the root).
+        in_tree: whether the session has a topology node.
+        turns: its user turns (`get_turn_count`).
+        records: its L3 records (`count_records`).
+        memory_through: how many records its L2 (or synthesis) covers.
+        turns_since_memory: user turns among the records after `memory_through`: how stale
+            the L2 is (every turn, when there is no L2).
+        has_memory / has_insight / has_subtree_synthesis: whether each is stored.
+    """
+
+    id: str
+    label: str
+    role: SessionRole
+    status: SessionStatus
+    updated_at: datetime
+    parent_id: str | None
+    in_tree: bool
+    turns: int
+    records: int
+    memory_through: int
+    turns_since_memory: int
+    has_memory: bool
+    has_insight: bool
+    has_subtree_synthesis: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,10 +33,12 @@ from stello_graph.models import TopologyNode
 if TYPE_CHECKING:
     from stello_graph.topology import Topology
 
-__all__ = ["ARCHIVED_OPACITY", "Star", "layout", "render_topology"]
+__all__ = ["ARCHIVED_OPACITY", "MAX_SIZE", "Star", "layout", "place_labels", "render_topology"]
 
 ARCHIVED_OPACITY = 0.35
 """Opacity of an archived session's star, label and edge."""
+MAX_SIZE = 20_000
+"""The largest map drawn, in pixels (width and height)."""
 
 _SKY = "#0b1021"
 _ORBIT = "#27304d"
@@ -134,10 +136,12 @@ def layout(tree: Topology, *, size: float = 640.0) -> list[Star]:
     """Place every session of `tree` on a `size` x `size` map, parents before children.
 
     Raises:
-        InvalidInputError: `size` is not a number above 100.
+        InvalidInputError: `size` is not a number above 100 and at most `MAX_SIZE`.
     """
-    if isinstance(size, bool) or not isinstance(size, int | float) or not size > 100:
-        raise InvalidInputError(f"size must be a number above 100, got {size!r}.")
+    if isinstance(size, bool) or not isinstance(size, int | float) or not 100 < size <= MAX_SIZE:
+        raise InvalidInputError(
+            f"size must be a number of pixels above 100 and at most {MAX_SIZE}, got {size!r}."
+        )
     if not tree.nodes:
         return []
     root, kids = _tree_shape(tree)
@@ -178,9 +182,38 @@ def _text(value: str) -> str:
     return escape(_NOT_XML.sub("\ufffd", value), {'"': "&quot;"})
 
 
-def _short(label: str, limit: int) -> str:
+def _short(label: str, limit: int, tail: int | None = None) -> str:
+    """`label` on one line, at most `limit` characters: cut in the middle, keeping its end
+    (`tail` characters, a third by default), where siblings' labels often differ
+    ("Interviews: round 1" / "Interviews: round 2")."""
     flat = " ".join(label.split())
-    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+    if len(flat) <= limit:
+        return flat
+    keep = (limit - 1) // 3 if tail is None else max(0, min(tail, limit - 2))
+    head = flat[: limit - 1 - keep].rstrip()
+    return head + "…" + (flat[len(flat) - keep :].lstrip() if keep else "")
+
+
+def _distinct_labels(stars: list[Star], limit: int) -> dict[str, str]:
+    """Each star's shortened label; siblings whose cuts would read the same keep more of
+    their ends, until they differ (or their whole tails are shown)."""
+    out = {star.node.id: _short(star.node.label, limit) for star in stars}
+    siblings: dict[str | None, list[Star]] = {}
+    for star in stars:
+        siblings.setdefault(star.node.parent_id, []).append(star)
+    for group in siblings.values():
+        for tail in range((limit - 1) // 3 + 1, limit - 1):
+            seen: dict[str, int] = {}
+            for star in group:
+                seen[out[star.node.id]] = seen.get(out[star.node.id], 0) + 1
+            clashes = [
+                s for s in group if seen[out[s.node.id]] > 1 and out[s.node.id] != s.node.label
+            ]
+            if not clashes:
+                break
+            for star in clashes:
+                out[star.node.id] = _short(star.node.label, limit, tail)
+    return out
 
 
 def _colour(star: Star) -> str:
@@ -191,7 +224,26 @@ def _colour(star: Star) -> str:
     return f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}"
 
 
-def _star_svg(star: Star, label: str | None, scale: float, centre: float, leaf: bool) -> str:
+@dataclass(frozen=True, slots=True)
+class _Label:
+    text: str
+    x: float
+    y: float
+    anchor: str
+    font: float
+
+    def box(self) -> tuple[float, float, float, float]:
+        """Its extent, estimated from the characters (no font metrics without a browser)."""
+        width = len(self.text) * self.font * _CHAR_WIDTH
+        left = {"start": self.x, "end": self.x - width, "middle": self.x - width / 2}[self.anchor]
+        return left, self.y - self.font * 0.85, left + width, self.y + self.font * 0.25
+
+
+_CHAR_WIDTH = 0.6
+"""Estimated width of a character, in ems (sans-serif, mixed case)."""
+
+
+def _star_svg(star: Star, label: _Label | None, scale: float) -> str:
     node, kind = star.node, "main" if star.depth == 0 else "standard"
     status = "archived" if star.archived else "active"
     hover = f"{node.label or '(no label)'} — {node.id}\n{star.turns} turns, {status}"
@@ -205,14 +257,79 @@ def _star_svg(star: Star, label: str | None, scale: float, centre: float, leaf: 
         f' fill="{_colour(star)}" stroke="{_LABEL}" stroke-opacity="0.5"'
         f' stroke-width="{scale:.1f}"{dash}/>',
     ]
-    if label:
-        font = (13 if star.depth == 0 else 11) * scale
-        x, y, anchor = _label_anchor(star, font, centre, leaf, len(label))
+    if label is not None:
         parts.append(
-            f'<text class="label" x="{x:.1f}" y="{y:.1f}" font-size="{font:.1f}"'
-            f' text-anchor="{anchor}" fill="{_LABEL}">{_text(label)}</text>'
+            f'<text class="label" x="{label.x:.1f}" y="{label.y:.1f}"'
+            f' font-size="{label.font:.1f}" text-anchor="{label.anchor}"'
+            f' fill="{_LABEL}">{_text(label.text)}</text>'
         )
     return "".join(parts) + "</g>"
+
+
+def _label_spots(
+    star: Star, font: float, centre: float, outward: bool, chars: int
+) -> Iterator[tuple[float, float, str]]:
+    """Where a label may go, best first: its usual place, then under, over, right of and
+    left of its star; only places that keep it on the map."""
+    yield _label_anchor(star, font, centre, outward, chars)
+    gap, width = star.radius + font * 0.3, chars * font * _CHAR_WIDTH
+    size = 2 * centre
+    for y in (star.y + gap + font * 0.8, star.y - gap):
+        if font <= y <= size and width / 2 <= star.x <= size - width / 2:
+            yield star.x, y, "middle"
+    if star.x + gap + width <= size:
+        yield star.x + gap, star.y + font * 0.35, "start"
+    if star.x - gap - width >= 0:
+        yield star.x - gap, star.y + font * 0.35, "end"
+
+
+def _overlaps(box: tuple[float, ...], others: list[tuple[float, ...]]) -> bool:
+    return any(box[0] < o[2] and o[0] < box[2] and box[1] < o[3] and o[1] < box[3] for o in others)
+
+
+def place_labels(
+    stars: list[Star], size: float, max_labels: int, label_chars: int
+) -> dict[str, _Label]:
+    """The labels drawn, by session id: whole rings from the centre out while they fit in
+    `max_labels`; inside those, nearer and busier stars first, each label at the first of
+    its spots that overlaps no label placed before it (else the star keeps only its hover
+    title). No two labels overlap."""
+    parents = {star.node.parent_id for star in stars}
+    deepest = _labelled_depth(stars, max_labels)
+    texts = _distinct_labels(stars, label_chars)
+    scale, centre = size / 640, size / 2
+    order = sorted(
+        (star for star in stars if star.depth <= deepest),
+        key=lambda star: (star.depth, -star.turns),
+    )
+    placed: dict[str, _Label] = {}
+    boxes: list[tuple[float, ...]] = []
+    cell = 48 * scale
+    grid: dict[tuple[int, int], list[tuple[float, ...]]] = {}
+    for star in order:
+        text = texts[star.node.id]
+        if not text:
+            continue
+        font = (13 if star.depth == 0 else 11) * scale
+        leaf = star.node.id not in parents
+        for x, y, anchor in _label_spots(star, font, centre, leaf, len(text)):
+            label = _Label(text, x, y, anchor, font)
+            left, top, right, bottom = label.box()
+            pad = 1.5 * scale  # a gap between labels (and room for the SVG's rounding)
+            box = (left - pad, top - pad, right + pad, bottom + pad)
+            cells = [
+                (i, j)
+                for i in range(int(box[0] // cell), int(box[2] // cell) + 1)
+                for j in range(int(box[1] // cell), int(box[3] // cell) + 1)
+            ]
+            near = [b for c in cells for b in grid.get(c, ())]
+            if not _overlaps(box, near):
+                placed[star.node.id] = label
+                boxes.append(box)
+                for c in cells:
+                    grid.setdefault(c, []).append(box)
+                break
+    return placed
 
 
 def _label_anchor(
@@ -224,7 +341,7 @@ def _label_anchor(
     dx, dy = star.x - centre, star.y - centre
     distance = math.hypot(dx, dy)
     cos, sin = (dx / distance, dy / distance) if distance else (0.0, 1.0)
-    gap, width = star.radius + font * 0.3, chars * font * 0.6
+    gap, width = star.radius + font * 0.3, chars * font * _CHAR_WIDTH
     if outward and abs(cos) > 0.35:
         x = star.x + math.copysign(gap, cos)
         if (x + width <= 2 * centre) if cos > 0 else (x - width >= 0):
@@ -290,7 +407,10 @@ def render_topology(
         size: width and height of the map, in pixels.
         max_labels: label at most this many sessions: whole rings, from the centre out
             (every star still has a hover title).
-        label_chars: longer labels are cut to this many characters, with an ellipsis.
+        label_chars: longer labels are cut to this many characters, in the middle (with an
+            ellipsis; siblings' cuts stay distinct). Labels never overlap: a star whose
+            label has no free spot shows it only in its hover title, which always holds
+            the full label.
 
     Returns:
         The SVG document, as a string (UTF-8 text with no XML declaration, ready to inline in
@@ -323,16 +443,6 @@ def render_topology(
 
 def _stars_svg(stars: list[Star], size: float, max_labels: int, label_chars: int) -> list[str]:
     """Every star, drawn children first, so parents (and the sun) sit on top."""
-    parents = {star.node.parent_id for star in stars}
-    deepest = _labelled_depth(stars, max_labels)
-    drawn = [
-        _star_svg(
-            star,
-            _short(star.node.label, label_chars) if star.depth <= deepest else None,
-            size / 640,
-            size / 2,
-            star.node.id not in parents,
-        )
-        for star in stars
-    ]
+    labels = place_labels(stars, size, max_labels, label_chars)
+    drawn = [_star_svg(star, labels.get(star.node.id), size / 640) for star in stars]
     return drawn[::-1]

@@ -31,6 +31,10 @@ CORE_MODULES = [
 ]
 
 
+STATIC_FILES = sorted(p.name for p in (ROOT / "stello_graph/inspector/static").iterdir())
+"""The inspector's page: shipped in the wheel as they are (no build step)."""
+
+
 def run_python(code: str) -> str:
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
@@ -92,8 +96,10 @@ def test_wheel_contains_only_stello_graph(tmp_path: Path) -> None:
         "stello_graph/nodes/__init__.py",
         "stello_graph/checkpoints/__init__.py",
         "stello_graph/checkpoints/sqlite.py",
+        "stello_graph/inspector/app.py",
+        *(f"stello_graph/inspector/static/{name}" for name in STATIC_FILES),
     ):
-        assert required in names
+        assert required in names, required
 
 
 def readme_python_blocks() -> list[str]:

@@ -5,6 +5,7 @@ stello-graph demo   [--db FILE] [--model NAME]       the walkthrough (offline by
 stello-graph chat   [--db FILE] [--model NAME]       chat over a topology, with /commands
 stello-graph tree   [--db FILE] [--svg OUT]          print the tree; write its star map
 stello-graph export [--db FILE] [--records]          the tree, sessions, L2 and synthesis as JSON
+stello-graph inspect [--db FILE] [--port N] [--write] the tree in a local web page
 ```
 
 `main` is also callable from Python (`main(["tree", "--db", "ideas.db"])`): it returns the

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from stello_graph.cli._common import USAGE_ERROR, CliError, Console, probe_database
 from stello_graph.cli._provider import ProviderSettings, build_chat_model
@@ -55,6 +55,21 @@ def _db_options(parser: argparse.ArgumentParser, default: str) -> None:
     )
 
 
+def _map_size(text: str) -> float:
+    """`--size`: a number of pixels the star map can be drawn at."""
+    from stello_graph.starmap import MAX_SIZE
+
+    try:
+        size = float(text)
+    except ValueError:
+        size = float("nan")
+    if not 100 < size <= MAX_SIZE:  # NaN and infinities fail too
+        raise argparse.ArgumentTypeError(
+            f"must be a number of pixels above 100 and at most {MAX_SIZE}, got {text!r}"
+        )
+    return int(size) if size.is_integer() else size
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `stello-graph` argument parser."""
     parser = argparse.ArgumentParser(
@@ -77,13 +92,42 @@ def build_parser() -> argparse.ArgumentParser:
     tree = commands.add_parser("tree", help="print a stored tree; write its star map (SVG)")
     _db_options(tree, CHAT_DB)
     tree.add_argument("--svg", metavar="OUT", help="write the star map to OUT ('-': stdout)")
-    tree.add_argument("--size", type=int, default=640, help="star map size in pixels")
+    tree.add_argument(
+        "--size", type=_map_size, default=640, help="star map size in pixels (101-20000)"
+    )
     tree.set_defaults(run=_run_tree)
     export = commands.add_parser("export", help="print a stored tree as JSON")
     _db_options(export, CHAT_DB)
     export.add_argument("--records", action="store_true", help="include every L3 record")
     export.set_defaults(run=_run_export)
+    _inspect_parser(commands)
     return parser
+
+
+def _inspect_parser(commands: Any) -> None:
+    from stello_graph.cli._serve import DEFAULT_PORT
+
+    inspect = commands.add_parser(
+        "inspect", help="browse a stored tree in a local web page (extra: inspector)"
+    )
+    inspect.add_argument(
+        "--db", metavar="FILE", default=CHAT_DB, help=f"a SQLite file (default: {CHAT_DB})"
+    )
+    inspect.add_argument(
+        "--tree", "--tree-id", dest="tree_id", metavar="ID", default="default",
+        help="which tree of the file (default)",
+    )  # fmt: skip
+    inspect.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    inspect.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0: a free port"
+    )
+    inspect.add_argument(
+        "--write", action="store_true",
+        help="allow fork, consolidate, integrate, archive, insight and system prompt edits",
+    )  # fmt: skip
+    inspect.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    _model_options(inspect, "For --write; default: scripted.")
+    inspect.set_defaults(run=_run_inspect)
 
 
 # -- commands -------------------------------------------------------------------------------
@@ -101,6 +145,14 @@ def _run_export(
     from stello_graph.cli._inspect import run_export
 
     return run_export(args, console)
+
+
+def _run_inspect(
+    args: argparse.Namespace, console: Console, env: Mapping[str, str], model: BaseChatModel | None
+) -> int:
+    from stello_graph.cli._serve import run_inspect
+
+    return run_inspect(args, console, env, model)
 
 
 def _run_demo(

@@ -50,6 +50,12 @@ def _startup(scale: Scale) -> list[Figure]:
     return startup_figures(scale)
 
 
+def _inspector(scale: Scale) -> list[Figure]:
+    from tests.benchmarks.inspector import inspector_figures
+
+    return inspector_figures(scale)
+
+
 GROUPS: dict[str, Callable[[Scale], list[Figure]]] = {
     "overhead": _overhead,
     "scale": _scale,
@@ -57,6 +63,7 @@ GROUPS: dict[str, Callable[[Scale], list[Figure]]] = {
     "context": _context,
     "background": _background,
     "startup": _startup,
+    "inspector": _inspector,
 }
 """Figure groups by name, in the order they run."""
 

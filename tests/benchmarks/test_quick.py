@@ -15,6 +15,7 @@ EXPECTED = {
     "context": ["6a", "6b", "6c"],
     "background": ["7"],
     "startup": ["8c"],  # the quick scale starts no timed processes
+    "inspector": ["9a", "9b", "9c"],  # 9b (Chromium) is skipped at the quick scale
 }
 
 

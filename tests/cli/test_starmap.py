@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from stello_graph.errors import InvalidInputError
 from stello_graph.models import SessionMeta, SessionStatus, TopologyNode
 from stello_graph.starmap import ARCHIVED_OPACITY, layout, render_topology
 from stello_graph.topology import Topology
+from tests.cli.conftest import RunCli
 
 NS = {"svg": "http://www.w3.org/2000/svg"}
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -159,7 +161,7 @@ def test_long_labels_are_cut_and_big_trees_thin_their_labels() -> None:
     for n in range(30):
         tree.add(f"a{n}", "a", f"leaf {n}")
     groups = sessions(parse(render_topology(tree.build(), max_labels=10, label_chars=12)))
-    assert label(groups["a"]) == "x" * 11 + "…"
+    assert label(groups["a"]) == "x" * 8 + "…" + "x" * 3  # cut in the middle, 12 characters
     assert label(groups["a5"]) is None  # the outer ring did not fit in 10 labels
     assert groups["a5"].find("svg:title", NS) is not None
 
@@ -224,3 +226,85 @@ def test_jupyter_shows_a_topology_as_its_star_map(flat: Topology) -> None:
     shown, _ = formatters.DisplayFormatter().format(flat)
     assert set(sessions(parse(shown["image/svg+xml"]))) == {"m", "a", "b", "c"}
     assert shown["text/plain"] == "<Topology: 4 sessions, 1 archived, root 'Main Session'>"
+
+
+# -- labels never overlap; cut labels stay distinct ----------------------------------------
+def _label_boxes(root: ET.Element, size: float) -> list[tuple[str, tuple[float, ...]]]:
+    """Each drawn label's box, its width estimated from its characters (0.6 em each)."""
+    boxes: list[tuple[str, tuple[float, ...]]] = []
+    for text in root.findall(".//svg:text[@class='label']", NS):
+        font, x, y = (float(text.attrib[k]) for k in ("font-size", "x", "y"))
+        width = len(text.text or "") * font * 0.6
+        left = {"start": x, "end": x - width, "middle": x - width / 2}[text.attrib["text-anchor"]]
+        boxes.append((text.text or "", (left, y - font * 0.85, left + width, y + font * 0.25)))
+        assert left >= -0.5 and left + width <= size + 0.5, (text.text, text.attrib)
+    return boxes
+
+
+def _assert_no_overlap(boxes: list[tuple[str, tuple[float, ...]]]) -> None:
+    for i, (a, p) in enumerate(boxes):
+        for b, q in boxes[i + 1 :]:
+            assert not (p[0] < q[2] and q[0] < p[2] and p[1] < q[3] and q[1] < p[3]), (a, b)
+
+
+def brainstorm(sessions: int) -> Topology:
+    """A main session, six themes, and sessions under them with long, similar labels."""
+    tree = TreeBuilder().add("m", None, "Main Session", turns=12)
+    themes = ["Pricing", "Onboarding", "Growth", "Customer interviews", "Hiring", "Infra"]
+    for t, theme in enumerate(themes):
+        tree.add(f"t{t}", "m", theme, turns=5 + t, minute=t)
+    for n in range(sessions - 1 - len(themes)):
+        parent = f"t{n % len(themes)}" if n < 60 else f"c{n % 60}"
+        theme = themes[n % len(themes)]
+        tree.add(f"c{n}", parent, f"{theme}: follow-up discussion round {n}", turns=n % 9, minute=n)
+    return tree.build()
+
+
+@pytest.mark.parametrize(("count", "size"), [(29, 640), (300, 640), (300, 1200)])
+def test_no_two_labels_overlap(count: int, size: int) -> None:
+    tree = brainstorm(count)
+    root = parse(render_topology(tree, size=size, max_labels=400))
+    boxes = _label_boxes(root, size)
+    assert len(boxes) >= 7  # the sun and its ring at least
+    _assert_no_overlap(boxes)
+    groups = sessions(root)
+    assert len(groups) == count
+    for node in tree.nodes:  # every star keeps its full label in its hover title
+        title = groups[node.id].find("svg:title", NS)
+        assert title is not None and (title.text or "").startswith(node.label)
+
+
+def test_siblings_with_a_common_prefix_get_distinct_cuts() -> None:
+    tree = TreeBuilder().add("m", None, "Main")
+    for n in (1, 2, 3):
+        tree.add(f"i{n}", "m", f"Customer interviews with early adopters, round {n}")
+    tree.add("x", "m", "Customer interviews with early adopters, round 1 (redo)")
+    groups = sessions(parse(render_topology(tree.build(), label_chars=24)))
+    shown = [label(groups[sid]) for sid in ("i1", "i2", "i3", "x")]
+    assert all(text is not None and len(text) <= 24 and "…" in text for text in shown), shown
+    assert len(set(shown)) == 4, shown
+
+
+def test_a_label_without_room_is_left_to_its_title() -> None:
+    tree = TreeBuilder().add("m", None, "Main")
+    for n in range(40):
+        tree.add(f"s{n}", "m", f"A long label for session number {n}")
+    root = parse(render_topology(tree.build(), size=320, max_labels=100, label_chars=40))
+    boxes = _label_boxes(root, 320)
+    assert 1 < len(boxes) < 41  # some labels had no free spot
+    _assert_no_overlap(boxes)
+
+
+@pytest.mark.parametrize("size", ["10", "100", "-640", "big", "nan", "inf", "1e9"])
+def test_the_size_option_is_validated(size: str, demo_db: Path, cli: RunCli) -> None:
+    run = cli("tree", "--db", str(demo_db), "--svg", "-", "--size", size)
+    assert run.code == 2
+    assert (
+        f"--size: must be a number of pixels above 100 and at most 20000, got {size!r}" in run.err
+    )
+    assert run.out == ""
+
+
+def test_a_valid_size_draws_at_that_size(demo_db: Path, cli: RunCli) -> None:
+    run = cli("tree", "--db", str(demo_db), "--svg", "-", "--size", "320.5")
+    assert run.code == 0 and parse(run.out).attrib["width"] == "320.5"

@@ -1,0 +1,68 @@
+// Talking to the inspector's JSON API, and small DOM helpers shared by the views.
+
+export class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function request(method, path, body) {
+  const init = { method, headers: { Accept: "application/json" } };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw new ApiError(response.status, data.error || response.statusText);
+  return data;
+}
+
+export const api = {
+  info: () => request("GET", "/api/info"),
+  tree: () => request("GET", "/api/tree?compact=1"),
+  session: (id) => request("GET", `/api/sessions/${encodeURIComponent(id)}`),
+  records: (id, offset = 0, limit = 1000) =>
+    request("GET", `/api/sessions/${encodeURIComponent(id)}/records?offset=${offset}&limit=${limit}`),
+  context: (id) => request("GET", `/api/sessions/${encodeURIComponent(id)}/context`),
+  write: (id, action, body = {}, method = "POST") =>
+    request(method, `/api/sessions/${encodeURIComponent(id)}/${action}`, body),
+  integrate: (mode) => request("POST", "/api/integrate", { mode }),
+};
+
+/** `el("div.a.b", {title: "x"}, child, "text")`: an element with classes, attributes, children. */
+export function el(spec, attrs = {}, ...children) {
+  const [tag, ...classes] = spec.split(".");
+  const node = document.createElement(tag || "div");
+  if (classes.length) node.className = classes.join(" ");
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+/** A label cut to `max` characters in the middle, so siblings with a common prefix differ. */
+export function elide(label, max = 28) {
+  const flat = (label || "").replace(/\s+/g, " ").trim() || "(no label)";
+  if (flat.length <= max) return flat;
+  const tail = Math.floor((max - 1) / 3);
+  return flat.slice(0, max - 1 - tail).trimEnd() + "…" + flat.slice(flat.length - tail).trimStart();
+}
+
+export function plural(n, word) { return `${n} ${word}${n === 1 ? "" : "s"}`; }
+
+export function toast(message, error = false) {
+  const node = el(error ? "div.toast.err" : "div.toast", { role: "status" }, message);
+  document.body.append(node);
+  setTimeout(() => node.remove(), error ? 6000 : 2500);
+}
+
+export function time(iso) {
+  const d = new Date(iso);
+  return isNaN(d) ? "" : d.toLocaleTimeString([], { hour12: false });
+}

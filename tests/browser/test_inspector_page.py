@@ -1,0 +1,162 @@
+"""The inspector page in a real headless Chromium, on the demo's database: the map, a
+session's transcript and context, live events, search, collapse, a write. Screenshots go
+to build/inspector/."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stello_graph.agent import StelloAgent
+from stello_graph.cli import _offline
+from tests.browser.conftest import Server, Shot
+
+pytestmark = pytest.mark.browser
+
+TIMEOUT = 15_000
+
+
+def _open(page: Any, url: str) -> None:
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='1']", timeout=TIMEOUT)
+
+
+def _select(page: Any, label: str, tab: str = "session") -> None:
+    page.click(f".vrow:has-text('{label}')")
+    page.wait_for_selector("body[data-view^='session:']", timeout=TIMEOUT)
+    if tab != "session":
+        page.click(f"button[data-tab={tab}]")
+        page.wait_for_selector(f"body[data-view^='{tab}:']", timeout=TIMEOUT)
+
+
+def test_the_map_and_the_list_show_the_tree(page: Any, server: Server, shot: Shot) -> None:
+    _open(page, server.url)
+    rows = page.locator(".vrow .lbl").all_inner_texts()
+    assert rows == ["Main Session", "Pricing", "Onboarding", "Growth"]
+    assert int(page.get_attribute("#map", "data-labels") or 0) == 4  # few stars: all named
+    assert "4 sessions" in page.inner_text("#counts")
+    assert page.inner_text("#mode") == "read-only"
+    shot(page, "tree")
+
+
+def test_a_session_shows_its_transcript_and_memory(page: Any, server: Server, shot: Shot) -> None:
+    _open(page, server.url)
+    _select(page, "Pricing")
+    panel = page.locator("#tab-session")
+    assert panel.locator("h2").inner_text() == "Pricing"
+    turns = panel.locator(".turn")
+    assert turns.count() == 2
+    assert "Should the product have a free tier?" in turns.nth(0).inner_text()
+    assert "covers records 1–2 of 4" in panel.locator(".box.l2").inner_text()
+    assert "L2 stale by 1 turn" in panel.locator(".stats").inner_text()
+    shot(page, "session")
+
+
+def test_the_main_session_shows_tool_calls_as_cards(page: Any, server: Server) -> None:
+    _open(page, server.url)
+    _select(page, "Main Session")
+    cards = page.locator("#tab-session .card[data-tool=create_session]")
+    assert cards.count() == 3
+    assert '"label": "Pricing"' in cards.nth(0).inner_text()
+    assert page.locator("#tab-session .box.synth").first.inner_text().startswith("Launch plan:")
+
+
+def test_the_context_view_labels_and_sizes_each_part(page: Any, server: Server, shot: Shot) -> None:
+    _open(page, server.url)
+    _select(page, "Main Session", tab="context")
+    view = page.locator("#tab-context")
+    kinds = view.locator(".part .k").all_inner_texts()
+    assert kinds == ["system prompt", "synthesis"]
+    assert (
+        "You are the main session of a brainstorm." in view.locator(".part pre").first.inner_text()
+    )
+    assert view.locator(".bar span").count() == 3  # system prompt, synthesis, history
+    assert "history" in view.locator(".keys").inner_text()
+    assert view.locator(".ctx-msg").count() >= 2
+    shot(page, "context")
+
+
+def test_changes_by_another_process_appear_live(page: Any, server: Server, shot: Shot) -> None:
+    _open(page, server.url)
+    page.click("button[data-tab=events]")
+    with StelloAgent(
+        model=_offline.echo_model(), storage=server.db, consolidate_fn=_offline.summarise
+    ) as other:
+        pricing = next(n for n in other.children(other.main_session_id) if n.label == "Pricing")
+        other.turn(pricing.id, "What about a student discount?")
+        other.consolidate(pricing.id)
+        other.fork(pricing.id, "Student discount")
+    page.wait_for_selector(".ev[data-type=session_added]", timeout=TIMEOUT)
+    page.wait_for_selector(".vrow:has-text('Student discount')", timeout=TIMEOUT)
+    types = page.locator(".ev .ty").all_inner_texts()
+    assert {"session_added", "turns_changed", "l2_changed"} <= set(types)
+    page.select_option("select[aria-label='event type']", "l2_changed")
+    assert set(page.locator(".ev .ty").all_inner_texts()) == {"l2_changed"}
+    page.select_option("select[aria-label='event type']", "")
+    shot(page, "events")
+
+
+def test_search_and_collapse(page: Any, server: Server) -> None:
+    _open(page, server.url)
+    page.fill("#search", "grow")
+    assert page.locator(".vrow .lbl").all_inner_texts() == ["Growth"]
+    page.press("#search", "Enter")
+    page.wait_for_selector("body[data-view='session:" + _id(page, "Growth") + "']", timeout=TIMEOUT)
+    page.fill("#search", "")
+    page.click(".vrow:has-text('Main Session') .twist")
+    assert page.locator(".vrow .lbl").all_inner_texts() == ["Main Session"]
+    page.click(".vrow:has-text('Main Session') .twist")
+    assert page.locator(".vrow").count() == 4
+
+
+def _id(page: Any, label: str) -> str:
+    found: str = page.get_attribute(f".vrow:has-text('{label}')", "data-id")
+    return found
+
+
+def test_a_write_from_the_page(page: Any, write_server: Server) -> None:
+    _open(page, write_server.url)
+    _select(page, "Pricing")
+    assert page.inner_text("#mode") == "read-write"
+    page.click("#tab-session button:has-text('Consolidate')")
+    page.wait_for_selector(".toast:has-text('consolidate: done')", timeout=TIMEOUT)
+    page.wait_for_function(
+        "!document.querySelector('#tab-session .stats').innerText.includes('stale by 1')",
+        timeout=TIMEOUT,
+    )
+    pricing = _id(page, "Pricing")
+    assert write_server.storage.get_memory_through(pricing) == 4
+
+
+_BOXES = "window.stelloInspector.map.labelBoxes"
+_OVERLAPS = f"""() => {{
+  const b = {_BOXES};
+  let n = 0;
+  for (let i = 0; i < b.length; i++) for (let j = i + 1; j < b.length; j++)
+    if (b[i][0] < b[j][2] && b[j][0] < b[i][2] && b[i][1] < b[j][3] && b[j][1] < b[i][3]) n++;
+  return n;
+}}"""
+
+
+def test_a_large_tree_labels_never_overlap_at_any_zoom(
+    page: Any, large_server: Server, shot: Shot
+) -> None:
+    _open(page, large_server.url)
+    assert "2000 sessions" in page.inner_text("#counts")
+    assert page.locator(".vrow").count() < 100  # the list is virtualised
+    box = page.locator("#map").bounding_box()
+    centre = (box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    counts = []
+    for _ in range(4):
+        page.mouse.move(*centre)
+        page.mouse.wheel(0, -500)  # zoom in around the centre
+        page.wait_for_timeout(150)
+        counts.append(page.evaluate(f"{_BOXES}.length"))
+        assert page.evaluate(_OVERLAPS) == 0
+    assert counts[-1] > counts[0]  # zooming in names more stars
+    page.fill("#search", "#1999")
+    page.press("#search", "Enter")
+    page.wait_for_selector("body[data-view^='session:s1999']", timeout=TIMEOUT)
+    assert page.evaluate(_OVERLAPS) == 0
+    shot(page, "large")

@@ -1,0 +1,166 @@
+"""`stello-graph inspect`: a real server on 127.0.0.1 (a subprocess), and its bad input."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stello_graph.agent import StelloAgent
+from stello_graph.cli import _offline
+from tests.cli.conftest import RunCli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Served:
+    def __init__(self, process: subprocess.Popen[str], url: str) -> None:
+        self.process = process
+        self.url = url
+
+
+@pytest.fixture
+def served(demo_db: Path) -> Iterator[Served]:
+    """`stello-graph inspect` on the demo database, on a free port; stopped by the test."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stello_graph.cli", "inspect", "--db", str(demo_db),
+         "--port", "0", "--no-browser"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines = [process.stdout.readline() for _ in range(2)]
+    url = next((line.strip() for line in lines if line.startswith("http://")), "")
+    try:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/"), lines
+        yield Served(process, url)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)
+
+
+def _stop(served: Served) -> tuple[int, str]:
+    served.process.send_signal(signal.SIGTERM)
+    out, _ = served.process.communicate(timeout=15)
+    return served.process.returncode, out
+
+
+def test_serves_the_page_and_the_api_then_stops_on_sigterm(served: Served) -> None:
+    page = httpx.get(served.url, timeout=10)
+    assert page.status_code == 200 and "stello-graph inspector" in page.text
+    tree = httpx.get(served.url + "api/tree", timeout=10).json()
+    assert tree["count"] == 4
+    assert httpx.post(served.url + "api/integrate", json={}, timeout=10).status_code == 403
+    code, out = _stop(served)
+    assert code == 0 and "stopped." in out
+
+
+def test_events_of_another_process_stream_live_and_sigterm_ends_the_stream(
+    served: Served, demo_db: Path
+) -> None:
+    seen: list[dict[str, object]] = []
+    ended = threading.Event()
+
+    def follow() -> None:
+        with httpx.stream("GET", served.url + "api/events", timeout=30) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    seen.append(json.loads(line[6:]))
+        ended.set()
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    httpx.get(served.url + "api/tree", timeout=10)
+    with StelloAgent(
+        model=_offline.echo_model(), storage=demo_db, consolidate_fn=_offline.summarise
+    ) as other:  # another writer of the same file
+        branch = other.fork(other.main_session_id, "Live branch").id
+        other.turn(branch, "hello")
+    pause = threading.Event()
+    for _ in range(100):  # the server polls the file twice a second
+        if any(e["type"] == "session_added" and e["session_id"] == branch for e in seen):
+            break
+        pause.wait(0.1)
+    assert any(e["type"] == "session_added" and e["label"] == "Live branch" for e in seen), seen
+    code, _ = _stop(served)
+    assert code == 0
+    assert ended.wait(10), "the event stream did not end when the server stopped"
+
+
+def test_a_port_in_use_is_a_clear_error(cli: RunCli, demo_db: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        run = cli("inspect", "--db", str(demo_db), "--port", str(port), "--no-browser")
+    assert run.code == 2
+    assert f"port {port} on 127.0.0.1 is in use" in run.err and "--port 0" in run.err
+
+
+def test_a_file_that_is_not_stellos_is_refused(cli: RunCli, tmp_path: Path) -> None:
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    run = cli("inspect", "--db", str(other), "--no-browser")
+    assert run.code == 2 and "is not a SQLite database" in run.err
+    missing = cli("inspect", "--db", str(tmp_path / "none.db"), "--no-browser")
+    assert missing.code == 2 and "no such file" in missing.err
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_an_unknown_tree_and_a_bad_port(cli: RunCli, demo_db: Path) -> None:
+    run = cli("inspect", "--db", str(demo_db), "--tree", "bob", "--no-browser")
+    assert run.code == 2 and "has no tree 'bob'" in run.err
+    bad = cli("inspect", "--db", str(demo_db), "--port", "70000", "--no-browser")
+    assert bad.code == 2 and "--port must be in [0, 65535], got 70000" in bad.err
+
+
+def test_postgresql_is_not_there_yet(cli: RunCli) -> None:
+    run = cli("inspect", "--db", "postgresql://user:secret@localhost/app", "--no-browser")
+    assert run.code == 2 and "PostgreSQL storage is not available" in run.err
+    assert "secret" not in run.err
+
+
+def test_without_the_extra_it_says_how_to_install_it(
+    cli: RunCli, demo_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    run = cli("inspect", "--db", str(demo_db), "--no-browser")
+    assert run.code == 2 and 'pip install "stello-graph[inspector]"' in run.err
+
+
+def test_other_commands_do_not_load_the_web_stack() -> None:
+    code = (
+        "import sys, stello_graph.cli._main as m; m.build_parser();"
+        "print([n for n in ('starlette', 'uvicorn') if n in sys.modules])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def test_writes_use_the_offline_model_unless_one_is_named(demo_db: Path) -> None:
+    import argparse
+
+    from stello_graph.checkpoints import SqliteMainStorage
+    from stello_graph.cli._serve import _agent_factory
+
+    args = argparse.Namespace(model=None, base_url=None)
+    with SqliteMainStorage(demo_db) as storage:
+        agent = _agent_factory(args, {}, None)(storage)
+        with agent:
+            pricing = next(n for n in agent.children(agent.main_session_id) if n.label == "Pricing")
+            l2 = agent.consolidate(pricing.id)  # the offline summariser extends the L2
+            assert (
+                l2 == "Yes: a free tier capped at 3 projects. Discussed: What should we do next?."
+            )
+            assert agent.storage is storage
+        assert storage.get_memory_through(pricing.id) == 4  # the storage stays open

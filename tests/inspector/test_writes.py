@@ -1,0 +1,108 @@
+"""The inspector's writes: refused without `write=True`; validated; applied through the agent."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.testclient import TestClient
+
+from tests.inspector.conftest import Tree
+
+WRITES = [
+    ("POST", "fork", {"label": "New"}),
+    ("POST", "consolidate", {}),
+    ("POST", "archive", {}),
+    ("PUT", "insight", {"insight": "x"}),
+    ("PUT", "system_prompt", {"system_prompt": "x"}),
+]
+
+
+@pytest.mark.parametrize(("method", "action", "body"), WRITES)
+def test_every_write_is_refused_when_read_only(
+    tree: Tree, client: TestClient, method: str, action: str, body: dict[str, object]
+) -> None:
+    before = client.get("/api/tree").json()
+    response = client.request(method, f"/api/sessions/{tree.pricing}/{action}", json=body)
+    assert response.status_code == 403
+    assert "--write" in response.json()["error"]
+    assert client.get("/api/tree").json() == before
+
+
+def test_integrate_is_refused_when_read_only(client: TestClient) -> None:
+    assert client.post("/api/integrate", json={"mode": "flat"}).status_code == 403
+
+
+def test_fork_with_and_without_context(tree: Tree, writer: TestClient) -> None:
+    response = writer.post(f"/api/sessions/{tree.pricing}/fork", json={"label": "Plain"})
+    assert response.status_code == 201
+    plain = response.json()["node"]
+    assert plain["parent_id"] == tree.pricing and tree.storage.count_records(plain["id"]) == 0
+    body = {"label": "Copy", "context": "inherit", "system_prompt": "Be brief."}
+    copy = writer.post(f"/api/sessions/{tree.pricing}/fork", json=body).json()["node"]
+    assert tree.storage.count_records(copy["id"]) == 8
+    assert tree.storage.get_system_prompt(copy["id"]) == "Be brief."
+
+
+def test_fork_at_a_turn_copies_the_records_up_to_its_end(tree: Tree, writer: TestClient) -> None:
+    body = {"label": "From turn 1", "at_turn": 1}
+    node = writer.post(f"/api/sessions/{tree.pricing}/fork", json=body).json()["node"]
+    records = tree.storage.list_records(node["id"])
+    assert [r.type for r in records] == ["human", "ai", "tool", "ai"]
+    too_far = writer.post(f"/api/sessions/{tree.pricing}/fork", json={"label": "x", "at_turn": 9})
+    assert too_far.status_code == 400 and "3 user turn(s)" in too_far.json()["error"]
+
+
+def test_consolidate_integrate_archive(tree: Tree, writer: TestClient) -> None:
+    l2 = writer.post(f"/api/sessions/{tree.pricing}/consolidate").json()["l2"]
+    assert l2 == tree.storage.get_memory(tree.pricing)
+    assert tree.storage.get_memory_through(tree.pricing) == 8
+    flat = writer.post("/api/integrate", json={"mode": "flat"}).json()
+    assert flat["synthesis"] == tree.storage.get_memory(tree.main)
+    deep = writer.post("/api/integrate", json={"mode": "tree"}).json()
+    assert deep["mode"] == "tree" and deep["calls"] >= 1
+    meta = writer.post(f"/api/sessions/{tree.tiers}/archive").json()["meta"]
+    assert meta["status"] == "archived"
+    again = writer.post(f"/api/sessions/{tree.tiers}/consolidate")
+    assert again.status_code == 409 and "archived" in again.json()["error"]
+
+
+def test_edit_insight_and_system_prompt(tree: Tree, writer: TestClient) -> None:
+    path = f"/api/sessions/{tree.tiers}"
+    assert writer.put(f"{path}/insight", json={"insight": "Mind the cap."}).status_code == 200
+    assert tree.storage.get_insight(tree.tiers) == "Mind the cap."
+    writer.put(f"{path}/insight", json={"insight": None})
+    assert tree.storage.get_insight(tree.tiers) is None
+    writer.put(f"{path}/system_prompt", json={"system_prompt": "Be short."})
+    assert tree.storage.get_system_prompt(tree.tiers) == "Be short."
+    main_insight = writer.put(f"/api/sessions/{tree.main}/insight", json={"insight": "x"})
+    assert main_insight.status_code == 400 and "synthesis" in main_insight.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("fork", {}, "'label' must be a non-empty string"),
+        ("fork", {"label": "x", "context": "all"}, "'context' must be 'none' or 'inherit'"),
+        ("fork", {"label": "x", "at_turn": 0}, "'at_turn' must be an int >= 1"),
+        ("fork", {"label": "x", "colour": "red"}, "Unknown field(s) 'colour'"),
+        ("insight", {"insight": 3}, "'insight' must be a non-empty string or null"),
+        ("consolidate", [1], "must be a JSON object"),
+    ],
+)
+def test_bad_bodies_are_a_400_naming_the_value(
+    tree: Tree, writer: TestClient, path: str, body: object, message: str
+) -> None:
+    method = "PUT" if path == "insight" else "POST"
+    response = writer.request(method, f"/api/sessions/{tree.pricing}/{path}", json=body)
+    assert response.status_code == 400
+    assert message in response.json()["error"]
+
+
+def test_bad_json_unknown_ids_and_unknown_writes(tree: Tree, writer: TestClient) -> None:
+    raw = writer.post(f"/api/sessions/{tree.pricing}/fork", content=b"{nope")
+    assert raw.status_code == 400 and "not JSON" in raw.json()["error"]
+    missing = writer.post("/api/sessions/nope/consolidate")
+    assert missing.status_code == 404 and "'nope'" in missing.json()["error"]
+    unknown = writer.post(f"/api/sessions/{tree.pricing}/explode")
+    assert unknown.status_code == 404 and "'explode'" in unknown.json()["error"]
+    bad_mode = writer.post("/api/integrate", json={"mode": "sideways"})
+    assert bad_mode.status_code == 400 and "'sideways'" in bad_mode.json()["error"]
