@@ -25,10 +25,10 @@ Contract of every primitive (what `BackendStorage` guarantees, and what it relie
 
 The reference backends are `InMemoryMainStorage` (the shortest: read it first) and
 `SqliteMainStorage`; both are their own backend (they subclass `BackendStorage` and pass
-themselves). To hold a new backend to the same rules, run the storage, core and
-reliability suites against it: name a factory `module:function(tmp_path, tree_id)` that
-returns a fresh storage in `STELLO_TEST_STORAGE`, and every test parametrised over the
-storage backends runs on it too:
+themselves). To hold a new backend to the same rules, run the test suites against it: name a
+factory `module:function(tmp_path, tree_id)` that returns a fresh storage in
+`STELLO_TEST_STORAGE`, and every test parametrised over the storage backends (the
+`main_storage` and `api` fixtures of the storage and core suites) runs on it too:
 
     STELLO_TEST_STORAGE=mypkg.testing:open_storage pytest tests/storage tests/core
 """

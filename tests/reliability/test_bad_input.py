@@ -377,6 +377,8 @@ UNKNOWN_ID_CALLS: dict[str, Callable[[World], Any]] = {
     "consolidate_many": lambda w: w.agent.consolidate_many([w.child, "nope"]),
     "aconsolidate_many": lambda w: w.agent.aconsolidate_many([w.child, "nope"]),
     "set_skills": lambda w: w.agent.set_skills("nope", []),
+    "skills_of": lambda w: w.agent.skills_of("nope"),
+    "as_tool": lambda w: w.agent.as_tool("nope"),
     "children": lambda w: w.agent.children("nope"),
     "achildren": lambda w: w.agent.achildren("nope"),
     "ancestors": lambda w: w.agent.ancestors("nope"),
@@ -413,10 +415,8 @@ def test_the_table_covers_every_operation_on_a_session(figures: Figures) -> None
         "config": "names a checkpoint thread; reads nothing",
         "failures": "an unknown id simply has no failures",
         "clear_failures": "an unknown id simply has no failures",
-        "skills_of": "reads the allow-list, empty for an unknown id",
-        "as_tool": "the tool checks the session when it is called",
-        "hold": "a lease helper; takes the session's lease",
-        "ahold": "a lease helper; takes the session's lease",
+        "hold": "a context manager: the session is checked on entering it",
+        "ahold": "a context manager: the session is checked on entering it",
     }
     addressed = {
         name
