@@ -87,8 +87,8 @@ class BackendStorage:
 
     Args:
         backend: the primitives and transaction hooks (see `StorageBackend`).
-        tree_id: the tree this storage reads and writes; passed to nothing else, so a backend
-            that keeps several trees reads `storage.tree_id` itself.
+        tree_id: the tree this storage is bound to. A backend reads and writes one tree, the
+            one it was made for: give both the same id.
 
     The reference storages are their own backend (`SqliteMainStorage(...)` subclasses this
     class and passes itself); a third-party backend is composed:

@@ -16,8 +16,8 @@ Contract of every primitive (what `BackendStorage` guarantees, and what it relie
   are non-empty strings, values are encoded), and every write runs inside a transaction
   opened with `TransactionHooks.begin` (nested ones as savepoints). A primitive never
   validates, locks or opens a transaction of its own.
-* It reads and writes only the tree the storage is bound to (`BackendStorage.tree_id`;
-  a backend that is its own storage reads `self.tree_id`).
+* It reads and writes only the tree it was made for, the storage's `tree_id` (a backend
+  that keeps several trees in one database filters every statement by it, as SQLite does).
 * Reads of something missing return `None`, `()` or `[]`; writes to a session that does not
   exist raise `SessionNotFoundError` (`op_set_fields`, `op_append`, `op_drop_oldest`).
 * What a read returns is not changed by later writes (return new objects or immutable ones);

@@ -165,4 +165,5 @@ def test_readme_examples_pass_mypy_strict_outside_the_clone(tmp_path: Path) -> N
         text=True,
         cwd=tmp_path,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    hint = "\n(`Cannot find implementation` means an import-hook editable install: `make install`)"
+    assert done.returncode == 0, done.stdout + done.stderr + hint
