@@ -12,10 +12,15 @@ BENCH_ARGS ?=
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# `editable_mode=compat` installs the clone as a plain path entry (a .pth line) instead of
+# setuptools' import hook, which type checkers cannot follow: mypy or pyright run on code
+# outside the clone then find `stello_graph` and its `py.typed`.
+EDITABLE := --config-settings editable_mode=compat
+
+$(STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv \
-	  && $(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]' \
-	  || $(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	  && $(BIN)/uv pip install --quiet --python $(BIN)/python $(EDITABLE) -e '.[dev]' \
+	  || $(BIN)/python -m pip install --quiet --disable-pip-version-check $(EDITABLE) -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -3,6 +3,9 @@
 * `SqliteMainStorage` - the reference `MainStorage`, in a SQLite file shared safely by
   threads, asyncio tasks and processes.
 * `InMemoryMainStorage` - the same semantics in plain Python objects, for tests.
+* `StorageBackend` / `BackendStorage` - for a storage of your own: implement the nineteen
+  primitives of the backend protocol, and `BackendStorage(backend)` is a full `MainStorage`
+  (see `stello_graph.checkpoints.backend`).
 * `open_sqlite(path)` - the storage and a LangGraph checkpointer (`StelloSqliteSaver`) on the
   same SQLite file. These names load LangGraph, so they are imported on first use.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from stello_graph.checkpoints.backend import BackendStorage, StorageBackend, TransactionHooks
 from stello_graph.checkpoints.memory import InMemoryMainStorage
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
 
@@ -28,6 +32,10 @@ __all__ = [
     # storages
     "InMemoryMainStorage",
     "SqliteMainStorage",
+    # writing a storage of your own
+    "BackendStorage",
+    "StorageBackend",
+    "TransactionHooks",
     # LangGraph checkpointers on the same file
     "StelloSqliteSaver",
     "open_sqlite",

@@ -1,33 +1,31 @@
 """The part of a `MainStorage` that does not depend on where the data lives.
 
-`StorageShell` implements every method of the `MainStorage` protocol, sync and async, once:
-it validates arguments (so both backends refuse the same inputs with the same errors), runs
-the backend's primitive operations (`_op_*`) under the lock of `Transactions`, and composes
-them (topology checks, paging, compare-and-clear, ...). A backend implements only the
-`_op_*` methods and the `TransactionHooks`; they are always called with the lock held, with
-arguments already validated, and a write is always inside a transaction.
+`BackendStorage` implements every method of the `MainStorage` protocol, sync and async, once:
+it validates arguments (so every backend refuses the same inputs with the same errors), runs
+the backend's primitive operations (`op_*`, see `stello_graph.checkpoints.backend`) under
+the lock of `Transactions`, and composes them (topology checks, paging, compare-and-clear,
+...). A backend implements only the `op_*` methods and the `TransactionHooks`; they are
+always called with the lock held, with arguments already validated, and a write is always
+inside a transaction.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from langchain_core.messages import BaseMessage
 
 from stello_graph._copies import detached_all
 from stello_graph.checkpoints._serde import (
-    EncodedMessage,
-    MetaRow,
     dumps,
     message_role,
     meta_to_row,
 )
-from stello_graph.checkpoints._txn import TransactionHooks, Transactions
+from stello_graph.checkpoints._txn import Transactions
 from stello_graph.checkpoints._validate import (
     append_args,
     check_identifier,
@@ -61,7 +59,10 @@ from stello_graph.models import (
     TopologyNode,
 )
 
-__all__ = ["FIELDS", "StorageShell", "tree_order"]
+if TYPE_CHECKING:
+    from stello_graph.checkpoints.backend import StorageBackend
+
+__all__ = ["FIELDS", "BackendStorage", "tree_order"]
 
 _WAITER_TTL = 0.5
 """Seconds a turn waiting for a lease keeps its place as the next holder without asking
@@ -74,80 +75,60 @@ FIELDS = frozenset(
         *("lease_owner", "lease_token", "lease_expires", "lease_waiter", "lease_wait_until"),
     }
 )
-"""Per-session values read and written through `_op_get_fields` / `_op_set_fields`."""
+"""Per-session values read and written through `op_get_fields` / `op_set_fields`."""
 
 
-class StorageShell(ABC):
-    """Validation, locking and composition shared by the storage backends."""
+class BackendStorage:
+    """The `MainStorage` built over a `StorageBackend`: every method, sync and async.
 
-    def __init__(self, tree_id: str, hooks: TransactionHooks) -> None:
+    It validates arguments (so every backend refuses the same inputs with the same errors),
+    runs the backend's primitives (`op_*`) under one lock with re-entrant transactions (see
+    `TransactionHooks`), and composes them: topology checks, paging, compare-and-clear,
+    leases. A backend implements only the primitives; it never validates, locks or nests.
+
+    Args:
+        backend: the primitives and transaction hooks (see `StorageBackend`).
+        tree_id: the tree this storage is bound to. A backend reads and writes one tree, the
+            one it was made for: give both the same id.
+
+    The reference storages are their own backend (`SqliteMainStorage(...)` subclasses this
+    class and passes itself); a third-party backend is composed:
+    `BackendStorage(MyBackend(...), tree_id="alice")`.
+
+    Example:
+        >>> from stello_graph.checkpoints import InMemoryMainStorage
+        >>> from stello_graph.models import SessionMeta
+        >>> storage = BackendStorage(InMemoryMainStorage())  # any StorageBackend
+        >>> storage.put_session(SessionMeta(id="s1", label="Ideas"))
+        >>> storage.get_session("s1").label
+        'Ideas'
+    """
+
+    def __init__(self, backend: StorageBackend, *, tree_id: str = "default") -> None:
         self._tree_id = check_identifier(tree_id, "tree_id")
-        self._txn = Transactions(hooks)
+        self._backend = backend
+        self._txn = Transactions(backend.transaction_hooks)
 
     @property
     def tree_id(self) -> str:
         """The tree this storage is bound to."""
         return self._tree_id
 
-    # -- backend primitives ---------------------------------------------------------------
-    @abstractmethod
-    def _op_session_exists(self, session_id: str) -> bool: ...
-    @abstractmethod
-    def _op_get_session(self, session_id: str) -> SessionMeta | None: ...
-    @abstractmethod
-    def _op_put_session(self, row: MetaRow) -> None:
-        """Insert or replace the meta; keep the rest; relabel the session's node."""
+    def close(self) -> None:
+        """Wait for a running transaction, then release the backend (its `close()`, if it
+        has one). Storages that are their own backend override this."""
+        backend: object = self._backend
+        release = None if backend is self else getattr(backend, "close", None)
+        self._txn.close(release if callable(release) else lambda: None)
 
-    @abstractmethod
-    def _op_list_sessions(
-        self, status: SessionStatus | None, role: SessionRole | None
-    ) -> list[SessionMeta]: ...
-    @abstractmethod
-    def _op_append(
-        self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
-    ) -> int: ...
-    @abstractmethod
-    def _op_records(self, session_id: str) -> Sequence[BaseMessage]:
-        """Every record in order; the sequence may be shared and must not be mutated."""
+    def __enter__(self) -> Self:
+        return self
 
-    @abstractmethod
-    def _op_count(self, session_id: str) -> int: ...
-    @abstractmethod
-    def _op_drop_oldest(self, session_id: str, count: int) -> None: ...
-    @abstractmethod
-    def _op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
-        """The named `FIELDS` of the session, or `None` when it does not exist."""
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
-    @abstractmethod
-    def _op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
-        """Set `FIELDS`; raise `SessionNotFoundError` when the session does not exist."""
-
-    @abstractmethod
-    def _op_l2s(self) -> list[ChildL2]: ...
-    @abstractmethod
-    def _op_session_stats(self) -> list[SessionStats]:
-        """Every session's `SessionStats`, in creation order."""
-
-    @abstractmethod
-    def _op_get_node(self, node_id: str) -> TopologyNode | None: ...
-    @abstractmethod
-    def _op_put_node(self, node: TopologyNode) -> None:
-        """Insert (at the end of the creation order) or update parent and label."""
-
-    @abstractmethod
-    def _op_children(self, parent_id: str) -> list[TopologyNode]: ...
-    @abstractmethod
-    def _op_all_nodes(self) -> list[TopologyNode]:
-        """Every node, in creation order."""
-
-    @abstractmethod
-    def _op_delete_sessions(self, session_ids: list[str]) -> None:
-        """Delete the sessions with all their data and nodes (children come first)."""
-
-    @abstractmethod
-    def _op_get_global(self, key: str) -> str | None: ...
-    @abstractmethod
-    def _op_put_global(self, key: str, value: str) -> None: ...
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._backend!r}, tree_id={self._tree_id!r})"
 
     # -- transactions ---------------------------------------------------------------------
     def transaction(self) -> AbstractContextManager[None]:
@@ -167,11 +148,11 @@ class StorageShell(ABC):
     # -- meta -----------------------------------------------------------------------------
     def get_session(self, session_id: str) -> SessionMeta | None:
         """The session's meta, or `None`."""
-        return self._txn.read(self._op_get_session, check_identifier(session_id))
+        return self._txn.read(self._backend.op_get_session, check_identifier(session_id))
 
     def put_session(self, meta: SessionMeta) -> None:
         """Insert or replace the meta (keeping records, memory, ...) and relabel its node."""
-        self._txn.write(self._op_put_session, meta_to_row(check_meta(meta)))
+        self._txn.write(self._backend.op_put_session, meta_to_row(check_meta(meta)))
 
     def list_sessions(
         self,
@@ -189,7 +170,7 @@ class StorageShell(ABC):
 
     def get_all_session_l2s(self) -> list[ChildL2]:
         """The L2 of every active standard session that has one, in creation order."""
-        return self._txn.read(self._op_l2s)
+        return self._txn.read(self._backend.op_l2s)
 
     def list_session_stats(self) -> list[SessionStats]:
         """Every session's meta with its turns, records and memory figures, in creation
@@ -198,7 +179,7 @@ class StorageShell(ABC):
         Not part of the `MainStorage` protocol: a view falls back to the per-session reads
         on a storage without it.
         """
-        return self._txn.read(self._op_session_stats)
+        return self._txn.read(self._backend.op_session_stats)
 
     # -- L3 records -----------------------------------------------------------------------
     def append_records(
@@ -206,7 +187,7 @@ class StorageShell(ABC):
     ) -> int:
         """Append messages atomically (and with `user_turn` count a turn); return the count."""
         args = append_args(session_id, messages, user_turn)
-        return self._txn.write(self._op_append, *args)
+        return self._txn.write(self._backend.op_append, *args)
 
     def list_records(
         self,
@@ -233,7 +214,7 @@ class StorageShell(ABC):
 
     def count_records(self, session_id: str) -> int:
         """The number of L3 records (0 for a missing session)."""
-        return self._txn.read(self._op_count, check_identifier(session_id))
+        return self._txn.read(self._backend.op_count, check_identifier(session_id))
 
     def get_turn_count(self, session_id: str) -> int:
         """User turns committed with `append_records(..., user_turn=True)`."""
@@ -252,7 +233,7 @@ class StorageShell(ABC):
     def put_system_prompt(self, session_id: str, prompt: str | None) -> None:
         """Set the system prompt; `None` removes it."""
         values = {"system_prompt": check_optional_text(prompt, "prompt")}
-        self._txn.write(self._op_set_fields, check_identifier(session_id), values)
+        self._txn.write(self._backend.op_set_fields, check_identifier(session_id), values)
 
     def get_insight(self, session_id: str) -> str | None:
         """The pending insight, read without consuming it."""
@@ -261,7 +242,7 @@ class StorageShell(ABC):
     def put_insight(self, session_id: str, insight: str) -> None:
         """Replace the pending insight."""
         values = {"insight": check_text(insight, "insight")}
-        self._txn.write(self._op_set_fields, check_identifier(session_id), values)
+        self._txn.write(self._backend.op_set_fields, check_identifier(session_id), values)
 
     def clear_insight(self, session_id: str, *, expected: str | None = None) -> bool:
         """Remove the insight (only if it is still `expected`, when given); `True` if removed."""
@@ -293,7 +274,7 @@ class StorageShell(ABC):
     def put_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
         """Replace the subtree synthesis of a node."""
         values = {"subtree_synthesis": check_text(synthesis, "synthesis")}
-        self._txn.write(self._op_set_fields, check_identifier(session_id), values)
+        self._txn.write(self._backend.op_set_fields, check_identifier(session_id), values)
 
     def get_compression(self, session_id: str) -> Compression | None:
         """The summary that replaces the oldest records in prompts, if there is one."""
@@ -302,7 +283,7 @@ class StorageShell(ABC):
     def put_compression(self, session_id: str, compression: Compression | None) -> None:
         """Replace (or, with `None`, drop) the compression summary."""
         sid, values = compression_args(session_id, compression)
-        self._txn.write(self._op_set_fields, sid, values)
+        self._txn.write(self._backend.op_set_fields, sid, values)
 
     def get_settings(self, session_id: str) -> dict[str, Any]:
         """The session's orchestration settings (JSON object; empty when none)."""
@@ -311,7 +292,7 @@ class StorageShell(ABC):
     def put_settings(self, session_id: str, settings: dict[str, Any]) -> None:
         """Replace the session's orchestration settings."""
         values = {"settings": dumps(check_mapping(settings, "settings"), what="settings")}
-        self._txn.write(self._op_set_fields, check_identifier(session_id), values)
+        self._txn.write(self._backend.op_set_fields, check_identifier(session_id), values)
 
     # -- topology -------------------------------------------------------------------------
     def put_node(self, node: TopologyNode) -> None:
@@ -320,11 +301,11 @@ class StorageShell(ABC):
 
     def get_node(self, node_id: str) -> TopologyNode | None:
         """The node, or `None`."""
-        return self._txn.read(self._op_get_node, check_identifier(node_id, "node_id"))
+        return self._txn.read(self._backend.op_get_node, check_identifier(node_id, "node_id"))
 
     def get_children(self, parent_id: str) -> list[TopologyNode]:
         """Direct children, in creation order."""
-        return self._txn.read(self._op_children, check_identifier(parent_id, "parent_id"))
+        return self._txn.read(self._backend.op_children, check_identifier(parent_id, "parent_id"))
 
     def get_ancestors(self, node_id: str) -> list[TopologyNode]:
         """Parent, grandparent, ... up to the root (nearest first)."""
@@ -333,7 +314,7 @@ class StorageShell(ABC):
     def get_tree(self) -> list[TopologyNode]:
         """Every node in depth-first pre-order: a parent, then each child's subtree in turn,
         siblings in creation order (the order in which a tree view lists them)."""
-        return tree_order(self._txn.read(self._op_all_nodes))
+        return tree_order(self._txn.read(self._backend.op_all_nodes))
 
     def remove_node(self, node_id: str, *, cascade: bool = False) -> list[str]:
         """Remove a node (and with `cascade` its subtree) together with its sessions' data.
@@ -350,12 +331,12 @@ class StorageShell(ABC):
     # -- global key-value -----------------------------------------------------------------
     def get_global(self, key: str) -> Any:
         """The JSON value stored under `key`, or `None`."""
-        return _loads(self._txn.read(self._op_get_global, check_identifier(key, "key")))
+        return _loads(self._txn.read(self._backend.op_get_global, check_identifier(key, "key")))
 
     def put_global(self, key: str, value: Any) -> None:
         """Store a JSON-serialisable value under `key` (replacing any previous one)."""
         text = dumps(value, what="A global value")
-        self._txn.write(self._op_put_global, check_identifier(key, "key"), text)
+        self._txn.write(self._backend.op_put_global, check_identifier(key, "key"), text)
 
     # -- session lease ----------------------------------------------------------------------
     def acquire_lease(
@@ -397,10 +378,10 @@ class StorageShell(ABC):
 
     # -- async twins ----------------------------------------------------------------------
     async def aget_session(self, session_id: str) -> SessionMeta | None:
-        return await self._txn.aread(self._op_get_session, check_identifier(session_id))
+        return await self._txn.aread(self._backend.op_get_session, check_identifier(session_id))
 
     async def aput_session(self, meta: SessionMeta) -> None:
-        await self._txn.awrite(self._op_put_session, meta_to_row(check_meta(meta)))
+        await self._txn.awrite(self._backend.op_put_session, meta_to_row(check_meta(meta)))
 
     async def alist_sessions(
         self,
@@ -416,16 +397,16 @@ class StorageShell(ABC):
         return await self._txn.aread(self._main_session)
 
     async def aget_all_session_l2s(self) -> list[ChildL2]:
-        return await self._txn.aread(self._op_l2s)
+        return await self._txn.aread(self._backend.op_l2s)
 
     async def alist_session_stats(self) -> list[SessionStats]:
-        return await self._txn.aread(self._op_session_stats)
+        return await self._txn.aread(self._backend.op_session_stats)
 
     async def aappend_records(
         self, session_id: str, messages: Sequence[BaseMessage], *, user_turn: bool = False
     ) -> int:
         args = append_args(session_id, messages, user_turn)
-        return await self._txn.awrite(self._op_append, *args)
+        return await self._txn.awrite(self._backend.op_append, *args)
 
     async def alist_records(
         self,
@@ -443,7 +424,7 @@ class StorageShell(ABC):
         return await self._txn.aread(self._shared_records, check_identifier(session_id))
 
     async def acount_records(self, session_id: str) -> int:
-        return await self._txn.aread(self._op_count, check_identifier(session_id))
+        return await self._txn.aread(self._backend.op_count, check_identifier(session_id))
 
     async def aget_turn_count(self, session_id: str) -> int:
         sid = check_identifier(session_id)
@@ -458,14 +439,14 @@ class StorageShell(ABC):
 
     async def aput_system_prompt(self, session_id: str, prompt: str | None) -> None:
         values = {"system_prompt": check_optional_text(prompt, "prompt")}
-        await self._txn.awrite(self._op_set_fields, check_identifier(session_id), values)
+        await self._txn.awrite(self._backend.op_set_fields, check_identifier(session_id), values)
 
     async def aget_insight(self, session_id: str) -> str | None:
         return await self._txn.aread(self._text, check_identifier(session_id), "insight")
 
     async def aput_insight(self, session_id: str, insight: str) -> None:
         values = {"insight": check_text(insight, "insight")}
-        await self._txn.awrite(self._op_set_fields, check_identifier(session_id), values)
+        await self._txn.awrite(self._backend.op_set_fields, check_identifier(session_id), values)
 
     async def aclear_insight(self, session_id: str, *, expected: str | None = None) -> bool:
         args = check_identifier(session_id), check_optional_text(expected, "expected")
@@ -490,48 +471,52 @@ class StorageShell(ABC):
 
     async def aput_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
         values = {"subtree_synthesis": check_text(synthesis, "synthesis")}
-        await self._txn.awrite(self._op_set_fields, check_identifier(session_id), values)
+        await self._txn.awrite(self._backend.op_set_fields, check_identifier(session_id), values)
 
     async def aget_compression(self, session_id: str) -> Compression | None:
         return await self._txn.aread(self._compression, check_identifier(session_id))
 
     async def aput_compression(self, session_id: str, compression: Compression | None) -> None:
         sid, values = compression_args(session_id, compression)
-        await self._txn.awrite(self._op_set_fields, sid, values)
+        await self._txn.awrite(self._backend.op_set_fields, sid, values)
 
     async def aget_settings(self, session_id: str) -> dict[str, Any]:
         return await self._txn.aread(self._settings, check_identifier(session_id))
 
     async def aput_settings(self, session_id: str, settings: dict[str, Any]) -> None:
         values = {"settings": dumps(check_mapping(settings, "settings"), what="settings")}
-        await self._txn.awrite(self._op_set_fields, check_identifier(session_id), values)
+        await self._txn.awrite(self._backend.op_set_fields, check_identifier(session_id), values)
 
     async def aput_node(self, node: TopologyNode) -> None:
         await self._txn.awrite(self._put_node, check_node(node))
 
     async def aget_node(self, node_id: str) -> TopologyNode | None:
-        return await self._txn.aread(self._op_get_node, check_identifier(node_id, "node_id"))
+        return await self._txn.aread(
+            self._backend.op_get_node, check_identifier(node_id, "node_id")
+        )
 
     async def aget_children(self, parent_id: str) -> list[TopologyNode]:
         pid = check_identifier(parent_id, "parent_id")
-        return await self._txn.aread(self._op_children, pid)
+        return await self._txn.aread(self._backend.op_children, pid)
 
     async def aget_ancestors(self, node_id: str) -> list[TopologyNode]:
         return await self._txn.aread(self._ancestors, check_identifier(node_id, "node_id"))
 
     async def aget_tree(self) -> list[TopologyNode]:
-        return tree_order(await self._txn.aread(self._op_all_nodes))
+        return tree_order(await self._txn.aread(self._backend.op_all_nodes))
 
     async def aremove_node(self, node_id: str, *, cascade: bool = False) -> list[str]:
         nid = check_identifier(node_id, "node_id")
         return await self._txn.awrite(self._remove_node, nid, bool(cascade))
 
     async def aget_global(self, key: str) -> Any:
-        return _loads(await self._txn.aread(self._op_get_global, check_identifier(key, "key")))
+        return _loads(
+            await self._txn.aread(self._backend.op_get_global, check_identifier(key, "key"))
+        )
 
     async def aput_global(self, key: str, value: Any) -> None:
         text = dumps(value, what="A global value")
-        await self._txn.awrite(self._op_put_global, check_identifier(key, "key"), text)
+        await self._txn.awrite(self._backend.op_put_global, check_identifier(key, "key"), text)
 
     async def aacquire_lease(
         self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
@@ -557,7 +542,7 @@ class StorageShell(ABC):
     _QUEUE = (*_LEASE, "lease_waiter", "lease_wait_until")
 
     def _lease_row(self, session_id: str) -> tuple[Any, ...]:
-        values = self._op_get_fields(session_id, self._QUEUE)
+        values = self._backend.op_get_fields(session_id, self._QUEUE)
         if values is None:
             raise SessionNotFoundError(session_id)
         return values
@@ -574,12 +559,12 @@ class StorageShell(ABC):
                 # the first to wait is the next to hold: a holder that turns again at once
                 # cannot starve the others
                 values = {"lease_waiter": owner, "lease_wait_until": now + _WAITER_TTL}
-                self._op_set_fields(session_id, values)
+                self._backend.op_set_fields(session_id, values)
             return None
         lease = Lease(session_id, owner, token if holder == owner else token + 1, now + ttl)
         self._write_lease(lease)
         if waiter == owner:
-            self._op_set_fields(session_id, {"lease_waiter": None, "lease_wait_until": 0.0})
+            self._backend.op_set_fields(session_id, {"lease_waiter": None, "lease_wait_until": 0.0})
         return lease
 
     def _renew_lease(self, lease: Lease, ttl: float) -> Lease | None:
@@ -592,30 +577,30 @@ class StorageShell(ABC):
 
     def _write_lease(self, lease: Lease) -> None:
         values = dict(zip(self._LEASE, (lease.owner, lease.token, lease.expires_at), strict=True))
-        self._op_set_fields(lease.session_id, values)
+        self._backend.op_set_fields(lease.session_id, values)
 
     def _release_lease(self, lease: Lease) -> bool:
-        values = self._op_get_fields(lease.session_id, self._LEASE)
+        values = self._backend.op_get_fields(lease.session_id, self._LEASE)
         if values is None or values[0] != lease.owner or values[1] != lease.token:
             return False  # lost, or the session is gone with its lease
-        self._op_set_fields(lease.session_id, {"lease_owner": None, "lease_expires": 0.0})
+        self._backend.op_set_fields(lease.session_id, {"lease_owner": None, "lease_expires": 0.0})
         return True
 
     def _get_lease(self, session_id: str) -> Lease | None:
-        values = self._op_get_fields(session_id, self._LEASE)
+        values = self._backend.op_get_fields(session_id, self._LEASE)
         if values is None or values[0] is None:
             return None
         return Lease(session_id, values[0], int(values[1] or 0), float(values[2] or 0.0))
 
     def _check_lease(self, lease: Lease) -> None:
-        values = self._op_get_fields(lease.session_id, self._LEASE)
+        values = self._backend.op_get_fields(lease.session_id, self._LEASE)
         if values is None:
             raise SessionNotFoundError(lease.session_id)
         if values[0] != lease.owner or values[1] != lease.token:
             raise LeaseLostError(lease.session_id)
 
     def _field(self, session_id: str, name: str) -> Any:
-        values = self._op_get_fields(session_id, (name,))
+        values = self._backend.op_get_fields(session_id, (name,))
         return None if values is None else values[0]
 
     def _text(self, session_id: str, name: str) -> str | None:
@@ -629,53 +614,53 @@ class StorageShell(ABC):
     def _list_sessions(
         self, status: SessionStatus | None, role: SessionRole | None, tags: tuple[str, ...]
     ) -> list[SessionMeta]:
-        metas = self._op_list_sessions(status, role)
+        metas = self._backend.op_list_sessions(status, role)
         wanted = set(tags)
         return [meta for meta in metas if wanted.issubset(meta.tags)] if wanted else metas
 
     def _main_session(self) -> SessionMeta | None:
-        mains = self._op_list_sessions(None, "main")
+        mains = self._backend.op_list_sessions(None, "main")
         return mains[0] if mains else None
 
     def _list_records(
         self, session_id: str, limit: int | None, offset: int, role: str | None
     ) -> list[BaseMessage]:
-        records = self._op_records(session_id)
+        records = self._backend.op_records(session_id)
         if role is not None:
             records = [record for record in records if message_role(record) == role]
         end = None if limit is None else offset + limit
         return list(records[offset:end])
 
     def _shared_records(self, session_id: str) -> list[BaseMessage]:
-        return list(self._op_records(session_id))
+        return list(self._backend.op_records(session_id))
 
     def _trim(self, session_id: str, keep_last: int) -> int:
-        cursors = self._op_get_fields(session_id, ("memory_through", "compression_through"))
+        cursors = self._backend.op_get_fields(session_id, ("memory_through", "compression_through"))
         if cursors is None:
             raise SessionNotFoundError(session_id)
-        dropped = self._op_count(session_id) - keep_last
+        dropped = self._backend.op_count(session_id) - keep_last
         if dropped <= 0:
             return 0
-        self._op_drop_oldest(session_id, dropped)
+        self._backend.op_drop_oldest(session_id, dropped)
         memory, compression = (max(0, (c or 0) - dropped) for c in cursors)
         values = {"memory_through": memory, "compression_through": compression}
-        self._op_set_fields(session_id, values)
+        self._backend.op_set_fields(session_id, values)
         return dropped
 
     def _put_memory(self, session_id: str, values: dict[str, Any]) -> None:
         through = values.get("memory_through")
-        if through is not None and not self._op_session_exists(session_id):
+        if through is not None and not self._backend.op_session_exists(session_id):
             raise SessionNotFoundError(session_id)
-        if through is not None and through > (count := self._op_count(session_id)):
+        if through is not None and through > (count := self._backend.op_count(session_id)):
             raise InvalidInputError(
                 f"through={through} is beyond the {count} record(s) of session "
                 f"{session_id!r}: the memory can cover at most every record; pass at most "
                 f"{count}."
             )
-        self._op_set_fields(session_id, values)
+        self._backend.op_set_fields(session_id, values)
 
     def _compression(self, session_id: str) -> Compression | None:
-        values = self._op_get_fields(session_id, ("compression", "compression_through"))
+        values = self._backend.op_get_fields(session_id, ("compression", "compression_through"))
         if values is None or values[0] is None:
             return None
         return Compression(summary=values[0], through=values[1] or 0)
@@ -685,51 +670,51 @@ class StorageShell(ABC):
         return dict(found) if isinstance(found, dict) else {}
 
     def _clear_insight(self, session_id: str, expected: str | None) -> bool:
-        values = self._op_get_fields(session_id, ("insight",))
+        values = self._backend.op_get_fields(session_id, ("insight",))
         if values is None:
             raise SessionNotFoundError(session_id)
         current = values[0]
         if current is None or (expected is not None and current != expected):
             return False
-        self._op_set_fields(session_id, {"insight": None})
+        self._backend.op_set_fields(session_id, {"insight": None})
         return True
 
     def _put_node(self, node: TopologyNode) -> None:
-        if not self._op_session_exists(node.id):
+        if not self._backend.op_session_exists(node.id):
             raise SessionNotFoundError(node.id)
         parent_id = node.parent_id
         if parent_id is not None:
             if parent_id == node.id:
                 raise TopologyCycleError(node.id, parent_id)
-            if self._op_get_node(parent_id) is None:
+            if self._backend.op_get_node(parent_id) is None:
                 raise NodeNotFoundError(parent_id)
             if any(above.id == node.id for above in self._ancestors(parent_id)):
                 raise TopologyCycleError(node.id, parent_id)
-        self._op_put_node(node)
+        self._backend.op_put_node(node)
 
     def _ancestors(self, node_id: str) -> list[TopologyNode]:
         found: list[TopologyNode] = []
         seen = {node_id}
-        node = self._op_get_node(node_id)
+        node = self._backend.op_get_node(node_id)
         while node is not None and node.parent_id is not None and node.parent_id not in seen:
-            node = self._op_get_node(node.parent_id)
+            node = self._backend.op_get_node(node.parent_id)
             if node is not None:
                 found.append(node)
                 seen.add(node.id)
         return found
 
     def _remove_node(self, node_id: str, cascade: bool) -> list[str]:
-        if self._op_get_node(node_id) is None:
+        if self._backend.op_get_node(node_id) is None:
             raise NodeNotFoundError(node_id)
-        children = self._op_children(node_id)
+        children = self._backend.op_children(node_id)
         if children and not cascade:
             raise NodeHasChildrenError(node_id, len(children))
         removed = [node_id]
         index = 0
         while index < len(removed):  # breadth-first: every parent before its children
-            removed.extend(child.id for child in self._op_children(removed[index]))
+            removed.extend(child.id for child in self._backend.op_children(removed[index]))
             index += 1
-        self._op_delete_sessions(removed[::-1])
+        self._backend.op_delete_sessions(removed[::-1])
         return removed
 
 

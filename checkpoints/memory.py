@@ -1,9 +1,10 @@
 """`InMemoryMainStorage`: the `MainStorage` protocol over plain Python dicts.
 
-It is the reference for anyone writing a backend of their own: each `_op_*` method is one
-primitive the shared `StorageShell` composes (validation, locking, async twins and topology
-rules live there), and transactions are an undo log: every change records how to revert
-itself, a savepoint is a position in that log, and a rollback replays it backwards.
+It is the reference for anyone writing a backend of their own: each `op_*` method is one
+primitive of `StorageBackend` that `BackendStorage` composes (validation, locking, async
+twins and topology rules live there), and transactions are an undo log: every change
+records how to revert itself, a savepoint is a position in that log, and a rollback replays
+it backwards.
 
 Values go through the same encoding as in SQLite (messages and metadata via JSON), so what
 comes back is exactly what the SQLite storage would return, and a caller mutating an object
@@ -19,7 +20,8 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 
 from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, decode_message, row_to_meta
-from stello_graph.checkpoints._shell import StorageShell
+from stello_graph.checkpoints._shell import BackendStorage
+from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.errors import SessionNotFoundError
 from stello_graph.models import (
     ChildL2,
@@ -99,7 +101,7 @@ class _UndoLog:
             self._entries.pop()()
 
 
-class InMemoryMainStorage(StorageShell):
+class InMemoryMainStorage(BackendStorage):
     """A `MainStorage` kept in memory, for tests and experiments.
 
     Thread-safe and asyncio-safe (same locking as `SqliteMainStorage`); transactions are
@@ -115,11 +117,16 @@ class InMemoryMainStorage(StorageShell):
 
     def __init__(self, *, tree_id: str = "default") -> None:
         self._log = _UndoLog()
-        super().__init__(tree_id, self._log)
+        super().__init__(self, tree_id=tree_id)  # its own `StorageBackend`
         self._sessions: dict[str, _Session] = {}
         self._nodes: dict[str, _Node] = {}
         self._globals: dict[str, str] = {}
         self._counter = 0
+
+    @property
+    def transaction_hooks(self) -> TransactionHooks:
+        """The undo log: savepoints are positions in it, rollbacks replay it backwards."""
+        return self._log
 
     def __repr__(self) -> str:
         return f"InMemoryMainStorage(tree_id={self.tree_id!r})"
@@ -165,14 +172,14 @@ class InMemoryMainStorage(StorageShell):
             raise SessionNotFoundError(session_id) from None
 
     # -- sessions -------------------------------------------------------------------------
-    def _op_session_exists(self, session_id: str) -> bool:
+    def op_session_exists(self, session_id: str) -> bool:
         return session_id in self._sessions
 
-    def _op_get_session(self, session_id: str) -> SessionMeta | None:
+    def op_get_session(self, session_id: str) -> SessionMeta | None:
         session = self._sessions.get(session_id)
         return None if session is None else row_to_meta(session.row)
 
-    def _op_put_session(self, row: MetaRow) -> None:
+    def op_put_session(self, row: MetaRow) -> None:
         session_id, label = row[0], row[1]
         session = self._sessions.get(session_id)
         if session is None:
@@ -183,7 +190,7 @@ class InMemoryMainStorage(StorageShell):
         if node is not None:
             self._set(node, "node", node.node.model_copy(update={"label": label}))
 
-    def _op_list_sessions(
+    def op_list_sessions(
         self, status: SessionStatus | None, role: SessionRole | None
     ) -> list[SessionMeta]:
         metas = (row_to_meta(session.row) for session in self._in_creation_order())
@@ -193,7 +200,7 @@ class InMemoryMainStorage(StorageShell):
             if (status is None or meta.status == status) and (role is None or meta.role == role)
         ]
 
-    def _op_l2s(self) -> list[ChildL2]:
+    def op_l2s(self) -> list[ChildL2]:
         children = []
         for session in self._in_creation_order():
             session_id, label, role, status = session.row[:4]
@@ -201,7 +208,7 @@ class InMemoryMainStorage(StorageShell):
                 children.append(ChildL2(session_id=session_id, label=label, l2=session.memory))
         return children
 
-    def _op_session_stats(self) -> list[SessionStats]:
+    def op_session_stats(self) -> list[SessionStats]:
         out = []
         for s in self._in_creation_order():
             meta, node = row_to_meta(s.row), self._nodes.get(s.row[0])
@@ -230,17 +237,17 @@ class InMemoryMainStorage(StorageShell):
     def _in_creation_order(self) -> list[_Session]:
         return sorted(self._sessions.values(), key=lambda session: session.created_seq)
 
-    def _op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
+    def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         session = self._sessions.get(session_id)
         return None if session is None else tuple(getattr(session, name) for name in names)
 
-    def _op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
+    def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         session = self._session(session_id)
         for name, value in values.items():
             self._set(session, name, value)
 
     # -- records --------------------------------------------------------------------------
-    def _op_append(
+    def op_append(
         self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
     ) -> int:
         session = self._session(session_id)
@@ -252,46 +259,46 @@ class InMemoryMainStorage(StorageShell):
             self._set(session, "turn_count", session.turn_count + 1)
         return len(session.records)
 
-    def _op_records(self, session_id: str) -> Sequence[BaseMessage]:
+    def op_records(self, session_id: str) -> Sequence[BaseMessage]:
         session = self._sessions.get(session_id)
         return () if session is None else session.records
 
-    def _op_count(self, session_id: str) -> int:
-        return len(self._op_records(session_id))
+    def op_count(self, session_id: str) -> int:
+        return len(self.op_records(session_id))
 
-    def _op_drop_oldest(self, session_id: str, count: int) -> None:
+    def op_drop_oldest(self, session_id: str, count: int) -> None:
         session = self._session(session_id)
         self._set(session, "records", session.records[count:])
 
     # -- topology -------------------------------------------------------------------------
-    def _op_get_node(self, node_id: str) -> TopologyNode | None:
+    def op_get_node(self, node_id: str) -> TopologyNode | None:
         entry = self._nodes.get(node_id)
         return None if entry is None else entry.node
 
-    def _op_put_node(self, node: TopologyNode) -> None:
+    def op_put_node(self, node: TopologyNode) -> None:
         entry = self._nodes.get(node.id)
         if entry is None:
             self._put(self._nodes, node.id, _Node(node, self._next()))
         else:
             self._set(entry, "node", node)
 
-    def _op_children(self, parent_id: str) -> list[TopologyNode]:
+    def op_children(self, parent_id: str) -> list[TopologyNode]:
         entries = [entry for entry in self._nodes.values() if entry.node.parent_id == parent_id]
         return [entry.node for entry in sorted(entries, key=lambda entry: entry.position)]
 
-    def _op_all_nodes(self) -> list[TopologyNode]:
+    def op_all_nodes(self) -> list[TopologyNode]:
         entries = sorted(self._nodes.values(), key=lambda entry: entry.position)
         return [entry.node for entry in entries]
 
-    def _op_delete_sessions(self, session_ids: list[str]) -> None:
+    def op_delete_sessions(self, session_ids: list[str]) -> None:
         for session_id in session_ids:
             if session_id in self._nodes:
                 self._pop(self._nodes, session_id)
             self._pop(self._sessions, session_id)
 
     # -- globals --------------------------------------------------------------------------
-    def _op_get_global(self, key: str) -> str | None:
+    def op_get_global(self, key: str) -> str | None:
         return self._globals.get(key)
 
-    def _op_put_global(self, key: str, value: str) -> None:
+    def op_put_global(self, key: str, value: str) -> None:
         self._put(self._globals, key, value)

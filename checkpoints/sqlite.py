@@ -27,7 +27,8 @@ from stello_graph.checkpoints._serde import (
     from_iso,
     row_to_meta,
 )
-from stello_graph.checkpoints._shell import FIELDS, StorageShell
+from stello_graph.checkpoints._shell import FIELDS, BackendStorage
+from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.checkpoints._validate import check_identifier, check_non_negative
 from stello_graph.errors import (
     InvalidInputError,
@@ -50,7 +51,7 @@ _META = "id, label, role, status, tags, metadata, created_at, updated_at"
 _BEGIN_RETRIES = 6
 
 
-class SqliteMainStorage(StorageShell):
+class SqliteMainStorage(BackendStorage):
     """A `MainStorage` in a SQLite database, bound to one tree.
 
     Args:
@@ -98,7 +99,7 @@ class SqliteMainStorage(StorageShell):
         self._conn, self._owns_conn, self.path = _connect(path_or_connection)
         busy_ms = max(0, int(busy_timeout * 1000))
         self._hooks = _Hooks(self._conn, self._cache, busy_ms, tree_id)
-        super().__init__(tree_id, self._hooks)
+        super().__init__(self, tree_id=tree_id)  # its own `StorageBackend`
         self._closed = False
         try:
             self._open(allow_foreign_tables=bool(allow_foreign_tables))
@@ -146,6 +147,11 @@ class SqliteMainStorage(StorageShell):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @property
+    def transaction_hooks(self) -> TransactionHooks:
+        """`BEGIN IMMEDIATE` / `COMMIT` / savepoints on the storage's connection."""
+        return self._hooks
+
     def __repr__(self) -> str:
         return f"SqliteMainStorage({self.path!r}, tree_id={self.tree_id!r})"
 
@@ -166,16 +172,16 @@ class SqliteMainStorage(StorageShell):
         self._hooks.sync()
 
     # -- sessions -------------------------------------------------------------------------
-    def _op_session_exists(self, session_id: str) -> bool:
+    def op_session_exists(self, session_id: str) -> bool:
         sql = f"SELECT 1 FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         return self._q(sql, (self.tree_id, session_id)).fetchone() is not None
 
-    def _op_get_session(self, session_id: str) -> SessionMeta | None:
+    def op_get_session(self, session_id: str) -> SessionMeta | None:
         sql = f"SELECT {_META} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         row = self._q(sql, (self.tree_id, session_id)).fetchone()
         return None if row is None else row_to_meta(row)
 
-    def _op_put_session(self, row: MetaRow) -> None:
+    def op_put_session(self, row: MetaRow) -> None:
         tree = self.tree_id
         self._q(
             f"""INSERT INTO {SESSIONS} (tree_id, {_META}, created_seq)
@@ -190,7 +196,7 @@ class SqliteMainStorage(StorageShell):
         sql = f"UPDATE {NODES} SET label = ? WHERE tree_id = ? AND id = ?"
         self._q(sql, (row[1], tree, row[0]))
 
-    def _op_list_sessions(
+    def op_list_sessions(
         self, status: SessionStatus | None, role: SessionRole | None
     ) -> list[SessionMeta]:
         where, params = ["tree_id = ?"], [self.tree_id]
@@ -203,7 +209,7 @@ class SqliteMainStorage(StorageShell):
         sql = f"SELECT {_META} FROM {SESSIONS} WHERE {' AND '.join(where)} ORDER BY created_seq"
         return [row_to_meta(row) for row in self._q(sql, params)]
 
-    def _op_l2s(self) -> list[ChildL2]:
+    def op_l2s(self) -> list[ChildL2]:
         rows = self._q(
             f"""SELECT id, label, memory FROM {SESSIONS}
             WHERE tree_id = ? AND role = 'standard' AND status = 'active'
@@ -213,7 +219,7 @@ class SqliteMainStorage(StorageShell):
         )
         return [ChildL2(session_id=sid, label=label, l2=l2) for sid, label, l2 in rows]
 
-    def _op_session_stats(self) -> list[SessionStats]:
+    def op_session_stats(self) -> list[SessionStats]:
         # Per session, through the records' primary key. A session's seqs are contiguous
         # (appends take `next_seq` on, a trim drops the oldest), so the records after the L2
         # cursor (a count from the first record) are those from MIN(seq) + memory_through on.
@@ -253,13 +259,13 @@ class SqliteMainStorage(StorageShell):
             for row in rows
         ]
 
-    def _op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
+    def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         assert FIELDS.issuperset(names)
         sql = f"SELECT {', '.join(names)} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         row = self._q(sql, (self.tree_id, session_id)).fetchone()
         return None if row is None else tuple(row)
 
-    def _op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
+    def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         assert FIELDS.issuperset(values)
         columns = ", ".join(f"{name} = ?" for name in values)
         sql = f"UPDATE {SESSIONS} SET {columns} WHERE tree_id = ? AND id = ?"
@@ -267,7 +273,7 @@ class SqliteMainStorage(StorageShell):
             raise SessionNotFoundError(session_id)
 
     # -- records --------------------------------------------------------------------------
-    def _op_append(
+    def op_append(
         self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
     ) -> int:
         tree = self.tree_id
@@ -291,9 +297,9 @@ class SqliteMainStorage(StorageShell):
             (first + len(records), int(user_turn), at if records else None, tree, session_id),
         )
         self._cache.extend(session_id, lambda: [decode_message(data) for _, data in records])
-        return self._op_count(session_id)
+        return self.op_count(session_id)
 
-    def _op_records(self, session_id: str) -> Sequence[BaseMessage]:
+    def op_records(self, session_id: str) -> Sequence[BaseMessage]:
         self._sync_cache()
         cached = self._cache.get(session_id)
         if cached is not None:
@@ -303,7 +309,7 @@ class SqliteMainStorage(StorageShell):
         self._cache.put(session_id, records)
         return records
 
-    def _op_count(self, session_id: str) -> int:
+    def op_count(self, session_id: str) -> int:
         self._sync_cache()
         cached = self._cache.get(session_id)
         if cached is not None:
@@ -312,7 +318,7 @@ class SqliteMainStorage(StorageShell):
         count: int = self._q(sql, (self.tree_id, session_id)).fetchone()[0]
         return count
 
-    def _op_drop_oldest(self, session_id: str, count: int) -> None:
+    def op_drop_oldest(self, session_id: str, count: int) -> None:
         key = (self.tree_id, session_id)
         self._q(
             f"""DELETE FROM {RECORDS} WHERE tree_id = ? AND session_id = ? AND seq IN (
@@ -323,12 +329,12 @@ class SqliteMainStorage(StorageShell):
         self._cache.drop_oldest(session_id, count)
 
     # -- topology -------------------------------------------------------------------------
-    def _op_get_node(self, node_id: str) -> TopologyNode | None:
+    def op_get_node(self, node_id: str) -> TopologyNode | None:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? AND id = ?"
         row = self._q(sql, (self.tree_id, node_id)).fetchone()
         return None if row is None else _node(row)
 
-    def _op_put_node(self, node: TopologyNode) -> None:
+    def op_put_node(self, node: TopologyNode) -> None:
         tree = self.tree_id
         self._q(
             f"""INSERT INTO {NODES} (tree_id, id, parent_id, label, position)
@@ -339,16 +345,16 @@ class SqliteMainStorage(StorageShell):
             (tree, node.id, node.parent_id, node.label, tree),
         )
 
-    def _op_children(self, parent_id: str) -> list[TopologyNode]:
+    def op_children(self, parent_id: str) -> list[TopologyNode]:
         sql = f"""SELECT id, parent_id, label FROM {NODES}
             WHERE tree_id = ? AND parent_id = ? ORDER BY position"""
         return [_node(row) for row in self._q(sql, (self.tree_id, parent_id))]
 
-    def _op_all_nodes(self) -> list[TopologyNode]:
+    def op_all_nodes(self) -> list[TopologyNode]:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? ORDER BY position"
         return [_node(row) for row in self._q(sql, (self.tree_id,))]
 
-    def _op_delete_sessions(self, session_ids: list[str]) -> None:
+    def op_delete_sessions(self, session_ids: list[str]) -> None:
         # ON DELETE CASCADE removes the records and the node of each session.
         sql = f"DELETE FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         self._qmany(sql, [(self.tree_id, session_id) for session_id in session_ids])
@@ -356,12 +362,12 @@ class SqliteMainStorage(StorageShell):
             self._cache.discard(session_id)
 
     # -- globals --------------------------------------------------------------------------
-    def _op_get_global(self, key: str) -> str | None:
+    def op_get_global(self, key: str) -> str | None:
         sql = f"SELECT value FROM {GLOBALS} WHERE tree_id = ? AND key = ?"
         row = self._q(sql, (self.tree_id, key)).fetchone()
         return None if row is None else str(row[0])
 
-    def _op_put_global(self, key: str, value: str) -> None:
+    def op_put_global(self, key: str, value: str) -> None:
         self._q(
             f"""INSERT INTO {GLOBALS} (tree_id, key, value) VALUES (?, ?, ?)
             ON CONFLICT (tree_id, key) DO UPDATE SET value = excluded.value""",

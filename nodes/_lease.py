@@ -20,7 +20,11 @@ from typing import Any
 from stello_graph.lease import SessionLeases
 from stello_graph.models import Lease
 
-__all__ = ["LEASE_KEY", "TurnLease", "aturn_lease", "lease_state", "turn_lease"]
+__all__ = ["LEASE_KEY", "PARKED_LEASE", "TurnLease", "aturn_lease", "lease_state", "turn_lease"]
+
+PARKED_LEASE = 2.0
+"""Seconds a turn's lease outlives the node that held it: ample for the checkpoint written
+between two nodes; a run paused between nodes frees its session after this."""
 
 LEASE_KEY = "lease"
 """The state key of the turn's lease: `{"owner": ..., "token": ...}` or `None`."""
@@ -73,12 +77,20 @@ async def _atake(leases: SessionLeases, session_id: str, stored: Lease | None) -
 
 @contextmanager
 def turn_lease(
-    leases: SessionLeases, session_id: str, state: Mapping[str, Any], *, fresh: bool = False
+    leases: SessionLeases,
+    session_id: str,
+    state: Mapping[str, Any],
+    *,
+    fresh: bool = False,
+    park: bool = True,
 ) -> Iterator[TurnLease]:
     """Run a turn node under the session's lease; release it if the node fails.
 
     `fresh` (the turn's first node): take a new lease rather than one left in the state by
-    an earlier run.
+    an earlier run. `park` (every node but the commit): when the node ends, the lease is
+    left to lapse after `PARKED_LEASE` seconds unless the next node renews it, so a run
+    that pauses between nodes (`interrupt_before`) does not hold its session for a whole
+    `lease_ttl`.
     """
     lent = leases.held(session_id)
     if lent is not None:
@@ -91,11 +103,18 @@ def turn_lease(
     except BaseException:
         leases.release(lease)
         raise
+    if park:
+        leases.storage.renew_lease(lease, PARKED_LEASE)
 
 
 @asynccontextmanager
 async def aturn_lease(
-    leases: SessionLeases, session_id: str, state: Mapping[str, Any], *, fresh: bool = False
+    leases: SessionLeases,
+    session_id: str,
+    state: Mapping[str, Any],
+    *,
+    fresh: bool = False,
+    park: bool = True,
 ) -> AsyncIterator[TurnLease]:
     """Async twin of `turn_lease`."""
     lent = leases.held(session_id)
@@ -109,3 +128,5 @@ async def aturn_lease(
     except BaseException:
         await leases.arelease(lease)
         raise
+    if park:
+        await leases.storage.arenew_lease(lease, PARKED_LEASE)

@@ -279,7 +279,7 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
     def commit(state: State) -> State:
         session, s = deps.session(state["session_id"]), deps.storage
         records, tree = _records(state), 0
-        with turn_lease(deps.leases, session.id, state) as held:
+        with turn_lease(deps.leases, session.id, state, park=False) as held:
             with s.transaction():
                 s.check_lease(held.lease)  # a turn that lost its lease commits nothing
                 if not _committed(s, session.id, records):
@@ -297,7 +297,7 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
     async def acommit(state: State) -> State:
         session, s = await deps.asession(state["session_id"]), deps.storage
         records, tree = _records(state), 0
-        async with aturn_lease(deps.leases, session.id, state) as held:
+        async with aturn_lease(deps.leases, session.id, state, park=False) as held:
             async with s.atransaction():
                 await s.acheck_lease(held.lease)
                 if not await _acommitted(s, session.id, records):

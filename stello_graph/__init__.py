@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from stello_graph.agent import StelloAgent, TurnResult
     from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
     from stello_graph.events import StelloEvent
+    from stello_graph.export import export_tree
     from stello_graph.graph import StelloState, build_stello_graph
     from stello_graph.schedule import BackgroundFailure, Schedule
     from stello_graph.skills import Skill, load_skills
@@ -96,6 +97,7 @@ _LAZY: dict[str, str] = {
     "BackgroundFailure": "stello_graph.schedule",
     "StelloEvent": "stello_graph.events",
     "Topology": "stello_graph.topology",
+    "export_tree": "stello_graph.export",
     # skills (load YAML)
     "Skill": "stello_graph.skills",
     "load_skills": "stello_graph.skills",
@@ -111,6 +113,7 @@ __all__ = [
     "BackgroundFailure",
     "StelloEvent",
     "Topology",
+    "export_tree",
     "TreeIntegration",
     "ForkProfile",
     "SplitGuard",

@@ -317,8 +317,7 @@ class SessionBase:
             parts.extra = s.get_memory(self._id)
         else:
             parts.extra = s.get_insight(self._id) if insight is _READ else _opt_str(insight)
-            get_branch = getattr(s, "get_subtree_synthesis", None)
-            parts.branch = get_branch(self._id) if get_branch is not None else None
+            parts.branch = s.get_subtree_synthesis(self._id)
         records = shared_records(s, self._id)
         parts.compression = s.get_compression(self._id)
         cut = self._plan(meta, parts, records)
@@ -338,8 +337,7 @@ class SessionBase:
         else:
             read = insight is _READ
             parts.extra = await s.aget_insight(self._id) if read else _opt_str(insight)
-            get_branch = getattr(s, "aget_subtree_synthesis", None)
-            parts.branch = await get_branch(self._id) if get_branch is not None else None
+            parts.branch = await s.aget_subtree_synthesis(self._id)
         records = await ashared_records(s, self._id)
         parts.compression = await s.aget_compression(self._id)
         cut = self._plan(meta, parts, records)

@@ -59,20 +59,12 @@ def detached_all(messages: Iterable[M]) -> list[M]:
 
 
 def shared_records(storage: SessionStorage, session_id: str) -> list[BaseMessage]:
-    """All of a session's L3 without copying it, where the storage can (`shared_records` of
-    the reference storages), else `list_records`. For reads the core keeps to itself and
-    never changes (prompts, id scans): a turn reads all of L3 at every model call."""
-    read = getattr(storage, "shared_records", None)
-    found: list[BaseMessage] = (
-        read(session_id) if read is not None else storage.list_records(session_id)
-    )
-    return found
+    """All of a session's L3 without copying it (`SessionStorage.shared_records`). For reads
+    the core keeps to itself and never changes (prompts, id scans): a turn reads all of L3 at
+    every model call."""
+    return storage.shared_records(session_id)
 
 
 async def ashared_records(storage: SessionStorage, session_id: str) -> list[BaseMessage]:
     """Async twin of `shared_records`."""
-    read = getattr(storage, "ashared_records", None)
-    if read is not None:
-        found: list[BaseMessage] = await read(session_id)
-        return found
-    return await storage.alist_records(session_id)
+    return await storage.ashared_records(session_id)

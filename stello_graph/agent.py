@@ -352,6 +352,21 @@ class StelloAgent:
         assert isinstance(found, Session | MainSession)
         return found
 
+    def child(self, session_id: str) -> Session:
+        """The `Session` object of a child session, typed as one (`agent.main` is the main one).
+
+        Raises:
+            InvalidInputError: `session_id` is the main session's.
+            SessionNotFoundError: there is no such session.
+        """
+        found = self.session(session_id)
+        if isinstance(found, MainSession):
+            raise InvalidInputError(
+                f"{session_id!r} is the main session, not a child: use `agent.main`, or "
+                "`agent.session(id)` for either kind."
+            )
+        return found
+
     def tree(self) -> Topology:
         """The topology, for display (`print(agent.tree())`)."""
         return Topology.read(self.storage)

@@ -29,7 +29,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypeAlias, TypedDict
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AnyMessage
@@ -134,9 +134,13 @@ class StelloState(StelloInput, StelloOutput, total=False):
     tree_results: Annotated[dict[str, Any], merge_results]
 
 
-def build_graph(deps: StelloDeps) -> StateGraph[Any, Any, Any, Any]:
+StelloGraph: TypeAlias = StateGraph[StelloState, None, StelloInput, StelloOutput]
+"""The type of the graph `build_stello_graph` returns: its state, input and output schemas."""
+
+
+def build_graph(deps: StelloDeps) -> StelloGraph:
     """The stello `StateGraph` over an existing `StelloDeps`."""
-    graph: StateGraph[Any, Any, Any, Any] = StateGraph(
+    graph: StelloGraph = StateGraph(
         StelloState, input_schema=StelloInput, output_schema=StelloOutput
     )
     graph.add_node("assemble", make_assemble_node(deps))
@@ -183,7 +187,7 @@ def build_stello_graph(
     model_timeout: float | None = None,
     model_retry: RetryPolicy | None = None,
     lease_ttl: float = DEFAULT_LEASE_TTL,
-) -> StateGraph[Any, Any, Any, Any]:
+) -> StelloGraph:
     """The stello orchestration as an uncompiled LangGraph `StateGraph`.
 
     Args:

@@ -4,9 +4,13 @@ Storage is split by who consumes it: a `Session` needs only `SessionStorage`; th
 and the orchestration layer need `MainStorage`, which adds the batch read of every child's L2,
 the topology tree, listings and a global key-value store.
 
-Both are `Protocol`s: any object with these methods works. Every method has an async twin
-prefixed with `a` (`get_session` / `aget_session`). The reference implementations live in
-`stello_graph.checkpoints`: `SqliteMainStorage` and `InMemoryMainStorage`.
+Both are `Protocol`s, the types the core and the orchestration are written against: every
+method the library calls is here (it never probes a storage for optional ones). Every method
+has an async twin prefixed with `a` (`get_session` / `aget_session`). The reference
+implementations live in `stello_graph.checkpoints`: `SqliteMainStorage` and
+`InMemoryMainStorage`. A new storage does not implement these protocols by hand: it
+implements the nineteen primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
+`BackendStorage(backend)` builds all of this on them.
 
 Rules every implementation follows (the test suite holds both reference implementations to
 them, and can be pointed at a third):
@@ -15,9 +19,7 @@ them, and can be pointed at a third):
   not exist raise `SessionNotFoundError`.
 * L3 is append-only apart from `trim_records`; records come back in the order they were
   appended, as LangChain message objects that belong to the caller: changing one changes
-  nothing stored. (A storage that keeps decoded records may also offer `shared_records` /
-  `ashared_records(session_id)`, all of L3 without copies, which the core uses for prompts
-  and never changes; the reference storages do.)
+  nothing stored (`shared_records` is the one exception, for the core's prompts).
 * `transaction()` makes every write inside it atomic and is re-entrant: a nested
   `transaction()` joins (as a savepoint) the outer one, so the orchestration can create a
   session and its `TopologyNode` atomically around calls that open transactions of their own.
@@ -107,6 +109,13 @@ class SessionStorage(Protocol):
         own copies."""
         ...
 
+    def shared_records(self, session_id: str) -> list[BaseMessage]:
+        """Every record in order, *not* copied: the messages may be the ones the storage
+        keeps, shared with every caller, and must never be changed. The core reads prompts
+        through it (all of L3 at every model call); a storage that keeps no decoded records
+        returns `list_records(session_id)`."""
+        ...
+
     def count_records(self, session_id: str) -> int:
         """The number of L3 records of the session (0 when there is no such session)."""
         ...
@@ -155,6 +164,15 @@ class SessionStorage(Protocol):
 
     def get_memory_through(self, session_id: str) -> int:
         """How many L3 records (from the first) the current memory covers; 0 if none."""
+        ...
+
+    def get_subtree_synthesis(self, session_id: str) -> str | None:
+        """What tree integration last made of the session's children (its branch summary,
+        shown in its prompt), or `None`."""
+        ...
+
+    def put_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
+        """Replace the session's subtree synthesis."""
         ...
 
     def get_compression(self, session_id: str) -> Compression | None:
@@ -224,6 +242,7 @@ class SessionStorage(Protocol):
         offset: int = 0,
         role: str | None = None,
     ) -> list[BaseMessage]: ...
+    async def ashared_records(self, session_id: str) -> list[BaseMessage]: ...
     async def acount_records(self, session_id: str) -> int: ...
     async def aget_turn_count(self, session_id: str) -> int: ...
     async def atrim_records(self, session_id: str, keep_last: int) -> int: ...
@@ -237,6 +256,8 @@ class SessionStorage(Protocol):
         self, session_id: str, memory: str, *, through: int | None = None
     ) -> None: ...
     async def aget_memory_through(self, session_id: str) -> int: ...
+    async def aget_subtree_synthesis(self, session_id: str) -> str | None: ...
+    async def aput_subtree_synthesis(self, session_id: str, synthesis: str) -> None: ...
     async def aget_compression(self, session_id: str) -> Compression | None: ...
     async def aput_compression(self, session_id: str, compression: Compression | None) -> None: ...
     async def aget_settings(self, session_id: str) -> dict[str, Any]: ...
@@ -275,14 +296,6 @@ class MainStorage(SessionStorage, Protocol):
 
     def get_main_session(self) -> SessionMeta | None:
         """The tree's main session, if it has one."""
-        ...
-
-    def get_subtree_synthesis(self, session_id: str) -> str | None:
-        """What tree integration last made of a node's children (its branch summary)."""
-        ...
-
-    def put_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
-        """Replace the subtree synthesis of a node."""
         ...
 
     # -- topology -------------------------------------------------------------------------
@@ -332,8 +345,6 @@ class MainStorage(SessionStorage, Protocol):
         tags: Sequence[str] = (),
     ) -> list[SessionMeta]: ...
     async def aget_main_session(self) -> SessionMeta | None: ...
-    async def aget_subtree_synthesis(self, session_id: str) -> str | None: ...
-    async def aput_subtree_synthesis(self, session_id: str, synthesis: str) -> None: ...
     async def aput_node(self, node: TopologyNode) -> None: ...
     async def aget_node(self, node_id: str) -> TopologyNode | None: ...
     async def aget_children(self, parent_id: str) -> list[TopologyNode]: ...

@@ -2,28 +2,48 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import importlib
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 
-from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
+from stello_graph.checkpoints import BackendStorage, InMemoryMainStorage, SqliteMainStorage
 from stello_graph.storage import MainStorage
 
 Mode = Literal["sync", "async"]
-Storage = InMemoryMainStorage | SqliteMainStorage
+Storage = BackendStorage
+
+_THIRD_PARTY = os.environ.get("STELLO_TEST_STORAGE", "")
+"""`module:function` of a storage to hold to the suites as well: `function(tmp_path,
+tree_id)` returns a fresh `BackendStorage` (see `stello_graph.checkpoints.backend`)."""
+
+BACKENDS = ["memory", "sqlite", "composed", *(["third-party"] if _THIRD_PARTY else [])]
+"""Every storage the suites parametrised over backends run on. `composed` is a
+`BackendStorage` over a separate backend object, as a third-party backend is used."""
+
+
+def _third_party_factory() -> Callable[[Path, str], Storage]:
+    module, _, name = _THIRD_PARTY.partition(":")
+    factory: Callable[[Path, str], Storage] = getattr(importlib.import_module(module), name)
+    return factory
 
 
 def open_storage(backend: str, tmp_path: Path, *, tree_id: str = "default") -> Storage:
-    """A fresh storage of the named backend (`memory` or `sqlite`, a file in `tmp_path`)."""
+    """A fresh storage of the named backend (one of `BACKENDS`; files go in `tmp_path`)."""
     if backend == "memory":
         return InMemoryMainStorage(tree_id=tree_id)
+    if backend == "composed":
+        return BackendStorage(InMemoryMainStorage(tree_id=tree_id), tree_id=tree_id)
+    if backend == "third-party":
+        return _third_party_factory()(tmp_path, tree_id)
     return SqliteMainStorage(tmp_path / "stello.db", tree_id=tree_id)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=BACKENDS)
 def main_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MainStorage]:
     """A `MainStorage` of each backend, closed after the test."""
     with open_storage(request.param, tmp_path) as storage:

@@ -17,6 +17,10 @@ MODULES = [
     "stello_graph.profiles",
     "stello_graph.skills",
     "stello_graph.testing._scripted",
+    "stello_graph.export",
+    "stello_graph.checkpoints._shell",
+    "stello_graph.checkpoints.memory",
+    "stello_graph.checkpoints.sqlite",
 ]
 
 

@@ -525,3 +525,33 @@ def test_the_docstring_examples_run() -> None:
 
     assert results.attempted > 0
     assert results.failed == 0
+
+
+def test_integration_reply_addresses_branches_by_id_from_their_labels() -> None:
+    from stello_graph import StelloAgent
+
+    model = ScriptedChatModel(
+        ["a", "b", "L2 of a", "L2 of b", ScriptedChatModel.integration("S", {"A": "for A"})]
+    )
+    with StelloAgent(model=model, storage=":memory:") as agent:
+        a = agent.fork(agent.main_session_id, "A")
+        b = agent.fork(agent.main_session_id, "B")
+        agent.turn(a.id, "x")
+        agent.turn(b.id, "y")
+        agent.consolidate(a.id)
+        agent.consolidate(b.id)
+        result = agent.integrate()
+        assert result.synthesis == "S"
+        assert result.insights == {a.id: "for A"}  # keyed by session id
+        assert agent.child(a.id).insight() == "for A"
+
+
+def test_integration_reply_refuses_a_branch_it_was_not_shown() -> None:
+    from stello_graph import ChildL2
+    from stello_graph.memory import llm_integrator
+
+    children = [ChildL2(session_id=f"s{i}", label="Same", l2="x") for i in (1, 2)]
+    for key, why in (("Other", "no such branch"), ("Same", "several branches")):
+        model = ScriptedChatModel([ScriptedChatModel.integration("S", {key: "i"})])
+        with pytest.raises(InvalidInputError, match=why):
+            llm_integrator(model)(children, None)

@@ -70,6 +70,8 @@ _SPEC_KEYS = frozenset({"content", "tool_calls", "id"})
 _TOOL_CALL_KEYS = frozenset({"name", "args", "id", "type"})
 _TOOL_CHOICES = frozenset({"auto", "any", "required", "none"})
 _WORDS = re.compile(r"\s*\S+|\s+")
+_BRANCH = re.compile(r'<branch session_id="([^"]*)" label="(.*?)">$', re.MULTILINE)
+"""A branch of an integration prompt (`LLMIntegrator.messages`): its session id and label."""
 # One counter for the whole process: two models feeding the same `MessagesState` must never
 # produce the same message id, or `add_messages` would silently replace one reply by another.
 _reply_ids = itertools.count(1)
@@ -239,6 +241,59 @@ class ScriptedChatModel(BaseChatModel):
         """  # noqa: E501
         specs = [c if isinstance(c, Mapping) else {"name": c[0], "args": c[1]} for c in calls]
         return _from_spec({"content": content, "tool_calls": specs}, "tool_calls()")
+
+    @staticmethod
+    def integration(synthesis: str, insights: Mapping[str, str] | None = None) -> Responder:
+        """Build the reply of an integration call made by `llm_integrator`.
+
+        The default integration prompt (`stello_graph.memory.DEFAULT_INTEGRATE_PROMPT`) asks
+        for `{"synthesis": ..., "insights": {session_id: text}}`. Session ids are often not
+        known when a script is written, so `insights` may name branches by label: the reply
+        reads the branches shown in the prompt and answers with their session ids, exactly
+        as a model following the prompt would. (A consolidation reply, by contrast, is the
+        new L2 itself: script it as plain text.)
+
+        Args:
+            synthesis: The synthesis to answer.
+            insights: Insight texts by branch label or session id.
+
+        Returns:
+            A `Responder`, to put in the script where the integration call comes.
+
+        Raises:
+            InvalidInputError: (when the call comes) a key names no branch shown, or a
+                label shared by several branches.
+
+        Example:
+            >>> from stello_graph import ChildL2
+            >>> from stello_graph.memory import llm_integrator
+            >>> model = ScriptedChatModel([ScriptedChatModel.integration("S", {"Pricing": "i"})])
+            >>> result = llm_integrator(model)([ChildL2(session_id="s1", label="Pricing", l2="x")], None)
+            >>> result.synthesis, result.insights
+            ('S', {'s1': 'i'})
+        """  # noqa: E501
+        wanted = dict(insights or {})
+
+        def reply(messages: list[BaseMessage]) -> str:
+            shown = _BRANCH.findall(messages[-1].text if messages else "")
+            by_id = {sid: sid for sid, _ in shown}
+            by_label: dict[str, list[str]] = {}
+            for sid, label in shown:
+                by_label.setdefault(label, []).append(sid)
+            addressed: dict[str, str] = {}
+            for key, text in wanted.items():
+                ids = [by_id[key]] if key in by_id else by_label.get(key, [])
+                if len(ids) != 1:
+                    labels = sorted(by_label)
+                    raise InvalidInputError(
+                        f"Scripted integration insight for {key!r}: the prompt shows "
+                        f"{'no such branch' if not ids else 'several branches so labelled'}"
+                        f" (labels {labels}); name the branch by its session id."
+                    )
+                addressed[ids[0]] = text
+            return json.dumps({"synthesis": synthesis, "insights": addressed})
+
+        return reply
 
     def extend(self, responses: Iterable[ScriptedReply]) -> None:
         """Append replies to the script, after those not consumed yet.

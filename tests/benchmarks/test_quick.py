@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from tests.benchmarks._harness import QUICK, Figure, render_table
 from tests.benchmarks.suite import GROUPS, run_suite
 
@@ -19,8 +21,12 @@ EXPECTED = {
 }
 
 
-def test_every_group_is_known() -> None:
-    assert list(GROUPS) == list(EXPECTED)
+def test_a_group_runs_alone_and_unknown_ones_are_refused() -> None:
+    figures = run_suite(QUICK, only=["startup"], quiet=True)
+    assert [f.key for f in figures] == EXPECTED["startup"]
+    with pytest.raises(SystemExit, match="unknown group") as refused:
+        run_suite(QUICK, only=["startup", "nope"], quiet=True)
+    assert all(name in str(refused.value) for name in GROUPS)
 
 
 def test_quick_run_gives_every_figure() -> None:

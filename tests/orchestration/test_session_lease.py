@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,10 @@ from stello_graph import (
     StelloAgent,
     build_stello_graph,
 )
-from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
 from stello_graph.models import Lease, SessionMeta
 from stello_graph.storage import MainStorage
 from stello_graph.testing import ScriptedChatModel
+from tests.conftest import BACKENDS, open_storage
 from tests.orchestration.conftest import AgentFactory
 
 INSIGHT = "INSIGHT-41"
@@ -70,13 +70,10 @@ def _check_serialised(storage: MainStorage, sid: str, turns: int) -> None:
     assert storage.get_lease(sid) is None
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    made: MainStorage = (
-        InMemoryMainStorage() if request.param == "memory" else SqliteMainStorage(tmp_path / "s.db")
-    )
-    yield made
-    made.close()  # type: ignore[attr-defined]
+@pytest.fixture(params=BACKENDS)
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MainStorage]:
+    with open_storage(request.param, tmp_path) as made:
+        yield made
 
 
 # -- the storage primitives -----------------------------------------------------------------
@@ -438,3 +435,4 @@ def test_the_owner_of_a_lease_names_this_process(make_agent: AgentFactory) -> No
     assert lease is not None
     host, pid, _ = lease.owner.split("/")
     assert host == socket.gethostname() and int(pid) == os.getpid()
+

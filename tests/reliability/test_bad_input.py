@@ -361,12 +361,77 @@ async def test_bad_input_is_refused_and_changes_nothing(
     assert dump(w.path) == before
 
 
-def test_the_table(figures: Figures) -> None:
-    figures.set("bad-input cases (API)", len(CASES))
+UNKNOWN_ID_CALLS: dict[str, Callable[[World], Any]] = {
+    "turn": lambda w: w.agent.turn("nope", "hi"),
+    "aturn": lambda w: w.agent.aturn("nope", "hi"),
+    "stream": lambda w: w.agent.stream("nope", "hi"),
+    "astream": lambda w: w.agent.astream("nope", "hi"),
+    "resume": lambda w: w.agent.resume("nope"),
+    "aresume": lambda w: w.agent.aresume("nope"),
+    "fork": lambda w: w.agent.fork("nope", "x"),
+    "afork": lambda w: w.agent.afork("nope", "x"),
+    "archive": lambda w: w.agent.archive("nope"),
+    "aarchive": lambda w: w.agent.aarchive("nope"),
+    "consolidate": lambda w: w.agent.consolidate("nope"),
+    "aconsolidate": lambda w: w.agent.aconsolidate("nope"),
+    "consolidate_many": lambda w: w.agent.consolidate_many([w.child, "nope"]),
+    "aconsolidate_many": lambda w: w.agent.aconsolidate_many([w.child, "nope"]),
+    "set_skills": lambda w: w.agent.set_skills("nope", []),
+    "skills_of": lambda w: w.agent.skills_of("nope"),
+    "as_tool": lambda w: w.agent.as_tool("nope"),
+    "children": lambda w: w.agent.children("nope"),
+    "achildren": lambda w: w.agent.achildren("nope"),
+    "ancestors": lambda w: w.agent.ancestors("nope"),
+    "aancestors": lambda w: w.agent.aancestors("nope"),
+    "siblings": lambda w: w.agent.siblings("nope"),
+    "asiblings": lambda w: w.agent.asiblings("nope"),
+    "move": lambda w: w.agent.move("nope", w.main),
+    "amove": lambda w: w.agent.amove("nope", w.main),
+    "remove": lambda w: w.agent.remove("nope"),
+    "aremove": lambda w: w.agent.aremove("nope"),
+    "session": lambda w: w.agent.session("nope"),
+    "child": lambda w: w.agent.child("nope"),
+}
+"""Every `StelloAgent` operation addressed to a session, called with an id that exists nowhere."""
+
+
+@pytest.mark.parametrize("name", list(UNKNOWN_ID_CALLS))
+async def test_every_operation_refuses_an_unknown_id(
+    name: str, world_factory: Callable[[str], World]
+) -> None:
+    w = world_factory("tree")
+    before = dump(w.path)
+    with pytest.raises(LookupError) as caught:  # SessionNotFoundError or NodeNotFoundError
+        await settle(UNKNOWN_ID_CALLS[name](w))
+    assert isinstance(caught.value, StelloError)
+    assert "'nope'" in str(caught.value)
+    assert dump(w.path) == before
+
+
+def test_the_table_covers_every_operation_on_a_session(figures: Figures) -> None:
+    """Every public method of `StelloAgent` that takes a session id first is in the table
+    above (or named here with the reason it does not refuse an unknown id)."""
+    exempt = {
+        "config": "names a checkpoint thread; reads nothing",
+        "failures": "an unknown id simply has no failures",
+        "clear_failures": "an unknown id simply has no failures",
+        "hold": "a context manager: the session is checked on entering it",
+        "ahold": "a context manager: the session is checked on entering it",
+    }
+    addressed = {
+        name
+        for name, member in vars(StelloAgent).items()
+        if not name.startswith("_")
+        and callable(member)
+        and list(inspect.signature(member).parameters)[1:2]
+        in (["session_id"], ["source_id"], ["session_ids"])
+    }
+    assert addressed - set(exempt) == set(UNKNOWN_ID_CALLS)
+    assert set(exempt) <= addressed
+    figures.set("bad-input cases (API)", len(CASES) + len(UNKNOWN_ID_CALLS))
     figures.set("bad-file cases", len(FILE_CASES))
     figures.set("odd valid inputs", len(ODD_INPUTS))
     figures.set("CLI cases", len(CLI_CASES))
-    assert len(CASES) + len(FILE_CASES) + len(CLI_CASES) >= 30
 
 
 # -- files that are not usable databases ----------------------------------------------------

@@ -86,6 +86,9 @@ def test_exports() -> None:
     assert stello_graph.checkpoints.__all__ == [
         "InMemoryMainStorage",
         "SqliteMainStorage",
+        "BackendStorage",
+        "StorageBackend",
+        "TransactionHooks",
         "StelloSqliteSaver",
         "open_sqlite",
         "sqlite_saver",

@@ -1,0 +1,168 @@
+"""The storage backend protocol: the few primitives a new storage implements.
+
+A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
+It implements `StorageBackend`: nineteen primitive operations (`op_*`) and the six
+`TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
+sync and async: argument validation, one lock with re-entrant transactions and savepoints,
+paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
+The same split as LangGraph's `BaseCheckpointSaver` (`get_tuple` / `list` / `put` /
+`put_writes`, the rest built by the library).
+
+    storage = BackendStorage(MyBackend(dsn), tree_id="alice")   # a full MainStorage
+
+Contract of every primitive (what `BackendStorage` guarantees, and what it relies on):
+
+* It is called with the storage's lock held, with arguments already validated (identifiers
+  are non-empty strings, values are encoded), and every write runs inside a transaction
+  opened with `TransactionHooks.begin` (nested ones as savepoints). A primitive never
+  validates, locks or opens a transaction of its own.
+* It reads and writes only the tree it was made for, the storage's `tree_id` (a backend
+  that keeps several trees in one database filters every statement by it, as SQLite does).
+* Reads of something missing return `None`, `()` or `[]`; writes to a session that does not
+  exist raise `SessionNotFoundError` (`op_set_fields`, `op_append`, `op_drop_oldest`).
+* What a read returns is not changed by later writes (return new objects or immutable ones);
+  `op_records` may return a shared sequence, which callers never mutate.
+
+The reference backends are `InMemoryMainStorage` (the shortest: read it first) and
+`SqliteMainStorage`; both are their own backend (they subclass `BackendStorage` and pass
+themselves). To hold a new backend to the same rules, run the test suites against it: name a
+factory `module:function(tmp_path, tree_id)` that returns a fresh storage in
+`STELLO_TEST_STORAGE`, and every test parametrised over the storage backends (the
+`main_storage` and `api` fixtures of the storage and core suites) runs on it too:
+
+    STELLO_TEST_STORAGE=mypkg.testing:open_storage pytest tests/storage tests/core
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from langchain_core.messages import BaseMessage
+
+from stello_graph.checkpoints._serde import EncodedMessage, MetaRow
+from stello_graph.checkpoints._shell import FIELDS, BackendStorage
+from stello_graph.checkpoints._txn import TransactionHooks
+from stello_graph.models import (
+    ChildL2,
+    SessionMeta,
+    SessionRole,
+    SessionStats,
+    SessionStatus,
+    TopologyNode,
+)
+
+__all__ = [
+    "FIELDS",
+    "BackendStorage",
+    "EncodedMessage",
+    "MetaRow",
+    "StorageBackend",
+    "TransactionHooks",
+]
+
+
+class StorageBackend(Protocol):
+    """The primitives `BackendStorage` composes into a `MainStorage` (see the module doc).
+
+    Sessions are stored as a `MetaRow` (`id, label, role, status, tags, metadata,
+    created_at, updated_at`, all text, as `_serde.meta_to_row` encodes them) plus the
+    per-session values named in `FIELDS` (system prompt, insight, memory and its cursor,
+    turn count, subtree synthesis, compression, settings, lease columns), each `None`/0 until
+    set. Records are `EncodedMessage`s (`(role, json)`) on the way in and LangChain messages
+    on the way out. Topology nodes keep their creation order, even when moved.
+    """
+
+    @property
+    def transaction_hooks(self) -> TransactionHooks:
+        """Begin / commit / rollback and savepoints of the backend's transactions."""
+        ...
+
+    # -- sessions -------------------------------------------------------------------------
+    def op_session_exists(self, session_id: str) -> bool:
+        """Whether the session exists."""
+        ...
+
+    def op_get_session(self, session_id: str) -> SessionMeta | None:
+        """The session's meta (`row_to_meta` of its row), or `None`."""
+        ...
+
+    def op_put_session(self, row: MetaRow) -> None:
+        """Insert or replace the meta, keeping the rest of the session; give the session's
+        topology node (if any) the row's label."""
+        ...
+
+    def op_list_sessions(
+        self, status: SessionStatus | None, role: SessionRole | None
+    ) -> list[SessionMeta]:
+        """Sessions with that status and role (`None`: any), in creation order."""
+        ...
+
+    def op_l2s(self) -> list[ChildL2]:
+        """The memory of every active `standard` session that has one, in creation order."""
+        ...
+
+    def op_session_stats(self) -> list[SessionStats]:
+        """Every session's `SessionStats` (its figures, read in one pass), in creation order."""
+        ...
+
+    def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
+        """The named `FIELDS` of the session, in that order, or `None` when it is missing."""
+        ...
+
+    def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
+        """Set the given `FIELDS`; raise `SessionNotFoundError` when the session is missing."""
+        ...
+
+    def op_delete_sessions(self, session_ids: list[str]) -> None:
+        """Delete the sessions with all their data and their nodes (children come first)."""
+        ...
+
+    # -- L3 records -----------------------------------------------------------------------
+    def op_append(
+        self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
+    ) -> int:
+        """Append the records after the existing ones; when there is at least one, set the
+        session's `updated_at` to `at`; with `user_turn`, add one to `turn_count`. Return the
+        number of records afterwards. Raise `SessionNotFoundError` for a missing session."""
+        ...
+
+    def op_records(self, session_id: str) -> Sequence[BaseMessage]:
+        """Every record in append order (empty for a missing session); may be shared, and is
+        never mutated by the caller."""
+        ...
+
+    def op_count(self, session_id: str) -> int:
+        """The number of records (0 for a missing session)."""
+        ...
+
+    def op_drop_oldest(self, session_id: str, count: int) -> None:
+        """Delete the `count` oldest records (cursors are moved by the caller)."""
+        ...
+
+    # -- topology -------------------------------------------------------------------------
+    def op_get_node(self, node_id: str) -> TopologyNode | None:
+        """The node, or `None`."""
+        ...
+
+    def op_put_node(self, node: TopologyNode) -> None:
+        """Insert the node at the end of the creation order, or update the parent and label of
+        an existing one (keeping its place). The caller checked sessions, parents and cycles."""
+        ...
+
+    def op_children(self, parent_id: str) -> list[TopologyNode]:
+        """Direct children of the node, in creation order."""
+        ...
+
+    def op_all_nodes(self) -> list[TopologyNode]:
+        """Every node of the tree, in creation order."""
+        ...
+
+    # -- global key-value -----------------------------------------------------------------
+    def op_get_global(self, key: str) -> str | None:
+        """The JSON text stored under `key`, or `None`."""
+        ...
+
+    def op_put_global(self, key: str, value: str) -> None:
+        """Store JSON text under `key`, replacing any previous value."""
+        ...
