@@ -18,7 +18,13 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, decode_message, row_to_meta
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    MetaRow,
+    RecordTurn,
+    decode_message,
+    row_to_meta,
+)
 from stello_graph.checkpoints._shell import StorageShell
 from stello_graph.errors import SessionNotFoundError
 from stello_graph.models import ChildL2, SessionMeta, SessionRole, SessionStatus, TopologyNode
@@ -32,6 +38,8 @@ class _Session:
     """The encoded meta (see `_serde.MetaRow`); decoded into a fresh `SessionMeta` per read."""
     created_seq: int
     records: list[BaseMessage] = field(default_factory=list)
+    turns: list[RecordTurn] = field(default_factory=list)
+    """`(turn_id, turn_seq)` of each record, in the same order."""
     system_prompt: str | None = None
     insight: str | None = None
     memory: str | None = None
@@ -208,10 +216,16 @@ class InMemoryMainStorage(StorageShell):
 
     # -- records --------------------------------------------------------------------------
     def _op_append(
-        self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
+        self,
+        session_id: str,
+        records: list[EncodedMessage],
+        at: str,
+        user_turn: bool,
+        turns: list[RecordTurn],
     ) -> int:
         session = self._session(session_id)
         messages = [decode_message(data) for _, data in records]
+        self._set(session, "turns", [*session.turns, *turns])
         self._set(session, "records", [*session.records, *messages])
         if records:  # new records are an update of the session: they move `updated_at`
             self._set(session, "row", (*session.row[:7], at))
@@ -223,12 +237,21 @@ class InMemoryMainStorage(StorageShell):
         session = self._sessions.get(session_id)
         return () if session is None else session.records
 
+    def _op_has_turn(self, session_id: str, turn_id: str) -> bool:
+        session = self._sessions.get(session_id)
+        return session is not None and any(turn[0] == turn_id for turn in session.turns)
+
+    def _op_turns(self, session_id: str) -> list[RecordTurn]:
+        session = self._sessions.get(session_id)
+        return [] if session is None else list(session.turns)
+
     def _op_count(self, session_id: str) -> int:
         return len(self._op_records(session_id))
 
     def _op_drop_oldest(self, session_id: str, count: int) -> None:
         session = self._session(session_id)
         self._set(session, "records", session.records[count:])
+        self._set(session, "turns", session.turns[count:])
 
     # -- topology -------------------------------------------------------------------------
     def _op_get_node(self, node_id: str) -> TopologyNode | None:
