@@ -136,7 +136,8 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
     def model(state: State, config: RunnableConfig) -> State:
         session = deps.session(state["session_id"])
         with turn_lease(deps.leases, session.id, state) as held:
-            ctx = session.turn_context(insight=state.get("insight"))
+            turn = _turn_id(_records(state))
+            ctx = session.turn_context(insight=state.get("insight"), turn_id=turn)
             prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
             reply = invoke_model(session, prompt, deps.model_timeout, choice, run_cancel(config))
             return {**_check_rounds(deps, state, reply), **held.update()}
@@ -144,7 +145,8 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
     async def amodel(state: State) -> State:
         session = await deps.asession(state["session_id"])
         async with aturn_lease(deps.leases, session.id, state) as held:
-            ctx = await session.aturn_context(insight=state.get("insight"))
+            turn = _turn_id(_records(state))
+            ctx = await session.aturn_context(insight=state.get("insight"), turn_id=turn)
             prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
             reply = await ainvoke_model(session, prompt, deps.model_timeout, choice)
             return {**_check_rounds(deps, state, reply), **held.update()}
@@ -231,19 +233,28 @@ def make_tools_node(deps: StelloDeps) -> StelloNode:
 
 
 # -- commit ---------------------------------------------------------------------------------
-def _committed(storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]) -> bool:
-    """Whether this turn's records are already in L3 (a resumed turn that had committed).
+def _turn_id(records: Sequence[BaseMessage]) -> str | None:
+    """A graph turn's id: its user message's, the same when the step runs again (`_human_id`)."""
+    return records[0].id if records else None
 
-    Another writer (a second process) may have appended after them, so the turn's first
-    record is looked for anywhere, newest first, rather than only at the tail.
-    """
-    return _holds(shared_records(storage, session_id), pending)
+
+def _committed(storage: MainStorage, session_id: str, records: Sequence[BaseMessage]) -> bool:
+    """Whether this turn's records are already in L3 (a resumed turn that had committed):
+    an index lookup of its turn id where the storage keeps turn ids, else a scan of L3 for
+    its first record (another writer may have appended after it)."""
+    turn_id, has_turn = _turn_id(records), getattr(storage, "has_turn", None)
+    if turn_id is not None and has_turn is not None:
+        return bool(has_turn(session_id, turn_id))
+    return _holds(shared_records(storage, session_id), records)
 
 
 async def _acommitted(
-    storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]
+    storage: MainStorage, session_id: str, records: Sequence[BaseMessage]
 ) -> bool:
-    return _holds(await ashared_records(storage, session_id), pending)
+    turn_id, has_turn = _turn_id(records), getattr(storage, "ahas_turn", None)
+    if turn_id is not None and has_turn is not None:
+        return bool(await has_turn(session_id, turn_id))
+    return _holds(await ashared_records(storage, session_id), records)
 
 
 _record_id = operator.attrgetter("id")
@@ -251,7 +262,6 @@ _record_id = operator.attrgetter("id")
 
 def _holds(records: Sequence[BaseMessage], pending: Sequence[BaseMessage]) -> bool:
     first = pending[0].id if pending else None
-    # runs over the whole of L3 at every commit: the scan is kept in C
     return first is not None and first in map(_record_id, records)
 
 
@@ -283,7 +293,8 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
             with s.transaction():
                 s.check_lease(held.lease)  # a turn that lost its lease commits nothing
                 if not _committed(s, session.id, records):
-                    session.commit_turn(records, insight=state.get("insight"))
+                    turn = _turn_id(records)
+                    session.commit_turn(records, insight=state.get("insight"), turn_id=turn)
                     if _counts_tree(deps):
                         tree = int(s.get_global(TREE_TURNS_KEY) or 0) + 1
                         s.put_global(TREE_TURNS_KEY, tree)
@@ -301,7 +312,8 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
             async with s.atransaction():
                 await s.acheck_lease(held.lease)
                 if not await _acommitted(s, session.id, records):
-                    await session.acommit_turn(records, insight=state.get("insight"))
+                    turn = _turn_id(records)
+                    await session.acommit_turn(records, insight=state.get("insight"), turn_id=turn)
                     if _counts_tree(deps):
                         tree = int(await s.aget_global(TREE_TURNS_KEY) or 0) + 1
                         await s.aput_global(TREE_TURNS_KEY, tree)
