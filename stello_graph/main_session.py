@@ -31,6 +31,7 @@ from langchain_core.messages import SystemMessage
 from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import summary_block, synthesis_block, system_message
+from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._text import storable
 from stello_graph._validate import check_id, check_optional_text
 from stello_graph.compression import CompressionPolicy
@@ -320,57 +321,51 @@ class MainSession(SessionBase):
         otherwise never reach a synthesis. They get no insight; the ids of sessions that are
         not archived (or have no L2) are ignored.
         """
-        chosen = self._integrator(fn)
-        extra = _archived_ids(include_archived)
-        s = self._main_storage
-        self._active(self._load_meta(), "integration")
-        active = s.get_all_session_l2s()
-        found = [self._archived_l2(s.get_session(x), s.get_memory(x)) for x in extra]
-        children = self._children([*active, *(c for c in found if c is not None)])
-        try:
-            raw = call_sync(chosen, list(children), s.get_memory(self._id))
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._fn_error(exc) from exc
-        targets = {c.session_id for c in active}
-        result = check_integration(raw, children, self._id, targets=targets)
-        with s.transaction():
-            s.put_memory(self._id, result.synthesis)
-            written = {}
-            for session_id, insight in result.insights.items():
-                if _active(s.get_session(session_id)):
-                    s.put_insight(session_id, insight)
-                    written[session_id] = insight
-        return IntegrationResult(synthesis=result.synthesis, insights=written)
+        result: IntegrationResult = run(
+            self._integrate_flow(fn, include_archived), self._main_storage
+        )
+        return result
 
     async def aintegrate(
         self, fn: IntegrateFn | None = None, *, include_archived: Iterable[str] = ()
     ) -> IntegrationResult:
         """Async twin of `integrate`."""
-        chosen = self._integrator(fn)
-        extra = _archived_ids(include_archived)
-        s = self._main_storage
-        self._active(await self._aload_meta(), "integration")
-        active = await s.aget_all_session_l2s()
-        found = [self._archived_l2(await s.aget_session(x), await s.aget_memory(x)) for x in extra]
+        flow = self._integrate_flow(fn, include_archived)
+        result: IntegrationResult = await arun(flow, self._main_storage)
+        return result
+
+    def _integrate_flow(
+        self, fn: IntegrateFn | None, include_archived: Iterable[str]
+    ) -> Flow[IntegrationResult]:
+        chosen, extra, sid = self._integrator(fn), _archived_ids(include_archived), self._id
+        self._active((yield from self._meta_flow()), "integration")
+        active: list[ChildL2] = yield Storage("get_all_session_l2s")
+        found = []
+        for x in extra:
+            meta = yield Storage("get_session", x)
+            found.append(self._archived_l2(meta, (yield Storage("get_memory", x))))
         children = self._children([*active, *(c for c in found if c is not None)])
         try:
-            raw = await call_async(chosen, list(children), await s.aget_memory(self._id))
+            synthesis = yield Storage("get_memory", sid)
+            raw = yield Call(call_sync, call_async, (chosen, list(children), synthesis))
         except StelloError:
             raise
         except Exception as exc:
             raise self._fn_error(exc) from exc
         targets = {c.session_id for c in active}
-        result = check_integration(raw, children, self._id, targets=targets)
-        async with s.atransaction():
-            await s.aput_memory(self._id, result.synthesis)
-            written = {}
-            for session_id, insight in result.insights.items():
-                if _active(await s.aget_session(session_id)):
-                    await s.aput_insight(session_id, insight)
-                    written[session_id] = insight
+        result = check_integration(raw, children, sid, targets=targets)
+        written: dict[str, str] = yield Atomic(self._write_flow(result))
         return IntegrationResult(synthesis=result.synthesis, insights=written)
+
+    def _write_flow(self, result: IntegrationResult) -> Flow[dict[str, str]]:
+        """The synthesis and the insights to sessions still active, in one transaction."""
+        yield Storage("put_memory", self._id, result.synthesis)
+        written = {}
+        for session_id, insight in result.insights.items():
+            if _active((yield Storage("get_session", session_id))):
+                yield Storage("put_insight", session_id, insight)
+                written[session_id] = insight
+        return written
 
     # -- refused ----------------------------------------------------------------------------
     def fork(self, *args: Any, **kwargs: Any) -> NoReturn:
