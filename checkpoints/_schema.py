@@ -31,12 +31,21 @@ Version 4 adds to `stello_sessions` the session lease of turns (`stello_graph.le
 `lease_expires` (seconds since the epoch), and the turn waiting longest for it
 (`lease_waiter` until `lease_wait_until`), which gets it next. Kept in the session's row,
 it goes with it.
+
+Version 5 adds to `stello_records` the turn that wrote each record: `turn_id` (one id per
+committed turn, stored only on the first record of each run of one turn: later ones inherit
+it, which keeps L3 small) and `turn_seq` (the record's position in its turn, from 0), with a
+partial index on `turn_id` (one entry per turn) for the commit's idempotency check. Records
+written before version 5 get turn ids derived by user turn: a turn starts at a user message
+and takes its id (or, without one, an id derived from the record's place).
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 
 from sqlite_utils import Database
 from sqlite_utils.db import ForeignKey
@@ -184,11 +193,50 @@ def _v4_session_lease(db: Database) -> None:
     sessions.add_column("lease_wait_until", float, not_null_default=0.0)
 
 
+def _derived_turns(db: Database) -> Iterator[tuple[str | None, int, str, str, int]]:
+    """`(turn_id or None, turn_seq, tree, session, seq)` of every record written before
+    turn ids: a user message starts a turn (its id is the turn's); records before a
+    session's first user message form one turn."""
+    rows = db.execute(
+        f"SELECT tree_id, session_id, seq, type, data FROM {RECORDS} "
+        "ORDER BY tree_id, session_id, seq"
+    )
+    where: tuple[str, str] | None = None
+    turn_seq = 0
+    for tree, session, seq, role, data in rows:
+        starts = (tree, session) != where or role == "human"
+        if not starts:
+            turn_seq += 1
+            yield None, turn_seq, tree, session, seq
+            continue
+        where, turn_seq = (tree, session), 0
+        found = json.loads(data).get("data", {}).get("id") if role == "human" else None
+        place = f"stello-record/{tree}/{session}/{seq}"
+        yield found or str(uuid.uuid5(uuid.NAMESPACE_URL, place)), 0, tree, session, seq
+
+
+def _v5_turn_ids(db: Database) -> None:
+    records = db.table(RECORDS)
+    records.add_column("turn_id", str)
+    records.add_column("turn_seq", int, not_null_default=0)
+    derived = list(_derived_turns(db))
+    db.conn.executemany(
+        f"UPDATE {RECORDS} SET turn_id = ?, turn_seq = ? "
+        "WHERE tree_id = ? AND session_id = ? AND seq = ?",
+        derived,
+    )
+    db.execute(
+        f"CREATE INDEX stello_records_turns ON {RECORDS} (tree_id, session_id, turn_id) "
+        "WHERE turn_id IS NOT NULL"
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_initial,
     _v2_tree_memory,
     _v3_record_changes,
     _v4_session_lease,
+    _v5_turn_ids,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -27,8 +27,11 @@ from stello_graph.errors import InvalidInputError
 from stello_graph.models import SessionMeta
 
 __all__ = [
+    "TURN_ID",
+    "TURN_SEQ",
     "EncodedMessage",
     "MetaRow",
+    "RecordTurn",
     "decode_message",
     "dumps",
     "encode_message",
@@ -37,10 +40,22 @@ __all__ = [
     "meta_to_row",
     "row_to_meta",
     "to_iso",
+    "turn_of",
+    "with_turn",
 ]
 
 EncodedMessage = tuple[str, str]
 """`(role, json)` of one L3 record, as stored."""
+
+RecordTurn = tuple[str, int]
+"""`(turn_id, turn_seq)` of one L3 record: the turn that wrote it and its place in that turn."""
+
+TURN_ID, TURN_SEQ = "stello_turn_id", "stello_turn_seq"
+"""The keys of a record's turn in the `response_metadata` of the messages `Session.messages()`
+returns. The storage owns them: it keeps them in their own columns, never in the record's JSON
+(`encode_message` drops them), and `list_records` returns the messages exactly as appended.
+`response_metadata` because LangChain's chat models do not send it to providers (unlike
+`additional_kwargs`, which some of them forward), and it survives `message_to_dict`."""
 
 MetaRow = tuple[str, str, str, str, str, str, str, str]
 """`(id, label, role, status, tags, metadata, created_at, updated_at)` of a session."""
@@ -121,6 +136,11 @@ def encode_message(message: BaseMessage) -> EncodedMessage:
     that hold their default value (the outer `type` picks the class)."""
     encoded = message_to_dict(message)
     data = encoded["data"]
+    metadata = data.get("response_metadata")
+    if metadata and (TURN_ID in metadata or TURN_SEQ in metadata):
+        data["response_metadata"] = {
+            key: value for key, value in metadata.items() if key not in (TURN_ID, TURN_SEQ)
+        }
     for key, default in _omittable_defaults(type(message)):
         if key in data and type(data[key]) is type(default) and data[key] == default:
             del data[key]
@@ -130,6 +150,21 @@ def encode_message(message: BaseMessage) -> EncodedMessage:
 def decode_message(data: str) -> BaseMessage:
     """The message stored as `data` by `encode_message`."""
     return messages_from_dict([json.loads(data)])[0]
+
+
+def with_turn(message: BaseMessage, turn_id: str, turn_seq: int) -> BaseMessage:
+    """`message` (a copy of its own: it is changed in place) carrying its turn (`TURN_ID`)."""
+    message.response_metadata = {**message.response_metadata, TURN_ID: turn_id, TURN_SEQ: turn_seq}
+    return message
+
+
+def turn_of(message: BaseMessage) -> RecordTurn | None:
+    """The `(turn_id, turn_seq)` a record read from storage carries, if any."""
+    metadata = message.response_metadata
+    turn_id, turn_seq = metadata.get(TURN_ID), metadata.get(TURN_SEQ)
+    if isinstance(turn_id, str) and isinstance(turn_seq, int):
+        return turn_id, turn_seq
+    return None
 
 
 def to_iso(value: datetime) -> str:

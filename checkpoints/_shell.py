@@ -21,6 +21,7 @@ from langchain_core.messages import BaseMessage
 
 from stello_graph._copies import detached_all
 from stello_graph.checkpoints._serde import (
+    RecordTurn,
     dumps,
     message_role,
     meta_to_row,
@@ -183,11 +184,39 @@ class BackendStorage:
 
     # -- L3 records -----------------------------------------------------------------------
     def append_records(
-        self, session_id: str, messages: Sequence[BaseMessage], *, user_turn: bool = False
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_turn: bool = False,
+        turn_id: str | None = None,
     ) -> int:
-        """Append messages atomically (and with `user_turn` count a turn); return the count."""
-        args = append_args(session_id, messages, user_turn)
+        """Append messages atomically (and with `user_turn` count a turn); return the count.
+
+        The records are the turn `turn_id` (a new id when not given; records that carry a
+        turn, as `Session.messages()` returns them, then keep it), numbered from 0; see
+        `list_record_turns`.
+        """
+        args = append_args(session_id, messages, user_turn, turn_id)
         return self._txn.write(self._backend.op_append, *args)
+
+    def list_record_turns(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        role: str | None = None,
+    ) -> list[tuple[str, int]]:
+        """`(turn_id, turn_seq)` of the records `list_records` returns for the same arguments:
+        the turn that wrote each one and its place in that turn (from 0)."""
+        args = page_args(session_id, limit, offset, role)
+        return self._txn.read(self._list_turns, *args)
+
+    def has_turn(self, session_id: str, turn_id: str) -> bool:
+        """Whether L3 of the session holds a record of the turn `turn_id` (an index lookup)."""
+        sid, tid = check_identifier(session_id), check_identifier(turn_id, "turn_id")
+        return self._txn.read(self._backend.op_has_turn, sid, tid)
 
     def list_records(
         self,
@@ -403,10 +432,32 @@ class BackendStorage:
         return await self._txn.aread(self._backend.op_session_stats)
 
     async def aappend_records(
-        self, session_id: str, messages: Sequence[BaseMessage], *, user_turn: bool = False
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_turn: bool = False,
+        turn_id: str | None = None,
     ) -> int:
-        args = append_args(session_id, messages, user_turn)
+        args = append_args(session_id, messages, user_turn, turn_id)
         return await self._txn.awrite(self._backend.op_append, *args)
+
+    async def alist_record_turns(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        role: str | None = None,
+    ) -> list[tuple[str, int]]:
+        """Async twin of `list_record_turns`."""
+        args = page_args(session_id, limit, offset, role)
+        return await self._txn.aread(self._list_turns, *args)
+
+    async def ahas_turn(self, session_id: str, turn_id: str) -> bool:
+        """Async twin of `has_turn`."""
+        sid, tid = check_identifier(session_id), check_identifier(turn_id, "turn_id")
+        return await self._txn.aread(self._backend.op_has_turn, sid, tid)
 
     async def alist_records(
         self,
@@ -630,6 +681,16 @@ class BackendStorage:
             records = [record for record in records if message_role(record) == role]
         end = None if limit is None else offset + limit
         return list(records[offset:end])
+
+    def _list_turns(
+        self, session_id: str, limit: int | None, offset: int, role: str | None
+    ) -> list[RecordTurn]:
+        turns = self._backend.op_turns(session_id)
+        if role is not None:
+            records = self._backend.op_records(session_id)
+            turns = [t for r, t in zip(records, turns, strict=True) if message_role(r) == role]
+        end = None if limit is None else offset + limit
+        return turns[offset:end]
 
     def _shared_records(self, session_id: str) -> list[BaseMessage]:
         return list(self._backend.op_records(session_id))

@@ -5,12 +5,20 @@ They run before any lock is taken, so a bad call never waits and never writes.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any, TypeVar, get_args
 
 from langchain_core.messages import BaseMessage
 
-from stello_graph.checkpoints._serde import EncodedMessage, check_encodable, encode_message, to_iso
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    RecordTurn,
+    check_encodable,
+    encode_message,
+    to_iso,
+    turn_of,
+)
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import (
     Compression,
@@ -139,11 +147,31 @@ def session_filter_args(
 
 
 def append_args(
-    session_id: object, messages: object, user_turn: object
-) -> tuple[str, list[EncodedMessage], str, bool]:
+    session_id: object, messages: object, user_turn: object, turn_id: object = None
+) -> tuple[str, list[EncodedMessage], str, bool, list[RecordTurn]]:
     sid = check_identifier(session_id)
-    records = [encode_message(message) for message in check_messages(messages)]
-    return sid, records, to_iso(utcnow()), bool(user_turn)
+    checked = check_messages(messages)
+    records = [encode_message(message) for message in checked]
+    turns = record_turns(checked, None if turn_id is None else check_identifier(turn_id, "turn_id"))
+    return sid, records, to_iso(utcnow()), bool(user_turn), turns
+
+
+def record_turns(messages: Sequence[BaseMessage], turn_id: str | None) -> list[RecordTurn]:
+    """The `(turn_id, turn_seq)` of each appended record.
+
+    With `turn_id`, the records are that turn's, numbered from 0. Without, a record that
+    carries a turn (a copy of a stored record, e.g. inherited by a fork) keeps it, and the
+    others are one new turn.
+    """
+    if turn_id is not None:
+        return [(turn_id, seq) for seq in range(len(messages))]
+    fresh, next_seq, turns = str(uuid.uuid4()), 0, []
+    for message in messages:
+        carried = turn_of(message)
+        if carried is None:
+            carried, next_seq = (fresh, next_seq), next_seq + 1
+        turns.append(carried)
+    return turns
 
 
 def page_args(

@@ -1,7 +1,7 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: nineteen primitive operations (`op_*`) and the six
+It implements `StorageBackend`: twenty-one primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from langchain_core.messages import BaseMessage
 
-from stello_graph.checkpoints._serde import EncodedMessage, MetaRow
+from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, RecordTurn
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.models import (
@@ -120,11 +120,26 @@ class StorageBackend(Protocol):
 
     # -- L3 records -----------------------------------------------------------------------
     def op_append(
-        self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
+        self,
+        session_id: str,
+        records: list[EncodedMessage],
+        at: str,
+        user_turn: bool,
+        turns: list[RecordTurn],
     ) -> int:
-        """Append the records after the existing ones; when there is at least one, set the
-        session's `updated_at` to `at`; with `user_turn`, add one to `turn_count`. Return the
-        number of records afterwards. Raise `SessionNotFoundError` for a missing session."""
+        """Append the records after the existing ones, the `i`-th written by the turn
+        `turns[i]` (`(turn_id, turn_seq)`); when there is at least one, set the session's
+        `updated_at` to `at`; with `user_turn`, add one to `turn_count`. Return the number of
+        records afterwards. Raise `SessionNotFoundError` for a missing session."""
+        ...
+
+    def op_has_turn(self, session_id: str, turn_id: str) -> bool:
+        """Whether a record of the session was written by the turn `turn_id` (an index
+        lookup: the commit's idempotency check)."""
+        ...
+
+    def op_turns(self, session_id: str) -> list[RecordTurn]:
+        """`(turn_id, turn_seq)` of every record, in append order."""
         ...
 
     def op_records(self, session_id: str) -> Sequence[BaseMessage]:

@@ -19,7 +19,13 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, decode_message, row_to_meta
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    MetaRow,
+    RecordTurn,
+    decode_message,
+    row_to_meta,
+)
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.errors import SessionNotFoundError
@@ -41,6 +47,8 @@ class _Session:
     """The encoded meta (see `_serde.MetaRow`); decoded into a fresh `SessionMeta` per read."""
     created_seq: int
     records: list[BaseMessage] = field(default_factory=list)
+    turns: list[RecordTurn] = field(default_factory=list)
+    """`(turn_id, turn_seq)` of each record, in the same order."""
     system_prompt: str | None = None
     insight: str | None = None
     memory: str | None = None
@@ -248,10 +256,16 @@ class InMemoryMainStorage(BackendStorage):
 
     # -- records --------------------------------------------------------------------------
     def op_append(
-        self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
+        self,
+        session_id: str,
+        records: list[EncodedMessage],
+        at: str,
+        user_turn: bool,
+        turns: list[RecordTurn],
     ) -> int:
         session = self._session(session_id)
         messages = [decode_message(data) for _, data in records]
+        self._set(session, "turns", [*session.turns, *turns])
         self._set(session, "records", [*session.records, *messages])
         if records:  # new records are an update of the session: they move `updated_at`
             self._set(session, "row", (*session.row[:7], at))
@@ -263,12 +277,21 @@ class InMemoryMainStorage(BackendStorage):
         session = self._sessions.get(session_id)
         return () if session is None else session.records
 
+    def op_has_turn(self, session_id: str, turn_id: str) -> bool:
+        session = self._sessions.get(session_id)
+        return session is not None and any(turn[0] == turn_id for turn in session.turns)
+
+    def op_turns(self, session_id: str) -> list[RecordTurn]:
+        session = self._sessions.get(session_id)
+        return [] if session is None else list(session.turns)
+
     def op_count(self, session_id: str) -> int:
         return len(self.op_records(session_id))
 
     def op_drop_oldest(self, session_id: str, count: int) -> None:
         session = self._session(session_id)
         self._set(session, "records", session.records[count:])
+        self._set(session, "turns", session.turns[count:])
 
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:

@@ -23,6 +23,7 @@ from stello_graph.checkpoints._schema import CHANGES, GLOBALS, NODES, RECORDS, S
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     MetaRow,
+    RecordTurn,
     decode_message,
     from_iso,
     row_to_meta,
@@ -274,7 +275,12 @@ class SqliteMainStorage(BackendStorage):
 
     # -- records --------------------------------------------------------------------------
     def op_append(
-        self, session_id: str, records: list[EncodedMessage], at: str, user_turn: bool
+        self,
+        session_id: str,
+        records: list[EncodedMessage],
+        at: str,
+        user_turn: bool,
+        turns: list[RecordTurn],
     ) -> int:
         tree = self.tree_id
         sql = f"SELECT next_seq FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
@@ -283,11 +289,14 @@ class SqliteMainStorage(BackendStorage):
             raise SessionNotFoundError(session_id)
         first: int = found[0]
         self._qmany(
-            f"""INSERT INTO {RECORDS} (tree_id, session_id, seq, type, data, created_at)
-            VALUES (?, ?, ?, ?, ?, ?)""",
+            f"""INSERT INTO {RECORDS}
+                (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
             [
-                (tree, session_id, first + index, role, data, at)
-                for index, (role, data) in enumerate(records)
+                (tree, session_id, first + index, role, data, at, stored, turn_seq)
+                for index, ((role, data), (stored, turn_seq)) in enumerate(
+                    zip(records, _run_heads(turns), strict=True)
+                )
             ],
         )
         self._q(
@@ -309,6 +318,20 @@ class SqliteMainStorage(BackendStorage):
         self._cache.put(session_id, records)
         return records
 
+    def op_turns(self, session_id: str) -> list[RecordTurn]:
+        sql = f"""SELECT turn_id, turn_seq FROM {RECORDS}
+            WHERE tree_id = ? AND session_id = ? ORDER BY seq"""
+        turns, turn_id = [], ""
+        for stored, turn_seq in self._q(sql, (self.tree_id, session_id)):
+            turn_id = stored or turn_id  # the first record of a run carries the turn's id
+            turns.append((turn_id, turn_seq))
+        return turns
+
+    def op_has_turn(self, session_id: str, turn_id: str) -> bool:
+        sql = f"""SELECT 1 FROM {RECORDS} INDEXED BY stello_records_turns
+            WHERE tree_id = ? AND session_id = ? AND turn_id = ? LIMIT 1"""
+        return self._q(sql, (self.tree_id, session_id, turn_id)).fetchone() is not None
+
     def op_count(self, session_id: str) -> int:
         self._sync_cache()
         cached = self._cache.get(session_id)
@@ -320,6 +343,18 @@ class SqliteMainStorage(BackendStorage):
 
     def op_drop_oldest(self, session_id: str, count: int) -> None:
         key = (self.tree_id, session_id)
+        kept = f"""SELECT seq FROM {RECORDS} WHERE tree_id = ? AND session_id = ?
+            ORDER BY seq LIMIT 1 OFFSET ?"""
+        # the new first record must carry its turn's id, which may be on a dropped one
+        self._q(
+            f"""UPDATE {RECORDS} SET turn_id = (
+                SELECT r.turn_id FROM {RECORDS} r
+                WHERE r.tree_id = {RECORDS}.tree_id AND r.session_id = {RECORDS}.session_id
+                    AND r.seq <= {RECORDS}.seq AND r.turn_id IS NOT NULL
+                ORDER BY r.seq DESC LIMIT 1)
+            WHERE tree_id = ? AND session_id = ? AND turn_id IS NULL AND seq = ({kept})""",
+            (*key, *key, count),
+        )
         self._q(
             f"""DELETE FROM {RECORDS} WHERE tree_id = ? AND session_id = ? AND seq IN (
                 SELECT seq FROM {RECORDS} WHERE tree_id = ? AND session_id = ?
@@ -480,6 +515,17 @@ class _Hooks:
             self._conn.execute(sql)
         except sqlite3.Error as exc:
             raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
+
+
+def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
+    """`turns` as stored: the turn id only on the first record of each run of one turn
+    (a run's later records inherit it when read), so L3 holds one id per turn."""
+    heads: list[tuple[str | None, int]] = []
+    previous: str | None = None
+    for turn_id, turn_seq in turns:
+        heads.append((None if turn_id == previous else turn_id, turn_seq))
+        previous = turn_id
+    return heads
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:

@@ -68,7 +68,7 @@ def consolidate_now(deps: StelloDeps, session_id: str, *, archived_ok: bool = Fa
     session = deps.session(session_id)
     if not isinstance(session, Session):
         raise InvalidInputError("The main session integrates; it does not consolidate.")
-    l2 = session._consolidate(deps.consolidate_fn, require_active=not archived_ok)
+    l2 = session.consolidate(deps.consolidate_fn, archived_ok=archived_ok)
     if l2 is not None:
         emit(deps.bus, "consolidated", session_id, l2=l2)
         publish(deps, ("l2",), session_id, {"l2": l2, "label": session.meta.label})

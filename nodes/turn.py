@@ -9,7 +9,6 @@ that happened just after its commit never duplicates records.
 
 from __future__ import annotations
 
-import operator
 import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -26,7 +25,6 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from stello_graph._base import SessionBase
 from stello_graph._context import message_text
-from stello_graph._copies import ashared_records, shared_records
 from stello_graph._text import storable_message
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
@@ -136,7 +134,8 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
     def model(state: State, config: RunnableConfig) -> State:
         session = deps.session(state["session_id"])
         with turn_lease(deps.leases, session.id, state) as held:
-            ctx = session.turn_context(insight=state.get("insight"))
+            turn = _turn_id(_records(state))
+            ctx = session.turn_context(insight=state.get("insight"), turn_id=turn)
             prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
             reply = invoke_model(session, prompt, deps.model_timeout, choice, run_cancel(config))
             return {**_check_rounds(deps, state, reply), **held.update()}
@@ -144,7 +143,8 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
     async def amodel(state: State) -> State:
         session = await deps.asession(state["session_id"])
         async with aturn_lease(deps.leases, session.id, state) as held:
-            ctx = await session.aturn_context(insight=state.get("insight"))
+            turn = _turn_id(_records(state))
+            ctx = await session.aturn_context(insight=state.get("insight"), turn_id=turn)
             prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
             reply = await ainvoke_model(session, prompt, deps.model_timeout, choice)
             return {**_check_rounds(deps, state, reply), **held.update()}
@@ -231,28 +231,24 @@ def make_tools_node(deps: StelloDeps) -> StelloNode:
 
 
 # -- commit ---------------------------------------------------------------------------------
-def _committed(storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]) -> bool:
-    """Whether this turn's records are already in L3 (a resumed turn that had committed).
+def _turn_id(records: Sequence[BaseMessage]) -> str | None:
+    """A graph turn's id: its user message's, the same when the step runs again (`_human_id`)."""
+    return records[0].id if records else None
 
-    Another writer (a second process) may have appended after them, so the turn's first
-    record is looked for anywhere, newest first, rather than only at the tail.
-    """
-    return _holds(shared_records(storage, session_id), pending)
+
+def _committed(storage: MainStorage, session_id: str, records: Sequence[BaseMessage]) -> bool:
+    """Whether this turn's records are already in L3 (a resumed turn that had committed): an
+    index lookup of its turn id (its user message's id; records stored before turn ids were
+    kept got the same at migration), wherever another writer appended since."""
+    turn_id = _turn_id(records)
+    return turn_id is not None and storage.has_turn(session_id, turn_id)
 
 
 async def _acommitted(
-    storage: MainStorage, session_id: str, pending: Sequence[BaseMessage]
+    storage: MainStorage, session_id: str, records: Sequence[BaseMessage]
 ) -> bool:
-    return _holds(await ashared_records(storage, session_id), pending)
-
-
-_record_id = operator.attrgetter("id")
-
-
-def _holds(records: Sequence[BaseMessage], pending: Sequence[BaseMessage]) -> bool:
-    first = pending[0].id if pending else None
-    # runs over the whole of L3 at every commit: the scan is kept in C
-    return first is not None and first in map(_record_id, records)
+    turn_id = _turn_id(records)
+    return turn_id is not None and await storage.ahas_turn(session_id, turn_id)
 
 
 def _records(state: State) -> list[BaseMessage]:
@@ -283,7 +279,8 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
             with s.transaction():
                 s.check_lease(held.lease)  # a turn that lost its lease commits nothing
                 if not _committed(s, session.id, records):
-                    session.commit_turn(records, insight=state.get("insight"))
+                    turn = _turn_id(records)
+                    session.commit_turn(records, insight=state.get("insight"), turn_id=turn)
                     if _counts_tree(deps):
                         tree = int(s.get_global(TREE_TURNS_KEY) or 0) + 1
                         s.put_global(TREE_TURNS_KEY, tree)
@@ -301,7 +298,8 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
             async with s.atransaction():
                 await s.acheck_lease(held.lease)
                 if not await _acommitted(s, session.id, records):
-                    await session.acommit_turn(records, insight=state.get("insight"))
+                    turn = _turn_id(records)
+                    await session.acommit_turn(records, insight=state.get("insight"), turn_id=turn)
                     if _counts_tree(deps):
                         tree = int(await s.aget_global(TREE_TURNS_KEY) or 0) + 1
                         await s.aput_global(TREE_TURNS_KEY, tree)

@@ -32,6 +32,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import SanitizedHistory, message_text, sanitize_history
 from stello_graph._copies import ashared_records, detached_all, shared_records
+from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._stream import AsyncSessionStream, SessionStream
 from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
@@ -43,6 +44,7 @@ from stello_graph._validate import (
     check_text,
     new_id,
 )
+from stello_graph.checkpoints._serde import with_turn
 from stello_graph.compression import CompressionPolicy, plan_cut
 from stello_graph.errors import (
     FunctionCallError,
@@ -228,6 +230,8 @@ class SessionBase:
         # The last cut this object made, and how many records L3 held then: the replies
         # among those predate the cut (see `_plan`).
         self._cut: tuple[Compression, int] | None = None
+        # The context the running turn read: (turn id, records in L3 then, context).
+        self._turn: tuple[str, int, TurnContext] | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self._id!r}, label={self._meta.label!r})"
@@ -294,56 +298,70 @@ class SessionBase:
 
         A cheap check for the start of a turn: the history is read by `turn_context`.
         """
-        self._active(self._load_meta(), operation)
-        return None if self._memory_part() else self._storage.get_insight(self._id)
+        return run(self._open_flow(operation), self._storage)
 
     async def aopen_turn(self, *, operation: str = "a turn") -> str | None:
         """Async twin of `open_turn`."""
-        self._active(await self._aload_meta(), operation)
-        return None if self._memory_part() else await self._storage.aget_insight(self._id)
+        return await arun(self._open_flow(operation), self._storage)
 
-    def turn_context(self, *, operation: str = "a turn", insight: object = _READ) -> TurnContext:
+    def _open_flow(self, operation: str) -> Flow[str | None]:
+        self._active((yield from self._meta_flow()), operation)
+        if self._memory_part():
+            return None
+        insight: str | None = yield Storage("get_insight", self._id)
+        return insight
+
+    def _meta_flow(self) -> Flow[SessionMeta]:
+        meta: SessionMeta | None = yield Storage("get_session", self._id)
+        if meta is None:
+            raise SessionNotFoundError(self._id)
+        return meta
+
+    def turn_context(
+        self, *, operation: str = "a turn", insight: object = _READ, turn_id: str | None = None
+    ) -> TurnContext:
         """Read everything a turn shows the model; refuse if the session is archived.
 
         `insight` replaces the stored insight (a multi-round turn keeps showing the insight
         it started with, even if a newer one arrives meanwhile). When the prompt would
         outgrow the model's context window, the oldest records are summarised (see
         `CompressionPolicy`); that may call the compress function.
+
+        With the `turn_id` of a turn of several model calls, its later calls get the context
+        its first one read (L3 changes only when a turn commits), unless the session's L3
+        changed meanwhile: a turn reads its context once.
         """
-        s = self._storage
-        meta = self._active(self._load_meta(), operation)
-        parts = ContextParts(prompt=s.get_system_prompt(self._id))
-        if self._memory_part():
-            parts.extra = s.get_memory(self._id)
-        else:
-            parts.extra = s.get_insight(self._id) if insight is _READ else _opt_str(insight)
-            parts.branch = s.get_subtree_synthesis(self._id)
-        records = shared_records(s, self._id)
-        parts.compression = s.get_compression(self._id)
-        cut = self._plan(meta, parts, records)
-        if cut is not None:
-            parts.compression = self._compress(parts.compression, records, cut)
-        return self._turn_context(meta, parts, records)
+        return run(self._context_flow(operation, insight, turn_id), self._storage)
 
     async def aturn_context(
-        self, *, operation: str = "a turn", insight: object = _READ
+        self, *, operation: str = "a turn", insight: object = _READ, turn_id: str | None = None
     ) -> TurnContext:
         """Async twin of `turn_context`."""
-        s = self._storage
-        meta = self._active(await self._aload_meta(), operation)
-        parts = ContextParts(prompt=await s.aget_system_prompt(self._id))
+        return await arun(self._context_flow(operation, insight, turn_id), self._storage)
+
+    def _context_flow(
+        self, operation: str, insight: object, turn_id: str | None
+    ) -> Flow[TurnContext]:
+        s, sid, kept = self._storage, self._id, self._turn
+        held = turn_id is not None and kept is not None and kept[0] == turn_id
+        if held and kept is not None and (yield Storage("count_records", sid)) == kept[1]:
+            return kept[2]
+        meta = self._active((yield from self._meta_flow()), operation)
+        parts = ContextParts(prompt=(yield Storage("get_system_prompt", sid)))
         if self._memory_part():
-            parts.extra = await s.aget_memory(self._id)
+            parts.extra = yield Storage("get_memory", sid)
         else:
             read = insight is _READ
-            parts.extra = await s.aget_insight(self._id) if read else _opt_str(insight)
-            parts.branch = await s.aget_subtree_synthesis(self._id)
-        records = await ashared_records(s, self._id)
-        parts.compression = await s.aget_compression(self._id)
+            parts.extra = (yield Storage("get_insight", sid)) if read else _opt_str(insight)
+            parts.branch = yield Storage("get_subtree_synthesis", sid)
+        records: list[BaseMessage] = yield Call(shared_records, ashared_records, (s, sid))
+        parts.compression = yield Storage("get_compression", sid)
         cut = self._plan(meta, parts, records)
         if cut is not None:
-            parts.compression = await self._acompress(parts.compression, records, cut)
-        return self._turn_context(meta, parts, records)
+            parts.compression = yield from self._compress_flow(parts.compression, records, cut)
+        ctx = self._turn_context(meta, parts, records)
+        self._turn = None if turn_id is None else (turn_id, len(records), ctx)
+        return ctx
 
     def _turn_context(
         self, meta: SessionMeta, parts: ContextParts, records: list[BaseMessage]
@@ -392,36 +410,20 @@ class SessionBase:
             )
         return storable(result)
 
-    def _compress(
+    def _compress_flow(
         self, current: Compression | None, records: list[BaseMessage], cut: int
-    ) -> Compression:
-        start = current.through if current is not None else 0
-        previous = current.summary if current is not None else None
-        try:
-            result = call_sync(self._compressor(), previous, detached_all(records[start:cut]))
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._compress_error(exc) from exc
-        compression = Compression(summary=self._summary(result), through=cut)
-        self._storage.put_compression(self._id, compression)
-        self._cut = compression, len(records)
-        return compression
-
-    async def _acompress(
-        self, current: Compression | None, records: list[BaseMessage], cut: int
-    ) -> Compression:
+    ) -> Flow[Compression]:
         start = current.through if current is not None else 0
         previous = current.summary if current is not None else None
         try:
             older = detached_all(records[start:cut])
-            result = await call_async(self._compressor(), previous, older)
+            result = yield Call(call_sync, call_async, (self._compressor(), previous, older))
         except StelloError:
             raise
         except Exception as exc:
             raise self._compress_error(exc) from exc
         compression = Compression(summary=self._summary(result), through=cut)
-        await self._storage.aput_compression(self._id, compression)
+        yield Storage("put_compression", self._id, compression)
         self._cut = compression, len(records)
         return compression
 
@@ -507,6 +509,7 @@ class SessionBase:
         *,
         insight: str | None = None,
         lease: Lease | None = None,
+        turn_id: str | None = None,
     ) -> None:
         """Append a turn's records in one transaction, then consume the insight it showed.
 
@@ -516,16 +519,11 @@ class SessionBase:
         the records with `SessionArchivedError`. Records the user did not write (replies,
         tool results) are stored with U+FFFD in place of any lone surrogate; a user message
         holding one is refused with `InvalidInputError`. With the turn's `lease`, a turn that
-        lost it commits nothing (`LeaseLostError`).
+        lost it commits nothing (`LeaseLostError`). The records are stored as the turn
+        `turn_id` (a new id by default; see `messages`).
         """
-        s, records = self._storage, _storable_records(records)
-        with s.transaction():
-            if lease is not None:
-                s.check_lease(lease)
-            self._active(self._load_meta(), "a turn's records")
-            s.append_records(self._id, records, user_turn=_is_user_turn(records))
-            if insight is not None:
-                s.clear_insight(self._id, expected=insight)
+        with self._storage.transaction():
+            run(self._commit_flow(records, insight, lease, turn_id), self._storage)
 
     async def acommit_turn(
         self,
@@ -533,16 +531,28 @@ class SessionBase:
         *,
         insight: str | None = None,
         lease: Lease | None = None,
+        turn_id: str | None = None,
     ) -> None:
         """Async twin of `commit_turn`."""
-        s, records = self._storage, _storable_records(records)
-        async with s.atransaction():
-            if lease is not None:
-                await s.acheck_lease(lease)
-            self._active(await self._aload_meta(), "a turn's records")
-            await s.aappend_records(self._id, records, user_turn=_is_user_turn(records))
-            if insight is not None:
-                await s.aclear_insight(self._id, expected=insight)
+        async with self._storage.atransaction():
+            await arun(self._commit_flow(records, insight, lease, turn_id), self._storage)
+
+    def _commit_flow(
+        self,
+        records: Sequence[BaseMessage],
+        insight: str | None,
+        lease: Lease | None,
+        turn_id: str | None,
+    ) -> Flow[None]:
+        sid, stored = self._id, _storable_records(records)
+        if lease is not None:
+            yield Storage("check_lease", lease)
+        self._active((yield from self._meta_flow()), "a turn's records")
+        yield Storage(
+            "append_records", sid, stored, user_turn=_is_user_turn(stored), turn_id=turn_id
+        )
+        if insight is not None:
+            yield Storage("clear_insight", sid, expected=insight)
 
     # -- send -------------------------------------------------------------------------------
     def send(self, content: str, *, tool_choice: ToolChoice = None) -> SendResult:
@@ -671,16 +681,25 @@ class SessionBase:
     def messages(
         self, *, limit: int | None = None, offset: int = 0, role: str | None = None
     ) -> list[BaseMessage]:
-        """L3 records as LangChain messages (copies: safe to change)."""
+        """L3 records as LangChain messages (copies: safe to change).
+
+        Each one carries the turn that wrote it in `response_metadata`: under
+        `"stello_turn_id"` the turn's id (one per committed turn), under `"stello_turn_seq"`
+        its place in that turn (0, 1, ...). Chat models do not send `response_metadata` to
+        providers, so the messages can be replayed as they are.
+        """
         found = self._storage.list_records(self._id, limit=limit, offset=offset, role=role)
-        return [m.model_copy(deep=True) for m in found]
+        marks = self._storage.list_record_turns(self._id, limit=limit, offset=offset, role=role)
+        return _with_turns(found, marks)
 
     async def amessages(
         self, *, limit: int | None = None, offset: int = 0, role: str | None = None
     ) -> list[BaseMessage]:
         """Async twin of `messages`."""
-        found = await self._storage.alist_records(self._id, limit=limit, offset=offset, role=role)
-        return [m.model_copy(deep=True) for m in found]
+        s = self._storage
+        found = await s.alist_records(self._id, limit=limit, offset=offset, role=role)
+        marks = await s.alist_record_turns(self._id, limit=limit, offset=offset, role=role)
+        return _with_turns(found, marks)
 
     def system_prompt(self) -> str | None:
         """The session's own system prompt (without identity, insight or synthesis)."""
@@ -781,6 +800,13 @@ def check_loaded(meta: SessionMeta | None, session_id: str, role: str) -> Sessio
             f"Session {session_id!r} has role {meta.role!r}; load it with {other}.load()."
         )
     return meta
+
+
+def _with_turns(
+    found: Sequence[BaseMessage], turns: Sequence[tuple[str, int]]
+) -> list[BaseMessage]:
+    """Copies of `found`, each carrying its `(turn_id, turn_seq)` (see `messages`)."""
+    return [with_turn(m.model_copy(deep=True), *turn) for m, turn in zip(found, turns, strict=True)]
 
 
 def _through(ctx: TurnContext) -> int:

@@ -21,6 +21,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import sanitize_history
 from stello_graph._copies import ashared_records, shared_records
+from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
     check_id,
@@ -153,30 +154,23 @@ def _outside_the_tree(source_id: str) -> NodeNotFoundError:
     )
 
 
-def _has_node(storage: SessionStorage, source_id: str) -> bool:
+_NO_TOPOLOGY: Any = object()
+"""What a storage without `get_node` (a plain `SessionStorage`) answers for one."""
+
+
+def _node_flow(source_id: str) -> Flow[bool]:
     """Whether the child gets a node (its source has one); refuse a source outside the tree.
 
     Raises:
         NodeNotFoundError: the storage keeps a tree (it has a main session) and the source
             has no node in it.
     """
-    get_node = getattr(storage, "get_node", None)
-    if get_node is None:
+    node = yield Storage("get_node", source_id, optional=True, default=_NO_TOPOLOGY)
+    if node is _NO_TOPOLOGY:
         return False  # a plain SessionStorage keeps no topology
-    if get_node(source_id) is not None:
+    if node is not None:
         return True
-    if storage.get_main_session() is not None:  # type: ignore[attr-defined]
-        raise _outside_the_tree(source_id)
-    return False
-
-
-async def _ahas_node(storage: SessionStorage, source_id: str) -> bool:
-    aget_node = getattr(storage, "aget_node", None)
-    if aget_node is None:
-        return False
-    if await aget_node(source_id) is not None:
-        return True
-    if await storage.aget_main_session() is not None:  # type: ignore[attr-defined]
+    if (yield Storage("get_main_session")) is not None:
         raise _outside_the_tree(source_id)
     return False
 
@@ -214,63 +208,39 @@ def _child(
     return _Child(meta, prompt, _child_records(req, selected), compression)
 
 
-def _write(storage: SessionStorage, req: ForkRequest, child: _Child) -> None:
-    """The writes of a fork; the caller holds the transaction."""
-    _check_source(storage.get_session(req.source_id), req.source_id)
-    with_node = _has_node(storage, req.source_id)
+def _write_flow(req: ForkRequest, child: _Child) -> Flow[None]:
+    """The writes of a fork, run in one transaction."""
+    _check_source((yield Storage("get_session", req.source_id)), req.source_id)
+    with_node = yield from _node_flow(req.source_id)
     meta = child.meta
-    if storage.get_session(meta.id) is not None:
+    if (yield Storage("get_session", meta.id)) is not None:
         raise DuplicateSessionError(meta.id)
-    storage.put_session(meta)
+    yield Storage("put_session", meta)
     if child.system_prompt:
-        storage.put_system_prompt(meta.id, child.system_prompt)
+        yield Storage("put_system_prompt", meta.id, child.system_prompt)
     if child.records:
-        storage.append_records(meta.id, child.records)
+        yield Storage("append_records", meta.id, child.records)
     if child.compression is not None:
-        storage.put_compression(meta.id, child.compression)
+        yield Storage("put_compression", meta.id, child.compression)
     if req.settings:
-        storage.put_settings(meta.id, req.settings)
+        yield Storage("put_settings", meta.id, req.settings)
     if with_node:
-        node = TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label)
-        storage.put_node(node)  # type: ignore[attr-defined]
+        yield Storage(
+            "put_node", TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label)
+        )
 
 
-async def _awrite(storage: SessionStorage, req: ForkRequest, child: _Child) -> None:
-    _check_source(await storage.aget_session(req.source_id), req.source_id)
-    with_node = await _ahas_node(storage, req.source_id)
-    meta = child.meta
-    if await storage.aget_session(meta.id) is not None:
-        raise DuplicateSessionError(meta.id)
-    await storage.aput_session(meta)
-    if child.system_prompt:
-        await storage.aput_system_prompt(meta.id, child.system_prompt)
-    if child.records:
-        await storage.aappend_records(meta.id, child.records)
-    if child.compression is not None:
-        await storage.aput_compression(meta.id, child.compression)
-    if req.settings:
-        await storage.aput_settings(meta.id, req.settings)
-    if with_node:
-        node = TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label)
-        await storage.aput_node(node)  # type: ignore[attr-defined]
-
-
-def _records(storage: SessionStorage, req: ForkRequest) -> list[BaseMessage]:
+def _records_flow(storage: SessionStorage, req: ForkRequest) -> Flow[list[BaseMessage]]:
     """The source's L3 the fork needs: shared when it is only copied into the child,
     copies when a context or compress function gets it."""
     if req.context == "none":
         return []
     if req.context == "inherit":
-        return shared_records(storage, req.source_id)
-    return storage.list_records(req.source_id)
-
-
-async def _arecords(storage: SessionStorage, req: ForkRequest) -> list[BaseMessage]:
-    if req.context == "none":
-        return []
-    if req.context == "inherit":
-        return await ashared_records(storage, req.source_id)
-    return await storage.alist_records(req.source_id)
+        shared: list[BaseMessage]
+        shared = yield Call(shared_records, ashared_records, (storage, req.source_id))
+        return shared
+    copies: list[BaseMessage] = yield Storage("list_records", req.source_id)
+    return copies
 
 
 def _fn_error(exc: Exception, what: str) -> FunctionCallError:
@@ -283,46 +253,34 @@ def fork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     Nothing is written when anything fails: the source is missing, archived or (in a tree)
     has no node, the id is taken, or a context / compress function raises.
     """
-    source = _check_source(storage.get_session(req.source_id), req.source_id)
-    _has_node(storage, req.source_id)  # refuse early, before any function runs
-    source_prompt = storage.get_system_prompt(req.source_id)
-    records = _records(storage, req)
-    selected: object = records if req.context == "inherit" else []
-    compression = None
-    try:
-        if callable(req.context):
-            selected = call_sync(req.context, list(records))
-        elif req.context == "compress" and req.compress_fn is not None:
-            compression = _summary(call_sync(req.compress_fn, None, sanitize_history(records)))
-    except StelloError:
-        raise
-    except Exception as exc:
-        raise _fn_error(exc, "context" if callable(req.context) else "compress") from exc
-    child = _child(req, source, source_prompt, selected, compression)
-    with storage.transaction():
-        _write(storage, req, child)
-    return child.meta
+    meta: SessionMeta = run(_fork_flow(storage, req), storage)
+    return meta
 
 
 async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     """Async twin of `fork_session`."""
-    source = _check_source(await storage.aget_session(req.source_id), req.source_id)
-    await _ahas_node(storage, req.source_id)
-    source_prompt = await storage.aget_system_prompt(req.source_id)
-    records = await _arecords(storage, req)
+    meta: SessionMeta = await arun(_fork_flow(storage, req), storage)
+    return meta
+
+
+def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
+    source = _check_source((yield Storage("get_session", req.source_id)), req.source_id)
+    yield from _node_flow(req.source_id)  # refuse early, before any function runs
+    source_prompt = yield Storage("get_system_prompt", req.source_id)
+    records = yield from _records_flow(storage, req)
     selected: object = records if req.context == "inherit" else []
     compression = None
     try:
         if callable(req.context):
-            selected = await call_async(req.context, list(records))
+            selected = yield Call(call_sync, call_async, (req.context, list(records)))
         elif req.context == "compress" and req.compress_fn is not None:
-            result = await call_async(req.compress_fn, None, sanitize_history(records))
+            older = sanitize_history(records)
+            result = yield Call(call_sync, call_async, (req.compress_fn, None, older))
             compression = _summary(result)
     except StelloError:
         raise
     except Exception as exc:
         raise _fn_error(exc, "context" if callable(req.context) else "compress") from exc
     child = _child(req, source, source_prompt, selected, compression)
-    async with storage.atransaction():
-        await _awrite(storage, req, child)
+    yield Atomic(_write_flow(req, child))
     return child.meta

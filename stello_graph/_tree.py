@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from stello_graph._calls import call_async, call_sync
+from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph.errors import IntegrationError, MainSessionNotFoundError, StelloError
 from stello_graph.main_session import check_integration
 from stello_graph.memory import IntegrateFn
@@ -87,16 +88,20 @@ def _plan(
 
 def plan_tree(storage: MainStorage) -> TreePlan:
     """Read the active tree of `storage` and group its internal nodes by level."""
-    return _plan(
-        storage.get_main_session(), storage.get_tree(), storage.list_sessions(), storage.tree_id
-    )
+    plan: TreePlan = run(_plan_flow(storage.tree_id), storage)
+    return plan
 
 
 async def aplan_tree(storage: MainStorage) -> TreePlan:
     """Async twin of `plan_tree`."""
-    root = await storage.aget_main_session()
-    nodes, metas = await storage.aget_tree(), await storage.alist_sessions()
-    return _plan(root, nodes, metas, storage.tree_id)
+    plan: TreePlan = await arun(_plan_flow(storage.tree_id), storage)
+    return plan
+
+
+def _plan_flow(tree: str) -> Flow[TreePlan]:
+    root = yield Storage("get_main_session")
+    nodes = yield Storage("get_tree")
+    return _plan(root, nodes, (yield Storage("list_sessions")), tree)
 
 
 def _inputs(plan: TreePlan, node_id: str, l2s: dict[str, str | None]) -> list[ChildL2]:
@@ -114,20 +119,11 @@ def branch_l2(own: str | None, summary: str | None) -> str | None:
     return own or summary
 
 
-def _child_l2(storage: MainStorage, plan: TreePlan, child: str, made: Summaries) -> str | None:
+def _child_l2_flow(plan: TreePlan, child: str, made: Summaries) -> Flow[str | None]:
     summary = made.get(child)
     if summary is None and plan.is_internal(child):
-        summary = storage.get_subtree_synthesis(child)
-    return branch_l2(storage.get_memory(child), summary)
-
-
-async def _achild_l2(
-    storage: MainStorage, plan: TreePlan, child: str, made: Summaries
-) -> str | None:
-    summary = made.get(child)
-    if summary is None and plan.is_internal(child):
-        summary = await storage.aget_subtree_synthesis(child)
-    return branch_l2(await storage.aget_memory(child), summary)
+        summary = yield Storage("get_subtree_synthesis", child)
+    return branch_l2((yield Storage("get_memory", child)), summary)
 
 
 def _error(node_id: str, exc: Exception) -> IntegrationError:
@@ -149,20 +145,8 @@ def integrate_node(
     Writes nothing: a child's subtree synthesis is taken from `made` (what this run made of
     it) before storage, and `write_tree` stores the results of the whole run.
     """
-    made = made or {}
-    l2s = {c: _child_l2(storage, plan, c, made) for c in plan.children.get(node_id, [])}
-    inputs = _inputs(plan, node_id, l2s)
-    if not inputs:
-        return None
-    root = node_id == plan.root_id
-    current = storage.get_memory(node_id) if root else storage.get_subtree_synthesis(node_id)
-    try:
-        raw = call_sync(fn, inputs, current)
-    except StelloError:
-        raise
-    except Exception as exc:
-        raise _error(node_id, exc) from exc
-    return check_integration(raw, inputs, node_id)
+    result: IntegrationResult | None = run(_node_flow(plan, node_id, fn, made or {}), storage)
+    return result
 
 
 async def aintegrate_node(
@@ -173,18 +157,24 @@ async def aintegrate_node(
     made: Summaries | None = None,
 ) -> IntegrationResult | None:
     """Async twin of `integrate_node`."""
-    made = made or {}
-    l2s = {c: await _achild_l2(storage, plan, c, made) for c in plan.children.get(node_id, [])}
+    flow = _node_flow(plan, node_id, fn, made or {})
+    result: IntegrationResult | None = await arun(flow, storage)
+    return result
+
+
+def _node_flow(
+    plan: TreePlan, node_id: str, fn: IntegrateFn, made: Summaries
+) -> Flow[IntegrationResult | None]:
+    l2s = {}
+    for child in plan.children.get(node_id, []):
+        l2s[child] = yield from _child_l2_flow(plan, child, made)
     inputs = _inputs(plan, node_id, l2s)
     if not inputs:
         return None
-    root = node_id == plan.root_id
-    if root:
-        current = await storage.aget_memory(node_id)
-    else:
-        current = await storage.aget_subtree_synthesis(node_id)
+    own = "get_memory" if node_id == plan.root_id else "get_subtree_synthesis"
+    current = yield Storage(own, node_id)
     try:
-        raw = await call_async(fn, inputs, current)
+        raw = yield Call(call_sync, call_async, (fn, inputs, current))
     except StelloError:
         raise
     except Exception as exc:
@@ -197,25 +187,23 @@ def write_tree(
 ) -> None:
     """Store a run's results in one transaction: each node's subtree synthesis (the main
     session's synthesis, for the root) and the insights to its children."""
-    with storage.transaction():
-        for node_id, result in results.items():
-            if node_id == plan.root_id:
-                storage.put_memory(node_id, result.synthesis)
-            else:
-                storage.put_subtree_synthesis(node_id, result.synthesis)
-            for session_id, insight in result.insights.items():
-                storage.put_insight(session_id, insight)
+    run(_write_flow(plan, results), storage)
 
 
 async def awrite_tree(
     storage: MainStorage, plan: TreePlan, results: Mapping[str, IntegrationResult]
 ) -> None:
     """Async twin of `write_tree`."""
-    async with storage.atransaction():
-        for node_id, result in results.items():
-            if node_id == plan.root_id:
-                await storage.aput_memory(node_id, result.synthesis)
-            else:
-                await storage.aput_subtree_synthesis(node_id, result.synthesis)
-            for session_id, insight in result.insights.items():
-                await storage.aput_insight(session_id, insight)
+    await arun(_write_flow(plan, results), storage)
+
+
+def _write_flow(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flow[None]:
+    yield Atomic(_writes(plan, results))
+
+
+def _writes(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flow[None]:
+    for node_id, result in results.items():
+        own = "put_memory" if node_id == plan.root_id else "put_subtree_synthesis"
+        yield Storage(own, node_id, result.synthesis)
+        for session_id, insight in result.insights.items():
+            yield Storage("put_insight", session_id, insight)

@@ -27,10 +27,12 @@ from typing import Any, NoReturn
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import SystemMessage
+from typing_extensions import TypedDict, Unpack
 
 from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import summary_block, synthesis_block, system_message
+from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._text import storable
 from stello_graph._validate import check_id, check_optional_text
 from stello_graph.compression import CompressionPolicy
@@ -99,6 +101,48 @@ def _archived_ids(value: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(check_id(sid) for sid in value))
 
 
+class MainOptions(TypedDict, total=False):
+    """How a `MainSession` object runs (nothing of it is stored): the options of `create`
+    and `load`.
+
+    Attributes:
+        model: the chat model of its turns.
+        tools: the tools bound to that model.
+        integrate_fn: how `integrate` makes the synthesis and insights (`llm_integrator`).
+        compression: when and how a long history is summarised in prompts.
+    """
+
+    model: BaseChatModel | None
+    tools: Sequence[Any] | None
+    integrate_fn: IntegrateFn | None
+    compression: CompressionPolicy | None
+
+
+def _create_flow(meta: SessionMeta, prompt: str | None) -> Flow[None]:
+    yield Atomic(_store_new(meta, prompt))
+
+
+def _store_new(meta: SessionMeta, prompt: str | None) -> Flow[None]:
+    existing = yield Storage("get_main_session")
+    if existing is not None:
+        raise MainSessionExistsError(existing.id)
+    yield Storage("put_session", meta)
+    if prompt:
+        yield Storage("put_system_prompt", meta.id, prompt)
+    yield Storage("put_node", TopologyNode(id=meta.id, parent_id=None, label=meta.label))
+
+
+def _load_flow(storage: MainStorage, session_id: str | None) -> Flow[SessionMeta]:
+    if session_id is None:
+        found = yield Storage("get_main_session")
+        if found is None:
+            raise MainSessionNotFoundError(storage.tree_id)
+        session_id = found.id
+    else:
+        found = yield Storage("get_session", check_id(session_id))
+    return check_loaded(found, session_id, "main")
+
+
 class MainSession(SessionBase):
     """The root session of a tree. Create with `MainSession.create`, reopen with `load`."""
 
@@ -128,81 +172,40 @@ class MainSession(SessionBase):
         cls,
         storage: MainStorage,
         *,
-        model: BaseChatModel | None = None,
         label: str = "Main Session",
         system_prompt: str | None = None,
-        integrate_fn: IntegrateFn | None = None,
-        tools: Sequence[Any] | None = None,
         id: str | None = None,
-        compression: CompressionPolicy | None = None,
+        **options: Unpack[MainOptions],
     ) -> MainSession:
-        """Create the tree's main session and its root TopologyNode, atomically.
+        """Create the tree's main session and its root TopologyNode, atomically; `options`
+        are how the object runs (`MainOptions`).
 
         Raises:
             MainSessionExistsError: the tree already has a main session.
         """
         meta = new_meta("main", label, (), None, id)
-        prompt = check_optional_text(system_prompt, "system_prompt")
-        with storage.transaction():
-            existing = storage.get_main_session()
-            if existing is not None:
-                raise MainSessionExistsError(existing.id)
-            storage.put_session(meta)
-            if prompt:
-                storage.put_system_prompt(meta.id, prompt)
-            storage.put_node(TopologyNode(id=meta.id, parent_id=None, label=meta.label))
-        return cls(
-            meta,
-            storage,
-            model=model,
-            tools=tools,
-            integrate_fn=integrate_fn,
-            compression=compression,
-        )
+        run(_create_flow(meta, check_optional_text(system_prompt, "system_prompt")), storage)
+        return cls(meta, storage, **options)
 
     @classmethod
     async def acreate(
         cls,
         storage: MainStorage,
         *,
-        model: BaseChatModel | None = None,
         label: str = "Main Session",
         system_prompt: str | None = None,
-        integrate_fn: IntegrateFn | None = None,
-        tools: Sequence[Any] | None = None,
         id: str | None = None,
-        compression: CompressionPolicy | None = None,
+        **options: Unpack[MainOptions],
     ) -> MainSession:
         """Async twin of `create`."""
         meta = new_meta("main", label, (), None, id)
         prompt = check_optional_text(system_prompt, "system_prompt")
-        async with storage.atransaction():
-            existing = await storage.aget_main_session()
-            if existing is not None:
-                raise MainSessionExistsError(existing.id)
-            await storage.aput_session(meta)
-            if prompt:
-                await storage.aput_system_prompt(meta.id, prompt)
-            await storage.aput_node(TopologyNode(id=meta.id, parent_id=None, label=meta.label))
-        return cls(
-            meta,
-            storage,
-            model=model,
-            tools=tools,
-            integrate_fn=integrate_fn,
-            compression=compression,
-        )
+        await arun(_create_flow(meta, prompt), storage)
+        return cls(meta, storage, **options)
 
     @classmethod
     def load(
-        cls,
-        storage: MainStorage,
-        *,
-        session_id: str | None = None,
-        model: BaseChatModel | None = None,
-        tools: Sequence[Any] | None = None,
-        integrate_fn: IntegrateFn | None = None,
-        compression: CompressionPolicy | None = None,
+        cls, storage: MainStorage, *, session_id: str | None = None, **options: Unpack[MainOptions]
     ) -> MainSession:
         """Open the tree's main session (or the main session with `session_id`).
 
@@ -210,51 +213,14 @@ class MainSession(SessionBase):
             MainSessionNotFoundError: the tree has no main session.
             SessionNotFoundError: no session has `session_id`.
         """
-        if session_id is None:
-            found = storage.get_main_session()
-            if found is None:
-                raise MainSessionNotFoundError(storage.tree_id)
-            session_id = found.id
-        else:
-            found = storage.get_session(check_id(session_id))
-        meta = check_loaded(found, session_id, "main")
-        return cls(
-            meta,
-            storage,
-            model=model,
-            tools=tools,
-            integrate_fn=integrate_fn,
-            compression=compression,
-        )
+        return cls(run(_load_flow(storage, session_id), storage), storage, **options)
 
     @classmethod
     async def aload(
-        cls,
-        storage: MainStorage,
-        *,
-        session_id: str | None = None,
-        model: BaseChatModel | None = None,
-        tools: Sequence[Any] | None = None,
-        integrate_fn: IntegrateFn | None = None,
-        compression: CompressionPolicy | None = None,
+        cls, storage: MainStorage, *, session_id: str | None = None, **options: Unpack[MainOptions]
     ) -> MainSession:
         """Async twin of `load`."""
-        if session_id is None:
-            found = await storage.aget_main_session()
-            if found is None:
-                raise MainSessionNotFoundError(storage.tree_id)
-            session_id = found.id
-        else:
-            found = await storage.aget_session(check_id(session_id))
-        meta = check_loaded(found, session_id, "main")
-        return cls(
-            meta,
-            storage,
-            model=model,
-            tools=tools,
-            integrate_fn=integrate_fn,
-            compression=compression,
-        )
+        return cls(await arun(_load_flow(storage, session_id), storage), storage, **options)
 
     # -- context ----------------------------------------------------------------------------
     def _memory_part(self) -> bool:
@@ -320,57 +286,51 @@ class MainSession(SessionBase):
         otherwise never reach a synthesis. They get no insight; the ids of sessions that are
         not archived (or have no L2) are ignored.
         """
-        chosen = self._integrator(fn)
-        extra = _archived_ids(include_archived)
-        s = self._main_storage
-        self._active(self._load_meta(), "integration")
-        active = s.get_all_session_l2s()
-        found = [self._archived_l2(s.get_session(x), s.get_memory(x)) for x in extra]
-        children = self._children([*active, *(c for c in found if c is not None)])
-        try:
-            raw = call_sync(chosen, list(children), s.get_memory(self._id))
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._fn_error(exc) from exc
-        targets = {c.session_id for c in active}
-        result = check_integration(raw, children, self._id, targets=targets)
-        with s.transaction():
-            s.put_memory(self._id, result.synthesis)
-            written = {}
-            for session_id, insight in result.insights.items():
-                if _active(s.get_session(session_id)):
-                    s.put_insight(session_id, insight)
-                    written[session_id] = insight
-        return IntegrationResult(synthesis=result.synthesis, insights=written)
+        result: IntegrationResult = run(
+            self._integrate_flow(fn, include_archived), self._main_storage
+        )
+        return result
 
     async def aintegrate(
         self, fn: IntegrateFn | None = None, *, include_archived: Iterable[str] = ()
     ) -> IntegrationResult:
         """Async twin of `integrate`."""
-        chosen = self._integrator(fn)
-        extra = _archived_ids(include_archived)
-        s = self._main_storage
-        self._active(await self._aload_meta(), "integration")
-        active = await s.aget_all_session_l2s()
-        found = [self._archived_l2(await s.aget_session(x), await s.aget_memory(x)) for x in extra]
+        flow = self._integrate_flow(fn, include_archived)
+        result: IntegrationResult = await arun(flow, self._main_storage)
+        return result
+
+    def _integrate_flow(
+        self, fn: IntegrateFn | None, include_archived: Iterable[str]
+    ) -> Flow[IntegrationResult]:
+        chosen, extra, sid = self._integrator(fn), _archived_ids(include_archived), self._id
+        self._active((yield from self._meta_flow()), "integration")
+        active: list[ChildL2] = yield Storage("get_all_session_l2s")
+        found = []
+        for x in extra:
+            meta = yield Storage("get_session", x)
+            found.append(self._archived_l2(meta, (yield Storage("get_memory", x))))
         children = self._children([*active, *(c for c in found if c is not None)])
         try:
-            raw = await call_async(chosen, list(children), await s.aget_memory(self._id))
+            synthesis = yield Storage("get_memory", sid)
+            raw = yield Call(call_sync, call_async, (chosen, list(children), synthesis))
         except StelloError:
             raise
         except Exception as exc:
             raise self._fn_error(exc) from exc
         targets = {c.session_id for c in active}
-        result = check_integration(raw, children, self._id, targets=targets)
-        async with s.atransaction():
-            await s.aput_memory(self._id, result.synthesis)
-            written = {}
-            for session_id, insight in result.insights.items():
-                if _active(await s.aget_session(session_id)):
-                    await s.aput_insight(session_id, insight)
-                    written[session_id] = insight
+        result = check_integration(raw, children, sid, targets=targets)
+        written: dict[str, str] = yield Atomic(self._write_flow(result))
         return IntegrationResult(synthesis=result.synthesis, insights=written)
+
+    def _write_flow(self, result: IntegrationResult) -> Flow[dict[str, str]]:
+        """The synthesis and the insights to sessions still active, in one transaction."""
+        yield Storage("put_memory", self._id, result.synthesis)
+        written = {}
+        for session_id, insight in result.insights.items():
+            if _active((yield Storage("get_session", session_id))):
+                yield Storage("put_insight", session_id, insight)
+                written[session_id] = insight
+        return written
 
     # -- refused ----------------------------------------------------------------------------
     def fork(self, *args: Any, **kwargs: Any) -> NoReturn:

@@ -24,6 +24,7 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, SystemMessage
+from typing_extensions import TypedDict, Unpack
 
 from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
 from stello_graph._calls import call_async, call_sync
@@ -34,6 +35,7 @@ from stello_graph._context import (
     summary_block,
     system_message,
 )
+from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
 from stello_graph._text import storable
 from stello_graph._validate import (
@@ -74,6 +76,39 @@ def _consolidated(result: object, session_id: str) -> str:
     return storable(result)  # a lone surrogate in it is not the user's fault
 
 
+class SessionOptions(TypedDict, total=False):
+    """How a `Session` object runs (nothing of it is stored): the options of `create`, `load`.
+
+    Attributes:
+        model: the chat model of its turns.
+        tools: the tools bound to that model (LangChain tools or tool schemas).
+        consolidate_fn: how `consolidate` distils L3 into the L2 (e.g. `llm_consolidator`).
+        compression: when and how a long history is summarised in prompts.
+    """
+
+    model: BaseChatModel | None
+    tools: Sequence[Any] | None
+    consolidate_fn: ConsolidateFn | None
+    compression: CompressionPolicy | None
+
+
+def _create_flow(meta: SessionMeta, prompt: str | None) -> Flow[None]:
+    yield Atomic(_store_new(meta, prompt))
+
+
+def _store_new(meta: SessionMeta, prompt: str | None) -> Flow[None]:
+    if (yield Storage("get_session", meta.id)) is not None:
+        raise DuplicateSessionError(meta.id)
+    yield Storage("put_session", meta)
+    if prompt:
+        yield Storage("put_system_prompt", meta.id, prompt)
+
+
+def _load_flow(session_id: str) -> Flow[SessionMeta]:
+    found = yield Storage("get_session", check_id(session_id))
+    return check_loaded(found, session_id, "standard")
+
+
 class Session(SessionBase):
     """A child session of the topology. Create with `Session.create`, reopen with `load`."""
 
@@ -98,121 +133,59 @@ class Session(SessionBase):
         cls,
         storage: SessionStorage,
         *,
-        model: BaseChatModel | None = None,
         label: str = "New Session",
         system_prompt: str | None = None,
         tags: Sequence[str] = (),
         metadata: dict[str, Any] | None = None,
         id: str | None = None,
-        tools: Sequence[Any] | None = None,
-        consolidate_fn: ConsolidateFn | None = None,
-        compression: CompressionPolicy | None = None,
+        **options: Unpack[SessionOptions],
     ) -> Session:
-        """Create and store a new session.
+        """Create and store a new session; `options` are how the object runs (`SessionOptions`).
 
         Raises:
             DuplicateSessionError: `id` is already taken.
             InvalidInputError: a bad label, tags, metadata, id or system prompt.
         """
         meta = new_meta("standard", label, tags, metadata, id)
-        prompt = check_optional_text(system_prompt, "system_prompt")
-        with storage.transaction():
-            if storage.get_session(meta.id) is not None:
-                raise DuplicateSessionError(meta.id)
-            storage.put_session(meta)
-            if prompt:
-                storage.put_system_prompt(meta.id, prompt)
-        return cls(
-            meta,
-            storage,
-            model=model,
-            tools=tools,
-            consolidate_fn=consolidate_fn,
-            compression=compression,
-        )
+        run(_create_flow(meta, check_optional_text(system_prompt, "system_prompt")), storage)
+        return cls(meta, storage, **options)
 
     @classmethod
     async def acreate(
         cls,
         storage: SessionStorage,
         *,
-        model: BaseChatModel | None = None,
         label: str = "New Session",
         system_prompt: str | None = None,
         tags: Sequence[str] = (),
         metadata: dict[str, Any] | None = None,
         id: str | None = None,
-        tools: Sequence[Any] | None = None,
-        consolidate_fn: ConsolidateFn | None = None,
-        compression: CompressionPolicy | None = None,
+        **options: Unpack[SessionOptions],
     ) -> Session:
         """Async twin of `create`."""
         meta = new_meta("standard", label, tags, metadata, id)
         prompt = check_optional_text(system_prompt, "system_prompt")
-        async with storage.atransaction():
-            if await storage.aget_session(meta.id) is not None:
-                raise DuplicateSessionError(meta.id)
-            await storage.aput_session(meta)
-            if prompt:
-                await storage.aput_system_prompt(meta.id, prompt)
-        return cls(
-            meta,
-            storage,
-            model=model,
-            tools=tools,
-            consolidate_fn=consolidate_fn,
-            compression=compression,
-        )
+        await arun(_create_flow(meta, prompt), storage)
+        return cls(meta, storage, **options)
 
     @classmethod
     def load(
-        cls,
-        session_id: str,
-        storage: SessionStorage,
-        *,
-        model: BaseChatModel | None = None,
-        tools: Sequence[Any] | None = None,
-        consolidate_fn: ConsolidateFn | None = None,
-        compression: CompressionPolicy | None = None,
+        cls, session_id: str, storage: SessionStorage, **options: Unpack[SessionOptions]
     ) -> Session:
-        """Open a stored session.
+        """Open a stored session; `options` as for `create`.
 
         Raises:
             SessionNotFoundError: there is no session with that id.
             InvalidInputError: the id is the main session's (use `MainSession.load`).
         """
-        meta = check_loaded(storage.get_session(check_id(session_id)), session_id, "standard")
-        return cls(
-            meta,
-            storage,
-            model=model,
-            tools=tools,
-            consolidate_fn=consolidate_fn,
-            compression=compression,
-        )
+        return cls(run(_load_flow(session_id), storage), storage, **options)
 
     @classmethod
     async def aload(
-        cls,
-        session_id: str,
-        storage: SessionStorage,
-        *,
-        model: BaseChatModel | None = None,
-        tools: Sequence[Any] | None = None,
-        consolidate_fn: ConsolidateFn | None = None,
-        compression: CompressionPolicy | None = None,
+        cls, session_id: str, storage: SessionStorage, **options: Unpack[SessionOptions]
     ) -> Session:
         """Async twin of `load`."""
-        found = await storage.aget_session(check_id(session_id))
-        meta = check_loaded(found, session_id, "standard")
-        return cls(
-            meta,
-            storage,
-            model=model,
-            tools=tools,
-            consolidate_fn=consolidate_fn,
-            compression=compression,
-        )
+        return cls(await arun(_load_flow(session_id), storage), storage, **options)
 
     # -- context ----------------------------------------------------------------------------
     def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
@@ -277,74 +250,79 @@ class Session(SessionBase):
             session_id=self._id,
         )
 
-    def consolidate(self, fn: ConsolidateFn | None = None) -> str | None:
+    def consolidate(
+        self, fn: ConsolidateFn | None = None, *, archived_ok: bool = False
+    ) -> str | None:
         """Distil the records not yet covered into a new L2 (which replaces the old one).
 
         Idempotent: with no new records since the last consolidation the function is not
         called and the current L2 is returned. Returns `None` for a session with no records.
+        An archived session refuses (`SessionArchivedError`) unless `archived_ok` (its final
+        L2, as archiving takes it).
 
         Safe to run concurrently (threads, processes, the scheduler): the L2 and its cursor
         are read together, and the new L2 is written only if no other consolidation wrote
         meanwhile; otherwise it starts again from that one's L2 (or returns it, if it
         covers as much), so an L2 never loses records nor moves back.
         """
-        return self._consolidate(fn, require_active=True)
+        l2: str | None = run(self._consolidate_flow(fn, archived_ok), self._storage)
+        return l2
+
+    async def aconsolidate(
+        self, fn: ConsolidateFn | None = None, *, archived_ok: bool = False
+    ) -> str | None:
+        """Async twin of `consolidate`."""
+        l2: str | None = await arun(self._consolidate_flow(fn, archived_ok), self._storage)
+        return l2
 
     def _consolidate(self, fn: ConsolidateFn | None, *, require_active: bool) -> str | None:
-        chosen = self._consolidator(fn)
-        s = self._storage
+        """`consolidate(fn, archived_ok=not require_active)`, for callers of the old name."""
+        return self.consolidate(fn, archived_ok=not require_active)
+
+    def _consolidate_flow(self, fn: ConsolidateFn | None, archived_ok: bool) -> Flow[str | None]:
+        chosen, sid = self._consolidator(fn), self._id
         for _ in range(_CONSOLIDATE_ATTEMPTS):
-            with s.transaction():  # L2, its cursor and the records, as of one moment
-                meta = self._load_meta()
-                if require_active:
-                    self._active(meta, "consolidation")
-                current, through = s.get_memory(self._id), s.get_memory_through(self._id)
-                records: list[BaseMessage] = s.list_records(self._id, offset=through)
+            # L2, its cursor and the records, as of one moment
+            read: tuple[str | None, int, list[BaseMessage]]
+            read = yield Atomic(self._uncovered_flow(archived_ok))
+            current, through, records = read
             if not records:
                 return current
             try:
-                result = call_sync(chosen, current, list(records))
+                result = yield Call(call_sync, call_async, (chosen, current, list(records)))
             except StelloError:
                 raise
             except Exception as exc:
                 raise self._fn_error(exc) from exc
-            l2 = _consolidated(result, self._id)
-            with s.transaction():
-                stored = s.get_memory(self._id), s.get_memory_through(self._id)
-                if stored == (current, through):
-                    s.put_memory(self._id, l2, through=through + len(records))
-                    return l2
+            l2 = _consolidated(result, sid)
+            stored: tuple[str | None, int] | None
+            stored = yield Atomic(self._put_l2_flow(l2, (current, through), len(records)))
+            if stored is None:
+                return l2
             if stored[1] >= through + len(records):
                 return stored[0]  # a concurrent consolidation covered as much meanwhile
-        return s.get_memory(self._id)
+        memory: str | None = yield Storage("get_memory", sid)
+        return memory
 
-    async def aconsolidate(self, fn: ConsolidateFn | None = None) -> str | None:
-        """Async twin of `consolidate`."""
-        chosen = self._consolidator(fn)
-        s = self._storage
-        for _ in range(_CONSOLIDATE_ATTEMPTS):
-            async with s.atransaction():
-                self._active(await self._aload_meta(), "consolidation")
-                current = await s.aget_memory(self._id)
-                through = await s.aget_memory_through(self._id)
-                records: list[BaseMessage] = await s.alist_records(self._id, offset=through)
-            if not records:
-                return current
-            try:
-                result = await call_async(chosen, current, list(records))
-            except StelloError:
-                raise
-            except Exception as exc:
-                raise self._fn_error(exc) from exc
-            l2 = _consolidated(result, self._id)
-            async with s.atransaction():
-                stored = await s.aget_memory(self._id), await s.aget_memory_through(self._id)
-                if stored == (current, through):
-                    await s.aput_memory(self._id, l2, through=through + len(records))
-                    return l2
-            if stored[1] >= through + len(records):
-                return stored[0]
-        return await s.aget_memory(self._id)
+    def _uncovered_flow(self, archived_ok: bool) -> Flow[tuple[str | None, int, list[BaseMessage]]]:
+        meta = yield from self._meta_flow()
+        if not archived_ok:
+            self._active(meta, "consolidation")
+        current = yield Storage("get_memory", self._id)
+        through = yield Storage("get_memory_through", self._id)
+        records = yield Storage("list_records", self._id, offset=through)
+        return current, through, records
+
+    def _put_l2_flow(
+        self, l2: str, read: tuple[str | None, int], count: int
+    ) -> Flow[tuple[str | None, int] | None]:
+        """Write `l2` if the L2 is still the one `read`; else return the one stored."""
+        memory = yield Storage("get_memory", self._id)
+        stored = memory, (yield Storage("get_memory_through", self._id))
+        if stored != read:
+            return stored
+        yield Storage("put_memory", self._id, l2, through=read[1] + count)
+        return None
 
     # -- fork and archive -------------------------------------------------------------------
     def _child(

@@ -9,7 +9,7 @@ method the library calls is here (it never probes a storage for optional ones). 
 has an async twin prefixed with `a` (`get_session` / `aget_session`). The reference
 implementations live in `stello_graph.checkpoints`: `SqliteMainStorage` and
 `InMemoryMainStorage`. A new storage does not implement these protocols by hand: it
-implements the nineteen primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
+implements the twenty-one primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
 `BackendStorage(backend)` builds all of this on them.
 
 Rules every implementation follows (the test suite holds both reference implementations to
@@ -87,14 +87,36 @@ class SessionStorage(Protocol):
 
     # -- L3 records -----------------------------------------------------------------------
     def append_records(
-        self, session_id: str, messages: Sequence[BaseMessage], *, user_turn: bool = False
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_turn: bool = False,
+        turn_id: str | None = None,
     ) -> int:
         """Append messages to L3 atomically; return the number of records afterwards.
 
         `user_turn=True` also counts one user turn, in the same write, so the count can
         never drift from the records. Appending at least one record moves the session's
-        `updated_at` to now.
+        `updated_at` to now. The records are the turn `turn_id` (a new id when not given;
+        records that carry a turn, as `Session.messages()` returns them, keep it), numbered
+        from 0 (`list_record_turns`).
         """
+        ...
+
+    def list_record_turns(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        role: str | None = None,
+    ) -> list[tuple[str, int]]:
+        """`(turn_id, turn_seq)` of the records `list_records` returns for the same arguments."""
+        ...
+
+    def has_turn(self, session_id: str, turn_id: str) -> bool:
+        """Whether L3 holds a record written by the turn `turn_id` (an index lookup)."""
         ...
 
     def list_records(
@@ -232,8 +254,22 @@ class SessionStorage(Protocol):
     async def aget_session(self, session_id: str) -> SessionMeta | None: ...
     async def aput_session(self, meta: SessionMeta) -> None: ...
     async def aappend_records(
-        self, session_id: str, messages: Sequence[BaseMessage], *, user_turn: bool = False
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_turn: bool = False,
+        turn_id: str | None = None,
     ) -> int: ...
+    async def alist_record_turns(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        role: str | None = None,
+    ) -> list[tuple[str, int]]: ...
+    async def ahas_turn(self, session_id: str, turn_id: str) -> bool: ...
     async def alist_records(
         self,
         session_id: str,

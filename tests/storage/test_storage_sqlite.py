@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import subprocess
 import sys
@@ -401,9 +402,15 @@ def test_a_version_1_database_is_upgraded(
     with monkeypatch.context() as patch:
         patch.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:1])
         patch.setattr(_schema, "SCHEMA_VERSION", 1)
-        # (without a cache, the storage never reads the table version 2 adds)
+        # (without a cache, the storage never reads the table version 3 adds)
         with SqliteMainStorage(db_path, record_cache_size=0) as old:
-            populate(old)
+            old.put_session(SessionMeta(id="s1", label="One"))
+        for seq, (role, text) in enumerate([("human", "q"), ("ai", "a")]):
+            raw.execute(  # records as version 1 wrote them (today's add turn columns)
+                "INSERT INTO stello_records VALUES ('default', 's1', ?, ?, ?, '2026-01-01')",
+                (seq, role, json.dumps({"type": role, "data": {"content": text}})),
+            )
+        raw.execute("UPDATE stello_sessions SET next_seq = 2")
     with SqliteMainStorage(db_path) as storage, SqliteMainStorage(db_path) as other:
         assert contents(storage.list_records("s1")) == ["q", "a"]
         other.append_records("s1", [HumanMessage("after the upgrade")])

@@ -1,0 +1,128 @@
+"""Multi-step operations written once, driven sync or async (httpx's `Auth.auth_flow`).
+
+An operation that reads, computes and writes (a turn's context, a commit, a consolidation)
+is a generator that yields the `Step`s it needs and receives each one's result; `run` drives
+it with the sync storage methods and `arun` with their async twins. The logic between the
+steps exists once, so the sync and the async operation cannot drift apart:
+
+    >>> def flow(session_id):
+    ...     count = yield Storage("count_records", session_id)
+    ...     return count + 1
+    >>> from stello_graph.checkpoints.memory import InMemoryMainStorage
+    >>> run(flow("s1"), InMemoryMainStorage())
+    1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+__all__ = ["Atomic", "Call", "Flow", "Step", "Storage", "arun", "run"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Storage:
+    """A call of the storage method `name` (`a` + `name` when driven async).
+
+    With `optional`, a storage that lacks the method gives `default` instead (the methods
+    the reference storages add to the protocol, such as `get_subtree_synthesis`).
+    """
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    optional: bool = False
+    default: Any = None
+
+    def __init__(
+        self, name: str, *args: Any, optional: bool = False, default: Any = None, **kwargs: Any
+    ) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "kwargs", kwargs)
+        object.__setattr__(self, "optional", optional)
+        object.__setattr__(self, "default", default)
+
+    def run(self, storage: object) -> Any:
+        method = getattr(storage, self.name, None) if self.optional else getattr(storage, self.name)
+        return self.default if method is None else method(*self.args, **self.kwargs)
+
+    async def arun(self, storage: object) -> Any:
+        name = f"a{self.name}"
+        method = getattr(storage, name, None) if self.optional else getattr(storage, name)
+        return self.default if method is None else await method(*self.args, **self.kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Any other I/O: `sync(*args)` when driven sync, `await async_(*args)` when async."""
+
+    sync: Callable[..., Any]
+    async_: Callable[..., Awaitable[Any]]
+    args: tuple[Any, ...] = ()
+
+    def run(self, storage: object) -> Any:
+        return self.sync(*self.args)
+
+    async def arun(self, storage: object) -> Any:
+        return await self.async_(*self.args)
+
+
+@dataclass(frozen=True, slots=True)
+class Atomic:
+    """A nested flow run in one storage transaction (`transaction()` / `atransaction()`)."""
+
+    flow: Generator[Step, Any, Any]
+
+    def run(self, storage: Any) -> Any:
+        with storage.transaction():
+            return run(self.flow, storage)
+
+    async def arun(self, storage: Any) -> Any:
+        async with storage.atransaction():
+            return await arun(self.flow, storage)
+
+
+Step = Storage | Call | Atomic
+Flow = Generator[Step, Any, T]
+"""An operation: yields steps, receives their results, returns its own."""
+
+
+def run(flow: Flow[T], storage: object) -> T:
+    """Drive `flow` with the sync methods of `storage`; return what it returns."""
+    try:
+        step = next(flow)
+        while True:
+            try:
+                value = step.run(storage)
+            except Exception as exc:  # raised where the flow yielded, as in plain code
+                step = flow.throw(exc)
+                continue
+            step = flow.send(value)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    finally:
+        flow.close()
+
+
+async def arun(flow: Flow[T], storage: object) -> T:
+    """Drive `flow` with the async twins of the methods of `storage`."""
+    try:
+        step = next(flow)
+        while True:
+            try:
+                value = await step.arun(storage)
+            except Exception as exc:  # raised where the flow yielded, as in plain code
+                step = flow.throw(exc)
+                continue
+            step = flow.send(value)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    finally:
+        flow.close()
