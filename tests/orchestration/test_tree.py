@@ -41,8 +41,8 @@ def okr(agent: StelloAgent) -> dict[str, str]:
 class Recorder:
     """An integrate function that records what each node was shown."""
 
-    def __init__(self, ids: dict[str, str], delay: float = 0.0) -> None:
-        self.names = {v: k for k, v in ids.items()}
+    def __init__(self, delay: float = 0.0) -> None:
+        self.names: dict[str, str] = {}
         self.seen: dict[str, list[str]] = {}
         self.delay, self.active, self.max_active = delay, 0, 0
         self.lock = threading.Lock()
@@ -60,6 +60,11 @@ class Recorder:
         insights = {c.session_id: f"{node} -> {self.names[c.session_id]}" for c in children}
         insights["ghost"] = "dropped"
         return IntegrationResult(synthesis=f"summary of {node}", insights=insights)
+
+    def bind(self, ids: dict[str, str]) -> dict[str, str]:
+        """Name the sessions of the tree `ids` (made once the agent is); return `ids`."""
+        self.names = {v: k for k, v in ids.items()}
+        return ids
 
     @staticmethod
     def parent_of(names: list[str]) -> str:
@@ -120,10 +125,9 @@ def test_remove_subtree(make_agent: AgentFactory) -> None:
 
 
 def test_tree_integration_sees_only_direct_children(make_agent: AgentFactory) -> None:
-    agent = make_agent(model=ScriptedChatModel(default="r"))
-    ids = okr(agent)
-    recorder = Recorder(ids)
-    agent.deps.integrate_fn = recorder
+    recorder = Recorder()
+    agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=recorder)
+    ids = recorder.bind(okr(agent))
     result = agent.integrate(mode="tree")
     assert isinstance(result, TreeIntegration)
     # one call per internal node whose children have L2: KR1, KR2, then the objective
@@ -150,17 +154,15 @@ def test_tree_integration_sees_only_direct_children(make_agent: AgentFactory) ->
 
 
 def test_tree_integration_prompts_stay_in_their_subtree(make_agent: AgentFactory) -> None:
-    agent = make_agent(model=ScriptedChatModel(default="r"))
-    ids = okr(agent)
-    agent.turn(ids["T1a"], "SECRET L3 OF T1a")  # L3 must never reach any integration
-
     def answer(messages: list[BaseMessage]) -> str:
         body = messages[-1].text
         kids = [line.split('"')[1] for line in body.splitlines() if line.startswith("<branch")]
         return json.dumps({"synthesis": f"synthesis over {len(kids)}", "insights": {}})
 
     model = ScriptedChatModel(respond=answer)
-    agent.deps.integrate_fn = llm_integrator(model)
+    agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=llm_integrator(model))
+    ids = okr(agent)
+    agent.turn(ids["T1a"], "SECRET L3 OF T1a")  # L3 must never reach any integration
     agent.integrate(mode="tree")
     assert model.call_count == 3
     kr1 = next(p[-1].text for p in model.prompts if "L2 of T1a" in p[-1].text)
@@ -173,20 +175,18 @@ def test_tree_integration_prompts_stay_in_their_subtree(make_agent: AgentFactory
 
 
 def test_siblings_integrate_in_parallel(make_agent: AgentFactory) -> None:
-    agent = make_agent(model=ScriptedChatModel(default="r"))
-    ids = okr(agent)
-    recorder = Recorder(ids, delay=0.3)
-    agent.deps.integrate_fn = recorder
+    recorder = Recorder(delay=0.3)
+    agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=recorder)
+    recorder.bind(okr(agent))
     agent.integrate(mode="tree")
     assert recorder.max_active == 2  # KR1 and KR2 together; the objective after them
 
 
 def test_archived_subtree_takes_no_part(make_agent: AgentFactory) -> None:
-    agent = make_agent(model=ScriptedChatModel(default="r"))
-    ids = okr(agent)
+    recorder = Recorder()
+    agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=recorder)
+    ids = recorder.bind(okr(agent))
     agent.archive(ids["KR1"])
-    recorder = Recorder(ids)
-    agent.deps.integrate_fn = recorder
     result = agent.integrate(mode="tree")
     assert set(recorder.seen) == {"KR2", "O"}
     under = "\n\nWhat the sessions under it found: "
@@ -196,18 +196,17 @@ def test_archived_subtree_takes_no_part(make_agent: AgentFactory) -> None:
 
 
 async def test_async_tree_integration_and_deeper_trees(make_agent: AgentFactory) -> None:
-    agent = make_agent(model=ScriptedChatModel(default="r"))
-    chain = [agent.main_session_id]
-    for depth in range(1, 6):
-        chain.append((await agent.afork(chain[-1], f"D{depth}")).id)
-    await agent.storage.aput_memory(chain[-1], "deepest")
     seen: list[list[str]] = []
 
     async def integrate(children: list[ChildL2], current: str | None) -> IntegrationResult:
         seen.append([c.l2 for c in children])
         return IntegrationResult(synthesis=f"up({children[0].l2})")
 
-    agent.deps.integrate_fn = integrate
+    agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=integrate)
+    chain = [agent.main_session_id]
+    for depth in range(1, 6):
+        chain.append((await agent.afork(chain[-1], f"D{depth}")).id)
+    await agent.storage.aput_memory(chain[-1], "deepest")
     result = await agent.aintegrate(mode="tree")
     assert isinstance(result, TreeIntegration)
     assert result.calls == 5 and result.levels == 5
@@ -216,15 +215,14 @@ async def test_async_tree_integration_and_deeper_trees(make_agent: AgentFactory)
 
 
 def test_flat_mode_still_reads_every_l2(make_agent: AgentFactory) -> None:
-    agent = make_agent(model=ScriptedChatModel(default="r"))
-    okr(agent)
     shown: list[Any] = []
 
     def integrate(children: list[ChildL2], current: str | None) -> IntegrationResult:
         shown.extend(c.l2 for c in children)
         return IntegrationResult(synthesis="flat")
 
-    agent.deps.integrate_fn = integrate
+    agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=integrate)
+    okr(agent)
     result = agent.integrate()
     assert isinstance(result, IntegrationResult)
     assert len(shown) == 6

@@ -32,10 +32,19 @@ def okr(agent: StelloAgent) -> dict[str, str]:
 class Integrator:
     """Names each node's synthesis after the run (`tag`); fails at the node `fail_at`."""
 
-    def __init__(self, ids: dict[str, str], tag: str, fail_at: str | None = None) -> None:
-        self.names = {v: k for k, v in ids.items()}
+    def __init__(self, tag: str, fail_at: str | None = None) -> None:
+        self.names: dict[str, str] = {}
         self.tag, self.fail_at = tag, fail_at
         self.seen: dict[str, list[str]] = {}
+
+    def bind(self, ids: dict[str, str]) -> dict[str, str]:
+        """Name the sessions of the tree `ids` (made once the agent is); return `ids`."""
+        self.names = {v: k for k, v in ids.items()}
+        return ids
+
+    def rerun(self, tag: str, fail_at: str | None = None) -> None:
+        """Act as a new run's function: named `tag`, failing at `fail_at`, nothing seen."""
+        self.tag, self.fail_at, self.seen = tag, fail_at, {}
 
     def __call__(self, children: list[ChildL2], current: str | None) -> IntegrationResult:
         first = self.names[children[0].session_id]
@@ -71,9 +80,9 @@ async def integrate_tree(agent: StelloAgent, mode: str) -> object:
 async def test_failed_tree_integration_writes_nothing(
     make_agent: AgentFactory, mode: str, fail_at: str
 ) -> None:
-    agent = make_agent(model=ScriptedChatModel(default="r"))
-    ids = okr(agent)
-    agent.deps.integrate_fn = Integrator(ids, "first")
+    integrator = Integrator("first")
+    agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=integrator)
+    ids = integrator.bind(okr(agent))
     await integrate_tree(agent, mode)
     before = snapshot(agent, ids)
     assert before["synthesis"] == "first summary of O"
@@ -82,7 +91,7 @@ async def test_failed_tree_integration_writes_nothing(
 
     events: list[str] = []
     agent.subscribe(lambda e: events.append(e.type))
-    agent.deps.integrate_fn = Integrator(ids, "second", fail_at=fail_at)
+    integrator.rerun("second", fail_at=fail_at)
     with pytest.raises(IntegrationError, match="is down"):
         await integrate_tree(agent, mode)
     assert snapshot(agent, ids) == before
@@ -91,12 +100,11 @@ async def test_failed_tree_integration_writes_nothing(
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_each_level_sees_the_new_syntheses_below(make_agent: AgentFactory, mode: str) -> None:
-    agent = make_agent(model=ScriptedChatModel(default="r"))
-    ids = okr(agent)
-    agent.deps.integrate_fn = Integrator(ids, "first")
+    recorder = Integrator("first")
+    agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=recorder)
+    ids = recorder.bind(okr(agent))
     await integrate_tree(agent, mode)
-    recorder = Integrator(ids, "second")
-    agent.deps.integrate_fn = recorder
+    recorder.rerun("second")
     await integrate_tree(agent, mode)
     assert recorder.seen["O"] == [
         f"L2 of KR1{UNDER}second summary of KR1",
