@@ -17,7 +17,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from stello_graph.checkpoints import _schema
+import stello_graph.checkpoints._schema as _schema
 from stello_graph.checkpoints._cache import RecordCache
 from stello_graph.checkpoints._schema import CHANGES, GLOBALS, NODES, RECORDS, SESSIONS
 from stello_graph.checkpoints._serde import (

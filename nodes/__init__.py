@@ -1,13 +1,13 @@
 """LangGraph nodes and routers of stello-graph (import as `stello_graph.nodes`).
 
-Each `make_*_node(deps)` returns a `StelloNode` (a runnable with sync and async paths) bound to a
-`StelloDeps`; routers are plain functions of the state. `stello_graph.graph.build_graph`
-wires them; they can be wired into a graph of your own just as well.
+Each `make_*_node(deps)` returns a `StelloNode` (a runnable with sync and async paths) bound to
+a `StelloRuntime` (earlier name: `StelloDeps`); routers are plain functions of the state.
+`stello_graph.graph.build_graph` wires them; they can be wired into a graph of your own too.
 """
 
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.builtin_tools import BuiltinTools
-from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps, tool_error_message
+from stello_graph.nodes.deps import BUILTIN_TOOLS, StelloDeps, StelloRuntime, tool_error_message
 from stello_graph.nodes.forking import afork_request, fork_request
 from stello_graph.nodes.ops import (
     make_consolidate_node,
@@ -33,6 +33,7 @@ from stello_graph.nodes.turn import (
 __all__ = [
     # dependencies
     "BUILTIN_TOOLS",
+    "StelloRuntime",
     "StelloDeps",
     "BuiltinTools",
     "tool_error_message",

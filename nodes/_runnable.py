@@ -11,7 +11,7 @@ call. Invoked on its own, it is a run of its own, as any runnable is, and its co
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -23,7 +23,7 @@ from langchain_core.runnables.config import var_child_runnable_config
 
 __all__ = ["StelloNode"]
 
-State = dict[str, Any]
+State = Mapping[str, Any]  # each node's own TypedDict (`stello_graph.nodes.state`)
 
 
 def _takes_config(func: Callable[..., Any]) -> bool:

@@ -1,32 +1,33 @@
-"""`StelloDeps`: what the stello nodes need at run time (storage, models, tools, scheduler).
+"""`StelloRuntime`: what the stello nodes share at run time (settings, caches, scheduler).
 
-The node factories in `stello_graph.nodes` close over one `StelloDeps`; `build_stello_graph`
-makes one for you. Build one yourself to use the nodes in a graph of your own.
+The node factories in `stello_graph.nodes` close over one `StelloRuntime`;
+`build_stello_graph` makes one for you. Build one yourself to use the nodes in a graph of your own.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langgraph.prebuilt import ToolNode
 from langgraph.store.base import BaseStore
 from langgraph.types import RetryPolicy
+from typing_extensions import Unpack
 
 from stello_graph._base import SessionBase
 from stello_graph._validate import check_chat_model, check_id, check_tools
 from stello_graph.compression import CompressionPolicy
+from stello_graph.config import BUILTIN_TOOLS, StelloConfig, StelloSettings
 from stello_graph.errors import (
     FunctionNotConfiguredError,
     InvalidInputError,
     SessionNotFoundError,
 )
 from stello_graph.events import EventBus
-from stello_graph.lease import DEFAULT_LEASE_TTL, SessionLeases
+from stello_graph.lease import SessionLeases
 from stello_graph.main_session import MainSession
 from stello_graph.memory import (
     CompressFn,
@@ -37,18 +38,14 @@ from stello_graph.memory import (
     llm_integrator,
 )
 from stello_graph.models import SessionMeta
-from stello_graph.nodes._model_call import check_model_timeout, model_retry_policy
 from stello_graph.nodes.forking import PROFILE_KEY, SKILLS_KEY
 from stello_graph.profiles import ForkProfile, SplitGuard, UnknownProfileError
 from stello_graph.schedule import Schedule, Scheduler, StorageFailureLog
 from stello_graph.session import Session
-from stello_graph.skills import Skill, load_skills
+from stello_graph.skills import Skill
 from stello_graph.storage import MainStorage
 
-__all__ = ["BUILTIN_TOOLS", "StelloDeps", "tool_error_message"]
-
-BUILTIN_TOOLS = ("create_session", "activate_skill")
-"""Built-in tools: `create_session` (forks), `activate_skill` (offered whenever skills exist)."""
+__all__ = ["BUILTIN_TOOLS", "StelloDeps", "StelloRuntime", "tool_error_message"]
 
 
 def tool_error_message(exc: Exception) -> str:
@@ -77,105 +74,106 @@ class _Overrides:
     tools: tuple[Any, ...] | None = None
 
 
-def _by_name(items: Iterable[Any] | Mapping[str, Any] | None, what: str) -> dict[str, Any]:
-    if items is None:
-        return {}
-    values = list(items.values()) if isinstance(items, Mapping) else list(items)
-    found: dict[str, Any] = {}
-    for item in values:
-        name = getattr(item, "name", None)
-        if not isinstance(name, str) or name in found:
-            raise InvalidInputError(f"Each {what} needs a unique name; got {item!r:.80}.")
-        found[name] = item
-    return found
+class StelloRuntime:
+    """What the stello nodes share at run time: the settings, and the state that changes.
 
+    The settings are one frozen `StelloConfig` (`runtime.config`; each of its fields reads
+    as an attribute too, `runtime.model`, ...). The runtime alone holds what changes while
+    the graph runs: the cached session objects and tool nodes, per-session overrides, the
+    registered profiles, the event bus, the scheduler and the session leases. Nobody
+    configures it: `build_stello_graph` and `StelloAgent` make one from their config.
 
-@dataclass(kw_only=True, eq=False)
-class StelloDeps:
-    """Run-time dependencies shared by the stello nodes.
-
-    Attributes:
+    Args:
         storage: the tree's `MainStorage`.
-        model: the default chat model of every session.
-        tools: tools every session's model is given (LangChain tools or callables).
-        builtin_tools: built-in tools to add (`"create_session"`; `"activate_skill"` is
-            added whenever skills are registered).
-        max_tool_rounds: tool rounds one turn may take before it fails.
-        consolidate_fn: consolidate function of the consolidate node and the scheduler
-            (default, when there is a model: `llm_consolidator(model)`).
-        integrate_fn: integrate function of the integrate node and the scheduler
-            (default, when there is a model: `llm_integrator(model)`).
-        schedule: background work after turns (`None`: none).
-        store: a LangGraph store that L2, synthesis and insights are also published to.
-        profiles: fork profiles by name (or a list of `ForkProfile`).
-        skills: skills by name (or a list of `Skill`, or a folder of `SKILL.md` files).
-        split_guard: limits on forks the model makes itself.
-        compression: automatic context compression of every session.
-        model_timeout: seconds each model call of a turn may take (`None`: no limit).
-        model_retry: a LangGraph `RetryPolicy` for the turn's failed model calls.
-        lease_ttl: seconds a turn's session lease lasts without renewal.
-        bus: where events go besides the `custom` stream.
+        config: the settings (default: `StelloConfig()`).
+        bus: where events go besides the `custom` stream (default: a new `EventBus`).
+        **settings: fields of `StelloConfig`, overriding `config`'s.
     """
 
-    storage: MainStorage
-    model: BaseChatModel | None = None
-    tools: Sequence[Any] = ()
-    builtin_tools: Sequence[str] = ("create_session",)
-    max_tool_rounds: int = 8
-    consolidate_fn: ConsolidateFn | None = None
-    integrate_fn: IntegrateFn | None = None
-    schedule: Schedule | None = None
-    store: BaseStore | None = None
-    profiles: Any = None
-    skills: Any = None
-    split_guard: SplitGuard | None = None
-    compression: CompressionPolicy | None = None
-    model_timeout: float | None = None
-    model_retry: RetryPolicy | None = None
-    lease_ttl: float = DEFAULT_LEASE_TTL
-    bus: EventBus = field(default_factory=EventBus)
-    profile_map: dict[str, ForkProfile] = field(default_factory=dict, init=False)
-    """The registered profiles, by name."""
-    skill_map: dict[str, Skill] = field(default_factory=dict, init=False)
-    """The registered skills, by name."""
-    _overrides: dict[str, _Overrides] = field(default_factory=dict, init=False)
-    _sessions: dict[str, _Cached] = field(default_factory=dict, init=False)
-    _tool_nodes: dict[tuple[int, ...], ToolNode] = field(default_factory=dict, init=False)
-    _scheduler: Scheduler | None = field(default=None, init=False)
-    _final_l2s: set[str] = field(default_factory=set, init=False)
-    _lock: threading.RLock = field(default_factory=threading.RLock, init=False)
-    leases: SessionLeases = field(init=False)
-    """The session leases that serialise turns (`stello_graph.lease`)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_tool_rounds, int) or self.max_tool_rounds < 0:
-            raise InvalidInputError(
-                f"max_tool_rounds must be an int >= 0, got {self.max_tool_rounds!r}."
-            )
-        if self.model is not None:
-            check_chat_model(self.model)
-        self.tools = tuple(check_tools(self.tools))
-        self.model_timeout = check_model_timeout(self.model_timeout)
-        self.leases = SessionLeases(self.storage, ttl=self.lease_ttl)
-        model_retry_policy(self.model_retry)  # refuses anything but a RetryPolicy
-        unknown = [name for name in self.builtin_tools if name not in BUILTIN_TOOLS]
-        if unknown:
-            raise InvalidInputError(
-                f"Unknown built-in tool(s) {unknown!r}; available: {list(BUILTIN_TOOLS)}."
-            )
-        if self.model is not None:  # LLM-backed memory functions unless given
-            self.consolidate_fn = self.consolidate_fn or llm_consolidator(self.model)
-            self.integrate_fn = self.integrate_fn or llm_integrator(self.model)
-        self.profile_map = _by_name(self.profiles, "profile")
-        if isinstance(self.skills, str | os.PathLike):
-            self.skills = load_skills(self.skills)
-        self.skill_map = _by_name(self.skills, "skill")
+    def __init__(
+        self,
+        storage: MainStorage,
+        config: StelloConfig | None = None,
+        *,
+        bus: EventBus | None = None,
+        **settings: Unpack[StelloSettings],
+    ) -> None:
+        self.config: StelloConfig = StelloConfig.merge(config, settings)
+        """The settings (frozen)."""
+        self.storage: MainStorage = storage
+        self.bus: EventBus = EventBus() if bus is None else bus
+        model = self.config.model
+        self.consolidate_fn: ConsolidateFn | None = self.config.consolidate_fn or (
+            llm_consolidator(model) if model is not None else None
+        )
+        """The consolidate function (the config's, else LLM-backed with the model)."""
+        self.integrate_fn: IntegrateFn | None = self.config.integrate_fn or (
+            llm_integrator(model) if model is not None else None
+        )
+        """The integrate function (the config's, else LLM-backed with the model)."""
+        self.profile_map: dict[str, ForkProfile] = self.config.profile_map()
+        """The registered profiles, by name."""
+        self.skill_map: dict[str, Skill] = self.config.skill_map()
+        """The registered skills, by name."""
+        self.leases = SessionLeases(self.storage, ttl=self.config.lease_ttl)
+        """The session leases that serialise turns (`stello_graph.lease`)."""
+        self._overrides: dict[str, _Overrides] = {}
+        self._sessions: dict[str, _Cached] = {}
+        self._tool_nodes: dict[tuple[int, ...], ToolNode] = {}
+        self._final_l2s: set[str] = set()
+        self._lock = threading.RLock()
         from stello_graph.nodes.builtin_tools import BuiltinTools
 
         self._builtins = BuiltinTools(self)
-        if self.schedule is not None:
+        self._scheduler: Scheduler | None = None
+        if self.config.schedule is not None:
             log = StorageFailureLog(self.storage)
-            self._scheduler = Scheduler(self.schedule, self.bus, log)
+            self._scheduler = Scheduler(self.config.schedule, self.bus, log)
+
+    # -- the settings, read-only (documented on `StelloConfig`) ---------------------------
+    @property
+    def model(self) -> BaseChatModel | None:
+        return self.config.model
+
+    @property
+    def tools(self) -> tuple[Any, ...]:
+        return tuple(self.config.tools)
+
+    @property
+    def builtin_tools(self) -> Sequence[str]:
+        return self.config.builtin_tools
+
+    @property
+    def max_tool_rounds(self) -> int:
+        return self.config.max_tool_rounds
+
+    @property
+    def schedule(self) -> Schedule | None:
+        return self.config.schedule
+
+    @property
+    def store(self) -> BaseStore | None:
+        return self.config.store
+
+    @property
+    def split_guard(self) -> SplitGuard | None:
+        return self.config.split_guard
+
+    @property
+    def compression(self) -> CompressionPolicy | None:
+        return self.config.compression
+
+    @property
+    def model_timeout(self) -> float | None:
+        return self.config.model_timeout
+
+    @property
+    def model_retry(self) -> RetryPolicy | None:
+        return self.config.model_retry
+
+    @property
+    def lease_ttl(self) -> float:
+        return self.config.lease_ttl
 
     @property
     def scheduler(self) -> Scheduler | None:
@@ -384,3 +382,7 @@ class StelloDeps:
         with self._lock:
             self._sessions.pop(session_id, None)
             self._overrides.pop(session_id, None)
+
+
+StelloDeps = StelloRuntime
+"""The earlier name of `StelloRuntime`."""

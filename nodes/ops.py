@@ -21,7 +21,7 @@ from stello_graph.events import emit
 from stello_graph.main_session import MainSession
 from stello_graph.models import IntegrationResult, SessionMeta
 from stello_graph.nodes._runnable import StelloNode
-from stello_graph.nodes.deps import StelloDeps
+from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.forking import afork_request, fork_request
 from stello_graph.nodes.scheduling import (
     aconsolidate_now,
@@ -29,6 +29,7 @@ from stello_graph.nodes.scheduling import (
     consolidate_now,
     integrate_flat,
 )
+from stello_graph.nodes.state import ConsolidateState, ForkState, IntegrateState, TreeState
 
 __all__ = [
     "OPS",
@@ -36,14 +37,22 @@ __all__ = [
     "make_fork_node",
     "make_integrate_node",
     "route_start",
+    "run_fork",
+    "arun_fork",
+    "run_integrate",
+    "arun_integrate",
 ]
 
-State = dict[str, Any]
+
+class StelloRouted(ForkState, TreeState, total=False):
+    """What `route_start` reads: `op`, and `mode` for integrations."""
+
+
 OPS = ("turn", "fork", "consolidate", "integrate")
 
 
 def route_start(
-    state: State,
+    state: StelloRouted,
 ) -> Literal["assemble", "fork", "consolidate", "integrate", "plan_tree"]:
     """Router at START: a turn unless the input names another operation in `op`.
 
@@ -58,52 +67,64 @@ def route_start(
             raise InvalidInputError(f"Unknown integration mode {mode!r}; use 'flat' or 'tree'.")
         return "plan_tree" if mode == "tree" else "integrate"
     if op in ("fork", "consolidate"):
-        return op  # type: ignore[return-value]
+        return op
     raise InvalidInputError(f"Unknown op {op!r}; use one of {list(OPS)}.")
 
 
 # -- fork -----------------------------------------------------------------------------------
-def _spec(state: State) -> tuple[str, dict[str, Any]]:
+# Each operation is a pair of functions (sync, async) the node calls and `StelloAgent` calls
+# too: one code path, with or without a graph run around it.
+def _spec(state: ForkState) -> tuple[str, dict[str, Any]]:
     spec = state.get("fork")
     if not isinstance(spec, dict) or "label" not in spec:
         raise InvalidInputError('A fork needs "fork": {"label": ..., ...} in the input.')
     return check_id(state.get("session_id")), spec
 
 
-def _forked(deps: StelloDeps, req: ForkRequest, meta: SessionMeta) -> State:
+def _forked(deps: StelloRuntime, req: ForkRequest, meta: SessionMeta) -> ForkState:
     emit(deps.bus, "session_forked", meta.id, parent_id=req.source_id, label=meta.label, by="user")
     return {"forked": {"session_id": meta.id, "label": meta.label, "parent_id": req.source_id}}
 
 
-def make_fork_node(deps: StelloDeps) -> StelloNode:
+def run_fork(deps: StelloRuntime, state: ForkState) -> ForkState:
+    """The `fork` operation: the child session and its TopologyNode, in one transaction."""
+    req = fork_request(deps, *_spec(state))
+    return _forked(deps, req, fork_session(deps.storage, req))
+
+
+async def arun_fork(deps: StelloRuntime, state: ForkState) -> ForkState:
+    """Async twin of `run_fork`."""
+    req = await afork_request(deps, *_spec(state))
+    return _forked(deps, req, await afork_session(deps.storage, req))
+
+
+def make_fork_node(deps: StelloRuntime) -> StelloNode:
     """Node `fork`: create a child session and its TopologyNode atomically."""
 
-    def fork(state: State) -> State:
-        req = fork_request(deps, *_spec(state))
-        return _forked(deps, req, fork_session(deps.storage, req))
+    def fork(state: ForkState) -> ForkState:
+        return run_fork(deps, state)
 
-    async def afork(state: State) -> State:
-        req = await afork_request(deps, *_spec(state))
-        return _forked(deps, req, await afork_session(deps.storage, req))
+    async def afork(state: ForkState) -> ForkState:
+        return await arun_fork(deps, state)
 
     return StelloNode("fork", fork, afork)
 
 
 # -- consolidate ----------------------------------------------------------------------------
-def make_consolidate_node(deps: StelloDeps) -> StelloNode:
-    """Node `consolidate`: L3 -> L2 for `state["session_id"]`."""
+def make_consolidate_node(deps: StelloRuntime) -> StelloNode:
+    """Node `consolidate`: L3 -> L2 for `state["session_id"]` (`consolidate_now`)."""
 
-    def consolidate(state: State) -> State:
+    def consolidate(state: ConsolidateState) -> ConsolidateState:
         return {"l2": consolidate_now(deps, state["session_id"])}
 
-    async def aconsolidate(state: State) -> State:
+    async def aconsolidate(state: ConsolidateState) -> ConsolidateState:
         return {"l2": await aconsolidate_now(deps, state["session_id"])}
 
     return StelloNode("consolidate", consolidate, aconsolidate)
 
 
 # -- integrate ------------------------------------------------------------------------------
-def _integrated(result: IntegrationResult) -> State:
+def _integrated(result: IntegrationResult) -> IntegrateState:
     return {
         "integration": {
             "mode": "flat",
@@ -113,23 +134,33 @@ def _integrated(result: IntegrationResult) -> State:
     }
 
 
-def make_integrate_node(deps: StelloDeps) -> StelloNode:
+def run_integrate(deps: StelloRuntime) -> IntegrateState:
+    """The flat `integrate` operation: every active child's L2 -> synthesis + insights."""
+    meta = deps.storage.get_main_session()
+    if meta is None:
+        raise MainSessionNotFoundError(deps.storage.tree_id)
+    main = deps.session(meta.id)
+    assert isinstance(main, MainSession)
+    return _integrated(integrate_flat(deps, main))
+
+
+async def arun_integrate(deps: StelloRuntime) -> IntegrateState:
+    """Async twin of `run_integrate`."""
+    meta = await deps.storage.aget_main_session()
+    if meta is None:
+        raise MainSessionNotFoundError(deps.storage.tree_id)
+    main = await deps.asession(meta.id)
+    assert isinstance(main, MainSession)
+    return _integrated(await aintegrate_flat(deps, main))
+
+
+def make_integrate_node(deps: StelloRuntime) -> StelloNode:
     """Node `integrate`: every active child's L2 -> synthesis + insights (flat)."""
 
-    def integrate(state: State) -> State:
-        meta = deps.storage.get_main_session()
-        if meta is None:
-            raise MainSessionNotFoundError(deps.storage.tree_id)
-        main = deps.session(meta.id)
-        assert isinstance(main, MainSession)
-        return _integrated(integrate_flat(deps, main))
+    def integrate(state: IntegrateState) -> IntegrateState:
+        return run_integrate(deps)
 
-    async def aintegrate(state: State) -> State:
-        meta = await deps.storage.aget_main_session()
-        if meta is None:
-            raise MainSessionNotFoundError(deps.storage.tree_id)
-        main = await deps.asession(meta.id)
-        assert isinstance(main, MainSession)
-        return _integrated(await aintegrate_flat(deps, main))
+    async def aintegrate(state: IntegrateState) -> IntegrateState:
+        return await arun_integrate(deps)
 
     return StelloNode("integrate", integrate, aintegrate)

@@ -12,7 +12,11 @@ node's result in one transaction, so a run that fails at any level writes nothin
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import asyncio
+import contextvars
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from langgraph.types import Send
 
@@ -28,8 +32,9 @@ from stello_graph._tree import (
 from stello_graph.events import emit
 from stello_graph.models import IntegrationResult
 from stello_graph.nodes._runnable import StelloNode
-from stello_graph.nodes.deps import StelloDeps
+from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.scheduling import publish
+from stello_graph.nodes.state import IntegrateState, SubtreeTask, TreeState, merge_results
 
 __all__ = [
     "make_finish_tree_node",
@@ -38,19 +43,12 @@ __all__ = [
     "make_plan_tree_node",
     "merge_results",
     "route_level",
+    "run_tree",
+    "arun_tree",
 ]
 
-State = dict[str, Any]
 
-
-def merge_results(left: dict[str, Any] | None, right: dict[str, Any] | None) -> dict[str, Any]:
-    """Reducer of `tree_results`: merge each node's result; `None` starts over."""
-    if right is None:
-        return {}
-    return {**(left or {}), **right}
-
-
-def _plan_state(plan: TreePlan) -> State:
+def _plan_state(plan: TreePlan) -> TreeState:
     return {
         "tree_plan": {
             "root_id": plan.root_id,
@@ -63,13 +61,13 @@ def _plan_state(plan: TreePlan) -> State:
     }
 
 
-def make_plan_tree_node(deps: StelloDeps) -> StelloNode:
+def make_plan_tree_node(deps: StelloRuntime) -> StelloNode:
     """Node `plan_tree`: read the active tree and group its internal nodes by level."""
 
-    def plan(state: State) -> State:
+    def plan(state: TreeState) -> TreeState:
         return _plan_state(plan_tree(deps.storage))
 
-    async def aplan(state: State) -> State:
+    async def aplan(state: TreeState) -> TreeState:
         return _plan_state(await aplan_tree(deps.storage))
 
     return StelloNode("plan_tree", plan, aplan)
@@ -78,16 +76,16 @@ def make_plan_tree_node(deps: StelloDeps) -> StelloNode:
 def make_next_level_node() -> StelloNode:
     """Node `next_level`: move one level up the tree."""
 
-    def step(state: State) -> State:
+    def step(state: TreeState) -> TreeState:
         return {"tree_step": state["tree_step"] + 1}
 
-    async def astep(state: State) -> State:
+    async def astep(state: TreeState) -> TreeState:
         return step(state)
 
     return StelloNode("next_level", step, astep)
 
 
-def route_level(state: State) -> list[Send] | Literal["finish_tree"]:
+def route_level(state: TreeState) -> list[Send] | Literal["finish_tree"]:
     """Router: one `Send` per internal node of the current level, or finish.
 
     Each carries the subtree syntheses the levels below made in this run (`made`).
@@ -98,12 +96,12 @@ def route_level(state: State) -> list[Send] | Literal["finish_tree"]:
     results = state.get("tree_results") or {}
     made = {node_id: result["synthesis"] for node_id, result in results.items()}
     return [
-        Send("integrate_subtree", {"node_id": n, "tree_plan": plan, "made": made})
+        Send("integrate_subtree", SubtreeTask(node_id=n, tree_plan=plan, made=made))
         for n in plan["levels"][step]
     ]
 
 
-def _announce(deps: StelloDeps, plan: TreePlan, node_id: str, result: IntegrationResult) -> None:
+def _announce(deps: StelloRuntime, plan: TreePlan, node_id: str, result: IntegrationResult) -> None:
     root = node_id == plan.root_id
     emit(deps.bus, "integrated", node_id, synthesis=result.synthesis,
          insights=len(result.insights), mode="tree")  # fmt: skip
@@ -116,7 +114,7 @@ def _announce(deps: StelloDeps, plan: TreePlan, node_id: str, result: Integratio
         publish(deps, ("insights",), session_id, {"insight": insight})
 
 
-def _result(node_id: str, result: IntegrationResult | None) -> State:
+def _result(node_id: str, result: IntegrationResult | None) -> TreeState:
     return {} if result is None else {"tree_results": {node_id: result.model_dump()}}
 
 
@@ -126,18 +124,18 @@ def _as_plan(raw: dict[str, Any]) -> TreePlan:
     )
 
 
-def make_integrate_subtree_node(deps: StelloDeps) -> StelloNode:
+def make_integrate_subtree_node(deps: StelloRuntime) -> StelloNode:
     """Node `integrate_subtree` (one per `Send`): integrate one node's direct children.
 
     Writes nothing; its result joins `tree_results`, which `finish_tree` writes.
     """
 
-    def integrate(task: State) -> State:
+    def integrate(task: SubtreeTask) -> TreeState:
         plan, node_id = _as_plan(task["tree_plan"]), task["node_id"]
         fn = deps.integrate_function()
         return _result(node_id, integrate_node(deps.storage, plan, node_id, fn, task.get("made")))
 
-    async def aintegrate(task: State) -> State:
+    async def aintegrate(task: SubtreeTask) -> TreeState:
         plan, node_id = _as_plan(task["tree_plan"]), task["node_id"]
         fn = deps.integrate_function()
         made = task.get("made")
@@ -146,13 +144,14 @@ def make_integrate_subtree_node(deps: StelloDeps) -> StelloNode:
     return StelloNode("integrate_subtree", integrate, aintegrate)
 
 
-def _results(state: State) -> dict[str, IntegrationResult]:
+def _results(state: TreeState) -> dict[str, IntegrationResult]:
     raw = state.get("tree_results") or {}
     return {node_id: IntegrationResult.model_validate(r) for node_id, r in raw.items()}
 
 
-def _finished(deps: StelloDeps, state: State, results: dict[str, IntegrationResult]) -> State:
-    plan = _as_plan(state["tree_plan"])
+def _finished(
+    deps: StelloRuntime, plan: TreePlan, results: dict[str, IntegrationResult]
+) -> IntegrateState:
     for level in plan.levels:  # announced bottom-up, as they were made
         for node_id in level:
             if node_id in results:
@@ -168,18 +167,76 @@ def _finished(deps: StelloDeps, state: State, results: dict[str, IntegrationResu
     }
 
 
-def make_finish_tree_node(deps: StelloDeps) -> StelloNode:
+def make_finish_tree_node(deps: StelloRuntime) -> StelloNode:
     """Node `finish_tree`: write every node's result in one transaction, announce them, and
     return `integration` with every node's result."""
 
-    def finish(state: State) -> State:
-        results = _results(state)
-        write_tree(deps.storage, _as_plan(state["tree_plan"]), results)
-        return _finished(deps, state, results)
+    def finish(state: TreeState) -> IntegrateState:
+        results, plan = _results(state), _as_plan(state["tree_plan"])
+        write_tree(deps.storage, plan, results)
+        return _finished(deps, plan, results)
 
-    async def afinish(state: State) -> State:
-        results = _results(state)
-        await awrite_tree(deps.storage, _as_plan(state["tree_plan"]), results)
-        return _finished(deps, state, results)
+    async def afinish(state: TreeState) -> IntegrateState:
+        results, plan = _results(state), _as_plan(state["tree_plan"])
+        await awrite_tree(deps.storage, plan, results)
+        return _finished(deps, plan, results)
 
     return StelloNode("finish_tree", finish, afinish)
+
+
+# -- the same operation without a graph run -------------------------------------------------
+# `StelloAgent.integrate(mode="tree")` runs it so: the same plan, per-node integration and
+# final write as the nodes above, each level's nodes in parallel (threads, or tasks).
+_PARALLEL = 32
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _made(results: dict[str, IntegrationResult]) -> dict[str, str]:
+    return {node_id: r.synthesis for node_id, r in results.items()}
+
+
+def _in_context(func: Callable[P, R]) -> Callable[P, R]:
+    """`func`, to run in a worker thread in a copy of the caller's context (as a graph's
+    tasks do: the caller's tracing callbacks reach its model calls)."""
+    context = contextvars.copy_context()
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return context.run(func, *args, **kwargs)
+
+    return run
+
+
+def run_tree(deps: StelloRuntime) -> IntegrateState:
+    """The tree `integrate` operation: level by level, bottom-up; written once at the end."""
+    plan, fn = plan_tree(deps.storage), deps.integrate_function()
+    results: dict[str, IntegrationResult] = {}
+    with ThreadPoolExecutor(_PARALLEL, thread_name_prefix="stello-tree") as pool:
+        for level in plan.levels:
+            made = _made(results)
+            futures = [(n, pool.submit(_in_context(integrate_node), deps.storage, plan, n,
+                                       fn, made)) for n in level]  # fmt: skip
+            for node_id, future in futures:
+                found = future.result()
+                if found is not None:
+                    results[node_id] = found
+    write_tree(deps.storage, plan, results)
+    return _finished(deps, plan, results)
+
+
+async def arun_tree(deps: StelloRuntime) -> IntegrateState:
+    """Async twin of `run_tree`."""
+    plan, fn = await aplan_tree(deps.storage), deps.integrate_function()
+    results: dict[str, IntegrationResult] = {}
+    gate = asyncio.Semaphore(_PARALLEL)
+
+    async def one(node_id: str, made: dict[str, str]) -> IntegrationResult | None:
+        async with gate:
+            return await aintegrate_node(deps.storage, plan, node_id, fn, made)
+
+    for level in plan.levels:
+        made = _made(results)
+        found = await asyncio.gather(*(one(n, made) for n in level))
+        results.update({n: r for n, r in zip(level, found, strict=True) if r is not None})
+    await awrite_tree(deps.storage, plan, results)
+    return _finished(deps, plan, results)

@@ -76,6 +76,7 @@ from stello_graph.storage import MainStorage, SessionStorage
 if TYPE_CHECKING:
     from stello_graph.agent import StelloAgent, TurnResult
     from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
+    from stello_graph.config import StelloConfig
     from stello_graph.events import StelloEvent
     from stello_graph.export import export_tree
     from stello_graph.graph import StelloState, build_stello_graph
@@ -91,6 +92,7 @@ _LAZY: dict[str, str] = {
     # orchestration (loads LangGraph)
     "StelloAgent": "stello_graph.agent",
     "TurnResult": "stello_graph.agent",
+    "StelloConfig": "stello_graph.config",
     "build_stello_graph": "stello_graph.graph",
     "StelloState": "stello_graph.graph",
     "Schedule": "stello_graph.schedule",
@@ -106,6 +108,7 @@ _LAZY: dict[str, str] = {
 __all__ = [
     # orchestration
     "StelloAgent",
+    "StelloConfig",
     "TurnResult",
     "build_stello_graph",
     "StelloState",

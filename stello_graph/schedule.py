@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -142,8 +142,10 @@ class StorageFailureLog:
         self._storage = storage
 
     def _stored(self) -> list[Any]:
-        value = self._storage.get_global(FAILURES_KEY)
-        return list(value) if isinstance(value, list) else []
+        return _listed(self._storage.get_global(FAILURES_KEY))
+
+    async def _astored(self) -> list[Any]:
+        return _listed(await self._storage.aget_global(FAILURES_KEY))
 
     def append(self, failure: BackgroundFailure) -> None:
         with self._storage.transaction():
@@ -153,18 +155,55 @@ class StorageFailureLog:
     def read(self, session_id: str | None = None) -> list[BackgroundFailure]:
         return _of((f for f in map(_failure_from, self._stored()) if f is not None), session_id)
 
+    async def aread(self, session_id: str | None = None) -> list[BackgroundFailure]:
+        """Async twin of `read`."""
+        stored = await self._astored()
+        return _of((f for f in map(_failure_from, stored) if f is not None), session_id)
+
     def clear(self, session_id: str | None = None) -> int:
         with self._storage.transaction():
             stored = self._stored()
-            kept = [
-                v
-                for v in stored
-                if session_id is not None
-                and not (isinstance(v, dict) and v.get("session_id") == session_id)
-            ]
+            kept = _kept(stored, session_id)
             if len(kept) != len(stored):
                 self._storage.put_global(FAILURES_KEY, kept)
         return len(stored) - len(kept)
+
+    async def aclear(self, session_id: str | None = None) -> int:
+        """Async twin of `clear`."""
+        async with self._storage.atransaction():
+            stored = await self._astored()
+            kept = _kept(stored, session_id)
+            if len(kept) != len(stored):
+                await self._storage.aput_global(FAILURES_KEY, kept)
+        return len(stored) - len(kept)
+
+
+def _async(log: FailureLog, name: str, sync: str) -> Callable[..., Awaitable[Any]]:
+    """The log's async method `name`; a log without one (a `FailureLog` needs only the sync
+    methods) has its sync method `sync` called."""
+    found = getattr(log, name, None)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    method = getattr(log, sync)
+
+    async def call(*args: Any) -> Any:
+        return method(*args)
+
+    return call
+
+
+def _listed(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+def _kept(stored: list[Any], session_id: str | None) -> list[Any]:
+    """The stored failures `clear(session_id)` keeps (none, without a session)."""
+    return [
+        v
+        for v in stored
+        if session_id is not None
+        and not (isinstance(v, dict) and v.get("session_id") == session_id)
+    ]
 
 
 Key = tuple[JobKind, str | None]
@@ -302,6 +341,24 @@ class Scheduler:
             stored = self._log.read(session_id) if self._log is not None else None
         except Exception:  # the storage is closed: what this process kept is still known
             stored = None
+        return self._with_own(stored, session_id)
+
+    async def afailures(self, session_id: str | None = None) -> list[BackgroundFailure]:
+        """Async twin of `failures`."""
+        try:
+            stored = (
+                await _async(self._log, "aread", "read")(session_id)
+                if self._log is not None
+                else None
+            )
+        except Exception:
+            stored = None
+        return self._with_own(stored, session_id)
+
+    def _with_own(
+        self, stored: list[BackgroundFailure] | None, session_id: str | None
+    ) -> list[BackgroundFailure]:
+        """The stored failures and those this process could not store, oldest first."""
         with self._lock:
             own = _of((f for f, saved in self._failures if stored is None or not saved), session_id)
         return sorted([*(stored or ()), *own], key=lambda f: f.at)
@@ -309,6 +366,16 @@ class Scheduler:
     def clear_failures(self, session_id: str | None = None) -> int:
         """Forget the kept failures (of one session, when given); return how many."""
         cleared = self._log.clear(session_id) if self._log is not None else 0
+        return cleared + self._forget_own(session_id)
+
+    async def aclear_failures(self, session_id: str | None = None) -> int:
+        """Async twin of `clear_failures`."""
+        cleared = (
+            await _async(self._log, "aclear", "clear")(session_id) if self._log is not None else 0
+        )
+        return cleared + self._forget_own(session_id)
+
+    def _forget_own(self, session_id: str | None) -> int:
         with self._lock:
             gone = [
                 saved
@@ -320,7 +387,7 @@ class Scheduler:
                 for f, saved in self._failures
                 if session_id is not None and f.session_id != session_id
             ]
-        return cleared + gone.count(False)
+        return gone.count(False)
 
     @property
     def busy(self) -> bool:

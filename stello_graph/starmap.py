@@ -22,18 +22,41 @@ from __future__ import annotations
 import colorsys
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 from xml.sax.saxutils import escape
 
 from stello_graph.errors import InvalidInputError
-from stello_graph.models import TopologyNode
+from stello_graph.models import SessionMeta, TopologyNode
 
-if TYPE_CHECKING:
-    from stello_graph.topology import Topology
+__all__ = [
+    "ARCHIVED_OPACITY",
+    "MAX_SIZE",
+    "Star",
+    "TreeData",
+    "layout",
+    "place_labels",
+    "render_topology",
+]
 
-__all__ = ["ARCHIVED_OPACITY", "MAX_SIZE", "Star", "layout", "place_labels", "render_topology"]
+
+class TreeData(Protocol):
+    """What the star map draws: plain data about a tree (a `Topology` is one).
+
+    Attributes:
+        nodes: the tree's nodes (the root has no parent).
+        sessions: the sessions' metadata, by id (status, last change).
+        turns: the sessions' user turns, by id.
+    """
+
+    @property
+    def nodes(self) -> Sequence[TopologyNode]: ...
+    @property
+    def sessions(self) -> Mapping[str, SessionMeta]: ...
+    @property
+    def turns(self) -> Mapping[str, int]: ...
+
 
 ARCHIVED_OPACITY = 0.35
 """Opacity of an archived session's star, label and edge."""
@@ -75,7 +98,7 @@ class Star:
     archived: bool
 
 
-def _tree_shape(tree: Topology) -> tuple[TopologyNode, dict[str, list[TopologyNode]]]:
+def _tree_shape(tree: TreeData) -> tuple[TopologyNode, dict[str, list[TopologyNode]]]:
     """The root and every node's children; extra roots and orphans hang under the root."""
     nodes = list(tree.nodes)
     root = next((n for n in nodes if n.parent_id is None), nodes[0])
@@ -122,7 +145,7 @@ def _angles(
     return placed
 
 
-def _brightness(tree: Topology) -> dict[str, float]:
+def _brightness(tree: TreeData) -> dict[str, float]:
     """Recency rank of each session, from `_MIN_BRIGHTNESS` (oldest change) to 1 (newest)."""
     times = sorted({meta.updated_at for meta in tree.sessions.values()})
     if len(times) < 2:
@@ -132,7 +155,7 @@ def _brightness(tree: Topology) -> dict[str, float]:
     return {sid: _MIN_BRIGHTNESS + span * rank[m.updated_at] for sid, m in tree.sessions.items()}
 
 
-def layout(tree: Topology, *, size: float = 640.0) -> list[Star]:
+def layout(tree: TreeData, *, size: float = 640.0) -> list[Star]:
     """Place every session of `tree` on a `size` x `size` map, parents before children.
 
     Raises:
@@ -398,7 +421,7 @@ def _legend(stars: list[Star]) -> str:
 
 
 def render_topology(
-    tree: Topology, *, size: float = 640.0, max_labels: int = 120, label_chars: int = 24
+    tree: TreeData, *, size: float = 640.0, max_labels: int = 120, label_chars: int = 24
 ) -> str:
     """Draw `tree` as a standalone SVG star map (no scripts, no external resources).
 

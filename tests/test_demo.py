@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from stello_graph import demo
 from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.cli import demo
 
 
 def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:

@@ -161,7 +161,7 @@ def _run_demo(
     settings = ProviderSettings.from_env(env, model=args.model, base_url=args.base_url)
     if model is None and settings.model is not None and not settings.offline:
         model = build_chat_model(settings)
-    from stello_graph import demo
+    from stello_graph.cli import demo
 
     demo.run(console.stdout, Path(args.db), model=model)
     return 0
@@ -184,10 +184,10 @@ def _run_chat(
     if model is not None:
         name = str(getattr(model, "model_name", None) or getattr(model, "name", None) or "model")
     elif settings.offline:
-        from stello_graph.cli import _offline
+        from stello_graph.cli._offline import echo_model, integrate, summarise
 
-        model, name = _offline.echo_model(), "scripted (offline echo)"
-        consolidate_fn, integrate_fn = _offline.summarise, _offline.integrate
+        model, name = echo_model(), "scripted (offline echo)"
+        consolidate_fn, integrate_fn = summarise, integrate
     else:
         model = build_chat_model(settings)
         name = f"{settings.model} at {settings.endpoint}"

@@ -12,8 +12,7 @@ from typing import TextIO
 import pytest
 from langchain_core.language_models import BaseChatModel
 
-from stello_graph import demo
-from stello_graph.cli import main
+from stello_graph.cli import demo, main
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import BaseMessage, SystemMessage
 
-from stello_graph import demo
 from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.cli import demo
 from stello_graph.memory import DEFAULT_CONSOLIDATE_PROMPT, DEFAULT_INTEGRATE_PROMPT
 from stello_graph.testing import ScriptedChatModel
 from tests.cli.conftest import RunCli

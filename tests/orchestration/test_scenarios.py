@@ -445,7 +445,7 @@ def test_agent_main_session_object_has_the_model(make_agent: AgentFactory) -> No
 
 def test_agent_options_and_tool_names(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="chat model"):
-        StelloAgent(model=None, storage=str(tmp_path / "never.db"))  # type: ignore[arg-type]
+        StelloAgent(model=None, storage=str(tmp_path / "never.db"))
     assert not (tmp_path / "never.db").exists()
     agent = StelloAgent(
         model=ScriptedChatModel(default="r"), storage=InMemoryMainStorage(), main_label="Objective"
@@ -469,6 +469,9 @@ def test_a_bad_option_closes_the_storage_the_agent_opened(
 
     monkeypatch.setattr(SqliteMainStorage, "close", close)
     path = tmp_path / "opened.db"
-    with pytest.raises(InvalidInputError):
+    with pytest.raises(InvalidInputError):  # a bad setting: refused before the file opens
         StelloAgent(model=ScriptedChatModel(default="r"), storage=str(path), max_tool_rounds=-1)
+    assert closed == [] and not path.exists()
+    with pytest.raises(InvalidInputError, match="lease_ttl"):  # refused once it is open
+        StelloAgent(model=ScriptedChatModel(default="r"), storage=str(path), lease_ttl=-1)
     assert closed == [str(path)]

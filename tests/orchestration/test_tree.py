@@ -47,10 +47,6 @@ class Recorder:
         self.delay, self.active, self.max_active = delay, 0, 0
         self.lock = threading.Lock()
 
-    def know(self, ids: dict[str, str]) -> None:
-        """Name the sessions of the tree made (after the agent that calls it)."""
-        self.names = {v: k for k, v in ids.items()}
-
     def __call__(self, children: list[ChildL2], current: str | None) -> IntegrationResult:
         with self.lock:
             self.active += 1
@@ -64,6 +60,11 @@ class Recorder:
         insights = {c.session_id: f"{node} -> {self.names[c.session_id]}" for c in children}
         insights["ghost"] = "dropped"
         return IntegrationResult(synthesis=f"summary of {node}", insights=insights)
+
+    def bind(self, ids: dict[str, str]) -> dict[str, str]:
+        """Name the sessions of the tree `ids` (made once the agent is); return `ids`."""
+        self.names = {v: k for k, v in ids.items()}
+        return ids
 
     @staticmethod
     def parent_of(names: list[str]) -> str:
@@ -126,8 +127,7 @@ def test_remove_subtree(make_agent: AgentFactory) -> None:
 def test_tree_integration_sees_only_direct_children(make_agent: AgentFactory) -> None:
     recorder = Recorder()
     agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=recorder)
-    ids = okr(agent)
-    recorder.know(ids)
+    ids = recorder.bind(okr(agent))
     result = agent.integrate(mode="tree")
     assert isinstance(result, TreeIntegration)
     # one call per internal node whose children have L2: KR1, KR2, then the objective
@@ -177,7 +177,7 @@ def test_tree_integration_prompts_stay_in_their_subtree(make_agent: AgentFactory
 def test_siblings_integrate_in_parallel(make_agent: AgentFactory) -> None:
     recorder = Recorder(delay=0.3)
     agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=recorder)
-    recorder.know(okr(agent))
+    recorder.bind(okr(agent))
     agent.integrate(mode="tree")
     assert recorder.max_active == 2  # KR1 and KR2 together; the objective after them
 
@@ -185,8 +185,7 @@ def test_siblings_integrate_in_parallel(make_agent: AgentFactory) -> None:
 def test_archived_subtree_takes_no_part(make_agent: AgentFactory) -> None:
     recorder = Recorder()
     agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=recorder)
-    ids = okr(agent)
-    recorder.know(ids)
+    ids = recorder.bind(okr(agent))
     agent.archive(ids["KR1"])
     result = agent.integrate(mode="tree")
     assert set(recorder.seen) == {"KR2", "O"}

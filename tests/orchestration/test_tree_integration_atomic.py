@@ -30,20 +30,21 @@ def okr(agent: StelloAgent) -> dict[str, str]:
 
 
 class Integrator:
-    """Names each node's synthesis after the run (`tag`); fails at the node `fail_at`.
+    """Names each node's synthesis after the run (`tag`); fails at the node `fail_at`."""
 
-    Given to the agent when it is made; `run(ids, tag, fail_at)` sets up each integration.
-    """
-
-    def __init__(self) -> None:
+    def __init__(self, tag: str, fail_at: str | None = None) -> None:
         self.names: dict[str, str] = {}
-        self.tag, self.fail_at = "", ""
+        self.tag, self.fail_at = tag, fail_at
         self.seen: dict[str, list[str]] = {}
 
-    def run(self, ids: dict[str, str], tag: str, fail_at: str = "") -> None:
+    def bind(self, ids: dict[str, str]) -> dict[str, str]:
+        """Name the sessions of the tree `ids` (made once the agent is); return `ids`."""
         self.names = {v: k for k, v in ids.items()}
-        self.tag, self.fail_at = tag, fail_at
-        self.seen = {}
+        return ids
+
+    def rerun(self, tag: str, fail_at: str | None = None) -> None:
+        """Act as a new run's function: named `tag`, failing at `fail_at`, nothing seen."""
+        self.tag, self.fail_at, self.seen = tag, fail_at, {}
 
     def __call__(self, children: list[ChildL2], current: str | None) -> IntegrationResult:
         first = self.names[children[0].session_id]
@@ -79,10 +80,9 @@ async def integrate_tree(agent: StelloAgent, mode: str) -> object:
 async def test_failed_tree_integration_writes_nothing(
     make_agent: AgentFactory, mode: str, fail_at: str
 ) -> None:
-    integrator = Integrator()
+    integrator = Integrator("first")
     agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=integrator)
-    ids = okr(agent)
-    integrator.run(ids, "first")
+    ids = integrator.bind(okr(agent))
     await integrate_tree(agent, mode)
     before = snapshot(agent, ids)
     assert before["synthesis"] == "first summary of O"
@@ -91,7 +91,7 @@ async def test_failed_tree_integration_writes_nothing(
 
     events: list[str] = []
     agent.subscribe(lambda e: events.append(e.type))
-    integrator.run(ids, "second", fail_at=fail_at)
+    integrator.rerun("second", fail_at=fail_at)
     with pytest.raises(IntegrationError, match="is down"):
         await integrate_tree(agent, mode)
     assert snapshot(agent, ids) == before
@@ -100,12 +100,11 @@ async def test_failed_tree_integration_writes_nothing(
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_each_level_sees_the_new_syntheses_below(make_agent: AgentFactory, mode: str) -> None:
-    recorder = Integrator()
+    recorder = Integrator("first")
     agent = make_agent(model=ScriptedChatModel(default="r"), integrate_fn=recorder)
-    ids = okr(agent)
-    recorder.run(ids, "first")
+    ids = recorder.bind(okr(agent))
     await integrate_tree(agent, mode)
-    recorder.run(ids, "second")
+    recorder.rerun("second")
     await integrate_tree(agent, mode)
     assert recorder.seen["O"] == [
         f"L2 of KR1{UNDER}second summary of KR1",

@@ -205,24 +205,23 @@ def test_messages_stream_excludes_consolidation_tokens(make_agent: AgentFactory)
     summariser = ScriptedChatModel(default="SUMMARY TOKENS")
     from stello_graph import llm_consolidator
 
-    agent = make_agent(
-        model=ScriptedChatModel(default="reply words"),
-        consolidate_fn=llm_consolidator(summariser),
-    )
-    branch = agent.fork(agent.main_session_id, "B")
-    agent.turn(branch.id, "first")
+    branch_of: dict[str, str] = {}
 
     @tool
     def consolidate_now() -> str:
         """Consolidate the branch (a model call inside the turn)."""
-        return agent.consolidate(branch.id) or ""
+        return agent.consolidate(branch_of["B"]) or ""
 
-    agent.deps.override(agent.main_session_id, tools=[consolidate_now])
-    agent.deps.model = ScriptedChatModel(
-        [ScriptedChatModel.tool_call("consolidate_now", {}), "done now"]
+    agent = make_agent(
+        model=ScriptedChatModel(
+            ["reply words", ScriptedChatModel.tool_call("consolidate_now", {}), "done now"]
+        ),
+        tools=[consolidate_now],
+        consolidate_fn=llm_consolidator(summariser),
     )
-    agent.deps.forget(agent.main_session_id)
-    agent.deps.override(agent.main_session_id, tools=[consolidate_now])
+    branch = agent.fork(agent.main_session_id, "B")
+    branch_of["B"] = branch.id
+    agent.turn(branch.id, "first")
     text = "".join(chunk.text for chunk, _ in agent.stream(agent.main_session_id, "go"))
     assert text == "done now"
     assert summariser.call_count == 1

@@ -202,9 +202,9 @@ CASES: list[Case] = [
          InvalidInputError, "control character '\\x00'"),
     Case("label of the wrong type", lambda w: w.agent.fork(w.child, 42),  # type: ignore[arg-type]
          InvalidInputError, "label must be a str, got int"),
-    Case("unknown fork option", lambda w: w.agent.fork(w.child, "x", colour="red"),
+    Case("unknown fork option", lambda w: w.agent.fork(w.child, "x", colour="red"),  # type: ignore[call-arg]
          InvalidInputError, "Unknown fork option(s) ['colour']"),
-    Case("unknown fork context", lambda w: w.agent.fork(w.child, "x", context="all"),
+    Case("unknown fork context", lambda w: w.agent.fork(w.child, "x", context="all"),  # type: ignore[arg-type]
          InvalidInputError, "context must be 'none', 'inherit', 'compress' or a function"),
     Case("tags as a string", lambda w: w.agent.fork(w.child, "x", tags="a,b"),
          InvalidInputError, "tags must be a list or tuple of strings, got str"),
@@ -212,7 +212,7 @@ CASES: list[Case] = [
          InvalidInputError, "tag is empty or only whitespace"),
     Case("metadata not JSON", lambda w: w.agent.fork(w.child, "x", metadata={"f": object()}),
          InvalidInputError, "metadata must be JSON-serialisable"),
-    Case("metadata key not a string", lambda w: w.agent.fork(w.child, "x", metadata={1: 2}),
+    Case("metadata key not a string", lambda w: w.agent.fork(w.child, "x", metadata={1: 2}),  # type: ignore[dict-item]
          InvalidInputError, "metadata keys must be strings, got 1"),
     Case("fork onto an existing id", lambda w: w.agent.fork(w.main, "x", id=w.child),
          DuplicateSessionError, "already exists"),
@@ -321,14 +321,14 @@ CASES: list[Case] = [
          SessionNotFoundError, "'nope' does not exist"),
     # -- fork options applied after the fork, and options that need another ----------------
     Case("fork with a model that is not a chat model",
-         lambda w: w.agent.fork(w.child, "x", model="notamodel"),
+         lambda w: w.agent.fork(w.child, "x", model="notamodel"),  # type: ignore[arg-type]
          InvalidInputError, "model must be a LangChain chat model"),
     Case("fork with tools as a string", lambda w: w.agent.afork(w.child, "x", tools="abc"),
          InvalidInputError, "tools must be a list or tuple of tools, got str"),
     Case("fork with a tool that is not a tool", lambda w: w.agent.fork(w.child, "x", tools=[42]),
          InvalidInputError, "tools[0] must be a LangChain tool or a callable, got 42"),
     Case("fork with a non-bool inherit_system_prompt",
-         lambda w: w.agent.fork(w.main, "x", inherit_system_prompt="yes"),
+         lambda w: w.agent.fork(w.main, "x", inherit_system_prompt="yes"),  # type: ignore[arg-type]
          InvalidInputError, "inherit_system_prompt must be a bool or None, got 'yes'"),
     Case("fork with profile_vars and no profile",
          lambda w: w.agent.afork(w.child, "x", profile_vars={"topic": "t"}),

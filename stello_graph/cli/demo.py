@@ -183,14 +183,3 @@ def _walkthrough(agent: StelloAgent, out: TextIO, db: Path) -> Path:
     say(f"          stello-graph tree --db {db}")
     say("\n" + json.dumps({"sessions": len(tree), "db": str(db), "svg": str(svg)}))
     return svg
-
-
-def main() -> None:
-    """`python -m stello_graph.demo`: the same as `stello-graph demo`."""
-    from stello_graph.cli import main as cli_main
-
-    raise SystemExit(cli_main(["demo", *sys.argv[1:]]))
-
-
-if __name__ == "__main__":
-    main()

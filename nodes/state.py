@@ -1,0 +1,124 @@
+"""The typed state of each operation of the stello graph.
+
+One graph routes by `op` at START (`route_start`), so its state (`StelloState`, in
+`stello_graph.graph`) is the union of these; each node is typed with its operation's part:
+
+* `TurnState`: a turn (`assemble -> model -> tools -> ... -> commit`).
+* `ForkState`: `fork`.
+* `ConsolidateState`: `consolidate`.
+* `IntegrateState`: flat `integrate`; `TreeState` (and one `SubtreeTask` per `Send`): the
+  tree mode, level by level.
+
+The keys only a run's input sets (`op`, `input`, `fork`, `tool_choice`, `mode`) are
+ephemeral: they hold for the run's first step and are then cleared, so on a checkpointed
+thread (every LangGraph Server thread) one run's input never carries over into the next
+run. Continuing a run (`Command(resume=...)`, or `None` after a crash) still sees them from
+its checkpoint; what later steps need is copied into the turn's own keys by `assemble`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from langchain_core.messages import AnyMessage
+from langgraph.channels import EphemeralValue
+from langgraph.graph.message import add_messages
+from typing_extensions import TypedDict
+
+__all__ = [
+    "ConsolidateState",
+    "ForkState",
+    "IntegrateState",
+    "Op",
+    "OpState",
+    "SubtreeTask",
+    "TreeState",
+    "TurnState",
+    "merge_results",
+]
+
+Op = Literal["turn", "fork", "consolidate", "integrate"]
+"""The operations of the graph."""
+
+
+def merge_results(left: dict[str, Any] | None, right: dict[str, Any] | None) -> dict[str, Any]:
+    """Reducer of `tree_results`: merge each node's result; `None` starts over."""
+    if right is None:
+        return {}
+    return {**(left or {}), **right}
+
+
+class OpState(TypedDict, total=False):
+    """What every operation's state has: the operation and the session it runs on."""
+
+    op: Annotated[Op, EphemeralValue]
+    """The operation; a turn when left out."""
+    session_id: str
+    """The session the turn (or fork / consolidation) runs on."""
+
+
+class TurnState(OpState, total=False):
+    """A turn in flight, from its input to its committed records."""
+
+    input: Annotated[str, EphemeralValue]
+    """The user message."""
+    tool_choice: Annotated[str | dict[str, Any] | bool | None, EphemeralValue]
+    """Force the first model call to use tools (`"required"`, a tool's name, ...)."""
+    turn_tool_choice: str | dict[str, Any] | bool | None
+    """`tool_choice`, kept by `assemble` for the turn's first model call."""
+    insight: str | None
+    """The insight the turn shows (cleared once the turn is committed)."""
+    lease: dict[str, Any] | None
+    """The owner and token of the session lease the turn holds (`stello_graph.lease`)."""
+    pending: Annotated[list[AnyMessage], add_messages]
+    """The turn's records, committed to L3 at its end."""
+    content: str
+    """The final reply."""
+    tool_rounds: int
+    tool_calls: list[dict[str, Any]]
+    """The tool calls run during the turn."""
+    turn_count: int
+    """User turns of the session after this one."""
+
+
+class ForkState(OpState, total=False):
+    """A fork: its options in, the child's node out."""
+
+    fork: Annotated[dict[str, Any], EphemeralValue]
+    """`label` and the fork options (`context`, `system_prompt`, `prompt`, ...)."""
+    forked: dict[str, str]
+    """The child: `session_id`, `label`, `parent_id`."""
+
+
+class ConsolidateState(OpState, total=False):
+    """A consolidation of `session_id`."""
+
+    l2: str | None
+    """The new L2."""
+
+
+class IntegrateState(OpState, total=False):
+    """An integration, flat or by tree levels."""
+
+    mode: Annotated[Literal["flat", "tree"], EphemeralValue]
+    """Every L2 into the main session (`"flat"`, default) or level by level (`"tree"`)."""
+    integration: dict[str, Any]
+    """The result (`IntegrationResult` or `TreeIntegration`, dumped)."""
+
+
+class TreeState(IntegrateState, total=False):
+    """A tree integration in flight: the plan, the level reached, the results so far."""
+
+    tree_plan: dict[str, Any]
+    tree_step: int
+    tree_results: Annotated[dict[str, Any] | None, merge_results]
+    """Each node's result so far; `None` (from `plan_tree`) starts over."""
+
+
+class SubtreeTask(TypedDict, total=False):
+    """What `route_level` sends each `integrate_subtree` task: one node of the level."""
+
+    node_id: str
+    tree_plan: dict[str, Any]
+    made: dict[str, str]
+    """The subtree syntheses the levels below made in this run."""

@@ -1,0 +1,178 @@
+"""`StelloAgent`'s tree reads and edits: children, ancestors, siblings, move, remove."""
+
+from __future__ import annotations
+
+from stello_graph._threads import CheckpointThreads
+from stello_graph._validate import check_id
+from stello_graph.errors import (
+    InvalidInputError,
+    NodeHasChildrenError,
+    NodeNotFoundError,
+)
+from stello_graph.lease import SessionLeases
+from stello_graph.main_session import MainSession
+from stello_graph.models import TopologyNode
+from stello_graph.nodes.deps import StelloRuntime
+from stello_graph.nodes.scheduling import (
+    aunpublish,
+    unpublish,
+)
+from stello_graph.storage import MainStorage
+
+__all__ = []
+
+
+class _Tree:
+    """The tree of a `StelloAgent` (a part of it; see `stello_graph.agent`)."""
+
+    storage: MainStorage
+    deps: StelloRuntime
+    _leases: SessionLeases
+    main: MainSession
+    _threads: CheckpointThreads
+
+    # The tree reads raise `NodeNotFoundError` for an id without a node (an unknown id, or a
+    # session made outside the tree); an empty answer always means a node that has none.
+    def _known(self, found: list[TopologyNode], node_id: str) -> list[TopologyNode]:
+        if not found:
+            self._node(self.storage.get_node(node_id), node_id)
+        return found
+
+    async def _aknown(self, found: list[TopologyNode], node_id: str) -> list[TopologyNode]:
+        if not found:
+            self._node(await self.storage.aget_node(node_id), node_id)
+        return found
+
+    def children(self, session_id: str) -> list[TopologyNode]:
+        """The direct children of a session's node, in creation order (read on demand).
+
+        Raises:
+            NodeNotFoundError: the id has no node.
+        """
+        sid = check_id(session_id)
+        return self._known(self.storage.get_children(sid), sid)
+
+    async def achildren(self, session_id: str) -> list[TopologyNode]:
+        """Async twin of `children`."""
+        sid = check_id(session_id)
+        return await self._aknown(await self.storage.aget_children(sid), sid)
+
+    def ancestors(self, session_id: str) -> list[TopologyNode]:
+        """The parent, grandparent, ... up to the main session (nearest first).
+
+        Raises:
+            NodeNotFoundError: the id has no node.
+        """
+        sid = check_id(session_id)
+        return self._known(self.storage.get_ancestors(sid), sid)
+
+    async def aancestors(self, session_id: str) -> list[TopologyNode]:
+        """Async twin of `ancestors`."""
+        sid = check_id(session_id)
+        return await self._aknown(await self.storage.aget_ancestors(sid), sid)
+
+    def siblings(self, session_id: str) -> list[TopologyNode]:
+        """The other children of the session's parent.
+
+        Raises:
+            NodeNotFoundError: the id has no node.
+        """
+        sid = check_id(session_id)
+        node = self._node(self.storage.get_node(sid), sid)
+        if node.parent_id is None:
+            return []
+        return [n for n in self.storage.get_children(node.parent_id) if n.id != sid]
+
+    async def asiblings(self, session_id: str) -> list[TopologyNode]:
+        """Async twin of `siblings`."""
+        sid = check_id(session_id)
+        node = self._node(await self.storage.aget_node(sid), sid)
+        if node.parent_id is None:
+            return []
+        return [n for n in await self.storage.aget_children(node.parent_id) if n.id != sid]
+
+    @staticmethod
+    def _node(node: TopologyNode | None, node_id: str) -> TopologyNode:
+        if node is None:
+            raise NodeNotFoundError(node_id)
+        return node
+
+    def _movable(self, session_id: object, new_parent_id: object) -> tuple[str, str]:
+        sid, parent = check_id(session_id), check_id(new_parent_id, "new parent id")
+        if sid == self.main.id:
+            raise InvalidInputError("The main session is the root of the tree; it cannot move.")
+        return sid, parent
+
+    def move(self, session_id: str, new_parent_id: str) -> TopologyNode:
+        """Move a session, with its whole subtree, under another parent.
+
+        Raises:
+            NodeNotFoundError: either node does not exist.
+            TopologyCycleError: the new parent is the session itself or lies in its subtree.
+            InvalidInputError: the session is the main session.
+        """
+        sid, parent = self._movable(session_id, new_parent_id)
+        node = self._node(self.storage.get_node(sid), sid)
+        self._node(self.storage.get_node(parent), parent)
+        moved = node.model_copy(update={"parent_id": parent})
+        self.storage.put_node(moved)
+        return moved
+
+    async def amove(self, session_id: str, new_parent_id: str) -> TopologyNode:
+        """Async twin of `move`."""
+        sid, parent = self._movable(session_id, new_parent_id)
+        node = self._node(await self.storage.aget_node(sid), sid)
+        self._node(await self.storage.aget_node(parent), parent)
+        moved = node.model_copy(update={"parent_id": parent})
+        await self.storage.aput_node(moved)
+        return moved
+
+    def _removable(self, session_id: object) -> str:
+        sid = check_id(session_id)
+        if sid == self.main.id:
+            raise InvalidInputError(
+                "The main session is the root of the tree; it cannot be removed."
+            )
+        return sid
+
+    def remove(self, session_id: str, *, cascade: bool = False) -> list[str]:
+        """Delete a session, its node and all its data; with `cascade`, its whole subtree.
+
+        The checkpoint threads of every removed session go too (a turn in flight, or kept
+        turns when checkpoints are not pruned, under the current or the earlier thread id),
+        and what was published of it to the agent's store, so none of its text stays
+        behind and a new session given the same id starts clean.
+
+        Raises:
+            NodeHasChildrenError: the session has children and `cascade` is false.
+            NodeNotFoundError: the session has no node.
+        """
+        sid = self._removable(session_id)
+        self._node(self.storage.get_node(sid), sid)  # refused before the lease is taken
+        children = self.storage.get_children(sid)
+        if children and not cascade:
+            raise NodeHasChildrenError(sid, len(children))
+        with self._leases.hold(sid):
+            removed = self.storage.remove_node(sid, cascade=cascade)
+            for gone in removed:
+                self._threads.drop(gone)
+                unpublish(self.deps, gone)
+        for gone in removed:
+            self.deps.forget(gone)
+        return removed
+
+    async def aremove(self, session_id: str, *, cascade: bool = False) -> list[str]:
+        """Async twin of `remove`."""
+        sid = self._removable(session_id)
+        self._node(await self.storage.aget_node(sid), sid)
+        children = await self.storage.aget_children(sid)
+        if children and not cascade:
+            raise NodeHasChildrenError(sid, len(children))
+        async with self._leases.ahold(sid):
+            removed = await self.storage.aremove_node(sid, cascade=cascade)
+            for gone in removed:
+                await self._threads.adrop(gone)
+                await aunpublish(self.deps, gone)
+        for gone in removed:
+            self.deps.forget(gone)
+        return removed

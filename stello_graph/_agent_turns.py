@@ -1,0 +1,320 @@
+"""`StelloAgent`'s turns: `turn`, `resume`, `stream` and their async twins, and `TurnResult`.
+
+A turn is a run of the graph on the session's checkpoint thread, under the session's lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage
+from langchain_core.messages.ai import UsageMetadata, add_usage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command, Durability, Interrupt, StateSnapshot
+
+from stello_graph._base import ToolChoice, check_tool_choice
+from stello_graph._events_mux import EventMux
+from stello_graph._stream import stoppable
+from stello_graph._threads import CheckpointThreads, arun_held, run_held
+from stello_graph._validate import check_id, check_text
+from stello_graph.errors import (
+    InvalidInputError,
+    SessionArchivedError,
+    SessionNotFoundError,
+)
+from stello_graph.lease import SessionLeases
+from stello_graph.main_session import MainSession
+from stello_graph.models import SessionMeta
+from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
+from stello_graph.nodes.deps import StelloRuntime
+from stello_graph.nodes.scheduling import on_switch
+from stello_graph.storage import MainStorage
+
+__all__ = ["TurnResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """The outcome of one turn.
+
+    Attributes:
+        session_id: the session the turn ran on.
+        content: the final reply's text ("" while the turn waits on an interrupt).
+        message: the final reply.
+        tool_rounds: how many rounds of tool calls the turn took.
+        tool_calls: the tool calls run during the turn.
+        turn_count: the session's user turns after this one.
+        interrupts: what the turn waits for (resume it with `StelloAgent.resume`).
+        usage: the token usage of all the turn's model calls, summed (`None` when the model
+            reported none).
+    """
+
+    session_id: str
+    content: str
+    message: AIMessage | None = None
+    tool_rounds: int = 0
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    turn_count: int = 0
+    interrupts: tuple[Interrupt, ...] = ()
+    usage: UsageMetadata | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the turn is paused, waiting for `resume`."""
+        return bool(self.interrupts)
+
+
+def _turn_usage(records: list[Any]) -> UsageMetadata | None:
+    """The usage of a turn's replies, summed; `None` when none reported any."""
+    total: UsageMetadata | None = None
+    for record in records:
+        if isinstance(record, AIMessage) and record.usage_metadata is not None:
+            total = add_usage(total, record.usage_metadata)
+    return total
+
+
+class _Turns:
+    """The turns of a `StelloAgent` (a part of it; see `stello_graph.agent`)."""
+
+    storage: MainStorage
+    deps: StelloRuntime
+    _leases: SessionLeases
+    main: MainSession
+    graph: CompiledStateGraph[Any, Any, Any, Any]
+    checkpointer: BaseCheckpointSaver[Any] | None
+    _durability: Durability
+    _threads: CheckpointThreads
+    _mux: EventMux
+    _last_session: str | None
+
+    def config(self, session_id: str) -> RunnableConfig:
+        """The LangGraph config of turns on `session_id` (its checkpoint thread).
+
+        The thread id escapes the tree and session ids (`stello/{tree}/{session}`), so no two
+        trees sharing a checkpointer ever meet. A turn left in flight under the id of earlier
+        versions (`stello:{tree}:{session}`) is found by the first `turn` / `resume` /
+        `stream` of the session, which finishes it on that thread (this names that thread
+        from then on, until the turn ends; before, it names the new one).
+        """
+        return self._threads.config(session_id)
+
+    # -- turns ------------------------------------------------------------------------------
+    def _begin(
+        self, session_id: object, text: object, tool_choice: ToolChoice = None
+    ) -> tuple[str, dict[str, Any]]:
+        sid = check_id(session_id)
+        check_text(text, "text")
+        choice = None if tool_choice is None else check_tool_choice(tool_choice)
+        return sid, {"session_id": sid, "input": text, "tool_choice": choice}
+
+    @staticmethod
+    def _check_target(sid: str, meta: SessionMeta | None) -> str:
+        """Refuse a missing or archived session before the graph runs (and checkpoints)."""
+        if meta is None:
+            raise SessionNotFoundError(sid)
+        if meta.status == "archived":
+            raise SessionArchivedError(sid, "a turn")
+        return sid
+
+    def _target(self, sid: str, tool_choice: ToolChoice = None) -> str:
+        self._check_target(sid, self.storage.get_session(sid))
+        if tool_choice is not None:  # the session's tools, before the graph checkpoints
+            check_tool_choice(tool_choice, self.deps.session(sid).tools, session_id=sid)
+        return sid
+
+    async def _atarget(self, sid: str, tool_choice: ToolChoice = None) -> str:
+        self._check_target(sid, await self.storage.aget_session(sid))
+        if tool_choice is not None:
+            session = await self.deps.asession(sid)
+            check_tool_choice(tool_choice, session.tools, session_id=sid)
+        return sid
+
+    def _resume_payload(self, sid: str, state: StateSnapshot, value: Any) -> Command[Any] | None:
+        if state.interrupts:
+            return Command(resume=value)
+        if not state.next:
+            raise InvalidInputError(f"Session {sid!r} has no turn in flight to resume.")
+        return None
+
+    def _switch(self, sid: str) -> None:
+        on_switch(self.deps, self._last_session, sid)
+        self._last_session = sid
+
+    def _result(self, sid: str, out: dict[str, Any]) -> TurnResult:
+        interrupts = tuple(out.get("__interrupt__", ()))
+        pending = out.get("pending") or []
+        final = pending[-1] if pending and isinstance(pending[-1], AIMessage) else None
+        return TurnResult(
+            session_id=sid,
+            content="" if interrupts else out.get("content", ""),
+            message=None if interrupts else final,
+            tool_rounds=out.get("tool_rounds", 0),
+            tool_calls=list(out.get("tool_calls", [])),
+            turn_count=out.get("turn_count", 0),
+            interrupts=interrupts,
+            usage=_turn_usage(pending),
+        )
+
+    def _finished(self, sid: str, result: TurnResult) -> TurnResult:
+        self._threads.finished(sid, result.interrupted)
+        return result
+
+    async def _afinished(self, sid: str, result: TurnResult) -> TurnResult:
+        await self._threads.afinished(sid, result.interrupted)
+        return result
+
+    def turn(self, session_id: str, text: str, *, tool_choice: ToolChoice = None) -> TurnResult:
+        """Run one turn: the model (and its tools, up to `max_tool_rounds`) until it answers.
+
+        Raises:
+            SessionNotFoundError / SessionArchivedError: no such session, or it is archived.
+            ToolRoundLimitError: the model kept asking for tools; nothing was stored.
+            ModelCallError: the model failed; nothing was stored.
+
+        `tool_choice` forces the turn's first model call to use tools (`"required"`, a
+        tool's name, ...); later rounds of the turn are free to answer. A name that is not
+        one of the session's tools raises `InvalidInputError` before anything is written.
+        """
+        sid, payload = self._begin(session_id, text, tool_choice)
+        self._target(sid, tool_choice)
+        self._threads.resolve(sid)
+        with run_held(self._leases, sid):
+            self._switch(sid)
+            out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
+            return self._finished(sid, self._result(sid, out))
+
+    async def aturn(
+        self, session_id: str, text: str, *, tool_choice: ToolChoice = None
+    ) -> TurnResult:
+        """Async twin of `turn`."""
+        sid, payload = self._begin(session_id, text, tool_choice)
+        await self._atarget(sid, tool_choice)
+        await self._threads.aresolve(sid)
+        async with arun_held(self._leases, sid):
+            self._switch(sid)
+            out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
+            return await self._afinished(sid, self._result(sid, out))
+
+    def resume(self, session_id: str, value: Any = None) -> TurnResult:
+        """Continue a turn that waits on an interrupt (with `value`) or that crashed.
+
+        Raises:
+            InvalidInputError: the session has no turn in flight (or the agent no
+                checkpointer).
+            SessionNotFoundError / SessionArchivedError: no such session, or it is archived.
+        """
+        sid = self._target(check_id(session_id))
+        self._check_resumable()
+        self._threads.resolve(sid)
+        payload = self._resume_payload(sid, self.graph.get_state(self.config(sid)), value)
+        with run_held(self._leases, sid):
+            out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
+            return self._finished(sid, self._result(sid, out))
+
+    async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
+        """Async twin of `resume`."""
+        sid = await self._atarget(check_id(session_id))
+        self._check_resumable()
+        await self._threads.aresolve(sid)
+        state = await self.graph.aget_state(self.config(sid))
+        payload = self._resume_payload(sid, state, value)
+        async with arun_held(self._leases, sid):
+            out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
+            return await self._afinished(sid, self._result(sid, out))
+
+    def _check_resumable(self) -> None:
+        if self.checkpointer is None:
+            raise InvalidInputError("This agent has no checkpointer: turns cannot be resumed.")
+
+    # -- streaming --------------------------------------------------------------------------
+    def stream(
+        self,
+        session_id: str,
+        text: str,
+        stream_mode: str | Sequence[str] = "messages",
+        *,
+        tool_choice: ToolChoice = None,
+    ) -> Iterator[Any]:
+        """Run a turn, yielding what LangGraph's `stream_mode` yields.
+
+        `messages`: `(token chunk, metadata)` of the session's model only; `custom`: stello
+        events as dicts (tool calls and results, forks, consolidations, integrations,
+        insights delivered, background errors); `updates` / `values` as usual. With a list
+        of modes, items are `(mode, item)` pairs.
+
+        Closing the generator early (`close()`, or Ctrl-C while it waits) stops the turn at
+        once and stores nothing: the model call in flight is abandoned and stops at its
+        next token, which closes the provider's HTTP stream (see `nodes._model_call`).
+        """
+        sid, payload = self._begin(session_id, text, tool_choice)
+        self._target(sid, tool_choice)
+        self._threads.resolve(sid)
+        multi = not isinstance(stream_mode, str)
+        modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
+        cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
+        config = self.config(sid)
+        config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
+        with run_held(self._leases, sid):
+            self._switch(sid)
+            q = self._mux.open()
+            run = stoppable(
+                lambda: self.graph.stream(
+                    payload,
+                    config,
+                    stream_mode=stream_mode,  # type: ignore[arg-type]
+                    durability=self._durability,
+                ),
+                cancel.cancel,
+            )
+            try:
+                for item in run:
+                    yield from self._mux.drain(q, modes, multi)
+                    if "messages" not in modes or self._mux.from_model(item, multi):
+                        yield item
+                yield from self._mux.drain(q, modes, multi)
+            finally:
+                run.close()  # now, under the lock: the run has ended when this returns
+                self._mux.close(q)
+            state = self.graph.get_state(self.config(sid)) if self.checkpointer else None
+            if state is None or not state.interrupts:
+                self._finished(sid, TurnResult(session_id=sid, content=""))
+
+    async def astream(
+        self,
+        session_id: str,
+        text: str,
+        stream_mode: str | Sequence[str] = "messages",
+        *,
+        tool_choice: ToolChoice = None,
+    ) -> AsyncIterator[Any]:
+        """Async twin of `stream`."""
+        sid, payload = self._begin(session_id, text, tool_choice)
+        await self._atarget(sid, tool_choice)
+        await self._threads.aresolve(sid)
+        multi = not isinstance(stream_mode, str)
+        modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
+        async with arun_held(self._leases, sid):
+            self._switch(sid)
+            q = self._mux.open()
+            try:
+                async for item in self.graph.astream(
+                    payload,
+                    self.config(sid),
+                    stream_mode=stream_mode,  # type: ignore[arg-type]
+                    durability=self._durability,
+                ):
+                    for event in self._mux.drain(q, modes, multi):
+                        yield event
+                    if "messages" not in modes or self._mux.from_model(item, multi):
+                        yield item
+                for event in self._mux.drain(q, modes, multi):
+                    yield event
+            finally:
+                self._mux.close(q)
+            state = await self.graph.aget_state(self.config(sid)) if self.checkpointer else None
+            if state is None or not state.interrupts:
+                await self._afinished(sid, TurnResult(session_id=sid, content=""))

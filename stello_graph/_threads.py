@@ -1,0 +1,131 @@
+"""The checkpoint threads of an agent's turns, and the session lease around a graph run.
+
+Each session's turns run on one checkpoint thread, `stello/{tree}/{session}` (escaped, so no
+two trees sharing a checkpointer ever meet). Earlier versions named it
+`stello:{tree}:{session}`; a turn left in flight there is found and finished on that thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import StateSnapshot
+
+from stello_graph._ids import legacy_thread_id, thread_id
+from stello_graph.lease import SessionLeases
+
+__all__ = ["CheckpointThreads", "arun_held", "run_held"]
+
+
+def thread_config(thread: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread}}
+
+
+def _belongs(state: StateSnapshot, sid: str, *, in_flight: bool) -> bool:
+    """Whether the state of a legacy thread is `sid`'s (a turn still in flight, if asked).
+
+    The legacy id `stello:{tree}:{session}` is ambiguous, but for a given session id it names
+    one tree only, so the session the state holds tells whose thread it is.
+    """
+    return state.values.get("session_id") == sid and (bool(state.next) or not in_flight)
+
+
+class CheckpointThreads:
+    """Which thread each session's turns run on; pruning and dropping them."""
+
+    def __init__(
+        self,
+        graph: CompiledStateGraph[Any, Any, Any, Any],
+        checkpointer: BaseCheckpointSaver[Any] | None,
+        tree_id: str,
+        *,
+        prune: bool,
+    ) -> None:
+        self.graph, self.checkpointer, self.tree_id = graph, checkpointer, tree_id
+        self.prune = prune
+        self._found: dict[str, str] = {}  # session id -> its checkpoint thread, once looked up
+
+    def config(self, sid: str) -> RunnableConfig:
+        return thread_config(self._found.get(sid) or thread_id(self.tree_id, sid))
+
+    def _legacy(self, sid: str) -> RunnableConfig:
+        return thread_config(legacy_thread_id(self.tree_id, sid))
+
+    def resolve(self, sid: str) -> None:
+        """Look up once which thread `sid`'s turns run on (see `StelloAgent.config`)."""
+        if self.checkpointer is None or sid in self._found:
+            return
+        found = thread_id(self.tree_id, sid)
+        if self.checkpointer.get_tuple(thread_config(found)) is None and _belongs(
+            self.graph.get_state(self._legacy(sid)), sid, in_flight=True
+        ):
+            found = legacy_thread_id(self.tree_id, sid)
+        self._found[sid] = found
+
+    async def aresolve(self, sid: str) -> None:
+        """Async twin of `resolve`."""
+        if self.checkpointer is None or sid in self._found:
+            return
+        found = thread_id(self.tree_id, sid)
+        if await self.checkpointer.aget_tuple(thread_config(found)) is None and _belongs(
+            await self.graph.aget_state(self._legacy(sid)), sid, in_flight=True
+        ):
+            found = legacy_thread_id(self.tree_id, sid)
+        self._found[sid] = found
+
+    def finished(self, sid: str, interrupted: bool) -> None:
+        """A turn of `sid` ended: prune its thread (if asked); next turns use the new id."""
+        if not interrupted and self.checkpointer is not None:
+            if self.prune:
+                self.checkpointer.delete_thread(self.config(sid)["configurable"]["thread_id"])
+            self._found[sid] = thread_id(self.tree_id, sid)
+
+    async def afinished(self, sid: str, interrupted: bool) -> None:
+        """Async twin of `finished`."""
+        if not interrupted and self.checkpointer is not None:
+            if self.prune:
+                await self.checkpointer.adelete_thread(
+                    self.config(sid)["configurable"]["thread_id"]
+                )
+            self._found[sid] = thread_id(self.tree_id, sid)
+
+    def drop(self, sid: str) -> None:
+        """Delete the checkpoint threads of a removed session (the legacy one if it is its)."""
+        self._found.pop(sid, None)
+        saver = self.checkpointer
+        if saver is None:
+            return
+        saver.delete_thread(thread_id(self.tree_id, sid))
+        if _belongs(self.graph.get_state(self._legacy(sid)), sid, in_flight=False):
+            saver.delete_thread(legacy_thread_id(self.tree_id, sid))
+
+    async def adrop(self, sid: str) -> None:
+        """Async twin of `drop`."""
+        self._found.pop(sid, None)
+        saver = self.checkpointer
+        if saver is None:
+            return
+        await saver.adelete_thread(thread_id(self.tree_id, sid))
+        if _belongs(await self.graph.aget_state(self._legacy(sid)), sid, in_flight=False):
+            await saver.adelete_thread(legacy_thread_id(self.tree_id, sid))
+
+
+@contextmanager
+def run_held(leases: SessionLeases, sid: str) -> Iterator[None]:
+    """Hold the session for a whole run (its checkpoint thread included: pruning it must not
+    race another agent's run), lending the lease to the graph's nodes."""
+    with leases.hold(sid) as lease, leases.lending(lease):
+        yield
+
+
+@asynccontextmanager
+async def arun_held(leases: SessionLeases, sid: str) -> AsyncIterator[None]:
+    """Async twin of `run_held`."""
+    async with leases.ahold(sid) as lease:
+        with leases.lending(lease):
+            yield
