@@ -17,6 +17,8 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import TypedDict
+
 from stello_graph.lease import SessionLeases
 from stello_graph.models import Lease
 
@@ -28,6 +30,12 @@ between two nodes; a run paused between nodes frees its session after this."""
 
 LEASE_KEY = "lease"
 """The state key of the turn's lease: `{"owner": ..., "token": ...}` or `None`."""
+
+
+class LeaseUpdate(TypedDict):
+    """The turn state's `lease` key, as a node updates it."""
+
+    lease: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +51,9 @@ class TurnLease:
     lease: Lease
     owned: bool
 
-    def update(self) -> dict[str, Any]:
+    def update(self) -> LeaseUpdate:
         """The state update that hands the lease to the turn's next node."""
-        return {LEASE_KEY: lease_state(self.lease) if self.owned else None}
+        return {"lease": lease_state(self.lease) if self.owned else None}
 
 
 def lease_state(lease: Lease) -> dict[str, Any]:

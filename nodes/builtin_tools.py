@@ -47,8 +47,6 @@ Create a new branch session, forked from the current one, for a sub-topic that d
 own focused conversation. The new session becomes a child of the current one in the topology. \
 Returns the new session's id and label."""
 
-State = dict[str, Any]
-
 
 class CreateSessionArgs(BaseModel):
     """Arguments of `create_session` as the model sees them."""

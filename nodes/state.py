@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from langchain_core.messages import AnyMessage
+from langchain_core.messages import BaseMessage
 from langgraph.channels import EphemeralValue
 from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict
@@ -70,7 +70,7 @@ class TurnState(OpState, total=False):
     """The insight the turn shows (cleared once the turn is committed)."""
     lease: dict[str, Any] | None
     """The owner and token of the session lease the turn holds (`stello_graph.lease`)."""
-    pending: Annotated[list[AnyMessage], add_messages]
+    pending: Annotated[list[BaseMessage], add_messages]
     """The turn's records, committed to L3 at its end."""
     content: str
     """The final reply."""

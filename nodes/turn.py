@@ -29,11 +29,12 @@ from stello_graph._text import storable_message
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
-from stello_graph.nodes._lease import LEASE_KEY, aturn_lease, turn_lease
+from stello_graph.nodes._lease import aturn_lease, turn_lease
 from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_cancel
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.scheduling import after_turn
+from stello_graph.nodes.state import TurnState
 from stello_graph.storage import MainStorage
 
 __all__ = [
@@ -45,7 +46,7 @@ __all__ = [
     "route_after_model",
 ]
 
-State = dict[str, Any]
+State = TurnState
 TREE_TURNS_KEY = "stello:tree_turns"
 
 
@@ -162,8 +163,14 @@ _NONE: State = {"pending": []}
 """The tool node's output for a reply whose every call was unreadable."""
 
 
-def _announce(deps: StelloDeps, state: State) -> list[dict[str, Any]]:
+def _last_reply(state: State) -> AIMessage:
     last = state["pending"][-1]
+    assert isinstance(last, AIMessage), "the tools node runs after a reply"
+    return last
+
+
+def _announce(deps: StelloDeps, state: State) -> list[dict[str, Any]]:
+    last = _last_reply(state)
     calls = [dict(call) for call in last.tool_calls]
     for call in calls:
         emit(deps.bus, "tool_call", state["session_id"], name=call["name"], args=call["args"],
@@ -175,7 +182,7 @@ def _unreadable_calls(state: State) -> list[ToolMessage]:
     """An error result for each call whose arguments the provider could not parse, so the
     model sees what went wrong and the tool-call group is complete in L3 (a provider refuses
     a history with a tool call left unanswered)."""
-    last = state["pending"][-1]
+    last = _last_reply(state)
     return [
         ToolMessage(
             content=f"Error: the arguments of this call of {call.get('name')!r} could not be "
@@ -289,7 +296,7 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
                     s.release_lease(held.lease)
             if held.owned:
                 deps.leases.forget(held.lease)
-        return {**_finish(deps, session, state, turns, tree), LEASE_KEY: None}
+        return {**_finish(deps, session, state, turns, tree), "lease": None}
 
     async def acommit(state: State) -> State:
         session, s = await deps.asession(state["session_id"]), deps.storage
@@ -308,6 +315,6 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
                     await s.arelease_lease(held.lease)
             if held.owned:
                 deps.leases.forget(held.lease)
-        return {**_finish(deps, session, state, turns, tree), LEASE_KEY: None}
+        return {**_finish(deps, session, state, turns, tree), "lease": None}
 
     return StelloNode("commit", commit, acommit)

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import ViewportSize
 
-from stello_graph.cli import demo
 from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.cli import demo
 from stello_graph.cli._serve import listen
 from stello_graph.storage import MainStorage
 
