@@ -31,7 +31,9 @@ from langchain_core.tracers.context import register_configure_hook
 from langgraph.types import RetryPolicy
 
 from stello_graph._base import SessionBase, ToolChoice
-from stello_graph.errors import InvalidInputError, ModelCallError
+from stello_graph._validate import check_model_timeout
+from stello_graph.config import check_retry_policy
+from stello_graph.errors import ModelCallError
 
 __all__ = [
     "CANCEL_KEY",
@@ -114,15 +116,6 @@ _stop_on_cancel: contextvars.ContextVar[_StopOnCancel | None] = contextvars.Cont
     "stello_stop_on_cancel", default=None
 )
 register_configure_hook(_stop_on_cancel, inheritable=True)
-
-
-def check_model_timeout(value: object) -> float | None:
-    """`None`, or a positive number of seconds."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise InvalidInputError(f"model_timeout must be a number of seconds > 0, got {value!r}.")
-    return float(value)
 
 
 def _timed_out(session: SessionBase, limit: float) -> ModelCallError:
@@ -216,12 +209,9 @@ def model_retry_policy(policy: RetryPolicy | None) -> RetryPolicy | None:
     """`policy` for the `model` node: it retries model failures only (not a session that
     was archived meanwhile, nor the tool-round limit), judged by the provider's exception.
     """
+    policy = check_retry_policy(policy)
     if policy is None:
         return None
-    if not isinstance(policy, RetryPolicy):
-        raise InvalidInputError(
-            f"model_retry must be a langgraph.types.RetryPolicy, got {type(policy).__name__}."
-        )
     retry_on = policy.retry_on
 
     def model_failure(exc: Exception) -> bool:

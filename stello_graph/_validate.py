@@ -18,6 +18,7 @@ __all__ = [
     "check_id",
     "check_label",
     "check_metadata",
+    "check_model_timeout",
     "check_optional_text",
     "check_tags",
     "check_text",
@@ -165,3 +166,12 @@ def check_tools(value: object, what: str = "tools", *, schemas: bool = False) ->
                 f"{what}[{index}] must be a LangChain tool or a callable, got {item!r:.80}."
             )
     return list(value)
+
+
+def check_model_timeout(value: object) -> float | None:
+    """`None`, or a positive number of seconds (`model_timeout`)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise InvalidInputError(f"model_timeout must be a number of seconds > 0, got {value!r}.")
+    return float(value)

@@ -31,7 +31,7 @@ from langgraph.store.base import BaseStore
 from langgraph.types import Durability, RetryPolicy
 from typing_extensions import TypedDict
 
-from stello_graph._validate import check_chat_model, check_tools
+from stello_graph._validate import check_chat_model, check_model_timeout, check_tools
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import InvalidInputError
 from stello_graph.lease import DEFAULT_LEASE_TTL
@@ -43,18 +43,19 @@ from stello_graph.skills import Skill, load_skills
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["BUILTIN_TOOLS", "StelloConfig", "StelloSettings"]
+__all__ = ["BUILTIN_TOOLS", "StelloConfig", "StelloSettings", "check_retry_policy"]
 
 BUILTIN_TOOLS = ("create_session", "activate_skill")
 """Built-in tools: `create_session` (forks), `activate_skill` (offered whenever skills exist)."""
 
 
-def _check_timeout(value: object) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise InvalidInputError(f"model_timeout must be a number of seconds > 0, got {value!r}.")
-    return float(value)
+def check_retry_policy(value: object) -> RetryPolicy | None:
+    """`None`, or a LangGraph `RetryPolicy` (`model_retry`)."""
+    if value is None or isinstance(value, RetryPolicy):
+        return value
+    raise InvalidInputError(
+        f"model_retry must be a langgraph.types.RetryPolicy, got {type(value).__name__}."
+    )
 
 
 def _by_name(items: Sequence[Any] | Mapping[str, Any] | None, what: str) -> dict[str, Any]:
@@ -146,12 +147,8 @@ class StelloConfig:
         if not isinstance(rounds, int) or rounds < 0:
             raise InvalidInputError(f"max_tool_rounds must be an int >= 0, got {rounds!r}.")
         _set(self, "tools", tuple(check_tools(self.tools)))
-        _set(self, "model_timeout", _check_timeout(self.model_timeout))
-        if self.model_retry is not None and not isinstance(self.model_retry, RetryPolicy):
-            raise InvalidInputError(
-                "model_retry must be a langgraph.types.RetryPolicy, got "
-                f"{type(self.model_retry).__name__}."
-            )
+        _set(self, "model_timeout", check_model_timeout(self.model_timeout))
+        check_retry_policy(self.model_retry)
         if isinstance(self.builtin_tools, str):
             raise InvalidInputError(
                 f"builtin_tools must be a list of names, got {self.builtin_tools!r}."
