@@ -378,6 +378,8 @@ UNKNOWN_ID_CALLS: dict[str, Callable[[World], Any]] = {
     "aconsolidate_many": lambda w: w.agent.aconsolidate_many([w.child, "nope"]),
     "set_skills": lambda w: w.agent.set_skills("nope", []),
     "skills_of": lambda w: w.agent.skills_of("nope"),
+    "askills_of": lambda w: w.agent.askills_of("nope"),
+    "aset_skills": lambda w: w.agent.aset_skills("nope", []),
     "as_tool": lambda w: w.agent.as_tool("nope"),
     "children": lambda w: w.agent.children("nope"),
     "achildren": lambda w: w.agent.achildren("nope"),
@@ -390,6 +392,7 @@ UNKNOWN_ID_CALLS: dict[str, Callable[[World], Any]] = {
     "remove": lambda w: w.agent.remove("nope"),
     "aremove": lambda w: w.agent.aremove("nope"),
     "session": lambda w: w.agent.session("nope"),
+    "asession": lambda w: w.agent.asession("nope"),
     "child": lambda w: w.agent.child("nope"),
 }
 """Every `StelloAgent` operation addressed to a session, called with an id that exists nowhere."""
@@ -415,14 +418,15 @@ def test_the_table_covers_every_operation_on_a_session(figures: Figures) -> None
         "config": "names a checkpoint thread; reads nothing",
         "failures": "an unknown id simply has no failures",
         "clear_failures": "an unknown id simply has no failures",
+        "afailures": "an unknown id simply has no failures",
+        "aclear_failures": "an unknown id simply has no failures",
         "hold": "a context manager: the session is checked on entering it",
         "ahold": "a context manager: the session is checked on entering it",
     }
     addressed = {
         name
-        for name, member in vars(StelloAgent).items()
+        for name, member in inspect.getmembers(StelloAgent, callable)
         if not name.startswith("_")
-        and callable(member)
         and list(inspect.signature(member).parameters)[1:2]
         in (["session_id"], ["source_id"], ["session_ids"])
     }
