@@ -120,7 +120,6 @@ class StelloRuntime:
         self._overrides: dict[str, _Overrides] = {}
         self._sessions: dict[str, _Cached] = {}
         self._tool_nodes: dict[tuple[int, ...], ToolNode] = {}
-        self._final_l2s: set[str] = set()
         self._lock = threading.RLock()
         from stello_graph.nodes.builtin_tools import BuiltinTools
 
@@ -180,20 +179,37 @@ class StelloRuntime:
         return self._scheduler
 
     def hold_final_l2(self, session_id: str) -> None:
-        """Have the next flat integration (scheduled or called) bring this archived session's
-        final L2 (see `on_archive`)."""
-        with self._lock:
-            self._final_l2s.add(session_id)
+        """Have the next flat integration (scheduled or called, in any process) bring this
+        archived session's final L2 (see `on_archive`). Kept with the tree, so a process that
+        stops before that integration leaves the note for the next one."""
+        s = self.storage
+        with s.transaction():
+            held = set(_final_ids(s.get_global(FINAL_L2S_KEY)))
+            s.put_global(FINAL_L2S_KEY, sorted(held | {session_id}))
 
     def final_l2s(self) -> list[str]:
         """The archived sessions whose final L2 no integration has included yet."""
-        with self._lock:
-            return sorted(self._final_l2s)
+        return _final_ids(self.storage.get_global(FINAL_L2S_KEY))
+
+    async def afinal_l2s(self) -> list[str]:
+        """Async twin of `final_l2s`."""
+        return _final_ids(await self.storage.aget_global(FINAL_L2S_KEY))
 
     def final_l2s_integrated(self, session_ids: Iterable[str]) -> None:
         """These final L2s reached an integration: forget them."""
-        with self._lock:
-            self._final_l2s.difference_update(session_ids)
+        done, s = set(session_ids), self.storage
+        if done:
+            with s.transaction():
+                held = _final_ids(s.get_global(FINAL_L2S_KEY))
+                s.put_global(FINAL_L2S_KEY, [x for x in held if x not in done])
+
+    async def afinal_l2s_integrated(self, session_ids: Iterable[str]) -> None:
+        """Async twin of `final_l2s_integrated`."""
+        done, s = set(session_ids), self.storage
+        if done:
+            async with s.atransaction():
+                held = _final_ids(await s.aget_global(FINAL_L2S_KEY))
+                await s.aput_global(FINAL_L2S_KEY, [x for x in held if x not in done])
 
     def integrate_function(self) -> IntegrateFn:
         """The integrate function, or a clear error when none was given."""
@@ -386,3 +402,11 @@ class StelloRuntime:
 
 StelloDeps = StelloRuntime
 """The earlier name of `StelloRuntime`."""
+
+
+FINAL_L2S_KEY = "stello:final_l2s"
+"""The tree's global key listing archived sessions whose final L2 awaits an integration."""
+
+
+def _final_ids(value: object) -> list[str]:
+    return [x for x in value if isinstance(x, str)] if isinstance(value, list) else []

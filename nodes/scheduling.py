@@ -116,13 +116,13 @@ def integrate_flat(deps: StelloDeps, main: MainSession) -> IntegrationResult:
 
 async def aintegrate_flat(deps: StelloDeps, main: MainSession) -> IntegrationResult:
     """Async twin of `integrate_flat`."""
-    final = deps.final_l2s()
+    final = await deps.afinal_l2s()
     try:
         result = await main.aintegrate(deps.integrate_function(), include_archived=final)
     except NothingToIntegrateError:
-        deps.final_l2s_integrated(final)
+        await deps.afinal_l2s_integrated(final)
         raise
-    deps.final_l2s_integrated(final)
+    await deps.afinal_l2s_integrated(final)
     announce_integration(deps, main.id, result)
     return result
 

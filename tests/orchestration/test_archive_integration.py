@@ -7,10 +7,12 @@ which read only active sessions, do not). No insight goes to the archived branch
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from langchain_core.messages import BaseMessage
 
-from stello_graph import IntegrationResult, Schedule
+from stello_graph import IntegrationResult, Schedule, StelloAgent
 from stello_graph.models import ChildL2
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory
@@ -86,3 +88,39 @@ def test_archived_branch_alone_is_integrated(make_agent: AgentFactory) -> None:
     assert agent.failures() == []
     assert integrate.inputs == [{only: "final: all there is / r"}]
     assert agent.main.synthesis() == "synthesis 1"
+
+
+def test_a_final_l2_waiting_for_integration_outlives_the_agent(tmp_path: Path) -> None:
+    """The note that an archived branch's final L2 awaits an integration is kept with the
+    tree: an integration that failed leaves it for an agent opened later."""
+
+    def failing(children: list[ChildL2], current: str | None) -> IntegrationResult:
+        raise RuntimeError("integration is down")
+
+    db = tmp_path / "stello.db"
+    schedule = Schedule(
+        consolidate_on_archive=True, integrate_after_consolidate=True, retry_attempts=1
+    )
+    with StelloAgent(
+        model=ScriptedChatModel(default="r"),
+        storage=db,
+        consolidate_fn=summary,
+        integrate_fn=failing,
+        schedule=schedule,
+    ) as first:
+        done = first.fork(first.main_session_id, "Done").id
+        other = first.fork(first.main_session_id, "Other").id
+        first.turn(other, "still going")
+        first.consolidate(other)
+        first.turn(done, "the conclusion")
+        first.archive(done)
+        assert first.drain(10)
+        assert first.failures()  # the integration after the archive failed
+    integrate = Recorder()
+    with StelloAgent(
+        model=ScriptedChatModel(default="r"), storage=db, integrate_fn=integrate
+    ) as later:
+        later.integrate()
+        assert done in integrate.inputs[-1]  # the archived branch's final L2 came along
+        later.integrate()
+        assert done not in integrate.inputs[-1] and other in integrate.inputs[-1]  # once
