@@ -83,6 +83,19 @@ class BackgroundFailure:
     at: datetime = field(default_factory=utcnow)
     traceback: str = ""
 
+    def as_dict(self, *, traceback_chars: int | None = None) -> dict[str, Any]:
+        """The failure as JSON-ready data (the traceback's last `traceback_chars`, if given)."""
+        tail = self.traceback if traceback_chars is None else self.traceback[-traceback_chars:]
+        return {
+            "kind": self.kind,
+            "session_id": self.session_id,
+            "error_type": self.error_type,
+            "message": self.message,
+            "attempts": self.attempts,
+            "at": self.at.isoformat(),
+            "traceback": tail,
+        }
+
 
 Job = Callable[[], object]
 
@@ -102,18 +115,6 @@ class FailureLog(Protocol):
 
 def _of(failures: Iterable[BackgroundFailure], session_id: str | None) -> list[BackgroundFailure]:
     return [f for f in failures if session_id is None or f.session_id == session_id]
-
-
-def _failure_dict(failure: BackgroundFailure) -> dict[str, Any]:
-    return {
-        "kind": failure.kind,
-        "session_id": failure.session_id,
-        "error_type": failure.error_type,
-        "message": failure.message,
-        "attempts": failure.attempts,
-        "at": failure.at.isoformat(),
-        "traceback": failure.traceback[-_TRACEBACK_CHARS:],
-    }
 
 
 def _failure_from(value: object) -> BackgroundFailure | None:
@@ -149,7 +150,9 @@ class StorageFailureLog:
 
     def append(self, failure: BackgroundFailure) -> None:
         with self._storage.transaction():
-            kept = [*self._stored(), _failure_dict(failure)][-_KEPT_FAILURES:]
+            kept = [*self._stored(), failure.as_dict(traceback_chars=_TRACEBACK_CHARS)][
+                -_KEPT_FAILURES:
+            ]
             self._storage.put_global(FAILURES_KEY, kept)
 
     def read(self, session_id: str | None = None) -> list[BackgroundFailure]:

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stello_graph.inspector._views import failure_dict, session_stats
+from stello_graph.inspector._views import session_stats
 from stello_graph.models import SessionStats, utcnow
 from stello_graph.schedule import StorageFailureLog
 from stello_graph.storage import MainStorage
@@ -143,7 +143,7 @@ class PollingEventSource:
 
     def _new_failures(self) -> None:
         for failure in StorageFailureLog(self._storage).read():
-            data = failure_dict(failure)
+            data = failure.as_dict()
             key = (data["at"], data["kind"], str(data["session_id"]), data["message"])
             if key not in self._failures:
                 self._failures.add(key)

@@ -22,13 +22,12 @@ from stello_graph._context import (
 from stello_graph.compression import CompressionPolicy, plan_cut
 from stello_graph.errors import SessionNotFoundError
 from stello_graph.models import SessionMeta, SessionStats
-from stello_graph.schedule import BackgroundFailure, StorageFailureLog
+from stello_graph.schedule import StorageFailureLog
 from stello_graph.storage import MainStorage
 
 __all__ = [
     "CHARS_PER_TOKEN",
     "context_view",
-    "failure_dict",
     "records_page",
     "session_stats",
     "session_view",
@@ -79,19 +78,6 @@ def _stats_of(
 def _turns_after(storage: MainStorage, session_id: str, through: int) -> int:
     """User turns among the records after the first `through` (the L2's staleness)."""
     return sum(r.type == "human" for r in storage.list_records(session_id, offset=through))
-
-
-def failure_dict(failure: BackgroundFailure) -> dict[str, Any]:
-    """A stored background failure as JSON (without its traceback's length limit)."""
-    return {
-        "kind": failure.kind,
-        "session_id": failure.session_id,
-        "error_type": failure.error_type,
-        "message": failure.message,
-        "attempts": failure.attempts,
-        "at": failure.at.isoformat(),
-        "traceback": failure.traceback,
-    }
 
 
 TREE_FIELDS = (
@@ -200,7 +186,7 @@ def session_view(storage: MainStorage, session_id: str) -> dict[str, Any]:
         "subtree_synthesis": storage.get_subtree_synthesis(session_id),
         "compression": compression.model_dump(mode="json") if compression else None,
         "settings": storage.get_settings(session_id),
-        "failures": [failure_dict(f) for f in StorageFailureLog(storage).read(session_id)],
+        "failures": [f.as_dict() for f in StorageFailureLog(storage).read(session_id)],
     }
 
 

@@ -12,21 +12,9 @@ import pytest
 from stello_graph import ChildL2, IntegrationError, IntegrationResult, StelloAgent
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory
+from tests.orchestration.test_tree import okr
 
 UNDER = "\n\nWhat the sessions under it found: "
-
-
-def okr(agent: StelloAgent) -> dict[str, str]:
-    """Objective (main) -> KR1 (tasks T1a, T1b), KR2 (task T2a), KR3; an L2 for all."""
-    ids = {"O": agent.main_session_id}
-    for kr in ("KR1", "KR2", "KR3"):
-        ids[kr] = agent.fork(ids["O"], kr).id
-    for task, kr in (("T1a", "KR1"), ("T1b", "KR1"), ("T2a", "KR2")):
-        ids[task] = agent.fork(ids[kr], task).id
-    for name, sid in ids.items():
-        if name != "O":
-            agent.storage.put_memory(sid, f"L2 of {name}")
-    return ids
 
 
 class Integrator:
