@@ -38,6 +38,11 @@ it, which keeps L3 small) and `turn_seq` (the record's position in its turn, fro
 partial index on `turn_id` (one entry per turn) for the commit's idempotency check. Records
 written before version 5 get turn ids derived by user turn: a turn starts at a user message
 and takes its id (or, without one, an id derived from the record's place).
+
+Version 6 adds to `stello_sessions` the lineage of forked sessions: `forked_from` (the
+source session's id, `NULL` for a session that was not forked; not a foreign key, since the
+lineage outlives a removed source) and `forked_at_turn` (the source's 1-based user turn the
+child's context ends at, or `NULL`).
 """
 
 from __future__ import annotations
@@ -231,12 +236,19 @@ def _v5_turn_ids(db: Database) -> None:
     )
 
 
+def _v6_lineage(db: Database) -> None:
+    sessions = db.table(SESSIONS)
+    sessions.add_column("forked_from", str)
+    sessions.add_column("forked_at_turn", int)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_initial,
     _v2_tree_memory,
     _v3_record_changes,
     _v4_session_lease,
     _v5_turn_ids,
+    _v6_lineage,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

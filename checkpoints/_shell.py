@@ -49,6 +49,7 @@ from stello_graph.errors import (
     SessionNotFoundError,
     TopologyCycleError,
 )
+from stello_graph.lineage import ForkPoint
 from stello_graph.models import (
     ChildL2,
     Compression,
@@ -74,6 +75,7 @@ FIELDS = frozenset(
         *("system_prompt", "insight", "memory", "memory_through", "turn_count"),
         *("subtree_synthesis", "compression", "compression_through", "settings"),
         *("lease_owner", "lease_token", "lease_expires", "lease_waiter", "lease_wait_until"),
+        *("forked_from", "forked_at_turn"),
     }
 )
 """Per-session values read and written through `op_get_fields` / `op_set_fields`."""
@@ -588,6 +590,77 @@ class BackendStorage:
     async def acheck_lease(self, lease: Lease) -> None:
         await self._txn.aread(self._check_lease, _checked_lease(lease))
 
+    # -- branching: copied records, lineage, bulk texts -------------------------------------
+    def copy_records(self, source_id: str, target_id: str, *, count: int) -> int:
+        """Append the first `count` records of `source_id` after those of `target_id`, as
+        stored (no decoding, each keeps its `(turn_id, turn_seq)`); return the target's
+        number of records afterwards. A fork uses it when nothing has to be rewritten.
+
+        Raises:
+            SessionNotFoundError: either session is missing.
+            InvalidInputError: a bad id or count, or `count` is more than the source's
+                records (counted in the write's own transaction).
+        """
+        args = _copy_args(source_id, target_id, count)
+        return self._txn.write(self._copy_records, *args)
+
+    async def acopy_records(self, source_id: str, target_id: str, *, count: int) -> int:
+        """Async twin of `copy_records`."""
+        args = _copy_args(source_id, target_id, count)
+        return await self._txn.awrite(self._copy_records, *args)
+
+    def get_lineage(self, session_id: str) -> ForkPoint | None:
+        """Where the session was forked from (`forked_from`, `forked_at_turn`); `None` for
+        a session that was not forked (or does not exist)."""
+        return self._txn.read(self._lineage, check_identifier(session_id))
+
+    async def aget_lineage(self, session_id: str) -> ForkPoint | None:
+        """Async twin of `get_lineage`."""
+        return await self._txn.aread(self._lineage, check_identifier(session_id))
+
+    def put_lineage(self, session_id: str, source_id: str, at_turn: int | None) -> None:
+        """Record that the session was forked from `source_id` at its user turn `at_turn`."""
+        self._txn.write(self._backend.op_set_fields, *_lineage_args(session_id, source_id, at_turn))
+
+    async def aput_lineage(self, session_id: str, source_id: str, at_turn: int | None) -> None:
+        """Async twin of `put_lineage`."""
+        args = _lineage_args(session_id, source_id, at_turn)
+        await self._txn.awrite(self._backend.op_set_fields, *args)
+
+    def list_lineage(self) -> dict[str, ForkPoint]:
+        """The fork point of every forked session of the tree, by session id (one read)."""
+        return _fork_points(self._txn.read(self._backend.op_all_fields, _LINEAGE))
+
+    async def alist_lineage(self) -> dict[str, ForkPoint]:
+        """Async twin of `list_lineage`."""
+        return _fork_points(await self._txn.aread(self._backend.op_all_fields, _LINEAGE))
+
+    def list_session_texts(self) -> dict[str, tuple[str | None, str | None]]:
+        """`(memory, insight)` of every session that has either, by id (one read): the L2
+        (the synthesis, for the main session) and the pending insight."""
+        return _texts(self._txn.read(self._backend.op_all_fields, _TEXTS))
+
+    async def alist_session_texts(self) -> dict[str, tuple[str | None, str | None]]:
+        """Async twin of `list_session_texts`."""
+        return _texts(await self._txn.aread(self._backend.op_all_fields, _TEXTS))
+
+    def _copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        for session_id in (source_id, target_id):
+            if not self._backend.op_session_exists(session_id):
+                raise SessionNotFoundError(session_id)
+        if count > (available := self._backend.op_count(source_id)):
+            raise InvalidInputError(
+                f"count={count} is beyond the {available} record(s) of session "
+                f"{source_id!r}; pass at most {available}."
+            )
+        return self._backend.op_copy_records(source_id, target_id, count)
+
+    def _lineage(self, session_id: str) -> ForkPoint | None:
+        values = self._backend.op_get_fields(session_id, _LINEAGE)
+        if values is None or values[0] is None:
+            return None
+        return ForkPoint(session_id, values[0], values[1])
+
     # -- compositions of primitives (run under the lock) ----------------------------------
     _LEASE = ("lease_owner", "lease_token", "lease_expires")
     _QUEUE = (*_LEASE, "lease_waiter", "lease_wait_until")
@@ -817,3 +890,35 @@ def _checked_lease(lease: object) -> Lease:
 
 def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+_LINEAGE = ("forked_from", "forked_at_turn")
+_TEXTS = ("memory", "insight")
+
+
+def _copy_args(source_id: object, target_id: object, count: object) -> tuple[str, str, int]:
+    source, target = check_identifier(source_id), check_identifier(target_id, "target_id")
+    if source == target:
+        raise InvalidInputError(
+            f"copy_records copies records into another session, got {source!r} twice."
+        )
+    return source, target, check_non_negative(count, "count")
+
+
+def _lineage_args(
+    session_id: object, source_id: object, at_turn: object
+) -> tuple[str, dict[str, Any]]:
+    sid, source = check_identifier(session_id), check_identifier(source_id, "source_id")
+    if at_turn is not None:
+        at_turn = check_non_negative(at_turn, "at_turn")
+        if at_turn == 0:
+            raise InvalidInputError("at_turn is a 1-based user turn (or None), got 0.")
+    return sid, {"forked_from": source, "forked_at_turn": at_turn}
+
+
+def _fork_points(rows: list[tuple[Any, ...]]) -> dict[str, ForkPoint]:
+    return {row[0]: ForkPoint(row[0], row[1], row[2]) for row in rows if row[1] is not None}
+
+
+def _texts(rows: list[tuple[Any, ...]]) -> dict[str, tuple[str | None, str | None]]:
+    return {row[0]: (row[1], row[2]) for row in rows if row[1] is not None or row[2] is not None}

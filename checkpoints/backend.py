@@ -1,7 +1,7 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: twenty-one primitive operations (`op_*`) and the six
+It implements `StorageBackend`: twenty-three primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
@@ -114,6 +114,11 @@ class StorageBackend(Protocol):
         """Set the given `FIELDS`; raise `SessionNotFoundError` when the session is missing."""
         ...
 
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        """`(id, *values)` of every session, with the named `FIELDS` in that order, in
+        creation order (one read for a whole tree: lineage, digests)."""
+        ...
+
     def op_delete_sessions(self, session_ids: list[str]) -> None:
         """Delete the sessions with all their data and their nodes (children come first)."""
         ...
@@ -153,6 +158,16 @@ class StorageBackend(Protocol):
 
     def op_drop_oldest(self, session_id: str, count: int) -> None:
         """Delete the `count` oldest records (cursors are moved by the caller)."""
+        ...
+
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        """Append the first `count` records of `source_id` (in append order) after the
+        existing records of `target_id`, keeping each record's stored form and its
+        `(turn_id, turn_seq)`; return the number of records of the target afterwards.
+        Rows are copied inside the database (no decode / re-encode); the target's
+        `updated_at` and `turn_count` are left as they are. The caller checked that
+        `count` is at most the source's records and that the two ids differ. Raise
+        `SessionNotFoundError` when either session is missing."""
         ...
 
     # -- topology -------------------------------------------------------------------------

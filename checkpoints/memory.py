@@ -63,6 +63,8 @@ class _Session:
     lease_expires: float = 0.0
     lease_waiter: str | None = None
     lease_wait_until: float = 0.0
+    forked_from: str | None = None
+    forked_at_turn: int | None = None
 
 
 @dataclass
@@ -292,6 +294,19 @@ class InMemoryMainStorage(BackendStorage):
         session = self._session(session_id)
         self._set(session, "records", session.records[count:])
         self._set(session, "turns", session.turns[count:])
+
+    # -- branching ------------------------------------------------------------------------
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        source, target = self._session(source_id), self._session(target_id)
+        # the decoded records are shared, as they are never mutated (reads hand out copies)
+        self._set(target, "turns", [*target.turns, *source.turns[:count]])
+        self._set(target, "records", [*target.records, *source.records[:count]])
+        return len(target.records)
+
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        return [
+            (s.row[0], *(getattr(s, name) for name in names)) for s in self._in_creation_order()
+        ]
 
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:

@@ -363,6 +363,43 @@ class SqliteMainStorage(BackendStorage):
         )
         self._cache.drop_oldest(session_id, count)
 
+    # -- branching (contract B: rows copied inside the database) --------------------------
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        tree = self.tree_id
+        next_seq = f"SELECT next_seq FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        found = [self._q(next_seq, (tree, sid)).fetchone() for sid in (source_id, target_id)]
+        for sid, row in zip((source_id, target_id), found, strict=True):
+            if row is None:
+                raise SessionNotFoundError(sid)
+        first: int = found[1][0]
+        # A session's seqs are contiguous from its first record (see `op_session_stats`),
+        # and its first record always carries its turn's id (`op_drop_oldest` keeps it so):
+        # the copied prefix reads back with the same turns.
+        copied = self._q(
+            f"""INSERT INTO {RECORDS}
+                (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
+            SELECT r.tree_id, ?, ? + r.seq - m.low, r.type, r.data, r.created_at, r.turn_id,
+                r.turn_seq
+            FROM {RECORDS} r, (SELECT MIN(seq) AS low FROM {RECORDS}
+                WHERE tree_id = ? AND session_id = ?) m
+            WHERE r.tree_id = ? AND r.session_id = ? AND r.seq < m.low + ?""",
+            (target_id, first, tree, source_id, tree, source_id, count),
+        ).rowcount
+        sql = f"UPDATE {SESSIONS} SET next_seq = ? WHERE tree_id = ? AND id = ?"
+        self._q(sql, (first + copied, tree, target_id))
+        source = self._cache.get(source_id)
+        target = self._cache.get(target_id)
+        self._cache.discard(target_id)  # marks it touched: a rollback forgets it
+        if source is not None and (target is not None or first == 0):
+            self._cache.put(target_id, [*(target or ()), *source[:count]])
+        return self.op_count(target_id)
+
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        assert FIELDS.issuperset(names)
+        columns = "".join(f", {name}" for name in names)
+        sql = f"SELECT id{columns} FROM {SESSIONS} WHERE tree_id = ? ORDER BY created_seq"
+        return [tuple(row) for row in self._q(sql, (self.tree_id,))]
+
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? AND id = ?"

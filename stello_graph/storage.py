@@ -9,7 +9,7 @@ method the library calls is here (it never probes a storage for optional ones). 
 has an async twin prefixed with `a` (`get_session` / `aget_session`). The reference
 implementations live in `stello_graph.checkpoints`: `SqliteMainStorage` and
 `InMemoryMainStorage`. A new storage does not implement these protocols by hand: it
-implements the twenty-one primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
+implements the twenty-three primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
 `BackendStorage(backend)` builds all of this on them.
 
 Rules every implementation follows (the test suite holds both reference implementations to
@@ -34,6 +34,7 @@ from typing import Any, Literal, Protocol
 
 from langchain_core.messages import BaseMessage
 
+from stello_graph.lineage import ForkPoint
 from stello_graph.models import (
     ChildL2,
     Compression,
@@ -245,6 +246,20 @@ class SessionStorage(Protocol):
         transaction that commits what the holder did)."""
         ...
 
+    # -- branching ------------------------------------------------------------------------
+    def copy_records(self, source_id: str, target_id: str, *, count: int) -> int:
+        """Append the first `count` records of `source_id` after those of `target_id` as
+        they are stored (each keeps its turn); return the target's number of records."""
+        ...
+
+    def get_lineage(self, session_id: str) -> ForkPoint | None:
+        """Where the session was forked from, or `None` (not forked, or no such session)."""
+        ...
+
+    def put_lineage(self, session_id: str, source_id: str, at_turn: int | None) -> None:
+        """Record the session's fork point: its source and the source's user turn."""
+        ...
+
     # -- transactions ---------------------------------------------------------------------
     def transaction(self) -> AbstractContextManager[None]:
         """A re-entrant context in which every write is atomic."""
@@ -305,6 +320,9 @@ class SessionStorage(Protocol):
     async def arelease_lease(self, lease: Lease) -> bool: ...
     async def aget_lease(self, session_id: str) -> Lease | None: ...
     async def acheck_lease(self, lease: Lease) -> None: ...
+    async def acopy_records(self, source_id: str, target_id: str, *, count: int) -> int: ...
+    async def aget_lineage(self, session_id: str) -> ForkPoint | None: ...
+    async def aput_lineage(self, session_id: str, source_id: str, at_turn: int | None) -> None: ...
     def atransaction(self) -> AbstractAsyncContextManager[None]: ...
 
 
@@ -371,6 +389,15 @@ class MainStorage(SessionStorage, Protocol):
     def get_global(self, key: str) -> Any: ...
     def put_global(self, key: str, value: Any) -> None: ...
 
+    # -- whole-tree reads of branching -----------------------------------------------------
+    def list_lineage(self) -> dict[str, ForkPoint]:
+        """The fork point of every forked session, by id (one read)."""
+        ...
+
+    def list_session_texts(self) -> dict[str, tuple[str | None, str | None]]:
+        """`(memory, insight)` of every session having either, by id (one read)."""
+        ...
+
     # -- async twins ----------------------------------------------------------------------
     async def aget_all_session_l2s(self) -> list[ChildL2]: ...
     async def alist_sessions(
@@ -389,3 +416,5 @@ class MainStorage(SessionStorage, Protocol):
     async def aremove_node(self, node_id: str, *, cascade: bool = False) -> list[str]: ...
     async def aget_global(self, key: str) -> Any: ...
     async def aput_global(self, key: str, value: Any) -> None: ...
+    async def alist_lineage(self) -> dict[str, ForkPoint]: ...
+    async def alist_session_texts(self) -> dict[str, tuple[str | None, str | None]]: ...
