@@ -157,9 +157,9 @@ def _meta(storage: MainStorage, session_id: str) -> SessionMeta:
 
 
 def session_view(storage: MainStorage, session_id: str) -> dict[str, Any]:
-    """`GET /api/sessions/{id}`: meta, place in the tree, L2 (with the records it covers and
-    how stale it is), pending insight, system prompt, subtree synthesis; the synthesis for
-    the main session; its stored background failures."""
+    """`GET /api/sessions/{id}`: meta, place in the tree, lineage, L2 (with the records it
+    covers and how stale it is), pending insight, system prompt, subtree synthesis; the
+    synthesis for the main session; its stored background failures."""
     meta = _meta(storage, session_id)
     node = storage.get_node(session_id)
     main = meta.role == "main"
@@ -187,6 +187,21 @@ def session_view(storage: MainStorage, session_id: str) -> dict[str, Any]:
         "compression": compression.model_dump(mode="json") if compression else None,
         "settings": storage.get_settings(session_id),
         "failures": [f.as_dict() for f in StorageFailureLog(storage).read(session_id)],
+        "lineage": _lineage(storage, session_id),
+    }
+
+
+def _lineage(storage: MainStorage, session_id: str) -> dict[str, Any] | None:
+    """Where a forked session came from: its source (and that one's label, if it still
+    exists) and the source's turn it starts from."""
+    point = storage.get_lineage(session_id)
+    if point is None:
+        return None
+    source = storage.get_session(point.source_id)
+    return {
+        "forked_from": point.source_id,
+        "source_label": source.label if source is not None else None,
+        "forked_at_turn": point.at_turn,
     }
 
 
