@@ -41,6 +41,7 @@ from stello_graph.checkpoints._validate import (
     page_args,
     session_filter_args,
 )
+from stello_graph.digest import SessionDigest, digest_from_row
 from stello_graph.errors import (
     InvalidInputError,
     LeaseLostError,
@@ -590,7 +591,7 @@ class BackendStorage:
     async def acheck_lease(self, lease: Lease) -> None:
         await self._txn.aread(self._check_lease, _checked_lease(lease))
 
-    # -- branching: copied records, lineage, bulk texts -------------------------------------
+    # -- branching: copied records, lineage, digests ---------------------------------------
     def copy_records(self, source_id: str, target_id: str, *, count: int) -> int:
         """Append the first `count` records of `source_id` after those of `target_id`, as
         stored (no decoding, each keeps its `(turn_id, turn_seq)`); return the target's
@@ -635,14 +636,15 @@ class BackendStorage:
         """Async twin of `list_lineage`."""
         return _fork_points(await self._txn.aread(self._backend.op_all_fields, _LINEAGE))
 
-    def list_session_texts(self) -> dict[str, tuple[str | None, str | None]]:
-        """`(memory, insight)` of every session that has either, by id (one read): the L2
-        (the synthesis, for the main session) and the pending insight."""
-        return _texts(self._txn.read(self._backend.op_all_fields, _TEXTS))
+    def list_session_digests(self) -> list[SessionDigest]:
+        """Every session's `SessionDigest` (label, status, parent, turns, L2, staleness,
+        pending insight, last activity), in creation order, in one read."""
+        return [digest_from_row(row) for row in self._txn.read(self._backend.op_digests)]
 
-    async def alist_session_texts(self) -> dict[str, tuple[str | None, str | None]]:
-        """Async twin of `list_session_texts`."""
-        return _texts(await self._txn.aread(self._backend.op_all_fields, _TEXTS))
+    async def alist_session_digests(self) -> list[SessionDigest]:
+        """Async twin of `list_session_digests`."""
+        rows = await self._txn.aread(self._backend.op_digests)
+        return [digest_from_row(row) for row in rows]
 
     def _copy_records(self, source_id: str, target_id: str, count: int) -> int:
         for session_id in (source_id, target_id):
@@ -893,7 +895,6 @@ def _loads(text: str | None) -> Any:
 
 
 _LINEAGE = ("forked_from", "forked_at_turn")
-_TEXTS = ("memory", "insight")
 
 
 def _copy_args(source_id: object, target_id: object, count: object) -> tuple[str, str, int]:
@@ -918,7 +919,3 @@ def _lineage_args(
 
 def _fork_points(rows: list[tuple[Any, ...]]) -> dict[str, ForkPoint]:
     return {row[0]: ForkPoint(row[0], row[1], row[2]) for row in rows if row[1] is not None}
-
-
-def _texts(rows: list[tuple[Any, ...]]) -> dict[str, tuple[str | None, str | None]]:
-    return {row[0]: (row[1], row[2]) for row in rows if row[1] is not None or row[2] is not None}

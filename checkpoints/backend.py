@@ -1,7 +1,7 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: twenty-three primitive operations (`op_*`) and the six
+It implements `StorageBackend`: twenty-four primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
@@ -43,6 +43,7 @@ from langchain_core.messages import BaseMessage
 from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, RecordTurn
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
+from stello_graph.digest import DigestRow
 from stello_graph.models import (
     ChildL2,
     SessionMeta,
@@ -116,7 +117,13 @@ class StorageBackend(Protocol):
 
     def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
         """`(id, *values)` of every session, with the named `FIELDS` in that order, in
-        creation order (one read for a whole tree: lineage, digests)."""
+        creation order (one read for a whole tree: the lineage of every session)."""
+        ...
+
+    def op_digests(self) -> list[DigestRow]:
+        """Every session's `DigestRow` (`stello_graph.digest`), in creation order, read in
+        one pass: meta, node parent, turn count, memory, the user (`human`) records after the
+        memory's cursor, insight."""
         ...
 
     def op_delete_sessions(self, session_ids: list[str]) -> None:

@@ -28,6 +28,7 @@ from stello_graph.checkpoints._serde import (
 )
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
+from stello_graph.digest import DigestRow
 from stello_graph.errors import SessionNotFoundError
 from stello_graph.models import (
     ChildL2,
@@ -307,6 +308,15 @@ class InMemoryMainStorage(BackendStorage):
         return [
             (s.row[0], *(getattr(s, name) for name in names)) for s in self._in_creation_order()
         ]
+
+    def op_digests(self) -> list[DigestRow]:
+        rows: list[DigestRow] = []
+        for s in self._in_creation_order():
+            node = self._nodes.get(s.row[0])
+            stale = sum(r.type == "human" for r in s.records[s.memory_through :])
+            parent = node.node.parent_id if node is not None else None
+            rows.append((*s.row[:4], s.row[7], parent, s.turn_count, s.memory, stale, s.insight))
+        return rows
 
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:

@@ -31,6 +31,7 @@ from stello_graph.checkpoints._serde import (
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.checkpoints._validate import check_identifier, check_non_negative
+from stello_graph.digest import DigestRow
 from stello_graph.errors import (
     InvalidInputError,
     NotADatabaseError,
@@ -399,6 +400,24 @@ class SqliteMainStorage(BackendStorage):
         columns = "".join(f", {name}" for name in names)
         sql = f"SELECT id{columns} FROM {SESSIONS} WHERE tree_id = ? ORDER BY created_seq"
         return [tuple(row) for row in self._q(sql, (self.tree_id,))]
+
+    def op_digests(self) -> list[DigestRow]:
+        # The records after the L2 cursor are those from MIN(seq) + memory_through on (see
+        # `op_session_stats`); a session without records counts none.
+        rows = self._q(
+            f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
+                s.turn_count, s.memory,
+                (SELECT COUNT(*) FROM {RECORDS} r
+                    WHERE r.tree_id = s.tree_id AND r.session_id = s.id AND r.type = 'human'
+                    AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
+                        WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                s.insight
+            FROM {SESSIONS} s
+            LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
+            WHERE s.tree_id = ? ORDER BY s.created_seq""",
+            (self.tree_id,),
+        )
+        return rows.fetchall()
 
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:

@@ -4,8 +4,8 @@ A cron job or another agent that runs its own reflection (reading L2s, writing i
 with `Session.set_insight`, consolidating stale sessions with `consolidate`) asks
 `StelloAgent.digests()` which sessions need it: each `SessionDigest` has the session's
 label, status, parent, turns, L2, how stale the L2 is (user turns since it was written),
-the pending insight and the last activity. All of it comes from two whole-tree reads
-(`list_session_stats` and `list_session_texts`), never from per-session queries.
+the pending insight and the last activity. All of it comes from one whole-tree read
+(`list_session_digests`: one query on SQLite), never from per-session queries.
 
     >>> from stello_graph import StelloAgent
     >>> from stello_graph.checkpoints import InMemoryMainStorage
@@ -25,7 +25,7 @@ the pending insight and the last activity. All of it comes from two whole-tree r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from langchain_core.messages import BaseMessage
 
@@ -33,10 +33,15 @@ from stello_graph._copies import ashared_records, shared_records
 from stello_graph._flow import Call, Flow, Storage
 from stello_graph._validate import check_id
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
-from stello_graph.models import SessionMeta, SessionRole, SessionStats, SessionStatus, TopologyNode
+from stello_graph.models import SessionMeta, SessionRole, SessionStatus, TopologyNode
 from stello_graph.storage import SessionStorage
 
-__all__ = ["SessionDigest", "digest_flow", "digests_flow"]
+__all__ = ["DigestRow", "SessionDigest", "digest_flow", "digest_from_row", "digests_flow"]
+
+DigestRow = tuple[str, str, str, str, str, str | None, int, str | None, int, str | None]
+"""A session's digest as a backend reads it (`op_digests`): `(id, label, role, status,
+updated_at, parent_id, turn_count, memory, stale_turns, insight)`, `updated_at` as the ISO
+text `_serde.to_iso` writes, `stale_turns` the user records after the memory's cursor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,32 +79,29 @@ def check_status(value: object) -> SessionStatus | None:
     raise InvalidInputError(f"status must be 'active', 'archived' or None, got {value!r}.")
 
 
-def _digest(stats: SessionStats, texts: tuple[str | None, str | None]) -> SessionDigest:
+def digest_from_row(row: DigestRow) -> SessionDigest:
+    """The `SessionDigest` of a backend's row."""
+    sid, label, role, status, updated_at, parent_id, turns, memory, stale, insight = row
+    at = datetime.fromisoformat(updated_at)  # written with its offset (`_serde.to_iso`)
     return SessionDigest(
-        id=stats.id,
-        label=stats.label,
-        role=stats.role,
-        status=stats.status,
-        parent_id=stats.parent_id,
-        turns=stats.turns,
-        l2=texts[0],
-        stale_turns=stats.turns_since_memory,
-        insight=texts[1],
-        last_activity=stats.updated_at,
+        sid,
+        label,
+        role,  # type: ignore[arg-type]
+        status,  # type: ignore[arg-type]
+        parent_id,
+        turns,
+        memory,
+        stale,
+        insight,
+        at if at.tzinfo is not None else at.replace(tzinfo=UTC),
     )
-
-
-_NONE: tuple[str | None, str | None] = (None, None)
 
 
 def digests_flow(status: object = None) -> Flow[list[SessionDigest]]:
     """Every session's digest (with `status`, only those), in creation order."""
     wanted = check_status(status)
-    stats: list[SessionStats] = yield Storage("list_session_stats")
-    texts: dict[str, tuple[str | None, str | None]] = yield Storage("list_session_texts")
-    return [
-        _digest(s, texts.get(s.id, _NONE)) for s in stats if wanted is None or s.status == wanted
-    ]
+    found: list[SessionDigest] = yield Storage("list_session_digests")
+    return found if wanted is None else [d for d in found if d.status == wanted]
 
 
 def digest_flow(storage: SessionStorage, session_id: object) -> Flow[SessionDigest]:

@@ -9,7 +9,7 @@ method the library calls is here (it never probes a storage for optional ones). 
 has an async twin prefixed with `a` (`get_session` / `aget_session`). The reference
 implementations live in `stello_graph.checkpoints`: `SqliteMainStorage` and
 `InMemoryMainStorage`. A new storage does not implement these protocols by hand: it
-implements the twenty-three primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
+implements the twenty-four primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
 `BackendStorage(backend)` builds all of this on them.
 
 Rules every implementation follows (the test suite holds both reference implementations to
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from langchain_core.messages import BaseMessage
 
@@ -44,6 +44,9 @@ from stello_graph.models import (
     SessionStatus,
     TopologyNode,
 )
+
+if TYPE_CHECKING:
+    from stello_graph.digest import SessionDigest
 
 __all__ = ["MainStorage", "RecordRole", "SessionStorage", "normalize_role"]
 
@@ -394,8 +397,8 @@ class MainStorage(SessionStorage, Protocol):
         """The fork point of every forked session, by id (one read)."""
         ...
 
-    def list_session_texts(self) -> dict[str, tuple[str | None, str | None]]:
-        """`(memory, insight)` of every session having either, by id (one read)."""
+    def list_session_digests(self) -> list[SessionDigest]:
+        """Every session's digest, in creation order (one read)."""
         ...
 
     # -- async twins ----------------------------------------------------------------------
@@ -417,4 +420,4 @@ class MainStorage(SessionStorage, Protocol):
     async def aget_global(self, key: str) -> Any: ...
     async def aput_global(self, key: str, value: Any) -> None: ...
     async def alist_lineage(self) -> dict[str, ForkPoint]: ...
-    async def alist_session_texts(self) -> dict[str, tuple[str | None, str | None]]: ...
+    async def alist_session_digests(self) -> list[SessionDigest]: ...

@@ -123,15 +123,16 @@ async def test_put_lineage_refuses_bad_values(
     assert await api("get_lineage", "dst") is None
 
 
-async def test_session_texts_are_read_for_the_whole_tree(api: Api) -> None:
+async def test_digests_are_read_for_the_whole_tree(api: Api) -> None:
     await _two(api)
-    assert await api("list_session_texts") == {}
     await api("put_memory", "src", "source L2", through=2)
     await api("put_insight", "dst", "look here")
-    assert await api("list_session_texts") == {
-        "src": ("source L2", None),
-        "dst": (None, "look here"),
-    }
+    src, dst = await api("list_session_digests")
+    assert (src.id, src.label, src.role, src.status) == ("src", "Source", "standard", "active")
+    assert (src.turns, src.l2, src.stale_turns, src.insight) == (3, "source L2", 2, None)
+    assert (dst.turns, dst.l2, dst.stale_turns, dst.insight) == (0, None, 0, "look here")
+    assert src.parent_id is None
+    assert src.last_activity == (await api("get_session", "src")).updated_at
 
 
 def test_an_inheriting_fork_copies_the_stored_rows(tmp_path: Path) -> None:
