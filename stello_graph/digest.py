@@ -52,10 +52,11 @@ class SessionDigest:
         id / label / role / status: from the session's meta.
         parent_id: its topology node's parent (`None` for the main session, or a session
             outside the tree).
-        turns: its user turns.
+        turns: the user turns the session committed itself (a fork's inherited turns are
+            not counted).
         l2: its L2 (the synthesis, for the main session), or `None`.
-        stale_turns: user turns since the L2 was written (all of them without an L2): how
-            much a consolidation would add.
+        stale_turns: the user messages of its L3 after the L2's cursor (all of them, the
+            inherited ones included, without an L2): how much a consolidation would add.
         insight: the pending insight, not yet shown to the session, or `None`.
         last_activity: when the session last changed (`updated_at`: its meta or its L3).
     """
