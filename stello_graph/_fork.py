@@ -39,6 +39,7 @@ from stello_graph._validate import (
     check_tags,
     new_id,
 )
+from stello_graph.checkpoints._serde import with_turn
 from stello_graph.errors import (
     DuplicateLabelError,
     DuplicateSessionError,
@@ -313,8 +314,14 @@ def _inherit_flow(storage: SessionStorage, req: ForkRequest, child_id: str) -> F
     copy = getattr(storage, "copy_records", None) is not None
     if prefix and copy and is_clean(prefix):
         yield Storage("copy_records", req.source_id, child_id, count=end)
-    elif prefix:
-        clean = [m.model_copy() for m in sanitize_history(prefix)]
+    elif prefix:  # some records must go: write the others again, each keeping its turn
+        keep = {id(m) for m in sanitize_history(prefix)}
+        turns: list[tuple[str, int]] = yield Storage("list_record_turns", req.source_id)
+        clean = [
+            with_turn(m.model_copy(), *t)
+            for m, t in zip(prefix, turns, strict=False)
+            if id(m) in keep
+        ]
         if clean:
             yield Storage("append_records", child_id, clean)
     return turn or None

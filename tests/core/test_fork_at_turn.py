@@ -166,6 +166,9 @@ async def test_an_unclean_history_is_sanitised_instead_of_copied(
     assert _contents(child) == ["q1", "a1", "q2", "a2"]
     whole = await _fork(mode, source, "Whole", context="inherit")
     assert _contents(whole) == ["q1", "a1", "q2", "a2", "q3", "a3"]
+    source_turns = main_storage.list_record_turns(source.id)
+    kept = source_turns[:4] + source_turns[5:]  # the orphan is dropped, the others keep turns
+    assert main_storage.list_record_turns(whole.id) == kept
     assert main_storage.get_lineage(whole.id) == ForkPoint(whole.id, source.id, 3)
 
 
