@@ -395,7 +395,9 @@ class Session(SessionBase):
 
         If this session has a TopologyNode, the child's node is written under it in the
         same transaction as the child. A standalone session (a storage with no main
-        session) forks standalone children, without nodes.
+        session) forks standalone children, without nodes. Either way the child's lineage
+        (this session, and the user turn its context ends at) is stored with it
+        (`storage.get_lineage(child.id)`).
         """
         _check_child_setup(model, tools)
         req = ForkRequest.build(
