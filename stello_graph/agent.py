@@ -98,7 +98,8 @@ class ForkOptions(TypedDict, total=False):
     or a function of the source's records."""
     at_turn: int
     """Start from the end of this user turn of the source (1-based; negative counts from
-    the end) instead of its whole history; needs a `context` other than `"none"`."""
+    the end; counted in the source's L3, inherited turns included) instead of its whole
+    history; needs a `context` other than `"none"`."""
     system_prompt: str
     """The child's system prompt."""
     inherit_system_prompt: bool
