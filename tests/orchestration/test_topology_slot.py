@@ -198,3 +198,13 @@ def test_bad_slot_limits_are_refused(kwargs: dict[str, object], message: str) ->
 def test_unique_labels_must_be_a_bool() -> None:
     with pytest.raises(InvalidInputError, match="unique_labels must be a bool"):
         StelloConfig(unique_labels="yes")  # type: ignore[arg-type]
+
+
+async def test_an_async_turn_shows_the_slot_too(make_agent: AgentFactory) -> None:
+    model = ScriptedChatModel(default="ok")
+    agent = make_agent(model=model, topology_slot=True)
+    ids = _tree(agent)
+    await agent.aturn(ids["green"], "hello")
+    system = str(model.prompts[-1][0].content)
+    assert "      - Green tea  <- you are here" in system
+    assert system.index("<session_identity>") < system.index(f"<{SLOT_TAG}>")
