@@ -386,7 +386,9 @@ async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMet
 
 def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
     source = _check_source((yield Storage("get_session", req.source_id)), req.source_id)
-    yield from _node_flow(req.source_id)  # refuse early, before any function runs
+    # refuse early, before any function runs (and again in the write's transaction)
+    if (yield from _node_flow(req.source_id)) and req.unique_label:
+        yield from _label_flow(req)
     source_prompt = yield Storage("get_system_prompt", req.source_id)
     records = yield from _records_flow(storage, req)
     turn = 0

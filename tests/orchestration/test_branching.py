@@ -124,6 +124,10 @@ def test_labels_unique_among_siblings_when_asked(make_agent: AgentFactory) -> No
     assert (caught.value.parent_id, caught.value.sibling_id) == (source.id, first.id)
     assert len(agent.storage.list_sessions()) == before
     agent.fork(agent.main_session_id, "Pricing")  # another parent: not a sibling
+    before_calls = model.call_count
+    with pytest.raises(DuplicateLabelError):  # refused before the model summarises anything
+        agent.fork(source.id, "Pricing", context="compress")
+    assert model.call_count == before_calls
     # the model is told, and no duplicate is made
     _talk(agent, source.id, "hello", "make a pricing branch")
     assert [n.label for n in agent.children(source.id)] == ["Pricing"]
