@@ -102,8 +102,10 @@ class Link:
     ) -> None:
         if isinstance(target, psycopg_pool.ConnectionPool):
             self.pool: psycopg_pool.ConnectionPool[Any] | None = target
-            self.conninfo = target.conninfo
-            kwargs = dict(target.kwargs or {})
+            # a pool's conninfo and kwargs may be functions (credentials that rotate)
+            conninfo, found = target.conninfo, target.kwargs
+            self.conninfo: str = conninfo() if callable(conninfo) else conninfo
+            kwargs = dict((found() if callable(found) else found) or {})
         elif isinstance(target, str):
             self.pool, self.conninfo, kwargs = None, target, {}
         else:
@@ -128,7 +130,7 @@ class Link:
         """A sync connection: the storage's own (reconnected if lost), or one of the pool."""
         if self.pool is not None:
             try:
-                conn = self.pool.getconn()
+                conn: psycopg.Connection[Any] = self.pool.getconn()
             except psycopg_pool.PoolTimeout as exc:
                 raise StorageUnavailableError(
                     f"No connection to PostgreSQL at {self.where} from the pool: {exc}"
@@ -194,7 +196,9 @@ class Link:
         self._aconns.clear()
 
     # -- statements -----------------------------------------------------------------------
-    def error(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], exc: psycopg.Error) -> StorageError:
+    def error(
+        self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], exc: psycopg.Error
+    ) -> StorageError:
         """The typed error of a failed statement."""
         if conn.broken or conn.closed:
             return StorageUnavailableError(
@@ -319,9 +323,7 @@ def _params(params: Sequence[Any]) -> Sequence[Any] | None:
 def _rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     if not any(isinstance(v, str) and v.startswith(_MARK) for row in rows for v in row):
         return rows
-    return [
-        tuple(unescape_text(v) if isinstance(v, str) else v for v in row) for row in rows
-    ]
+    return [tuple(unescape_text(v) if isinstance(v, str) else v for v in row) for row in rows]
 
 
 def _last_row(cur: Any) -> Any:
@@ -465,4 +467,3 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-

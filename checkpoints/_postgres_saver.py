@@ -97,7 +97,7 @@ def postgres_saver(conninfo: str, *, connect_timeout: float = 10.0) -> StelloPos
         timeout=max(1.0, connect_timeout),
         name="stello-checkpoints",
     )
-    saver = StelloPostgresSaver(pool)  # type: ignore[arg-type]
+    saver = StelloPostgresSaver(pool)
     try:
         pool.open(wait=True, timeout=max(1.0, connect_timeout))
         with pool.connection() as conn:
@@ -123,7 +123,8 @@ def open_postgres(
     """Open the stello storage and a LangGraph checkpointer on the same PostgreSQL database.
 
     Example:
-        >>> storage, saver = open_postgres("postgresql://app@db/app", tree_id="alice")  # doctest: +SKIP
+        >>> url = "postgresql://app@db/app"
+        >>> storage, saver = open_postgres(url, tree_id="alice")  # doctest: +SKIP
         >>> agent = StelloAgent(model=model, storage=storage, checkpointer=saver)  # doctest: +SKIP
     """
     storage = PostgresMainStorage(conninfo, tree_id=tree_id)

@@ -95,7 +95,8 @@ class PostgresMainStorage(BackendStorage):
         SchemaVersionError: the database was written by a newer stello-graph.
 
     Example:
-        >>> storage = PostgresMainStorage("postgresql://app@db/app", tree_id="alice")  # doctest: +SKIP
+        >>> url = "postgresql://app@db/app"
+        >>> storage = PostgresMainStorage(url, tree_id="alice")  # doctest: +SKIP
         >>> storage.put_session(SessionMeta(id="s1", label="Ideas"))  # doctest: +SKIP
     """
 
@@ -320,8 +321,10 @@ class PostgresMainStorage(BackendStorage):
                 WHERE tree_id = %s AND id = %s
                 RETURNING next_seq - %s, (SELECT COUNT(*) FROM {RECORDS}
                     WHERE tree_id = %s AND session_id = %s)""",
-                (count, int(user_turn), at if records else None, tree, session_id, count)
-                + (tree, session_id),
+                (
+                    *(count, int(user_turn), at if records else None, tree, session_id),
+                    *(count, tree, session_id),
+                ),
             )
         ).rows
         if not found:
@@ -417,7 +420,9 @@ class PostgresMainStorage(BackendStorage):
         )
         return (yield from self._q_count(target_id))
 
-    def _q_append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> Steps[int]:
+    def _q_append_event(
+        self, kind: str, session_id: str | None, payload: str, at: str
+    ) -> Steps[int]:
         tree = self.tree_id
         rows = (
             yield Query(
@@ -579,9 +584,7 @@ class PostgresMainStorage(BackendStorage):
     async def aop_session_stats(self) -> list[SessionStats]:
         return await self._link.adrive(self._q_session_stats())
 
-    async def aop_get_fields(
-        self, session_id: str, names: Sequence[str]
-    ) -> tuple[Any, ...] | None:
+    async def aop_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         return await self._link.adrive(self._q_get_fields(session_id, names))
 
     async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
@@ -665,4 +668,3 @@ def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
 
 def _node(row: Sequence[Any]) -> TopologyNode:
     return TopologyNode(id=row[0], parent_id=row[1], label=row[2])
-

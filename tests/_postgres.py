@@ -16,6 +16,7 @@ import importlib.util
 import itertools
 import os
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -79,6 +80,7 @@ class _Postgres:
             except Exception as exc:
                 self._failed = f"the private cluster did not start: {exc}"
                 self._unavailable(self._failed)
+        assert self._cluster is not None
         return self._cluster.dsn("stello_test")
 
     def _unavailable(self, reason: str) -> None:
@@ -98,6 +100,9 @@ class _Postgres:
             with psycopg.connect(base, autocommit=True) as conn:
                 conn.execute(f"CREATE SCHEMA {schema}")
             self._schemas[tmp_path] = schema
+        if base.startswith(("postgresql://", "postgres://")):  # a URL stays one (for agents)
+            joiner = "&" if "?" in base else "?"
+            return f"{base}{joiner}options={quote(f'-c search_path={schema}')}"
         return make_conninfo(base, options=f"-c search_path={schema}")
 
     def stop(self) -> None:

@@ -174,10 +174,11 @@ class PostgresCluster:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _run_as(user: pwd.struct_passwd | None) -> dict[str, object]:
+    def _run_as(user: pwd.struct_passwd | None) -> tuple[int | None, int | None, list[int] | None]:
+        """`user`, `group`, `extra_groups` of a subprocess run as `user` (or as we are)."""
         if user is None:
-            return {}
-        return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+            return None, None, None
+        return user.pw_uid, user.pw_gid, []
 
     @classmethod
     def _initdb(cls, bindir: Path, root: Path, user: pwd.struct_passwd | None) -> None:
@@ -186,6 +187,7 @@ class PostgresCluster:
             *("-D", str(root / "data"), "-U", SUPERUSER, "--auth=trust"),
             *("--encoding=UTF8", "--locale=C", "--no-sync"),
         ]
+        uid, gid, groups = cls._run_as(user)
         done = subprocess.run(
             command,
             capture_output=True,
@@ -193,7 +195,9 @@ class PostgresCluster:
             timeout=120,
             cwd=root,
             check=False,
-            **cls._run_as(user),  # type: ignore[arg-type]
+            user=uid,
+            group=gid,
+            extra_groups=groups,
         )
         if done.returncode != 0:
             raise PostgresUnavailableError(f"initdb failed: {done.stderr.strip()[-2000:]}")
@@ -215,6 +219,7 @@ class PostgresCluster:
         for name, value in settings.items():
             command += ["-c", f"{name}={value}"]
         log = (root / "server.log").open("ab")
+        uid, gid, groups = cls._run_as(user)
         try:
             process = subprocess.Popen(
                 command,
@@ -223,7 +228,9 @@ class PostgresCluster:
                 stdin=subprocess.DEVNULL,
                 cwd=root,
                 start_new_session=True,  # a Ctrl-C of the test run reaches it through stop()
-                **cls._run_as(user),  # type: ignore[arg-type]
+                user=uid,
+                group=gid,
+                extra_groups=groups,
             )
         finally:
             log.close()
@@ -349,9 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with PostgresCluster.start() as cluster:
             env = {**os.environ, DSN_ENV: cluster.create_database("stello_test")}
             return subprocess.run(command, env=env, check=False).returncode
-    print(
-        "usage: python -m stello_graph.testing.postgres {check | run -- CMD...}", file=sys.stderr
-    )
+    print("usage: python -m stello_graph.testing.postgres {check | run -- CMD...}", file=sys.stderr)
     return 2
 
 

@@ -81,11 +81,11 @@ def test_a_connection_lost_mid_transaction_stores_nothing_and_the_next_call_reco
 ) -> None:
     with PostgresMainStorage(postgres_dsn) as storage:
         storage.put_session(SessionMeta(id="s", label="S"))
-        with pytest.raises(StorageUnavailableError, match="was lost") as caught:  # noqa: PT012
-            with storage.transaction():
-                storage.append_records("s", [HumanMessage("hi"), AIMessage("yo")])
-                assert _terminate_others(postgres_dsn) >= 1
-                storage.put_insight("s", "never stored")
+        lost = pytest.raises(StorageUnavailableError, match="was lost")
+        with lost as caught, storage.transaction():
+            storage.append_records("s", [HumanMessage("hi"), AIMessage("yo")])
+            assert _terminate_others(postgres_dsn) >= 1
+            storage.put_insight("s", "never stored")
         assert "retry" in str(caught.value)
         assert storage.count_records("s") == 0  # the next call reconnects
         assert storage.get_insight("s") is None

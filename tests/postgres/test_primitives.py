@@ -31,7 +31,7 @@ def storages(postgres_dsn: str) -> Iterator[tuple[PostgresMainStorage, PostgresM
 
 
 def _row(sid: str, label: str, role: str = "standard") -> tuple[str, ...]:
-    meta = SessionMeta(id=sid, label=label, role=role)  # type: ignore[arg-type]
+    meta = SessionMeta(id=sid, label=label, role=role)
     return meta_to_row(meta.model_copy(update={"created_at": _AT, "updated_at": _AT}))
 
 
@@ -126,7 +126,9 @@ async def test_the_sync_script_reads_as_expected(
     assert by_name["op_copy_records#23"] == 2
     assert by_name["op_turns#24"] == [("t1", 0), ("t1", 1)]
     assert [row[0] for row in by_name["op_events_after#35"]] == [1, 2]
-    assert by_name["op_events_after#36"] == [(2, "failure", None, "{}", "2024-01-04T00:00:00+00:00")]
+    assert by_name["op_events_after#36"] == [
+        (2, "failure", None, "{}", "2024-01-04T00:00:00+00:00")
+    ]
     assert [s.session_id for s in by_name["op_l2s#16"]] == ["a"]
 
 
@@ -204,7 +206,7 @@ def test_each_appended_event_is_notified_at_commit(postgres_dsn: str) -> None:
                 storage.op_append_event("fork", None, "{}", "2024-01-01T00:00:00+00:00"),
                 storage.op_append_event("consolidated", "s", "{}", "2024-01-01T00:00:00+00:00"),
             ]
-        with pytest.raises(RuntimeError), storage.transaction():  # rolled back: no notice
+        with pytest.raises(RuntimeError), storage.transaction():  # noqa: PT012 (rolled back)
             storage.op_append_event("lost", None, "{}", "2024-01-01T00:00:00+00:00")
             raise RuntimeError
         payloads = [json.loads(n.payload) for n in listener.notifies(timeout=2, stop_after=2)]
