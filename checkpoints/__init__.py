@@ -23,14 +23,14 @@ from stello_graph.checkpoints.memory import InMemoryMainStorage
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
 
 if TYPE_CHECKING:
-    from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver, open_postgres
-    from stello_graph.checkpoints.postgres import PostgresMainStorage
+    from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
+    from stello_graph.checkpoints.postgres import PostgresMainStorage, open_postgres
     from stello_graph.checkpoints.saver import StelloSqliteSaver, open_sqlite, sqlite_saver
 
 _LAZY = {
     "PostgresMainStorage": "stello_graph.checkpoints.postgres",
     "StelloPostgresSaver": "stello_graph.checkpoints._postgres_saver",
-    "open_postgres": "stello_graph.checkpoints._postgres_saver",
+    "open_postgres": "stello_graph.checkpoints.postgres",
     "StelloSqliteSaver": "stello_graph.checkpoints.saver",
     "open_sqlite": "stello_graph.checkpoints.saver",
     "sqlite_saver": "stello_graph.checkpoints.saver",

@@ -1,4 +1,5 @@
-"""LangGraph checkpointers on the same PostgreSQL database as the `PostgresMainStorage`.
+"""LangGraph checkpointers on the same PostgreSQL database as the `PostgresMainStorage`
+(`open_postgres` in `stello_graph.checkpoints.postgres` opens both).
 
 `StelloPostgresSaver` is LangGraph's `PostgresSaver` (from `langgraph-checkpoint-postgres`)
 on a small connection pool of its own (a lost connection is replaced), with working async
@@ -25,10 +26,9 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
 
 from stello_graph.checkpoints._postgres_conn import describe
-from stello_graph.checkpoints.postgres import PostgresMainStorage
 from stello_graph.errors import StorageUnavailableError
 
-__all__ = ["StelloPostgresSaver", "open_postgres", "postgres_saver"]
+__all__ = ["StelloPostgresSaver", "postgres_saver"]
 
 SETUP_LOCK = 0x5374_656C_6C6F_0002
 """The advisory lock held while LangGraph's checkpoint tables are set up: its migrations do
@@ -115,21 +115,3 @@ def postgres_saver(conninfo: str, *, connect_timeout: float = 10.0) -> StelloPos
         pool.close()
         raise
     return saver
-
-
-def open_postgres(
-    conninfo: str, *, tree_id: str = "default"
-) -> tuple[PostgresMainStorage, StelloPostgresSaver]:
-    """Open the stello storage and a LangGraph checkpointer on the same PostgreSQL database.
-
-    Example:
-        >>> url = "postgresql://app@db/app"
-        >>> storage, saver = open_postgres(url, tree_id="alice")  # doctest: +SKIP
-        >>> agent = StelloAgent(model=model, storage=storage, checkpointer=saver)  # doctest: +SKIP
-    """
-    storage = PostgresMainStorage(conninfo, tree_id=tree_id)
-    try:
-        return storage, postgres_saver(conninfo)
-    except BaseException:
-        storage.close()
-        raise

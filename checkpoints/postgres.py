@@ -18,7 +18,7 @@ Needs the `postgres` extra: `pip install "stello-graph[postgres]"`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg_pool
@@ -56,7 +56,10 @@ from stello_graph.models import (
     utcnow,
 )
 
-__all__ = ["EVENTS_CHANNEL", "PostgresMainStorage"]
+if TYPE_CHECKING:
+    from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
+
+__all__ = ["EVENTS_CHANNEL", "PostgresMainStorage", "open_postgres"]
 
 EVENTS_CHANNEL = "stello_events"
 """The channel notified of each appended event; the payload is JSON
@@ -648,12 +651,33 @@ class PostgresMainStorage(BackendStorage):
         await self._link.adrive(self._q_put_global(key, value))
 
     # -- LangGraph ------------------------------------------------------------------------
-    def open_checkpointer(self) -> Any:
+    def open_checkpointer(self) -> StelloPostgresSaver:
         """A LangGraph `PostgresSaver` on the same database (its tables set up); the agent
         opens one this way when given this storage and no checkpointer."""
         from stello_graph.checkpoints._postgres_saver import postgres_saver
 
         return postgres_saver(self.conninfo)
+
+
+def open_postgres(
+    conninfo: str, *, tree_id: str = "default"
+) -> tuple[PostgresMainStorage, StelloPostgresSaver]:
+    """Open the stello storage and a LangGraph checkpointer on the same PostgreSQL database.
+
+    Raises:
+        StorageUnavailableError: the server cannot be reached (nothing is left open).
+
+    Example:
+        >>> url = "postgresql://app@db/app"
+        >>> storage, saver = open_postgres(url, tree_id="alice")  # doctest: +SKIP
+        >>> agent = StelloAgent(model=model, storage=storage, checkpointer=saver)  # doctest: +SKIP
+    """
+    storage = PostgresMainStorage(conninfo, tree_id=tree_id)
+    try:
+        return storage, storage.open_checkpointer()
+    except BaseException:
+        storage.close()
+        raise
 
 
 def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
