@@ -66,3 +66,18 @@ def test_open_postgres_gives_both_on_one_database(postgres_dsn: str) -> None:
 def test_an_agent_on_a_server_that_is_down(postgres_dsn: str) -> None:
     with pytest.raises(StorageUnavailableError):
         StelloAgent(model=ScriptedChatModel(), storage="postgresql://nobody@127.0.0.1:1/none")
+
+
+def test_the_inspector_opens_a_postgresql_url(postgres_dsn: str) -> None:
+    from stello_graph.cli._serve import open_storage
+
+    with StelloAgent(model=ScriptedChatModel(default="ok"), storage=postgres_dsn) as agent:
+        main = agent.main_session_id
+    storage, shown = open_storage(postgres_dsn, "default")
+    try:
+        assert isinstance(storage, PostgresMainStorage)
+        assert storage.get_main_session() is not None
+        assert storage.get_main_session().id == main  # type: ignore[union-attr]
+        assert shown.startswith("127.0.0.1:")
+    finally:
+        storage.close()  # type: ignore[attr-defined]
