@@ -6,7 +6,10 @@ The tables are those of the SQLite schema (`_schema`), in the connection's curre
 * `stello_sessions` - one row per session: meta, every per-session field of `FIELDS`
   (prompt, insight, memory and cursors, turn count, synthesis, compression, settings, the
   lease, the fork lineage `forked_from` / `forked_at_turn`), `created_seq` (creation order in
-  the tree) and `next_seq` (the seq of the session's next record: seqs are never reused).
+  the tree), `next_seq` (the seq of the session's next record: seqs are never reused) and
+  `records_stamp`, a new value of the sequence `stello_record_stamps` at every change to the
+  session's records: a storage keeps decoded records while the stamp it read is still there
+  (sequences are not rolled back, so a stamp is never seen twice, across processes too).
 * `stello_records` - L3, one row per record, keyed and ordered by `(tree_id, session_id,
   seq)`, with the turn that wrote it (`turn_id` on the first record of each run of a turn,
   `turn_seq`) and a partial index on `turn_id`.
@@ -36,6 +39,7 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
     "SESSIONS",
+    "STAMPS",
     "check_shape",
     "migration_statements",
 ]
@@ -46,6 +50,7 @@ NODES = "stello_nodes"
 GLOBALS = "stello_globals"
 EVENTS = "stello_events"
 SCHEMA = "stello_schema"
+STAMPS = "stello_record_stamps"
 
 MIGRATION_LOCK = 0x5374_656C_6C6F_0001
 """The advisory lock key held while migrating ("Stello" and 1; a signed 64-bit integer)."""
@@ -79,8 +84,10 @@ _V1 = (
         lease_wait_until double precision NOT NULL DEFAULT 0,
         forked_from text,
         forked_at_turn integer,
+        records_stamp bigint NOT NULL DEFAULT 0,
         PRIMARY KEY (tree_id, id)
     )""",
+    f"CREATE SEQUENCE {STAMPS}",
     f"CREATE UNIQUE INDEX stello_sessions_order ON {SESSIONS} (tree_id, created_seq)",
     # get_all_session_l2s / list_sessions(role=, status=): one range scan, already ordered
     f"CREATE INDEX stello_sessions_by_kind ON {SESSIONS} (tree_id, role, status, created_seq)",

@@ -17,6 +17,7 @@ Needs the `postgres` extra: `pip install "stello-graph[postgres]"`.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,7 @@ from stello_graph.checkpoints._serde import (
 )
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
-from stello_graph.checkpoints._validate import check_identifier
+from stello_graph.checkpoints._validate import check_identifier, check_non_negative
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import (
     ChildL2,
@@ -89,6 +90,9 @@ class PostgresMainStorage(BackendStorage):
             invisible.
         connect_timeout: seconds to wait for the server when connecting.
         lock_timeout: seconds a write waits for another connection's write to the same tree.
+        record_cache_size: how many sessions' decoded records to keep (0 disables): a read
+            checks the session's stamp (one indexed lookup) instead of decoding its records
+            again; a change made by any connection moves the stamp.
 
     Raises:
         InvalidInputError: `conninfo` is not a connection string or a pool.
@@ -110,8 +114,12 @@ class PostgresMainStorage(BackendStorage):
         tree_id: str = "default",
         connect_timeout: float = 10.0,
         lock_timeout: float = 30.0,
+        record_cache_size: int = 256,
     ) -> None:
         check_identifier(tree_id, "tree_id")  # before a connection is opened, not after
+        self._cache_size = check_non_negative(record_cache_size, "record_cache_size")
+        self._cache: OrderedDict[str, tuple[int, list[BaseMessage]]] = OrderedDict()
+        """Decoded records by session, with the `records_stamp` they were read at."""
         for name, value in (("connect_timeout", connect_timeout), ("lock_timeout", lock_timeout)):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise InvalidInputError(f"{name} must be a positive number, got {value!r}.")
@@ -171,6 +179,7 @@ class PostgresMainStorage(BackendStorage):
 
     def _release(self) -> None:
         self._closed = True
+        self._cache.clear()
         self._link.close()
 
     def __enter__(self) -> PostgresMainStorage:
@@ -306,6 +315,8 @@ class PostgresMainStorage(BackendStorage):
         # nodes' parent references are checked once every listed node is gone.
         sql = f"DELETE FROM {SESSIONS} WHERE tree_id = %s AND id = ANY(%s)"
         yield Query(sql, (self.tree_id, list(session_ids)))
+        for session_id in session_ids:
+            self._cache.pop(session_id, None)
 
     def _q_append(
         self,
@@ -316,23 +327,28 @@ class PostgresMainStorage(BackendStorage):
         turns: list[RecordTurn],
     ) -> Steps[int]:
         tree, count = self.tree_id, len(records)
-        # The subquery in RETURNING reads the snapshot before the statement: the old count.
+        # Subqueries in RETURNING read the snapshot before the statement: the old count and
+        # the old stamp (the cached records are still exact if they had that stamp).
         found = (
             yield Query(
                 f"""UPDATE {SESSIONS} SET next_seq = next_seq + %s,
-                    turn_count = turn_count + %s, updated_at = COALESCE(%s, updated_at)
+                    turn_count = turn_count + %s, updated_at = COALESCE(%s, updated_at),
+                    records_stamp = CASE WHEN %s THEN nextval('{_schema.STAMPS}')
+                        ELSE records_stamp END
                 WHERE tree_id = %s AND id = %s
-                RETURNING next_seq - %s, (SELECT COUNT(*) FROM {RECORDS}
-                    WHERE tree_id = %s AND session_id = %s)""",
+                RETURNING next_seq - %s, records_stamp,
+                    (SELECT COUNT(*) FROM {RECORDS} WHERE tree_id = %s AND session_id = %s),
+                    (SELECT s.records_stamp FROM {SESSIONS} s
+                        WHERE s.tree_id = %s AND s.id = %s)""",
                 (
-                    *(count, int(user_turn), at if records else None, tree, session_id),
-                    *(count, tree, session_id),
+                    *(count, int(user_turn), at if records else None, bool(records)),
+                    *(tree, session_id, count, tree, session_id, tree, session_id),
                 ),
             )
         ).rows
         if not found:
             raise SessionNotFoundError(session_id)
-        first, before = found[0]
+        first, stamp, before, old_stamp = found[0]
         if records:
             heads = _run_heads(turns)
             yield Query(
@@ -349,6 +365,10 @@ class PostgresMainStorage(BackendStorage):
                     [turn_seq for _, turn_seq in heads],
                 ),
             )
+            cached = self._cache.pop(session_id, None)
+            if cached is not None and cached[0] == old_stamp:
+                added = [decode_message(data) for _, data in records]
+                self._remember(session_id, stamp, [*cached[1], *added])
         return int(before) + count
 
     def _q_has_turn(self, session_id: str, turn_id: str) -> Steps[bool]:
@@ -366,9 +386,38 @@ class PostgresMainStorage(BackendStorage):
         return turns
 
     def _q_records(self, session_id: str) -> Steps[list[BaseMessage]]:
-        sql = f"SELECT data FROM {RECORDS} WHERE tree_id = %s AND session_id = %s ORDER BY seq"
-        rows = (yield Query(sql, (self.tree_id, session_id))).rows
-        return [decode_message(data) for (data,) in rows]
+        key = (self.tree_id, session_id)
+        cached = self._cache.get(session_id)
+        if cached is not None:
+            sql = f"SELECT records_stamp FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
+            found = (yield Query(sql, key)).rows
+            if found and found[0][0] == cached[0]:
+                self._cache.move_to_end(session_id)
+                return cached[1]
+        # the stamp and the records in one statement: one snapshot
+        rows = (
+            yield Query(
+                f"""SELECT s.records_stamp, r.data FROM {SESSIONS} s
+                LEFT JOIN {RECORDS} r ON r.tree_id = s.tree_id AND r.session_id = s.id
+                WHERE s.tree_id = %s AND s.id = %s ORDER BY r.seq""",
+                key,
+            )
+        ).rows
+        if not rows:
+            self._cache.pop(session_id, None)
+            return []
+        records = [decode_message(data) for _, data in rows if data is not None]
+        self._remember(session_id, rows[0][0], records)
+        return records
+
+    def _remember(self, session_id: str, stamp: int, records: list[BaseMessage]) -> None:
+        """Keep a session's decoded records (the newest `record_cache_size` sessions)."""
+        if self._cache_size <= 0:
+            return
+        self._cache[session_id] = (stamp, records)
+        self._cache.move_to_end(session_id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
 
     def _q_count(self, session_id: str) -> Steps[int]:
         sql = f"SELECT COUNT(*) FROM {RECORDS} WHERE tree_id = %s AND session_id = %s"
@@ -395,6 +444,12 @@ class PostgresMainStorage(BackendStorage):
                 ORDER BY seq LIMIT %s)""",
             (*key, *key, count),
         )
+        yield Query(
+            f"""UPDATE {SESSIONS} SET records_stamp = nextval('{_schema.STAMPS}')
+            WHERE tree_id = %s AND id = %s""",
+            key,
+        )
+        self._cache.pop(session_id, None)
 
     def _q_copy_records(self, source_id: str, target_id: str, count: int) -> Steps[int]:
         tree = self.tree_id
@@ -411,7 +466,8 @@ class PostgresMainStorage(BackendStorage):
                 FROM {RECORDS} WHERE tree_id = %s AND session_id = %s
                 ORDER BY seq LIMIT %s),
             target AS (
-                UPDATE {SESSIONS} SET next_seq = next_seq + (SELECT COUNT(*) FROM src)
+                UPDATE {SESSIONS} SET next_seq = next_seq + (SELECT COUNT(*) FROM src),
+                    records_stamp = nextval('{_schema.STAMPS}')
                 WHERE tree_id = %s AND id = %s
                 RETURNING next_seq - (SELECT COUNT(*) FROM src) AS first)
             INSERT INTO {RECORDS}
@@ -421,6 +477,7 @@ class PostgresMainStorage(BackendStorage):
             FROM src CROSS JOIN target""",
             (tree, source_id, count, tree, target_id, tree, target_id),
         )
+        self._cache.pop(target_id, None)
         return (yield from self._q_count(target_id))
 
     def _q_append_event(

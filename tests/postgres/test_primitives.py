@@ -224,3 +224,31 @@ def test_copy_records_refuses_a_missing_session(postgres_dsn: str) -> None:
                 storage.op_copy_records(source, target, 5)
         with storage.transaction():
             assert storage.op_copy_records("s", "s", 5) == 0
+
+
+def test_cached_records_follow_every_change_of_every_connection(postgres_dsn: str) -> None:
+    with (
+        PostgresMainStorage(postgres_dsn) as first,
+        PostgresMainStorage(postgres_dsn) as second,
+    ):
+        first.put_session(SessionMeta(id="s", label="S"))
+        first.append_records("s", [HumanMessage("one")])
+
+        def texts(storage: PostgresMainStorage) -> list[str]:
+            return [m.text for m in storage.list_records("s")]
+
+        assert texts(first) == texts(second) == ["one"]  # both cached now
+        second.append_records("s", [HumanMessage("two")])
+        assert texts(first) == ["one", "two"]
+        first.append_records("s", [HumanMessage("three")])  # extends its cached list
+        assert texts(first) == texts(second) == ["one", "two", "three"]
+        with pytest.raises(RuntimeError), first.transaction():  # noqa: PT012 (rolled back)
+            first.append_records("s", [HumanMessage("undone")])
+            assert texts(first) == ["one", "two", "three", "undone"]
+            raise RuntimeError
+        assert texts(first) == ["one", "two", "three"]
+        second.trim_records("s", 1)
+        assert texts(first) == ["three"]
+        with second.transaction():
+            second.op_delete_sessions(["s"])
+        assert texts(first) == []
