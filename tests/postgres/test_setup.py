@@ -12,7 +12,7 @@ from stello_graph.testing import postgres as cluster_module
 
 def _without_binaries(monkeypatch: pytest.MonkeyPatch, *, required: bool) -> setup._Postgres:
     monkeypatch.setattr(setup, "find_bindir", lambda: None)
-    monkeypatch.delenv(setup.DSN_ENV, raising=False)
+    monkeypatch.delenv(cluster_module.DSN_ENV, raising=False)
     monkeypatch.setenv(setup.REQUIRE_ENV, "1" if required else "")
     return setup._Postgres()
 
@@ -38,9 +38,9 @@ def test_required_without_binaries_is_a_failure(
 
 def test_your_own_database_needs_no_binaries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(setup, "find_bindir", lambda: None)
-    monkeypatch.setenv(setup.DSN_ENV, "postgresql://me@db.example/stello_test")
+    monkeypatch.setenv(cluster_module.DSN_ENV, "postgresql://me@db.example/stello_test")
     found = setup._Postgres()
-    assert found.available and found.describe() == f"{setup.DSN_ENV} (a schema per test)"
+    assert found.available and found.describe() == f"{cluster_module.DSN_ENV} (a schema per test)"
 
 
 def test_a_cluster_without_binaries_says_how_to_get_them(monkeypatch: pytest.MonkeyPatch) -> None:
