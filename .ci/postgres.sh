@@ -19,14 +19,10 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 # policy-rc.d 101: the package must not start its own cluster service on this machine
-had_policy=0
-[ -e /usr/sbin/policy-rc.d ] && had_policy=1
-if [ "$had_policy" -eq 0 ]; then
+if [ ! -e /usr/sbin/policy-rc.d ]; then
   printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
   chmod +x /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
 fi
 apt-get install -y -qq postgresql >/dev/null
-if [ "$had_policy" -eq 0 ]; then
-  rm -f /usr/sbin/policy-rc.d
-fi
 found
