@@ -8,6 +8,9 @@
   (see `stello_graph.checkpoints.backend`).
 * `open_sqlite(path)` - the storage and a LangGraph checkpointer (`StelloSqliteSaver`) on the
   same SQLite file. These names load LangGraph, so they are imported on first use.
+* `PostgresMainStorage` - the same storage on PostgreSQL, for many worker processes, and
+  `open_postgres(conninfo)` - it and a LangGraph `PostgresSaver` (`StelloPostgresSaver`) on the
+  same database. They need the `postgres` extra (psycopg) and are imported on first use.
 """
 
 from __future__ import annotations
@@ -20,9 +23,14 @@ from stello_graph.checkpoints.memory import InMemoryMainStorage
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
 
 if TYPE_CHECKING:
+    from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
+    from stello_graph.checkpoints.postgres import PostgresMainStorage, open_postgres
     from stello_graph.checkpoints.saver import StelloSqliteSaver, open_sqlite, sqlite_saver
 
 _LAZY = {
+    "PostgresMainStorage": "stello_graph.checkpoints.postgres",
+    "StelloPostgresSaver": "stello_graph.checkpoints._postgres_saver",
+    "open_postgres": "stello_graph.checkpoints.postgres",
     "StelloSqliteSaver": "stello_graph.checkpoints.saver",
     "open_sqlite": "stello_graph.checkpoints.saver",
     "sqlite_saver": "stello_graph.checkpoints.saver",
@@ -32,6 +40,7 @@ __all__ = [
     # storages
     "InMemoryMainStorage",
     "SqliteMainStorage",
+    "PostgresMainStorage",
     # writing a storage of your own
     "BackendStorage",
     "StorageBackend",
@@ -40,6 +49,8 @@ __all__ = [
     "StelloSqliteSaver",
     "open_sqlite",
     "sqlite_saver",
+    "StelloPostgresSaver",
+    "open_postgres",
 ]
 
 

@@ -74,6 +74,10 @@ def _tool_name(label: str) -> str:
 def _open_storage(
     storage: MainStorage | str | os.PathLike[str] | None, tree_id: str
 ) -> MainStorage:
+    if isinstance(storage, str) and storage.startswith(("postgresql://", "postgres://")):
+        from stello_graph.checkpoints import PostgresMainStorage
+
+        return PostgresMainStorage(storage, tree_id=tree_id)
     if storage is None or isinstance(storage, str | os.PathLike):
         from stello_graph.checkpoints import SqliteMainStorage
 
@@ -82,6 +86,10 @@ def _open_storage(
 
 
 def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
+    open_checkpointer = getattr(storage, "open_checkpointer", None)
+    if callable(open_checkpointer):  # a storage on a database server (PostgreSQL)
+        saver: BaseCheckpointSaver[Any] = open_checkpointer()
+        return saver
     path = getattr(storage, "path", None)
     if path is not None and str(path) != ":memory:":
         from stello_graph.checkpoints.saver import sqlite_saver
@@ -135,7 +143,9 @@ class StelloAgent(_Turns, _Memory, _Tree):
     Args:
         storage: a `MainStorage`, or the path of a SQLite file (default `stello.db`). A
             file holding another application's tables is refused (`ForeignDatabaseError`);
-            to share one, pass `SqliteMainStorage(path, allow_foreign_tables=True)`.
+            to share one, pass `SqliteMainStorage(path, allow_foreign_tables=True)`. A
+            `postgresql://` URL opens a `PostgresMainStorage` and a LangGraph
+            `PostgresSaver` on that database (the `postgres` extra).
         config: the settings (`StelloConfig`, each field documented there); `model` is
             required.
         **settings: fields of `StelloConfig` as keywords (`model=`, `tools=`,

@@ -39,7 +39,8 @@ derive from the other branches::
     └── StorageError                     the storage backend failed
         ├── SchemaVersionError           the database was written by a newer schema
         ├── NotADatabaseError            the file is not a SQLite database
-        └── ForeignDatabaseError         another application's SQLite file, not stello's
+        ├── ForeignDatabaseError         another application's database, not stello's
+        └── StorageUnavailableError      the database server cannot be reached, or went away
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ __all__ = [
     "StelloError",
     "StelloUsageError",
     "StorageError",
+    "StorageUnavailableError",
     "StreamNotFinishedError",
     "ToolRoundLimitError",
     "TopologyCycleError",
@@ -330,8 +332,19 @@ class NotADatabaseError(StorageError):
 
 
 class ForeignDatabaseError(StorageError):
-    """The SQLite file holds another application's tables and no stello-graph data.
+    """The database holds another application's tables and no stello-graph data.
 
-    Stello adds its tables to such a file only when asked
-    (`SqliteMainStorage(path, allow_foreign_tables=True)`); the file is left untouched.
+    Stello adds its tables to such a SQLite file only when asked
+    (`SqliteMainStorage(path, allow_foreign_tables=True)`); the file is left untouched. A
+    PostgreSQL database is refused when it holds tables named like stello's that stello did
+    not make.
+    """
+
+
+class StorageUnavailableError(StorageError):
+    """The database server cannot be reached (wrong address, server down, refused login),
+    or the connection was lost during an operation.
+
+    Nothing of the interrupted transaction is stored; the operation can be retried once the
+    server is back (the storage reconnects on its next call).
     """

@@ -87,12 +87,15 @@ def test_exports() -> None:
     assert stello_graph.checkpoints.__all__ == [
         "InMemoryMainStorage",
         "SqliteMainStorage",
+        "PostgresMainStorage",
         "BackendStorage",
         "StorageBackend",
         "TransactionHooks",
         "StelloSqliteSaver",
         "open_sqlite",
         "sqlite_saver",
+        "StelloPostgresSaver",
+        "open_postgres",
     ]
     for name in stello_graph.checkpoints.__all__:
         assert getattr(stello_graph.checkpoints, name).__module__.startswith(
