@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import BaseMessage
 
@@ -27,6 +27,7 @@ from stello_graph.checkpoints._serde import (
     row_to_meta,
 )
 from stello_graph.checkpoints._shell import FIELDS
+from stello_graph.digest import DigestRow
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import (
     ChildL2,
@@ -46,7 +47,7 @@ EVENTS_CHANNEL = "stello_events"
 EventRow = tuple[int, str, str | None, str, str]
 """`(cursor, kind, session_id, payload, at)` of one stored event."""
 
-COLUMNS = FIELDS | {"forked_from", "forked_at_turn"}
+COLUMNS = FIELDS
 """The per-session columns `op_get_fields` / `op_set_fields` accept (names are checked before
 they are put in SQL)."""
 
@@ -160,6 +161,35 @@ class Statements:
         sql = f"SELECT {', '.join(names)} FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
         rows = (yield Query(sql, (self.tree_id, session_id))).rows
         return tuple(rows[0]) if rows else None
+
+    def all_fields(self, names: Sequence[str]) -> Steps[list[tuple[Any, ...]]]:
+        if not COLUMNS.issuperset(names):
+            raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - COLUMNS)}.")
+        columns = "".join(f", {name}" for name in names)
+        sql = f"SELECT id{columns} FROM {SESSIONS} WHERE tree_id = %s ORDER BY created_seq"
+        rows = (yield Query(sql, (self.tree_id,))).rows
+        return [tuple(row) for row in rows]
+
+    def digests(self) -> Steps[list[DigestRow]]:
+        # As SQLite's: the user records after the L2 cursor are those from MIN(seq) +
+        # memory_through on.
+        rows = (
+            yield Query(
+                f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
+                    s.turn_count, s.memory,
+                    (SELECT COUNT(*) FROM {RECORDS} r
+                        WHERE r.tree_id = s.tree_id AND r.session_id = s.id
+                        AND r.type = 'human'
+                        AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
+                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                    s.insight
+                FROM {SESSIONS} s
+                LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
+                WHERE s.tree_id = %s ORDER BY s.created_seq""",
+                (self.tree_id,),
+            )
+        ).rows
+        return [cast("DigestRow", tuple(row)) for row in rows]
 
     def set_fields(self, session_id: str, values: dict[str, Any]) -> Steps[None]:
         if not COLUMNS.issuperset(values):

@@ -41,6 +41,7 @@ from stello_graph.checkpoints._serde import (
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.checkpoints._validate import check_identifier, check_non_negative
+from stello_graph.digest import DigestRow
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import (
     ChildL2,
@@ -206,6 +207,12 @@ class PostgresMainStorage(BackendStorage):
     def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         return self._link.drive(self._steps.get_fields(session_id, names))
 
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        return self._link.drive(self._steps.all_fields(names))
+
+    def op_digests(self) -> list[DigestRow]:
+        return self._link.drive(self._steps.digests())
+
     def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         self._link.drive(self._steps.set_fields(session_id, values))
 
@@ -287,6 +294,12 @@ class PostgresMainStorage(BackendStorage):
 
     async def aop_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         return await self._link.adrive(self._steps.get_fields(session_id, names))
+
+    async def aop_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        return await self._link.adrive(self._steps.all_fields(names))
+
+    async def aop_digests(self) -> list[DigestRow]:
+        return await self._link.adrive(self._steps.digests())
 
     async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         await self._link.adrive(self._steps.set_fields(session_id, values))
