@@ -80,8 +80,13 @@ __all__ = [
 ]
 
 
-class StelloError(Exception):
-    """Base class of every error raised by stello-graph."""
+class StelloError(RuntimeError):
+    """Base class of every error raised by stello-graph.
+
+    A `RuntimeError`, so hosts that show the class and message of runtime errors only
+    (LangGraph Server hides any other exception behind "An internal error occurred") show
+    stello's: `SessionArchivedError: ...` reaches the SDK client as it was raised.
+    """
 
 
 class StelloUsageError(StelloError):
