@@ -21,13 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic
+from typing import Any, Generic, Self
 
 from langchain_core.messages import BaseMessage
 from langgraph._internal._typing import MISSING
 from langgraph.channels.base import BaseChannel, Value
 from langgraph.errors import EmptyChannelError, InvalidUpdateError
-from typing_extensions import Self
 
 __all__ = ["RunMessages", "RunValue", "TurnRecords"]
 
