@@ -34,7 +34,7 @@ from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_canc
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.entry import turn_output
-from stello_graph.nodes.scheduling import after_turn
+from stello_graph.nodes.scheduling import after_turn, forget_insight
 from stello_graph.nodes.state import TurnState
 from stello_graph.storage import MainStorage
 
@@ -267,6 +267,7 @@ def _finish(deps: StelloDeps, session: SessionBase, state: State, turns: int, tr
     insight = state.get("insight")
     if insight:
         emit(deps.bus, "insight_delivered", session.id, insight=insight)
+        forget_insight(deps, session.id, insight)
     final = state["pending"][-1]
     emit(deps.bus, "turn_committed", session.id, turn_count=turns)
     after_turn(deps, session.id, session.role, turns, tree)
