@@ -40,6 +40,7 @@ from langchain_core.messages import AnyMessage
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict, Unpack
 
+from stello_graph._time_travel import StelloCompiledGraph
 from stello_graph.config import StelloConfig, StelloSettings
 from stello_graph.nodes._model_call import model_retry_policy
 from stello_graph.nodes.deps import StelloRuntime
@@ -67,7 +68,14 @@ from stello_graph.nodes.turn import (
 )
 from stello_graph.storage import MainStorage
 
-__all__ = ["StelloInput", "StelloOutput", "StelloState", "build_graph", "build_stello_graph"]
+__all__ = [
+    "StelloInput",
+    "StelloOutput",
+    "StelloState",
+    "StelloStateGraph",
+    "build_graph",
+    "build_stello_graph",
+]
 
 
 class StelloInput(TypedDict, total=False):
@@ -120,15 +128,24 @@ class StelloState(TurnState, ForkState, ConsolidateState, TreeState, total=False
     """
 
 
-StelloGraph: TypeAlias = StateGraph[StelloState, None, StelloInput, StelloOutput]
+class StelloStateGraph(StateGraph[StelloState, None, StelloInput, StelloOutput]):
+    """The stello `StateGraph`; compiled, it refuses time travel (`StelloCompiledGraph`:
+    replaying from an earlier checkpoint or `update_state` raise `TimeTravelError`)."""
+
+    def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
+        compiled = super().compile(*args, **kwargs)
+        compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
+        assert isinstance(compiled, StelloCompiledGraph)
+        return compiled
+
+
+StelloGraph: TypeAlias = StelloStateGraph
 """The type of the graph `build_stello_graph` returns: its state, input and output schemas."""
 
 
 def build_graph(deps: StelloRuntime) -> StelloGraph:
     """The stello `StateGraph` over an existing `StelloRuntime`."""
-    graph: StelloGraph = StateGraph(
-        StelloState, input_schema=StelloInput, output_schema=StelloOutput
-    )
+    graph = StelloStateGraph(StelloState, input_schema=StelloInput, output_schema=StelloOutput)
     graph.add_node("enter", make_enter_node(deps))
     graph.add_node("assemble", make_assemble_node(deps))
     graph.add_node(

@@ -7,13 +7,14 @@ blocking call on the server's event loop. Run with `make test-server`.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.schema import Command, Config, StreamMode
 
-from tests.server.langgraph_dev import DevServer
+from tests.server.langgraph_dev import ROOT, DevServer
 
 pytestmark = pytest.mark.server
 
@@ -182,6 +183,38 @@ async def test_stello_errors_reach_the_client(client: LangGraphClient) -> None:
     parts = await stream(client, thread, {"messages": "not a list"}, tree("errors"), ["values"])
     [error] = errors(parts)
     assert error["error"] == "InvalidInputError"
+
+
+async def test_time_travel_is_refused(client: LangGraphClient) -> None:
+    thread, config = await new_thread(client), tree("time-travel")
+    await client.runs.wait(thread, GRAPH, input=ask("one"), config=config)
+    await client.runs.wait(thread, GRAPH, input=ask("two"), config=config)
+    history = await client.threads.get_history(thread, limit=50)
+    earlier = next(s for s in history if s["next"] == ["model"])
+    parts: list[tuple[str, Any]] = []
+    async for part in client.runs.stream(
+        thread, GRAPH, input=None, config=config,
+        checkpoint_id=earlier["checkpoint"]["checkpoint_id"],
+    ):  # fmt: skip
+        parts.append((part.event, part.data))
+    [error] = errors(parts)
+    assert error["error"] == "TimeTravelError" and "fork" in error["message"]
+    with pytest.raises(Exception, match=r"update_state"):
+        await client.threads.update_state(thread, {"content": "edited"})
+
+
+def readme_client() -> str:
+    """The README's `langgraph-sdk` client (a `py` block of "Deploy on LangGraph Server")."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Deploy on LangGraph Server", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"```py\n(.*?)```", section, flags=re.DOTALL)
+    return str(block)
+
+
+def test_the_readme_client(dev_server: DevServer, capsys: pytest.CaptureFixture[str]) -> None:
+    code = readme_client().replace("http://127.0.0.1:2024", dev_server.url)
+    exec(compile(code, "README.md client", "exec"), {"__name__": "__readme__"})
+    assert capsys.readouterr().out.strip() == "(scripted) You said: Hello"
 
 
 def test_no_blocking_call_on_the_event_loop(dev_server: DevServer) -> None:
