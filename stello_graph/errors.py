@@ -135,8 +135,8 @@ class TimeTravelError(StelloUsageError, ValueError):
         super().__init__(
             f"{what} is refused on a stello thread: a session's history (L3) is kept by its "
             "committed turns, not by the checkpoints, so the run would diverge from it. To "
-            "go back to an earlier turn, fork the session there (`agent.fork(session_id, "
-            "label, at_turn=N)`, or a fork op with `at_turn`) and continue on the fork."
+            "go back to an earlier turn, fork the session there "
+            "(`agent.fork(session_id, label, at_turn=N)`) and continue on the fork."
         )
 
 
