@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, convert_to_messages
+from langchain_core.messages import HumanMessage, RemoveMessage, convert_to_messages
 from langchain_core.runnables import RunnableConfig
 
 from stello_graph._context import message_text
@@ -64,11 +64,7 @@ def _configured_session(config: RunnableConfig) -> str | None:
 
 def _entered(state: TurnState, sid: str, message: HumanMessage | None) -> TurnState:
     out: TurnState = {"session_id": sid}
-    if message is not None:
-        out["input"] = message_text(message.content)
-        out["input_message_id"] = message.id
-    else:
-        out["input"] = state["input"]
+    out["input"] = state["input"] if message is None else message_text(message.content)
     if state.get("tool_choice") is not None:  # ephemeral: `assemble` reads it next step
         out["tool_choice"] = state["tool_choice"]
     return out
@@ -110,15 +106,20 @@ def make_enter_node(deps: StelloRuntime) -> StelloNode:
     return StelloNode("enter", enter, aenter)
 
 
-def _kept_id(record: BaseMessage, message_id: str | None) -> BaseMessage:
-    if message_id and isinstance(record, HumanMessage):
-        return record.model_copy(update={"id": message_id})
-    return record
+def _input_id(state: TurnState) -> str | None:
+    """The id of this run's input message, when the turn was asked as `messages`."""
+    if state.get("messages") is None:
+        return None
+    try:
+        return _user_message(state["messages"]).id
+    except InvalidInputError:
+        return None
 
 
 def turn_output(state: TurnState) -> TurnState:
     """The `messages` output of a committed turn: its records, the reply last."""
     records = [m for m in state.get("pending", []) if not isinstance(m, RemoveMessage)]
-    if records:
-        records[0] = _kept_id(records[0], state.get("input_message_id"))
+    message_id = _input_id(state)
+    if records and message_id and isinstance(records[0], HumanMessage):
+        records[0] = records[0].model_copy(update={"id": message_id})
     return {"messages": TurnRecords(records)}  # type: ignore[typeddict-item]

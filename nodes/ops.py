@@ -70,6 +70,8 @@ def route_start(
     """
     op = state.get("op") or "turn"
     if op == "turn":
+        if state.get("input") is not None and state.get("messages") is not None:
+            raise InvalidInputError('A turn takes "input" or "messages", not both.')
         return "enter" if needs_entry(state) else "assemble"
     if op == "integrate":
         mode = state.get("mode") or "flat"

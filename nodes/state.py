@@ -15,7 +15,7 @@ thread (every LangGraph Server thread) one run's input never carries over into t
 run. Continuing a run (`Command(resume=...)`, or `None` after a crash) still sees them from
 its checkpoint; what later steps need is copied into the turn's own keys by `assemble`.
 `session_id`, `messages` and the results (`content`, `forked`, `l2`, ...) last the whole run
-and are cleared by the next run unless it sets them again (`RunValue`,
+and are cleared by the next run unless it sets them again (`RunValue` and `RunInput`,
 `stello_graph.nodes._channels`).
 """
 
@@ -28,7 +28,7 @@ from langgraph.channels import EphemeralValue
 from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict
 
-from stello_graph.nodes._channels import RunMessages, RunValue
+from stello_graph.nodes._channels import RunAggregate, RunInput, RunMessages, RunValue
 
 __all__ = [
     "ConsolidateState",
@@ -58,7 +58,7 @@ class OpState(TypedDict, total=False):
 
     op: Annotated[Op, EphemeralValue]
     """The operation; a turn when left out."""
-    session_id: Annotated[str, RunValue]
+    session_id: Annotated[str, RunInput]
     """The session the turn (or fork / consolidation) runs on."""
 
 
@@ -75,7 +75,7 @@ class TurnState(OpState, total=False):
     """The insight the turn shows (cleared once the turn is committed)."""
     lease: dict[str, Any] | None
     """The owner and token of the session lease the turn holds (`stello_graph.lease`)."""
-    pending: Annotated[list[BaseMessage], add_messages]
+    pending: Annotated[list[BaseMessage], RunAggregate(list, add_messages)]
     """The turn's records, committed to L3 at its end."""
     content: Annotated[str, RunValue]
     """The final reply."""
@@ -88,9 +88,6 @@ class TurnState(OpState, total=False):
     """In: a conversation whose newest user message is the turn's input (`MessagesState`
     style; the session comes from `configurable.session_id`, else the main session). Out:
     the turn's records, the reply last."""
-    input_message_id: Annotated[str | None, RunValue]
-    """The id of the input message of a `messages` run, which its user record keeps in
-    `messages`, so a parent graph's `add_messages` does not add it twice."""
 
 
 class ForkState(OpState, total=False):

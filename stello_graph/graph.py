@@ -40,7 +40,7 @@ from langchain_core.messages import AnyMessage
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict, Unpack
 
-from stello_graph._time_travel import StelloCompiledGraph
+from stello_graph._compiled import StelloCompiledGraph
 from stello_graph.config import StelloConfig, StelloSettings
 from stello_graph.nodes._model_call import model_retry_policy
 from stello_graph.nodes.deps import StelloRuntime

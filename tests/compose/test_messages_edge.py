@@ -14,7 +14,7 @@ from langgraph_supervisor import create_supervisor
 
 from stello_graph import MainSession, build_stello_graph
 from stello_graph.checkpoints import InMemoryMainStorage
-from stello_graph.errors import InvalidInputError, SessionNotFoundError
+from stello_graph.errors import InvalidInputError, ModelCallError, SessionNotFoundError
 from stello_graph.testing import ScriptedChatModel
 
 THREAD: Any = {"configurable": {"thread_id": "t"}}
@@ -87,12 +87,28 @@ def test_the_next_run_does_not_inherit_the_input() -> None:
     assert "content" not in fork and "messages" not in fork
 
 
+def test_a_failed_run_leaves_nothing_to_the_next() -> None:
+    storage = InMemoryMainStorage()
+    main = MainSession.create(storage).id
+    model = ScriptedChatModel([RuntimeError("provider down"), "fine"])
+    graph = build_stello_graph(model, storage).compile(checkpointer=InMemorySaver())
+    child = graph.invoke({"op": "fork", "session_id": main, "fork": {"label": "A"}}, THREAD)
+    with pytest.raises(ModelCallError):
+        graph.invoke({"session_id": child["forked"]["session_id"], "input": "x"}, THREAD)
+    out = graph.invoke({"messages": [HumanMessage("y")]}, THREAD)
+    assert out["session_id"] == main and out["content"] == "fine"
+    fork = graph.invoke({"op": "fork", "session_id": main, "fork": {"label": "B"}}, THREAD)
+    assert not fork.get("pending") and "content" not in fork
+
+
 def test_a_bad_messages_input_is_refused() -> None:
     graph, _, _ = stello(ScriptedChatModel(default="ok"))
     with pytest.raises(InvalidInputError, match="user message"):
         graph.invoke({"messages": [AIMessage("only the assistant")]})
     with pytest.raises(InvalidInputError, match="list of messages"):
         graph.invoke({"messages": "hello"})
+    with pytest.raises(InvalidInputError, match="not both"):
+        graph.invoke({"session_id": "x", "input": "a", "messages": [HumanMessage("b")]})
     with pytest.raises(SessionNotFoundError):
         graph.invoke({"messages": [HumanMessage("x")]}, {"configurable": {"session_id": "nope"}})
 

@@ -21,8 +21,8 @@ from langgraph.store.memory import InMemoryStore
 from langgraph.types import interrupt
 
 from stello_graph import InvalidInputError, StelloAgent, TurnResult
+from stello_graph._compiled import allow_replay
 from stello_graph._ids import store_label
-from stello_graph._time_travel import allow_replay
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.nodes.builtin_tools import _child_id
 from stello_graph.testing import ScriptedChatModel

@@ -16,7 +16,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import StateSnapshot
 
 from stello_graph import SessionArchivedError
-from stello_graph._time_travel import allow_replay
+from stello_graph._compiled import allow_replay
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory
 

@@ -13,7 +13,7 @@ from langchain_core.tools import tool
 from langgraph.types import interrupt
 
 from stello_graph import MainSession, Session
-from stello_graph._time_travel import allow_replay
+from stello_graph._compiled import allow_replay
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.testing import ScriptedChatModel

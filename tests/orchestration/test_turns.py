@@ -20,7 +20,7 @@ from stello_graph import (
     SessionNotFoundError,
     ToolRoundLimitError,
 )
-from stello_graph._time_travel import allow_replay
+from stello_graph._compiled import allow_replay
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory
 

@@ -1,4 +1,10 @@
-"""Time travel on a stello thread is refused, with a `TimeTravelError` that says what to do.
+"""`StelloCompiledGraph`: what the compiled stello graph does at the edge of every run.
+
+A new run's input that leaves out `session_id` or `messages` clears them (`RUN_INPUTS`, see
+`stello_graph.nodes._channels`), so no run inherits them from the run before it on the same
+thread, even from one that failed.
+
+Time travel on a stello thread is refused, with a `TimeTravelError` that says what to do.
 
 LangGraph can replay a thread from an earlier checkpoint (a run whose config names a
 `checkpoint_id` that is not the thread's latest) and edit a thread's state
@@ -16,7 +22,7 @@ idempotent, names `configurable[REPLAY_KEY] = True` (`allow_replay(config)`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -24,8 +30,9 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph.state import CompiledStateGraph
 
 from stello_graph.errors import TimeTravelError
+from stello_graph.nodes._channels import RUN_INPUTS
 
-__all__ = ["REPLAY_KEY", "StelloCompiledGraph", "allow_replay"]
+__all__ = ["REPLAY_KEY", "StelloCompiledGraph", "allow_replay", "fresh_input"]
 
 REPLAY_KEY = "stello_allow_replay"
 """The `configurable` key that lets one run start from an earlier checkpoint."""
@@ -55,12 +62,20 @@ def _latest_query(config: RunnableConfig | None) -> tuple[str, RunnableConfig] |
     return str(wanted), query
 
 
+def fresh_input(input: Any) -> Any:
+    """A new run's input, with `None` for each run input it leaves out (which clears it)."""
+    if isinstance(input, Mapping):
+        return {**dict.fromkeys(RUN_INPUTS), **input}
+    return input  # a `Command`, or `None` (continue the latest checkpoint)
+
+
 def _is_latest(wanted: str, latest: Any) -> bool:
     return latest is None or latest.config["configurable"].get("checkpoint_id") == wanted
 
 
 class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
-    """The compiled stello graph: a `CompiledStateGraph` that refuses time travel."""
+    """The compiled stello graph: a `CompiledStateGraph` whose runs start fresh and that
+    refuses time travel (see the module docstring)."""
 
     def _saver(self) -> BaseCheckpointSaver[Any] | None:
         saver = self.checkpointer
@@ -84,13 +99,13 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
         self._refuse_replay(config)
-        return super().stream(input, config, **kwargs)
+        return super().stream(fresh_input(input), config, **kwargs)
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         await self._arefuse_replay(config)
-        async for item in super().astream(input, config, **kwargs):
+        async for item in super().astream(fresh_input(input), config, **kwargs):
             yield item
 
     def bulk_update_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
