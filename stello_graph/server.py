@@ -32,6 +32,7 @@ Example:
     >>> graph.invoke({"messages": [{"role": "user", "content": "Hello"}]})["content"]
     '(scripted) You said: Hello'
     >>> close_trees()
+    >>> del os.environ["STELLO_MODEL"], os.environ["STELLO_DATABASE_URI"]
 """
 
 from __future__ import annotations
