@@ -7,6 +7,7 @@ blocking call on the server's event loop. Run with `make test-server`.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -183,6 +184,42 @@ async def test_stello_errors_reach_the_client(client: LangGraphClient) -> None:
     parts = await stream(client, thread, {"messages": "not a list"}, tree("errors"), ["values"])
     [error] = errors(parts)
     assert error["error"] == "InvalidInputError"
+
+
+async def test_memory_reaches_the_servers_store(client: LangGraphClient) -> None:
+    thread, config = await new_thread(client), tree("memory")
+    first = await client.runs.wait(thread, GRAPH, input=ask("Hi"), config=config)
+    assert isinstance(first, dict)
+    children = []
+    for label in ("Pricing", "Hiring"):
+        out = await client.runs.wait(
+            thread, GRAPH, input={"op": "fork", "session_id": first["session_id"],
+                                  "fork": {"label": label}}, config=config,
+        )  # fmt: skip
+        assert isinstance(out, dict)
+        sid = out["forked"]["session_id"]
+        children.append(sid)
+        turn = {"session_id": sid, "input": f"about {label}"}
+        await client.runs.wait(thread, GRAPH, input=turn, config=config)
+        done = await client.runs.wait(
+            thread, GRAPH, input={"op": "consolidate", "session_id": sid}, config=config
+        )
+        assert isinstance(done, dict) and "about" in done["l2"]
+    await client.runs.wait(thread, GRAPH, input={"op": "integrate"}, config=config)
+    pricing = children[0]
+    l2 = await client.store.get_item(["stello", "memory", "l2"], key=pricing)
+    assert l2 is not None and "about Pricing" in l2["value"]["l2"]
+    insight = await client.store.get_item(["stello", "memory", "insights"], key=pricing)
+    assert insight is not None and "Hiring" in insight["value"]["insight"]
+    # the next turn on the branch shows the insight and consumes it, in the store too
+    turn = {"session_id": pricing, "input": "and now?"}
+    out = await client.runs.wait(thread, GRAPH, input=turn, config=config)
+    assert isinstance(out, dict) and "insight" in out["content"]
+    for _ in range(50):  # bounded: the deletion may be the loop's task
+        if await client.store.get_item(["stello", "memory", "insights"], key=pricing) is None:
+            break
+        await asyncio.sleep(0.1)
+    assert await client.store.get_item(["stello", "memory", "insights"], key=pricing) is None
 
 
 async def test_time_travel_is_refused(client: LangGraphClient) -> None:
