@@ -21,7 +21,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.runnables import RunnableConfig
-from langgraph.graph.message import REMOVE_ALL_MESSAGES
+from langgraph.types import Overwrite
 
 from stello_graph._base import SessionBase
 from stello_graph._context import message_text
@@ -33,7 +33,8 @@ from stello_graph.nodes._lease import aturn_lease, turn_lease
 from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_cancel
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
-from stello_graph.nodes.scheduling import after_turn
+from stello_graph.nodes.entry import turn_output
+from stello_graph.nodes.scheduling import after_turn, forget_insight
 from stello_graph.nodes.state import TurnState
 from stello_graph.storage import MainStorage
 
@@ -69,7 +70,7 @@ def _human_id(config: RunnableConfig) -> str:
 def _start(session: SessionBase, state: State, insight: str | None, human_id: str) -> State:
     human = HumanMessage(content=state["input"], id=human_id)
     return {
-        "pending": [RemoveMessage(id=REMOVE_ALL_MESSAGES), human],
+        "pending": Overwrite([human]),  # type: ignore[typeddict-item]  # not a stream token
         "insight": insight,
         "tool_rounds": 0,
         "tool_calls": [],
@@ -266,10 +267,11 @@ def _finish(deps: StelloDeps, session: SessionBase, state: State, turns: int, tr
     insight = state.get("insight")
     if insight:
         emit(deps.bus, "insight_delivered", session.id, insight=insight)
+        forget_insight(deps, session.id, insight)
     final = state["pending"][-1]
     emit(deps.bus, "turn_committed", session.id, turn_count=turns)
     after_turn(deps, session.id, session.role, turns, tree)
-    return {"content": message_text(final.content), "turn_count": turns}
+    return {"content": message_text(final.content), "turn_count": turns, **turn_output(state)}
 
 
 def _counts_tree(deps: StelloDeps) -> bool:

@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
@@ -23,7 +22,7 @@ from contextlib import (
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph.state import CompiledStateGraph
@@ -33,6 +32,7 @@ from typing_extensions import TypedDict, Unpack
 from stello_graph._agent_memory import _Memory
 from stello_graph._agent_tree import _Tree
 from stello_graph._agent_turns import TurnResult, _Turns
+from stello_graph._as_tool import session_tool
 from stello_graph._events_mux import EventMux
 from stello_graph._fork import ForkContext
 from stello_graph._threads import CheckpointThreads
@@ -63,12 +63,6 @@ __all__ = ["DEFAULT_DB", "StelloAgent", "TurnResult"]
 
 DEFAULT_DB = "stello.db"
 """The embedded SQLite file used when no storage is given."""
-
-
-def _tool_name(label: str) -> str:
-    """`ask_<label>` as a tool name providers accept (letters, digits, `_`, at most 64)."""
-    slug = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")[:50]
-    return f"ask_{slug}" if slug else "ask_session"
 
 
 def _open_storage(
@@ -190,6 +184,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
                 checkpointer=self.checkpointer, store=cfg.store
             )
             """The compiled graph of turns (fork, consolidate, integrate run without it)."""
+            self._tool_graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         except BaseException:
             if self._owns_storage:  # a bad argument must not leave the file open
                 getattr(self.storage, "close", lambda: None)()
@@ -426,23 +421,14 @@ class StelloAgent(_Turns, _Memory, _Tree):
         self, session_id: str, *, name: str | None = None, description: str | None = None
     ) -> BaseTool:
         """A LangChain tool that asks one stello session a question (one turn) and returns
-        its answer: expose a branch of the topology to another agent."""
-        sid = check_id(session_id)
-        label = self.session(sid).meta.label
+        its answer: expose a branch of the topology to another agent.
 
-        def ask(question: str) -> str:
-            return self.turn(sid, question).content
-
-        async def aask(question: str) -> str:
-            return (await self.aturn(sid, question)).content
-
-        return StructuredTool.from_function(
-            func=ask,
-            coroutine=aask,
-            name=name or _tool_name(label),
-            description=description
-            or f"Ask the stello session {label!r} a question and get its answer.",
-        )
+        Called by another graph's tool node, the turn runs as a subgraph of that run: an
+        `interrupt()` inside it pauses the caller's run and the caller's
+        `Command(resume=...)` resumes it; its tokens and events stream through the caller's
+        run (`subgraphs=True`). See `stello_graph._as_tool`.
+        """
+        return session_tool(self, session_id, name=name, description=description)
 
     def hold(self, session_id: str) -> AbstractContextManager[Lease]:
         """Hold the session's lease: no turn runs on it meanwhile, in any process.

@@ -15,6 +15,7 @@ derive from the other branches::
     │   ├── MainSessionForkError         the main session cannot fork
     │   ├── NothingToIntegrateError      integrate() found no child L2 to read
     │   ├── StreamNotFinishedError       a stream's result was read before it ended
+    │   ├── TimeTravelError              replaying or editing a stello thread (a ValueError)
     │   ├── UnknownProfileError          a fork named an unregistered profile (a LookupError)
     │   └── ScriptExhaustedError         (stello_graph.testing) a scripted model ran out
     ├── SessionError
@@ -78,6 +79,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailableError",
     "StreamNotFinishedError",
+    "TimeTravelError",
     "ToolRoundLimitError",
     "TopologyCycleError",
     "TopologyError",
@@ -86,8 +88,13 @@ __all__ = [
 ]
 
 
-class StelloError(Exception):
-    """Base class of every error raised by stello-graph."""
+class StelloError(RuntimeError):
+    """Base class of every error raised by stello-graph.
+
+    A `RuntimeError`, so hosts that show the class and message of runtime errors only
+    (LangGraph Server hides any other exception behind "An internal error occurred") show
+    stello's: `SessionArchivedError: ...` reaches the SDK client as it was raised.
+    """
 
 
 class StelloUsageError(StelloError):
@@ -135,6 +142,23 @@ class NothingToIntegrateError(StelloUsageError):
 
 class StreamNotFinishedError(StelloUsageError):
     """A stream's `result` was read before the stream was consumed to its end."""
+
+
+class TimeTravelError(StelloUsageError, ValueError):
+    """A run asked to replay a stello thread from an earlier checkpoint, or to edit its state.
+
+    A session's L3 is written by committed turns, not kept in the checkpoints: replaying a
+    turn from an earlier checkpoint, or editing a thread's state with `update_state`, would
+    make the graph's state disagree with the session. Branch the session instead.
+    """
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} is refused on a stello thread: a session's history (L3) is kept by its "
+            "committed turns, not by the checkpoints, so the run would diverge from it. To "
+            "go back to an earlier turn, fork the session there "
+            "(`agent.fork(session_id, label, at_turn=N)`) and continue on the fork."
+        )
 
 
 class UnknownProfileError(StelloUsageError, LookupError):

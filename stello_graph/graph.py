@@ -4,6 +4,11 @@ The graph runs a turn on one session for `{"session_id": ..., "input": ...}`:
 
     START -> assemble -> model -> tools -> model -> ... -> commit -> END
 
+or for `{"messages": [...]}` (the newest user message is the input; the session is
+`configurable.session_id`, else the main session), through `enter` first
+(`stello_graph.nodes.entry`). A turn's output carries `content` and `messages` (its
+records, the reply last).
+
 and the topology operations for `{"op": "fork" | "consolidate" | "integrate", ...}` (see
 `stello_graph.nodes.ops`). It is returned uncompiled: compile it with any checkpointer
 (`InMemorySaver`, `SqliteSaver`, `AsyncSqliteSaver`, ...) or add it to a graph of your own.
@@ -35,9 +40,11 @@ from langchain_core.messages import AnyMessage
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict, Unpack
 
+from stello_graph._compiled import StelloCompiledGraph
 from stello_graph.config import StelloConfig, StelloSettings
 from stello_graph.nodes._model_call import model_retry_policy
 from stello_graph.nodes.deps import StelloRuntime
+from stello_graph.nodes.entry import make_enter_node
 from stello_graph.nodes.ops import (
     make_consolidate_node,
     make_fork_node,
@@ -61,7 +68,14 @@ from stello_graph.nodes.turn import (
 )
 from stello_graph.storage import MainStorage
 
-__all__ = ["StelloInput", "StelloOutput", "StelloState", "build_graph", "build_stello_graph"]
+__all__ = [
+    "StelloInput",
+    "StelloOutput",
+    "StelloState",
+    "StelloStateGraph",
+    "build_graph",
+    "build_stello_graph",
+]
 
 
 class StelloInput(TypedDict, total=False):
@@ -73,6 +87,9 @@ class StelloInput(TypedDict, total=False):
     """The session the turn (or fork / consolidation) runs on."""
     input: str
     """The user message of a turn."""
+    messages: list[AnyMessage]
+    """A turn asked as a conversation: its newest user message is the input; the session is
+    `session_id`, else `configurable.session_id`, else the main session."""
     fork: dict[str, Any]
     """Options of a fork: `label` and optionally `context`, `at_turn`, `system_prompt`,
     `prompt`, `tags`, `metadata`, `id`."""
@@ -88,6 +105,9 @@ class StelloOutput(TypedDict, total=False):
     session_id: str
     content: str
     """The final reply of a turn."""
+    messages: list[AnyMessage]
+    """The records of the turn, the reply last (the user record keeps the id of the input
+    message of a `messages` turn)."""
     pending: list[AnyMessage]
     """The records of the turn, as committed to L3."""
     tool_rounds: int
@@ -108,15 +128,25 @@ class StelloState(TurnState, ForkState, ConsolidateState, TreeState, total=False
     """
 
 
-StelloGraph: TypeAlias = StateGraph[StelloState, None, StelloInput, StelloOutput]
+class StelloStateGraph(StateGraph[StelloState, None, StelloInput, StelloOutput]):
+    """The stello `StateGraph`; compiled, it refuses time travel (`StelloCompiledGraph`:
+    replaying from an earlier checkpoint or `update_state` raise `TimeTravelError`)."""
+
+    def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
+        compiled = super().compile(*args, **kwargs)
+        compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
+        assert isinstance(compiled, StelloCompiledGraph)
+        return compiled
+
+
+StelloGraph: TypeAlias = StelloStateGraph
 """The type of the graph `build_stello_graph` returns: its state, input and output schemas."""
 
 
 def build_graph(deps: StelloRuntime) -> StelloGraph:
     """The stello `StateGraph` over an existing `StelloRuntime`."""
-    graph: StelloGraph = StateGraph(
-        StelloState, input_schema=StelloInput, output_schema=StelloOutput
-    )
+    graph = StelloStateGraph(StelloState, input_schema=StelloInput, output_schema=StelloOutput)
+    graph.add_node("enter", make_enter_node(deps))
     graph.add_node("assemble", make_assemble_node(deps))
     graph.add_node(
         "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
@@ -130,8 +160,9 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     graph.add_node("integrate_subtree", make_integrate_subtree_node(deps))
     graph.add_node("next_level", make_next_level_node())
     graph.add_node("finish_tree", make_finish_tree_node(deps))
-    starts = ["assemble", "fork", "consolidate", "integrate", "plan_tree"]
+    starts = ["enter", "assemble", "fork", "consolidate", "integrate", "plan_tree"]
     graph.add_conditional_edges(START, route_start, starts)
+    graph.add_edge("enter", "assemble")
     graph.add_conditional_edges("plan_tree", route_level, ["integrate_subtree", "finish_tree"])
     graph.add_edge("integrate_subtree", "next_level")
     graph.add_conditional_edges("next_level", route_level, ["integrate_subtree", "finish_tree"])

@@ -13,6 +13,7 @@ from langchain_core.tools import tool
 from langgraph.types import interrupt
 
 from stello_graph import MainSession, Session
+from stello_graph._compiled import allow_replay
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.testing import ScriptedChatModel
@@ -105,7 +106,7 @@ def test_a_replayed_commit_is_found_by_its_turn_id(make_agent: AgentFactory) -> 
     assert storage.has_turn(sid, turn_id)
     # another writer appends after the turn: the replayed commit still finds it
     agent.storage.append_records(sid, [HumanMessage("later"), AIMessage("later too")])
-    agent.graph.invoke(None, before.config)
+    agent.graph.invoke(None, allow_replay(before.config))
     contents = [m.content for m in agent.session(sid).messages()]
     assert contents == ["question", "reply", "later", "later too"]
     assert not storage.has_turn(sid, "no-such-turn")

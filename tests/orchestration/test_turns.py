@@ -20,6 +20,7 @@ from stello_graph import (
     SessionNotFoundError,
     ToolRoundLimitError,
 )
+from stello_graph._compiled import allow_replay
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory
 
@@ -140,7 +141,7 @@ def test_resumed_commit_never_duplicates(make_agent: AgentFactory) -> None:
     config = agent.config(sid)
     before_commit = next(s for s in agent.graph.get_state_history(config) if s.next == ("commit",))
     # replay from just before the commit, as a resume after a crash there would
-    agent.graph.invoke(None, before_commit.config)
+    agent.graph.invoke(None, allow_replay(before_commit.config))
     assert [m.content for m in agent.session(sid).messages()] == ["question", "reply"]
     assert agent.storage.get_turn_count(sid) == 1
 
