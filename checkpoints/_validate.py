@@ -22,6 +22,7 @@ from stello_graph.checkpoints._serde import (
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import (
     Compression,
+    Lease,
     SessionMeta,
     SessionRole,
     SessionStatus,
@@ -42,6 +43,8 @@ __all__ = [
     "check_optional_text",
     "check_tags",
     "check_text",
+    "checked_lease",
+    "lease_args",
     "memory_args",
     "page_args",
     "session_filter_args",
@@ -211,3 +214,23 @@ def memory_args(session_id: object, memory: object, through: object) -> tuple[st
     if through is not None:
         values["memory_through"] = check_non_negative(through, "through")
     return check_identifier(session_id), values
+
+
+def lease_args(
+    session_id: object, owner: object, ttl: object, replace: object
+) -> tuple[str, str, float, str | None]:
+    sid = check_identifier(session_id)
+    if not isinstance(owner, str) or not owner:
+        raise InvalidInputError(f"A lease owner must be a non-empty str, got {owner!r}.")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < 86_400:
+        raise InvalidInputError(f"A lease ttl must be seconds in (0, 86400), got {ttl!r}.")
+    if replace is not None and not isinstance(replace, str):
+        raise InvalidInputError(f"replace must be an owner (str) or None, got {replace!r}.")
+    return sid, owner, float(ttl), replace
+
+
+def checked_lease(lease: object) -> Lease:
+    if not isinstance(lease, Lease):
+        raise InvalidInputError(f"Expected a Lease, got {type(lease).__name__}.")
+    check_identifier(lease.session_id)
+    return lease

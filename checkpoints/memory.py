@@ -2,9 +2,9 @@
 
 It is the reference for anyone writing a backend of their own: each `op_*` method is one
 primitive of `StorageBackend` that `BackendStorage` composes (validation, locking, async
-twins and topology rules live there), and transactions are an undo log: every change
-records how to revert itself, a savepoint is a position in that log, and a rollback replays
-it backwards.
+twins and topology rules live there; its `aop_*` twins run the same code inline), and
+transactions are an undo log: every change records how to revert itself, a savepoint is a
+position in that log, and a rollback replays it backwards.
 
 Values go through the same encoding as in SQLite (messages and metadata via JSON), so what
 comes back is exactly what the SQLite storage would return, and a caller mutating an object
@@ -19,6 +19,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
+from stello_graph.checkpoints._inline import InlineAsyncPrimitives
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     MetaRow,
@@ -109,11 +110,12 @@ class _UndoLog:
             self._entries.pop()()
 
 
-class InMemoryMainStorage(BackendStorage):
+class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
     """A `MainStorage` kept in memory, for tests and experiments.
 
     Thread-safe and asyncio-safe (same locking as `SqliteMainStorage`); transactions are
-    atomic and nest as savepoints. Nothing survives the process.
+    atomic and nest as savepoints. Nothing survives the process. It does no I/O, so its
+    async primitives run inline on the event loop (`InlineAsyncPrimitives`).
 
     Example:
         >>> from stello_graph.models import SessionMeta
