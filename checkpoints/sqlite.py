@@ -98,6 +98,9 @@ class SqliteMainStorage(BackendStorage):
             raise InvalidInputError(f"busy_timeout must be a number, got {busy_timeout!r}.")
         self._cache = RecordCache(check_non_negative(record_cache_size, "record_cache_size"))
         self._conn, self._owns_conn, self.path = _connect(path_or_connection)
+        self.realpath = "" if self.path in ("", ":memory:") else os.path.realpath(self.path)
+        """The database file's resolved path (`""` in memory): two storages of one file
+        have the same."""
         busy_ms = max(0, int(busy_timeout * 1000))
         self._hooks = _Hooks(self._conn, self._cache, busy_ms, tree_id)
         super().__init__(self, tree_id=tree_id)  # its own `StorageBackend`

@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
+
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -295,7 +297,8 @@ class StelloAgent(_Turns, _Memory, _Tree):
     async def aclose(self) -> None:
         """Async twin of `close`: background work is awaited without blocking the loop."""
         await self.adrain()
-        self.close()  # nothing is left to wait for: this only closes what the agent opened
+        # joining the scheduler's threads and closing files are blocking calls: off the loop
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> StelloAgent:
         return self
