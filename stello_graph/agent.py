@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-
 import os
 import re
 from collections.abc import Callable, Sequence
