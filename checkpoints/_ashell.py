@@ -6,7 +6,8 @@ same flow of primitives (`_flows`), driven without blocking the event loop (see 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from langchain_core.messages import BaseMessage
@@ -27,11 +28,14 @@ from stello_graph.checkpoints._validate import (
     check_text,
     checked_lease,
     compression_args,
+    event_args,
+    events_page_args,
     lease_args,
     memory_args,
     page_args,
     session_filter_args,
 )
+from stello_graph.events import StoredEvent
 from stello_graph.models import (
     ChildL2,
     Compression,
@@ -237,6 +241,21 @@ class AsyncMethods:
         """Async twin of `put_global`."""
         text = dumps(value, what="A global value")
         await self._txn.awrite(one("put_global", check_identifier(key, "key"), text))
+
+    async def aappend_event(
+        self,
+        kind: str,
+        session_id: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        *,
+        at: datetime | None = None,
+    ) -> int:
+        """Async twin of `append_event`."""
+        return await self._txn.awrite(flows.append_event(*event_args(kind, session_id, data, at)))
+
+    async def aevents_after(self, cursor: int = 0, *, limit: int = 100) -> list[StoredEvent]:
+        """Async twin of `events_after`."""
+        return await self._txn.aread(flows.events_after(*events_page_args(cursor, limit)))
 
     async def aacquire_lease(
         self, session_id: str, owner: str, ttl: float, *, replace: str | None = None

@@ -27,7 +27,13 @@ from typing import Any, TypeVar
 
 from langchain_core.messages import BaseMessage
 
-from stello_graph.checkpoints._serde import EncodedMessage, RecordTurn, message_role
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    EventRow,
+    RecordTurn,
+    from_iso,
+    message_role,
+)
 from stello_graph.errors import (
     InvalidInputError,
     LeaseLostError,
@@ -36,6 +42,7 @@ from stello_graph.errors import (
     SessionNotFoundError,
     TopologyCycleError,
 )
+from stello_graph.events import StoredEvent
 from stello_graph.models import Compression, Lease, SessionMeta, TopologyNode
 
 __all__ = ["Flow", "Op", "adrive", "drive", "one"]
@@ -315,6 +322,20 @@ def tree_order(nodes: list[TopologyNode]) -> list[TopologyNode]:
         ordered.append(node)
         stack.extend(reversed(children.get(node.id, [])))
     return ordered
+
+
+# -- the event log ---------------------------------------------------------------------------
+def append_event(kind: str, session_id: str | None, payload: str, at: str) -> Flow[int]:
+    cursor: int = yield Op("append_event", kind, session_id, payload, at)
+    return cursor
+
+
+def events_after(cursor: int, limit: int) -> Flow[list[StoredEvent]]:
+    rows: list[EventRow] = yield Op("events_after", cursor, limit)
+    return [
+        StoredEvent(cursor=c, type=kind, session_id=sid, data=loads(payload), at=from_iso(at))
+        for c, kind, sid, payload, at in rows
+    ]
 
 
 # -- the session lease ----------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from langchain_core.messages import BaseMessage
 
-from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, RecordTurn
+from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
 from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
 from stello_graph.models import (
     ChildL2,
@@ -136,3 +136,11 @@ class InlineAsyncPrimitives:
 
     async def aop_put_global(self, key: str, value: str) -> None:
         return self._ops.op_put_global(key, value)
+
+    async def aop_append_event(
+        self, kind: str, session_id: str | None, payload: str, at: str
+    ) -> int:
+        return self._ops.op_append_event(kind, session_id, payload, at)
+
+    async def aop_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        return self._ops.op_events_after(cursor, limit)

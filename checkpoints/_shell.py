@@ -12,8 +12,9 @@ The async twins are in `_ashell`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Self
 
 from langchain_core.messages import BaseMessage
@@ -35,11 +36,14 @@ from stello_graph.checkpoints._validate import (
     check_text,
     checked_lease,
     compression_args,
+    event_args,
+    events_page_args,
     lease_args,
     memory_args,
     page_args,
     session_filter_args,
 )
+from stello_graph.events import StoredEvent
 from stello_graph.models import (
     ChildL2,
     Compression,
@@ -357,6 +361,25 @@ class BackendStorage(AsyncMethods):
         """Store a JSON-serialisable value under `key` (replacing any previous one)."""
         text = dumps(value, what="A global value")
         self._txn.write(one("put_global", check_identifier(key, "key"), text))
+
+    # -- the event log --------------------------------------------------------------------
+    def append_event(
+        self,
+        kind: str,
+        session_id: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        *,
+        at: datetime | None = None,
+    ) -> int:
+        """Append an event to the tree's log; return its cursor (larger than every earlier
+        one). `data` is a JSON object; `at` defaults to now. Inside a transaction, the event
+        is written (or rolled back) with it."""
+        return self._txn.write(flows.append_event(*event_args(kind, session_id, data, at)))
+
+    def events_after(self, cursor: int = 0, *, limit: int = 100) -> list[StoredEvent]:
+        """The events of the log with a cursor above `cursor`, oldest first, at most `limit`
+        (up to 10,000): follow the log by passing the last cursor seen."""
+        return self._txn.read(flows.events_after(*events_page_args(cursor, limit)))
 
     # -- session lease ----------------------------------------------------------------------
     def acquire_lease(

@@ -6,7 +6,8 @@ They run before any lock is taken, so a bad call never waits and never writes.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar, get_args
 
 from langchain_core.messages import BaseMessage
@@ -15,6 +16,7 @@ from stello_graph.checkpoints._serde import (
     EncodedMessage,
     RecordTurn,
     check_encodable,
+    dumps,
     encode_message,
     to_iso,
     turn_of,
@@ -44,6 +46,8 @@ __all__ = [
     "check_tags",
     "check_text",
     "checked_lease",
+    "event_args",
+    "events_page_args",
     "lease_args",
     "memory_args",
     "page_args",
@@ -234,3 +238,31 @@ def checked_lease(lease: object) -> Lease:
         raise InvalidInputError(f"Expected a Lease, got {type(lease).__name__}.")
     check_identifier(lease.session_id)
     return lease
+
+
+MAX_EVENTS_PAGE = 10_000
+"""The most events one `events_after` call returns."""
+
+
+def event_args(
+    kind: object, session_id: object, data: object, at: object
+) -> tuple[str, str | None, str, str]:
+    """`(kind, session_id, payload, at)` of `append_event`, encoded for the backend."""
+    checked_kind = check_identifier(kind, "kind")
+    sid = None if session_id is None else check_identifier(session_id)
+    if data is not None and (
+        not isinstance(data, Mapping) or not all(isinstance(k, str) for k in data)
+    ):
+        raise InvalidInputError(f"event data must be a mapping with str keys, got {data!r:.80}.")
+    if at is not None and not isinstance(at, datetime):
+        raise InvalidInputError(f"at must be a datetime or None, got {type(at).__name__}.")
+    payload = dumps(dict(data or {}), what="The event data")
+    return checked_kind, sid, payload, to_iso(at if at is not None else utcnow())
+
+
+def events_page_args(cursor: object, limit: object) -> tuple[int, int]:
+    """`(cursor, limit)` of `events_after`: a cursor >= 0 and 1 <= limit <= 10,000."""
+    checked = check_non_negative(cursor, "cursor")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_EVENTS_PAGE:
+        raise InvalidInputError(f"limit must be an int from 1 to {MAX_EVENTS_PAGE}, got {limit!r}.")
+    return checked, limit

@@ -1,7 +1,7 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: twenty-one primitive operations (`op_*`) and the six
+It implements `StorageBackend`: twenty-three primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 from langchain_core.messages import BaseMessage
 
-from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, RecordTurn
+from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
 from stello_graph.models import (
@@ -66,6 +66,7 @@ __all__ = [
     "AsyncTransactionHooks",
     "BackendStorage",
     "EncodedMessage",
+    "EventRow",
     "MetaRow",
     "StorageBackend",
     "TransactionHooks",
@@ -192,6 +193,16 @@ class StorageBackend(Protocol):
         """Store JSON text under `key`, replacing any previous value."""
         ...
 
+    # -- the event log --------------------------------------------------------------------
+    def op_append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> int:
+        """Append an event (`payload`: JSON text, `at`: an ISO timestamp) to the tree's log;
+        return its cursor, larger than that of every event of the tree before it."""
+        ...
+
+    def op_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        """The tree's events with a cursor above `cursor`, in cursor order, at most `limit`."""
+        ...
+
 
 class AsyncStorageBackend(StorageBackend, Protocol):
     """A backend with native async primitives: `BackendStorage`'s async methods await them.
@@ -299,4 +310,14 @@ class AsyncStorageBackend(StorageBackend, Protocol):
 
     async def aop_put_global(self, key: str, value: str) -> None:
         """Async twin of `op_put_global`."""
+        ...
+
+    async def aop_append_event(
+        self, kind: str, session_id: str | None, payload: str, at: str
+    ) -> int:
+        """Async twin of `op_append_event`."""
+        ...
+
+    async def aop_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        """Async twin of `op_events_after`."""
         ...

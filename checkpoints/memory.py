@@ -13,6 +13,7 @@ it passed in or got back never changes the stored data.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from langchain_core.messages import BaseMessage
 from stello_graph.checkpoints._inline import InlineAsyncPrimitives
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
+    EventRow,
     MetaRow,
     RecordTurn,
     decode_message,
@@ -131,6 +133,7 @@ class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
         self._sessions: dict[str, _Session] = {}
         self._nodes: dict[str, _Node] = {}
         self._globals: dict[str, str] = {}
+        self._events: list[EventRow] = []
         self._counter = 0
 
     @property
@@ -327,3 +330,14 @@ class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
 
     def op_put_global(self, key: str, value: str) -> None:
         self._put(self._globals, key, value)
+
+    # -- the event log --------------------------------------------------------------------
+    def op_append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> int:
+        cursor = self._events[-1][0] + 1 if self._events else 1
+        self._events.append((cursor, kind, session_id, payload, at))
+        self._log.record(lambda: self._events.__delitem__(-1))
+        return cursor
+
+    def op_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        start = bisect.bisect_right(self._events, cursor, key=lambda row: row[0])
+        return self._events[start : start + limit]

@@ -19,9 +19,10 @@ from langchain_core.messages import BaseMessage
 
 import stello_graph.checkpoints._schema as _schema
 from stello_graph.checkpoints._cache import RecordCache
-from stello_graph.checkpoints._schema import CHANGES, GLOBALS, NODES, RECORDS, SESSIONS
+from stello_graph.checkpoints._schema import CHANGES, EVENTS, GLOBALS, NODES, RECORDS, SESSIONS
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
+    EventRow,
     MetaRow,
     RecordTurn,
     decode_message,
@@ -411,6 +412,24 @@ class SqliteMainStorage(BackendStorage):
             ON CONFLICT (tree_id, key) DO UPDATE SET value = excluded.value""",
             (self.tree_id, key, value),
         )
+
+    # -- the event log --------------------------------------------------------------------
+    def op_append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> int:
+        # Inside the write transaction (BEGIN IMMEDIATE): no other writer can take the cursor.
+        tree = self.tree_id
+        sql = f"SELECT COALESCE(MAX(cursor), 0) + 1 FROM {EVENTS} WHERE tree_id = ?"
+        cursor: int = self._q(sql, (tree,)).fetchone()[0]
+        self._q(
+            f"""INSERT INTO {EVENTS} (tree_id, cursor, kind, session_id, payload, at)
+            VALUES (?, ?, ?, ?, ?, ?)""",
+            (tree, cursor, kind, session_id, payload, at),
+        )
+        return cursor
+
+    def op_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        sql = f"""SELECT cursor, kind, session_id, payload, at FROM {EVENTS}
+            WHERE tree_id = ? AND cursor > ? ORDER BY cursor LIMIT ?"""
+        return [tuple(row) for row in self._q(sql, (self.tree_id, cursor, limit))]
 
 
 class _Hooks:
