@@ -383,9 +383,11 @@ class Transactions:
         cancelled = False
         while not done.done():
             try:
-                await asyncio.wait((done,))
+                await asyncio.shield(done)
             except asyncio.CancelledError:
                 cancelled = True
+            except BaseException:
+                break  # what `fn` raised: raised again below
         if cancelled:
             raise asyncio.CancelledError
         return done.result()
