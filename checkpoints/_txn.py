@@ -218,7 +218,7 @@ class Transactions:
             return await self._ainline(flow)
         await self._alock()
         if not self.native:  # the worker releases the lock once done
-            return await self._in_worker(self._read_and_release, flow)
+            return await self._settle(self._submit_or_release(self._read_and_release, flow))
         reset = self._own(None, asyncio.get_running_loop())
         try:
             return await adrive(flow, self._abackend)
@@ -235,7 +235,7 @@ class Transactions:
                 return await self._ainline(flow)
         if not self.native:
             await self._alock()  # the worker releases the lock once done
-            return await self._in_worker(self._write_and_release, flow)
+            return await self._settle(self._submit_or_release(self._write_and_release, flow))
         async with self.atransaction():
             return await self._ainline(flow)
 
@@ -363,23 +363,31 @@ class Transactions:
     def _rollback(self) -> None:
         self._end(commit=False)
 
-    async def _in_worker(
-        self,
-        fn: Callable[P, T],
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> T:
+    async def _in_worker(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Await `fn` in the storage's worker thread, with the caller's context (ownership).
 
         Cancellation waits for `fn` to end, then raises `CancelledError`: the caller unwinds
         (releasing what it holds) only once nothing runs on its behalf.
         """
+        return await self._settle(self._submit(fn, *args, **kwargs))
+
+    def _submit(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[T]:
         worker = self._worker
         if worker is None:
             worker = self._worker = ThreadPoolExecutor(1, thread_name_prefix="stello-storage")
-        loop = asyncio.get_running_loop()
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-        done = loop.run_in_executor(worker, call)
+        return asyncio.get_running_loop().run_in_executor(worker, call)
+
+    def _submit_or_release(self, fn: Callable[[Flow[T]], T], flow: Flow[T]) -> asyncio.Future[T]:
+        """`_submit` a function that releases the lock when done; release it if it cannot run."""
+        try:
+            return self._submit(fn, flow)
+        except BaseException:
+            self._release()
+            raise
+
+    async def _settle(self, done: asyncio.Future[T]) -> T:
+        """The result of `done`; a cancellation meanwhile is raised once `done` is."""
         cancelled = False
         while not done.done():
             try:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from stello_graph import Schedule, StelloAgent
-from stello_graph.checkpoints import SqliteMainStorage
-from stello_graph.events import STORED_EVENT_TYPES, StoredEvents
+from stello_graph._event_log import EventRecorder
+from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
+from stello_graph.events import STORED_EVENT_TYPES, StelloEvent, StoredEvents
 from stello_graph.models import IntegrationResult
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory
@@ -158,3 +159,30 @@ async def test_a_listener_follows_another_process(tmp_path: Path) -> None:
             ("session_forked", "Two"),
             ("consolidated", "from another process"),
         ]
+
+
+async def test_events_from_the_loop_are_queued_in_order_and_flushed() -> None:
+    storage = InMemoryMainStorage()
+    recorder = EventRecorder(storage)
+    for index in range(250):  # more than one batch
+        recorder.record(StelloEvent(type="consolidated", session_id=f"s{index}"))
+    recorder.record(StelloEvent(type="turn_started", session_id="s0"))  # not a stored kind
+    assert await recorder.aflush(10)
+    events = storage.events_after(0, limit=1000)
+    assert [e.session_id for e in events] == [f"s{index}" for index in range(250)]
+    recorder.close()
+    recorder.record(StelloEvent(type="consolidated", session_id="late"))  # closed: dropped
+    assert len(storage.events_after(0, limit=1000)) == 250
+
+
+def test_an_event_that_cannot_be_stored_is_counted_not_raised(tmp_path: Path) -> None:
+    storage = SqliteMainStorage(tmp_path / "closed.db")
+    storage.close()
+    recorder = EventRecorder(storage)
+    recorder.record(StelloEvent(type="consolidated", session_id="s1"))
+    recorder.record(StelloEvent(type="integrated", data={"odd": {1, 2}}))  # not JSON: as str
+    assert recorder.failed == 2
+    with InMemoryMainStorage() as memory:
+        EventRecorder(memory).record(StelloEvent(type="integrated", data={"odd": {1}}))
+        (stored,) = memory.events_after(0)
+        assert stored.data == {"odd": "{1}"}
