@@ -77,9 +77,13 @@ class BackendStorage(AsyncMethods):
     runs the backend's primitives (`op_*`) under one lock with re-entrant transactions (see
     `TransactionHooks`), and composes them: topology checks, paging, compare-and-clear,
     leases. A backend implements only the primitives; it never validates, locks or nests.
+    The async methods await the backend's async primitives when it is an
+    `AsyncStorageBackend` (it has `async_transaction_hooks`); otherwise they run its sync
+    primitives in the storage's worker thread: no backend I/O ever runs on the event loop.
 
     Args:
-        backend: the primitives and transaction hooks (see `StorageBackend`).
+        backend: the primitives and transaction hooks (see `StorageBackend`, and
+            `AsyncStorageBackend` for native async ones).
         tree_id: the tree this storage is bound to. A backend reads and writes one tree, the
             one it was made for: give both the same id.
 
