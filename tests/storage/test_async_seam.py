@@ -232,3 +232,21 @@ def test_async_calls_after_close_fail_and_reopen_nothing(tmp_path: Path) -> None
     storage.close()
     with pytest.raises(Exception, match="closed"):
         asyncio.run(storage.aget_session("s1"))
+
+
+def test_every_method_has_an_async_twin_with_the_same_parameters() -> None:
+    import inspect
+
+    methods = {
+        name
+        for name in dir(BackendStorage)
+        if not name.startswith("_") and callable(getattr(BackendStorage, name))
+    }
+    sync_only = {"close", "transaction", "atransaction"}
+    for name in sorted(methods - sync_only):
+        if name.startswith("a") and name[1:] in methods:
+            continue  # an async twin, checked from its sync method
+        twin = getattr(BackendStorage, f"a{name}", None)
+        assert twin is not None and inspect.iscoroutinefunction(twin), name
+        ours = inspect.signature(getattr(BackendStorage, name)).parameters
+        assert list(inspect.signature(twin).parameters) == list(ours), name
