@@ -28,14 +28,18 @@ from stello_graph.checkpoints._validate import (
     check_text,
     checked_lease,
     compression_args,
+    copy_args,
     event_args,
     events_page_args,
     lease_args,
+    lineage_args,
     memory_args,
     page_args,
     session_filter_args,
 )
+from stello_graph.digest import SessionDigest
 from stello_graph.events import StoredEvent
+from stello_graph.lineage import ForkPoint
 from stello_graph.models import (
     ChildL2,
     Compression,
@@ -241,6 +245,27 @@ class AsyncMethods:
         """Async twin of `put_global`."""
         text = dumps(value, what="A global value")
         await self._txn.awrite(one("put_global", check_identifier(key, "key"), text))
+
+    async def acopy_records(self, source_id: str, target_id: str, *, count: int) -> int:
+        """Async twin of `copy_records`."""
+        args = copy_args(source_id, target_id, count)
+        return await self._txn.awrite(flows.copy_records(*args))
+
+    async def aget_lineage(self, session_id: str) -> ForkPoint | None:
+        """Async twin of `get_lineage`."""
+        return await self._txn.aread(flows.lineage(check_identifier(session_id)))
+
+    async def aput_lineage(self, session_id: str, source_id: str, at_turn: int | None) -> None:
+        """Async twin of `put_lineage`."""
+        await self._txn.awrite(one("set_fields", *lineage_args(session_id, source_id, at_turn)))
+
+    async def alist_lineage(self) -> dict[str, ForkPoint]:
+        """Async twin of `list_lineage`."""
+        return await self._txn.aread(flows.list_lineage())
+
+    async def alist_session_digests(self) -> list[SessionDigest]:
+        """Async twin of `list_session_digests`."""
+        return await self._txn.aread(flows.digests())
 
     async def aappend_event(
         self,

@@ -34,6 +34,7 @@ from stello_graph.checkpoints._serde import (
     from_iso,
     message_role,
 )
+from stello_graph.digest import DigestRow, SessionDigest, digest_from_row
 from stello_graph.errors import (
     InvalidInputError,
     LeaseLostError,
@@ -43,6 +44,7 @@ from stello_graph.errors import (
     TopologyCycleError,
 )
 from stello_graph.events import StoredEvent
+from stello_graph.lineage import ForkPoint
 from stello_graph.models import Compression, Lease, SessionMeta, TopologyNode
 
 __all__ = ["Flow", "Op", "adrive", "drive", "one"]
@@ -336,6 +338,41 @@ def events_after(cursor: int, limit: int) -> Flow[list[StoredEvent]]:
         StoredEvent(cursor=c, type=kind, session_id=sid, data=loads(payload), at=from_iso(at))
         for c, kind, sid, payload, at in rows
     ]
+
+
+# -- branching: copied records, lineage, digests --------------------------------------------
+LINEAGE = ("forked_from", "forked_at_turn")
+
+
+def copy_records(source_id: str, target_id: str, count: int) -> Flow[int]:
+    for session_id in (source_id, target_id):
+        if not (yield Op("session_exists", session_id)):
+            raise SessionNotFoundError(session_id)
+    available = yield Op("count", source_id)
+    if count > available:
+        raise InvalidInputError(
+            f"count={count} is beyond the {available} record(s) of session "
+            f"{source_id!r}; pass at most {available}."
+        )
+    copied: int = yield Op("copy_records", source_id, target_id, count)
+    return copied
+
+
+def lineage(session_id: str) -> Flow[ForkPoint | None]:
+    values = yield Op("get_fields", session_id, LINEAGE)
+    if values is None or values[0] is None:
+        return None
+    return ForkPoint(session_id, values[0], values[1])
+
+
+def list_lineage() -> Flow[dict[str, ForkPoint]]:
+    rows = yield Op("all_fields", LINEAGE)
+    return {row[0]: ForkPoint(row[0], row[1], row[2]) for row in rows if row[1] is not None}
+
+
+def digests() -> Flow[list[SessionDigest]]:
+    rows: list[DigestRow] = yield Op("digests")
+    return [digest_from_row(row) for row in rows]
 
 
 # -- the session lease ----------------------------------------------------------------------

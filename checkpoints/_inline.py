@@ -13,6 +13,7 @@ from langchain_core.messages import BaseMessage
 
 from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
 from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
+from stello_graph.digest import DigestRow
 from stello_graph.models import (
     ChildL2,
     SessionMeta,
@@ -91,6 +92,12 @@ class InlineAsyncPrimitives:
     async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         return self._ops.op_set_fields(session_id, values)
 
+    async def aop_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        return self._ops.op_all_fields(names)
+
+    async def aop_digests(self) -> list[DigestRow]:
+        return self._ops.op_digests()
+
     async def aop_delete_sessions(self, session_ids: list[str]) -> None:
         return self._ops.op_delete_sessions(session_ids)
 
@@ -118,6 +125,9 @@ class InlineAsyncPrimitives:
 
     async def aop_drop_oldest(self, session_id: str, count: int) -> None:
         return self._ops.op_drop_oldest(session_id, count)
+
+    async def aop_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        return self._ops.op_copy_records(source_id, target_id, count)
 
     async def aop_get_node(self, node_id: str) -> TopologyNode | None:
         return self._ops.op_get_node(node_id)

@@ -39,7 +39,12 @@ partial index on `turn_id` (one entry per turn) for the commit's idempotency che
 written before version 5 get turn ids derived by user turn: a turn starts at a user message
 and takes its id (or, without one, an id derived from the record's place).
 
-Version 6:
+Version 6 adds to `stello_sessions` the lineage of forked sessions: `forked_from` (the
+source session's id, `NULL` for a session that was not forked; not a foreign key, since the
+lineage outlives a removed source) and `forked_at_turn` (the source's 1-based user turn the
+child's context ends at, or `NULL`).
+
+Version 7:
 
 * `stello_events` - the tree's event log (forks, consolidations, integrations, insights,
   background failures), append-only, keyed (and so indexed) by `(tree_id, cursor)`: the
@@ -241,7 +246,13 @@ def _v5_turn_ids(db: Database) -> None:
     )
 
 
-def _v6_events(db: Database) -> None:
+def _v6_lineage(db: Database) -> None:
+    sessions = db.table(SESSIONS)
+    sessions.add_column("forked_from", str)
+    sessions.add_column("forked_at_turn", int)
+
+
+def _v7_events(db: Database) -> None:
     db.table(EVENTS).create(
         {
             "tree_id": str,
@@ -262,7 +273,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v3_record_changes,
     _v4_session_lease,
     _v5_turn_ids,
-    _v6_events,
+    _v6_lineage,
+    _v7_events,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

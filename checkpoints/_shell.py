@@ -36,14 +36,18 @@ from stello_graph.checkpoints._validate import (
     check_text,
     checked_lease,
     compression_args,
+    copy_args,
     event_args,
     events_page_args,
     lease_args,
+    lineage_args,
     memory_args,
     page_args,
     session_filter_args,
 )
+from stello_graph.digest import SessionDigest
 from stello_graph.events import StoredEvent
+from stello_graph.lineage import ForkPoint
 from stello_graph.models import (
     ChildL2,
     Compression,
@@ -65,6 +69,7 @@ FIELDS = frozenset(
         *("system_prompt", "insight", "memory", "memory_through", "turn_count"),
         *("subtree_synthesis", "compression", "compression_through", "settings"),
         *("lease_owner", "lease_token", "lease_expires", "lease_waiter", "lease_wait_until"),
+        *("forked_from", "forked_at_turn"),
     }
 )
 """Per-session values read and written through `op_get_fields` / `op_set_fields`."""
@@ -365,6 +370,37 @@ class BackendStorage(AsyncMethods):
         """Store a JSON-serialisable value under `key` (replacing any previous one)."""
         text = dumps(value, what="A global value")
         self._txn.write(one("put_global", check_identifier(key, "key"), text))
+
+    # -- branching: copied records, lineage, digests ---------------------------------------
+    def copy_records(self, source_id: str, target_id: str, *, count: int) -> int:
+        """Append the first `count` records of `source_id` after those of `target_id`, as
+        stored (no decoding, each keeps its `(turn_id, turn_seq)`); return the target's
+        number of records afterwards. A fork uses it when nothing has to be rewritten.
+
+        Raises:
+            SessionNotFoundError: either session is missing.
+            InvalidInputError: a bad id or count, or `count` is more than the source's
+                records (counted in the write's own transaction).
+        """
+        return self._txn.write(flows.copy_records(*copy_args(source_id, target_id, count)))
+
+    def get_lineage(self, session_id: str) -> ForkPoint | None:
+        """Where the session was forked from (`forked_from`, `forked_at_turn`); `None` for
+        a session that was not forked (or does not exist)."""
+        return self._txn.read(flows.lineage(check_identifier(session_id)))
+
+    def put_lineage(self, session_id: str, source_id: str, at_turn: int | None) -> None:
+        """Record that the session was forked from `source_id` at its user turn `at_turn`."""
+        self._txn.write(one("set_fields", *lineage_args(session_id, source_id, at_turn)))
+
+    def list_lineage(self) -> dict[str, ForkPoint]:
+        """The fork point of every forked session of the tree, by session id (one read)."""
+        return self._txn.read(flows.list_lineage())
+
+    def list_session_digests(self) -> list[SessionDigest]:
+        """Every session's `SessionDigest` (label, status, parent, turns, L2, staleness,
+        pending insight, last activity), in creation order, in one read."""
+        return self._txn.read(flows.digests())
 
     # -- the event log --------------------------------------------------------------------
     def append_event(

@@ -46,9 +46,11 @@ __all__ = [
     "check_tags",
     "check_text",
     "checked_lease",
+    "copy_args",
     "event_args",
     "events_page_args",
     "lease_args",
+    "lineage_args",
     "memory_args",
     "page_args",
     "session_filter_args",
@@ -266,3 +268,23 @@ def events_page_args(cursor: object, limit: object) -> tuple[int, int]:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_EVENTS_PAGE:
         raise InvalidInputError(f"limit must be an int from 1 to {MAX_EVENTS_PAGE}, got {limit!r}.")
     return checked, limit
+
+
+def copy_args(source_id: object, target_id: object, count: object) -> tuple[str, str, int]:
+    source, target = check_identifier(source_id), check_identifier(target_id, "target_id")
+    if source == target:
+        raise InvalidInputError(
+            f"copy_records copies records into another session, got {source!r} twice."
+        )
+    return source, target, check_non_negative(count, "count")
+
+
+def lineage_args(
+    session_id: object, source_id: object, at_turn: object
+) -> tuple[str, dict[str, Any]]:
+    sid, source = check_identifier(session_id), check_identifier(source_id, "source_id")
+    if at_turn is not None:
+        at_turn = check_non_negative(at_turn, "at_turn")
+        if at_turn == 0:
+            raise InvalidInputError("at_turn is a 1-based user turn (or None), got 0.")
+    return sid, {"forked_from": source, "forked_at_turn": at_turn}

@@ -1,7 +1,7 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: twenty-three primitive operations (`op_*`) and the six
+It implements `StorageBackend`: twenty-six primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
@@ -51,6 +51,7 @@ from langchain_core.messages import BaseMessage
 from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
+from stello_graph.digest import DigestRow
 from stello_graph.models import (
     ChildL2,
     SessionMeta,
@@ -125,6 +126,17 @@ class StorageBackend(Protocol):
         """Set the given `FIELDS`; raise `SessionNotFoundError` when the session is missing."""
         ...
 
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        """`(id, *values)` of every session, with the named `FIELDS` in that order, in
+        creation order (one read for a whole tree: the lineage of every session)."""
+        ...
+
+    def op_digests(self) -> list[DigestRow]:
+        """Every session's `DigestRow` (`stello_graph.digest`), in creation order, read in
+        one pass: meta, node parent, turn count, memory, the user (`human`) records after the
+        memory's cursor, insight."""
+        ...
+
     def op_delete_sessions(self, session_ids: list[str]) -> None:
         """Delete the sessions with all their data and their nodes (children come first)."""
         ...
@@ -164,6 +176,16 @@ class StorageBackend(Protocol):
 
     def op_drop_oldest(self, session_id: str, count: int) -> None:
         """Delete the `count` oldest records (cursors are moved by the caller)."""
+        ...
+
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        """Append the first `count` records of `source_id` (in append order) after the
+        existing records of `target_id`, keeping each record's stored form and its
+        `(turn_id, turn_seq)`; return the number of records of the target afterwards.
+        Rows are copied inside the database (no decode / re-encode); the target's
+        `updated_at` and `turn_count` are left as they are. The caller checked that
+        `count` is at most the source's records and that the two ids differ. Raise
+        `SessionNotFoundError` when either session is missing."""
         ...
 
     # -- topology -------------------------------------------------------------------------
@@ -253,6 +275,14 @@ class AsyncStorageBackend(StorageBackend, Protocol):
         """Async twin of `op_set_fields`."""
         ...
 
+    async def aop_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        """Async twin of `op_all_fields`."""
+        ...
+
+    async def aop_digests(self) -> list[DigestRow]:
+        """Async twin of `op_digests`."""
+        ...
+
     async def aop_delete_sessions(self, session_ids: list[str]) -> None:
         """Async twin of `op_delete_sessions`."""
         ...
@@ -286,6 +316,10 @@ class AsyncStorageBackend(StorageBackend, Protocol):
 
     async def aop_drop_oldest(self, session_id: str, count: int) -> None:
         """Async twin of `op_drop_oldest`."""
+        ...
+
+    async def aop_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        """Async twin of `op_copy_records`."""
         ...
 
     async def aop_get_node(self, node_id: str) -> TopologyNode | None:

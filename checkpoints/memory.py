@@ -31,6 +31,7 @@ from stello_graph.checkpoints._serde import (
 )
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
+from stello_graph.digest import DigestRow
 from stello_graph.errors import SessionNotFoundError
 from stello_graph.models import (
     ChildL2,
@@ -66,6 +67,8 @@ class _Session:
     lease_expires: float = 0.0
     lease_waiter: str | None = None
     lease_wait_until: float = 0.0
+    forked_from: str | None = None
+    forked_at_turn: int | None = None
 
 
 @dataclass
@@ -297,6 +300,28 @@ class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
         session = self._session(session_id)
         self._set(session, "records", session.records[count:])
         self._set(session, "turns", session.turns[count:])
+
+    # -- branching ------------------------------------------------------------------------
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        source, target = self._session(source_id), self._session(target_id)
+        # the decoded records are shared, as they are never mutated (reads hand out copies)
+        self._set(target, "turns", [*target.turns, *source.turns[:count]])
+        self._set(target, "records", [*target.records, *source.records[:count]])
+        return len(target.records)
+
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        return [
+            (s.row[0], *(getattr(s, name) for name in names)) for s in self._in_creation_order()
+        ]
+
+    def op_digests(self) -> list[DigestRow]:
+        rows: list[DigestRow] = []
+        for s in self._in_creation_order():
+            node = self._nodes.get(s.row[0])
+            stale = sum(r.type == "human" for r in s.records[s.memory_through :])
+            parent = node.node.parent_id if node is not None else None
+            rows.append((*s.row[:4], s.row[7], parent, s.turn_count, s.memory, stale, s.insight))
+        return rows
 
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:

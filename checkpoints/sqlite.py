@@ -35,6 +35,7 @@ from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._sqlite_conn import SqliteHooks, connect
 from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.checkpoints._validate import check_identifier, check_non_negative
+from stello_graph.digest import DigestRow
 from stello_graph.errors import (
     InvalidInputError,
     NotADatabaseError,
@@ -369,6 +370,61 @@ class SqliteMainStorage(BackendStorage):
             (*key, *key, count),
         )
         self._cache.drop_oldest(session_id, count)
+
+    # -- branching (contract B: rows copied inside the database) --------------------------
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        tree = self.tree_id
+        next_seq = f"SELECT next_seq FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        found = [self._q(next_seq, (tree, sid)).fetchone() for sid in (source_id, target_id)]
+        for sid, row in zip((source_id, target_id), found, strict=True):
+            if row is None:
+                raise SessionNotFoundError(sid)
+        first: int = found[1][0]
+        # A session's seqs are contiguous from its first record (see `op_session_stats`),
+        # and its first record always carries its turn's id (`op_drop_oldest` keeps it so):
+        # the copied prefix reads back with the same turns.
+        copied = self._q(
+            f"""INSERT INTO {RECORDS}
+                (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
+            SELECT r.tree_id, ?, ? + r.seq - m.low, r.type, r.data, r.created_at, r.turn_id,
+                r.turn_seq
+            FROM {RECORDS} r, (SELECT MIN(seq) AS low FROM {RECORDS}
+                WHERE tree_id = ? AND session_id = ?) m
+            WHERE r.tree_id = ? AND r.session_id = ? AND r.seq < m.low + ?""",
+            (target_id, first, tree, source_id, tree, source_id, count),
+        ).rowcount
+        sql = f"UPDATE {SESSIONS} SET next_seq = ? WHERE tree_id = ? AND id = ?"
+        self._q(sql, (first + copied, tree, target_id))
+        source = self._cache.get(source_id)
+        target = self._cache.get(target_id)
+        self._cache.discard(target_id)  # marks it touched: a rollback forgets it
+        if source is not None and (target is not None or first == 0):
+            self._cache.put(target_id, [*(target or ()), *source[:count]])
+        return self.op_count(target_id)
+
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        assert FIELDS.issuperset(names)
+        columns = "".join(f", {name}" for name in names)
+        sql = f"SELECT id{columns} FROM {SESSIONS} WHERE tree_id = ? ORDER BY created_seq"
+        return [tuple(row) for row in self._q(sql, (self.tree_id,))]
+
+    def op_digests(self) -> list[DigestRow]:
+        # The records after the L2 cursor are those from MIN(seq) + memory_through on (see
+        # `op_session_stats`); a session without records counts none.
+        rows = self._q(
+            f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
+                s.turn_count, s.memory,
+                (SELECT COUNT(*) FROM {RECORDS} r
+                    WHERE r.tree_id = s.tree_id AND r.session_id = s.id AND r.type = 'human'
+                    AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
+                        WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                s.insight
+            FROM {SESSIONS} s
+            LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
+            WHERE s.tree_id = ? ORDER BY s.created_seq""",
+            (self.tree_id,),
+        )
+        return rows.fetchall()
 
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:

@@ -85,7 +85,7 @@ class ForkState(OpState, total=False):
     """A fork: its options in, the child's node out."""
 
     fork: Annotated[dict[str, Any], EphemeralValue]
-    """`label` and the fork options (`context`, `system_prompt`, `prompt`, ...)."""
+    """`label` and the fork options (`context`, `at_turn`, `system_prompt`, `prompt`, ...)."""
     forked: dict[str, str]
     """The child: `session_id`, `label`, `parent_id`."""
 

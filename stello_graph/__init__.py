@@ -16,9 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from stello_graph._base import TurnContext
 from stello_graph._stream import AsyncSessionStream, SessionStream
+from stello_graph._topology_slot import TopologySlot, TopologyView
 from stello_graph.compression import CompressionPolicy
+from stello_graph.digest import SessionDigest
 from stello_graph.errors import (
     ConsolidationError,
+    DuplicateLabelError,
     DuplicateSessionError,
     ForeignDatabaseError,
     FunctionCallError,
@@ -49,8 +52,10 @@ from stello_graph.errors import (
     ToolRoundLimitError,
     TopologyCycleError,
     TopologyError,
+    TurnOutOfRangeError,
     UnknownProfileError,
 )
+from stello_graph.lineage import ForkPoint
 from stello_graph.main_session import MainSession
 from stello_graph.memory import (
     CompressFn,
@@ -128,6 +133,8 @@ __all__ = [
     "load_skills",
     "CompressionPolicy",
     "Compression",
+    "TopologySlot",
+    "TopologyView",
     # sessions
     "Session",
     "MainSession",
@@ -140,6 +147,8 @@ __all__ = [
     "SendResult",
     "ChildL2",
     "IntegrationResult",
+    "ForkPoint",
+    "SessionDigest",
     # memory functions
     "ConsolidateFn",
     "IntegrateFn",
@@ -185,6 +194,8 @@ __all__ = [
     "UnknownProfileError",
     "SplitGuardError",
     "SkillLoadError",
+    "TurnOutOfRangeError",
+    "DuplicateLabelError",
     "__version__",
 ]
 

@@ -98,6 +98,10 @@ class ForkOptions(TypedDict, total=False):
     context: ForkContext
     """The child's starting L3: `"none"` (default), `"inherit"`, `"compress"` (a summary),
     or a function of the source's records."""
+    at_turn: int
+    """Start from the end of this user turn of the source (1-based; negative counts from
+    the end; counted in the source's L3, inherited turns included) instead of its whole
+    history; needs a `context` other than `"none"`."""
     system_prompt: str
     """The child's system prompt."""
     inherit_system_prompt: bool
@@ -356,7 +360,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
     def fork(self, source_id: str, label: str, **options: Unpack[ForkOptions]) -> TopologyNode:
         """Fork a new session under `source_id` (the main session or any other).
 
-        Options (`ForkOptions`, each documented there): `context`, `profile` and
+        Options (`ForkOptions`, each documented there): `context`, `at_turn`, `profile` and
         `profile_vars`, `skills`, `system_prompt`, `inherit_system_prompt`, `prompt`,
         `model`, `tools`, `tags`, `metadata`, `id`. The session and its node are written in
         one transaction. Returns the child's `TopologyNode`.
@@ -369,6 +373,12 @@ class StelloAgent(_Turns, _Memory, _Tree):
             UnknownProfileError: `profile` is not registered.
             NodeNotFoundError: `source_id` has no node in the tree (a session made with
                 `Session.create` on the agent's storage); nothing is written.
+            TurnOutOfRangeError: `at_turn` names no user turn of the source.
+            DuplicateLabelError: the agent asks for unique labels (`unique_labels`) and
+                another child of the source has `label`.
+
+        The child's lineage (its source and the source's turn it starts from) is stored
+        with it: see `lineage`.
         """
         state = self._fork_state(source_id, label, options)
         with self._mux.quiet():

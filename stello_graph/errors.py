@@ -8,7 +8,8 @@ derive from the other branches::
     StelloError
     ├── StelloUsageError                 a developer mistake: fix the call
     │   ├── InvalidInputError            bad argument value (also a ValueError)
-    │   │   └── SkillLoadError           a SKILL.md file cannot be read as a skill
+    │   │   ├── SkillLoadError           a SKILL.md file cannot be read as a skill
+    │   │   └── TurnOutOfRangeError      a fork's `at_turn` names no user turn of its source
     │   ├── ModelNotConfiguredError      a call needs a chat model and none was given
     │   ├── FunctionNotConfiguredError   consolidate / integrate / compress function missing
     │   ├── MainSessionForkError         the main session cannot fork
@@ -28,6 +29,7 @@ derive from the other branches::
     │   ├── NodeNotFoundError            no topology node with that id (also a LookupError)
     │   ├── NodeHasChildrenError         removing a node with children without cascade
     │   ├── TopologyCycleError           a move would put a node under its own subtree
+    │   ├── DuplicateLabelError          a fork asked for unique labels reused a sibling's
     │   └── SplitGuardError              the split guard refused a fork the model asked for
     ├── ModelCallError                   the chat model raised; the cause is chained
     ├── ToolRoundLimitError              a turn asked for more tool rounds than allowed
@@ -46,6 +48,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "ConsolidationError",
+    "DuplicateLabelError",
     "DuplicateSessionError",
     "ForeignDatabaseError",
     "FunctionCallError",
@@ -76,6 +79,7 @@ __all__ = [
     "ToolRoundLimitError",
     "TopologyCycleError",
     "TopologyError",
+    "TurnOutOfRangeError",
     "UnknownProfileError",
 ]
 
@@ -94,6 +98,21 @@ class InvalidInputError(StelloUsageError, ValueError):
 
 class SkillLoadError(InvalidInputError):
     """A `SKILL.md` file could not be read as a skill; the message names the file."""
+
+
+class TurnOutOfRangeError(InvalidInputError):
+    """A fork's `at_turn` names no user turn of its source (1-based; negative counts from
+    the end)."""
+
+    def __init__(self, session_id: str, at_turn: int, turns: int) -> None:
+        valid = f"1..{turns} or -{turns}..-1" if turns else "none: it has no user turn yet"
+        super().__init__(
+            f"at_turn={at_turn} names no user turn of session {session_id!r}, which has "
+            f"{turns} user turn(s) (valid: {valid})."
+        )
+        self.session_id = session_id
+        self.at_turn = at_turn
+        self.turns = turns
 
 
 class ModelNotConfiguredError(StelloUsageError):
@@ -241,6 +260,20 @@ class TopologyCycleError(TopologyError):
         )
         self.node_id = node_id
         self.parent_id = parent_id
+
+
+class DuplicateLabelError(TopologyError):
+    """A fork asked for a label unique among its siblings (`unique_labels`), and a sibling
+    already has it: nothing was written."""
+
+    def __init__(self, parent_id: str, label: str, sibling_id: str) -> None:
+        super().__init__(
+            f"Session {parent_id!r} already has a child labelled {label!r} ({sibling_id!r}): "
+            "continue in that session, or choose another label."
+        )
+        self.parent_id = parent_id
+        self.label = label
+        self.sibling_id = sibling_id
 
 
 class SplitGuardError(TopologyError):

@@ -74,8 +74,8 @@ class StelloInput(TypedDict, total=False):
     input: str
     """The user message of a turn."""
     fork: dict[str, Any]
-    """Options of a fork: `label` and optionally `context`, `system_prompt`, `prompt`,
-    `tags`, `metadata`, `id`."""
+    """Options of a fork: `label` and optionally `context`, `at_turn`, `system_prompt`,
+    `prompt`, `tags`, `metadata`, `id`."""
     tool_choice: str | dict[str, Any] | bool | None
     """Force the turn's first model call to use tools (`"required"`, a tool's name, ...)."""
     mode: Literal["flat", "tree"]

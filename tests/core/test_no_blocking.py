@@ -81,6 +81,13 @@ async def test_storage_async_methods(storage: SqliteMainStorage, blockbuster: Bl
     assert await storage.arelease_lease(lease)
     await storage.aput_global("k", {"v": 1})
     assert await storage.aget_global("k") == {"v": 1}
+    await storage.aput_session(SessionMeta(id="c2", label="Copy"))
+    assert await storage.acopy_records("c1", "c2", count=1) == 1
+    await storage.aput_lineage("c2", "c1", 1)
+    assert (await storage.alist_lineage())["c2"].source_id == "c1"
+    assert len(await storage.alist_session_digests()) == 3
+    cursor = await storage.aappend_event("consolidated", "c1", {"l2": "l2"})
+    assert [e.cursor for e in await storage.aevents_after(0)] == [cursor]
     assert await storage.aremove_node("c1") == ["c1"]
 
 
@@ -89,6 +96,8 @@ async def test_agent_async_api(agent: StelloAgent, blockbuster: BlockBuster) -> 
     node = await agent.afork(main, "Branch")
     result = await agent.aturn(node.id, "hello")
     assert result.content == "ok"
+    inherited = await agent.afork(node.id, "Inherits", context="inherit", at_turn=1)
+    assert len(await (await agent.asession(inherited.id)).amessages()) == 2
     chunks = [chunk.content async for chunk, _ in agent.astream(node.id, "again")]
     assert "".join(chunks) == "ok"
     assert await agent.aconsolidate(node.id) == "4 records"
