@@ -3,9 +3,10 @@
 * `SqliteMainStorage` - the reference `MainStorage`, in a SQLite file shared safely by
   threads, asyncio tasks and processes.
 * `InMemoryMainStorage` - the same semantics in plain Python objects, for tests.
-* `StorageBackend` / `BackendStorage` - for a storage of your own: implement the twenty-one
+* `StorageBackend` / `BackendStorage` - for a storage of your own: implement the twenty-six
   primitives of the backend protocol, and `BackendStorage(backend)` is a full `MainStorage`
-  (see `stello_graph.checkpoints.backend`).
+  (see `stello_graph.checkpoints.backend`); `AsyncStorageBackend` / `AsyncTransactionHooks`
+  for a backend with native async I/O, whose async primitives the async methods await.
 * `open_sqlite(path)` - the storage and a LangGraph checkpointer (`StelloSqliteSaver`) on the
   same SQLite file. These names load LangGraph, so they are imported on first use.
 * `PostgresMainStorage` - the same storage on PostgreSQL, for many worker processes, and
@@ -18,7 +19,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from stello_graph.checkpoints.backend import BackendStorage, StorageBackend, TransactionHooks
+from stello_graph.checkpoints.backend import (
+    AsyncStorageBackend,
+    AsyncTransactionHooks,
+    BackendStorage,
+    StorageBackend,
+    TransactionHooks,
+)
 from stello_graph.checkpoints.memory import InMemoryMainStorage
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
 
@@ -45,6 +52,8 @@ __all__ = [
     "BackendStorage",
     "StorageBackend",
     "TransactionHooks",
+    "AsyncStorageBackend",
+    "AsyncTransactionHooks",
     # LangGraph checkpointers on the same file
     "StelloSqliteSaver",
     "open_sqlite",

@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     from stello_graph.agent import StelloAgent, TurnResult
     from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
     from stello_graph.config import StelloConfig
-    from stello_graph.events import StelloEvent
+    from stello_graph.events import StelloEvent, StoredEvent, StoredEvents
     from stello_graph.export import export_tree
     from stello_graph.graph import StelloState, build_stello_graph
     from stello_graph.schedule import BackgroundFailure, Schedule
@@ -105,6 +105,8 @@ _LAZY: dict[str, str] = {
     "Schedule": "stello_graph.schedule",
     "BackgroundFailure": "stello_graph.schedule",
     "StelloEvent": "stello_graph.events",
+    "StoredEvent": "stello_graph.events",
+    "StoredEvents": "stello_graph.events",
     "Topology": "stello_graph.topology",
     "export_tree": "stello_graph.export",
     # skills (load YAML)
@@ -122,6 +124,8 @@ __all__ = [
     "Schedule",
     "BackgroundFailure",
     "StelloEvent",
+    "StoredEvent",
+    "StoredEvents",
     "Topology",
     "export_tree",
     "TreeIntegration",

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Sequence
 from contextlib import (
@@ -33,6 +34,7 @@ from stello_graph._agent_memory import _Memory
 from stello_graph._agent_tree import _Tree
 from stello_graph._agent_turns import TurnResult, _Turns
 from stello_graph._as_tool import session_tool
+from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
 from stello_graph._fork import ForkContext
 from stello_graph._threads import CheckpointThreads
@@ -42,7 +44,7 @@ from stello_graph.errors import (
     InvalidInputError,
     SessionNotFoundError,
 )
-from stello_graph.events import StelloEvent, emit
+from stello_graph.events import StelloEvent, StoredEvents, emit
 from stello_graph.graph import build_graph
 from stello_graph.main_session import MainSession
 from stello_graph.models import (
@@ -196,6 +198,8 @@ class StelloAgent(_Turns, _Memory, _Tree):
         self._last_session: str | None = None
         self._mux = EventMux()
         self.deps.bus.subscribe(self._mux.forward)
+        self._recorder = EventRecorder(self.storage)
+        self.deps.bus.subscribe(self._recorder.record)
 
     # -- basics -----------------------------------------------------------------------------
     @property
@@ -247,6 +251,19 @@ class StelloAgent(_Turns, _Memory, _Tree):
         """Call `listener` with every stello event (background ones included)."""
         return self.deps.bus.subscribe(listener)
 
+    def follow_events(self, cursor: int = 0, *, interval: float = 0.25) -> StoredEvents:
+        """A reader of the tree's stored events after `cursor` (`STORED_EVENT_TYPES`: forks,
+        archives, consolidations, integrations, insights, background failures), made by this
+        agent or any other on the tree, in this process or another. `subscribe` sees this
+        process's events as they happen; this follows the tree's:
+
+            for event in agent.follow_events().follow():   # or `async for` ... afollow()
+                print(event.cursor, event.type, event.session_id)
+
+        This agent appends its events shortly after they happen (`drain` waits for them).
+        """
+        return StoredEvents(self.storage, cursor, interval=interval)
+
     def failures(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Background failures kept so far (of one session, when given), oldest first.
 
@@ -280,19 +297,23 @@ class StelloAgent(_Turns, _Memory, _Tree):
         return await StorageFailureLog(self.storage).aclear(session_id)
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait for background work; False on timeout. Never raises the kept failures."""
+        """Wait for background work and for its events to be stored; False on timeout.
+        Never raises the kept failures."""
         scheduler = self.deps.scheduler
-        return scheduler.drain(timeout) if scheduler is not None else True
+        drained = scheduler.drain(timeout) if scheduler is not None else True
+        return self._recorder.flush(timeout) and drained
 
     async def adrain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
         """Async twin of `drain`."""
         scheduler = self.deps.scheduler
-        return await scheduler.adrain(timeout) if scheduler is not None else True
+        drained = await scheduler.adrain(timeout) if scheduler is not None else True
+        return await self._recorder.aflush(timeout) and drained
 
     def close(self) -> None:
         """Finish background work and close what the agent opened."""
         if self.deps.scheduler is not None:
             self.deps.scheduler.close(wait=True)
+        self._recorder.close()  # the events of the work just finished, before the storage
         close_saver = getattr(self.checkpointer, "close", None)
         if self._owns_saver and close_saver is not None:
             close_saver()
@@ -304,7 +325,8 @@ class StelloAgent(_Turns, _Memory, _Tree):
     async def aclose(self) -> None:
         """Async twin of `close`: background work is awaited without blocking the loop."""
         await self.adrain()
-        self.close()  # nothing is left to wait for: this only closes what the agent opened
+        # joining the scheduler's threads and closing files are blocking calls: off the loop
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> StelloAgent:
         return self
@@ -365,7 +387,9 @@ class StelloAgent(_Turns, _Memory, _Tree):
         """
         state = self._fork_state(source_id, label, options)
         with self._mux.quiet():
-            return self._forked(run_fork(self.deps, state), options)
+            forked = self._forked(run_fork(self.deps, state), options)
+        self._recorder.settle()
+        return forked
 
     async def afork(
         self, source_id: str, label: str, **options: Unpack[ForkOptions]
@@ -398,6 +422,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
             meta = session.archive()
         emit(self.deps.bus, "session_archived", sid)
         on_archive(self.deps, sid)
+        self._recorder.settle()
         return meta
 
     async def aarchive(self, session_id: str) -> SessionMeta:

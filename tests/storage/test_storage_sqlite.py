@@ -91,6 +91,8 @@ def test_exports() -> None:
         "BackendStorage",
         "StorageBackend",
         "TransactionHooks",
+        "AsyncStorageBackend",
+        "AsyncTransactionHooks",
         "StelloSqliteSaver",
         "open_sqlite",
         "sqlite_saver",
