@@ -40,6 +40,7 @@ from stello_graph.memory import (
 from stello_graph.models import SessionMeta
 from stello_graph.nodes.forking import PROFILE_KEY, SKILLS_KEY
 from stello_graph.profiles import ForkProfile, SplitGuard, UnknownProfileError
+from stello_graph._claims import JobClaims
 from stello_graph.schedule import Schedule, Scheduler, StorageFailureLog
 from stello_graph.session import Session
 from stello_graph.skills import Skill
@@ -126,8 +127,11 @@ class StelloRuntime:
         self._builtins = BuiltinTools(self)
         self._scheduler: Scheduler | None = None
         if self.config.schedule is not None:
-            log = StorageFailureLog(self.storage)
-            self._scheduler = Scheduler(self.config.schedule, self.bus, log)
+            log, claims = StorageFailureLog(storage), JobClaims(storage, ttl=self.lease_ttl)
+            self._scheduler = Scheduler(self.config.schedule, self.bus, log, claims=claims)
+            from stello_graph.nodes.scheduling import recover
+
+            self._scheduler.recover(lambda: recover(self))
 
     # -- the settings, read-only (documented on `StelloConfig`) ---------------------------
     @property

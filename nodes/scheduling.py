@@ -2,12 +2,28 @@
 
 Triggers only queue jobs on the `Scheduler` (worker threads); they never wait for them, so a
 turn is never slowed down by the consolidation or integration it triggers.
+
+Due work is derived from stored state, so it survives a restart and is seen by every worker
+on the tree (`recover` scans for it when the scheduler starts, then every
+`Schedule.recover_every` seconds):
+
+* a session is due for consolidation when its own user turns since its L2's cursor reach
+  `consolidate_every_n_turns` (`SessionDigest.turns` / `stale_turns`), or when it is archived
+  with turns its L2 does not cover yet (with `consolidate_on_archive`);
+* the tree is due for integration when a consolidation asked for one
+  (`integrate_after_consolidate`) that has not run yet, when an archived session's final L2
+  awaits one, or when the tree's user turns since the last scheduled integration reach
+  `integrate_every_n_turns`. Those requests and cursors are the tree global
+  `stello:scheduled_integration`.
+
+A job runs under its claim (`stello_graph._claims`), and checks once claimed that it is still
+due, so two workers that found the same work due run it once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stello_graph.errors import InvalidInputError, NothingToIntegrateError
 from stello_graph.events import emit
@@ -24,6 +40,10 @@ from stello_graph.nodes._store import (
 from stello_graph.nodes._store import namespace as store_namespace
 from stello_graph.session import Session
 
+TREE_TURNS_KEY = "stello:tree_turns"
+"""The tree's user turns, counted when the schedule integrates every N of them (kept by
+the commit node, `stello_graph.nodes.turn`)."""
+
 if TYPE_CHECKING:
     from stello_graph.nodes.deps import StelloDeps
 
@@ -39,8 +59,14 @@ __all__ = [
     "on_archive",
     "on_switch",
     "publish",
+    "recover",
     "unpublish",
 ]
+
+INTEGRATION_KEY = "stello:scheduled_integration"
+"""The tree global of scheduled integrations: `requested` (integrations asked for by
+consolidations), `done` (how many of those requests ran) and `tree_turns` (the tree's turn
+count when the last scheduled integration started)."""
 
 
 def publish(
@@ -163,13 +189,61 @@ def integrate_now(deps: StelloDeps) -> IntegrationResult | None:
         return None
 
 
-def _consolidate_job(deps: StelloDeps, session_id: str, archived_ok: bool = False) -> None:
+def _integration_state(deps: StelloDeps) -> dict[str, int]:
+    found: Any = deps.storage.get_global(INTEGRATION_KEY)
+    found = found if isinstance(found, dict) else {}
+    return {k: int(found.get(k) or 0) for k in ("requested", "done", "tree_turns")}
+
+
+def _request_integration(deps: StelloDeps) -> None:
+    """Store that an integration is asked for (so a restart still runs it), and queue it."""
+    with deps.storage.transaction():
+        state = _integration_state(deps)
+        deps.storage.put_global(INTEGRATION_KEY, {**state, "requested": state["requested"] + 1})
+    _queue_integration(deps)
+
+
+def _consolidate_job(
+    deps: StelloDeps, session_id: str, archived_ok: bool = False, seen: int | None = None
+) -> None:
+    """Consolidate (claimed by the scheduler); `seen`: the L2 cursor the scan found due,
+    skipped when another worker consolidated since."""
+    if seen is not None and deps.storage.get_memory_through(session_id) != seen:
+        return
     consolidate_now(deps, session_id, archived_ok=archived_ok)
     schedule = deps.schedule
     if schedule is not None and schedule.integrate_after_consolidate:
         if archived_ok:  # consolidated on archive: its final L2 goes to the integration
             deps.hold_final_l2(session_id)
-        _queue_integration(deps)
+        _request_integration(deps)
+
+
+def _integration_due(deps: StelloDeps, state: dict[str, int], after: int | None) -> bool:
+    """Whether an integration is due (`after`: the tree turn that asked for it)."""
+    schedule = deps.schedule
+    every = schedule.integrate_every_n_turns if schedule is not None else None
+    tree = int(deps.storage.get_global(TREE_TURNS_KEY) or 0)
+    return (
+        state["requested"] > state["done"]
+        or (after is not None and state["tree_turns"] < after)
+        or (every is not None and tree - state["tree_turns"] >= every)
+        or bool(deps.final_l2s())
+    )
+
+
+def _integrate_job(deps: StelloDeps, after: int | None = None) -> None:
+    """Integrate (claimed by the scheduler) if still due; then store what it covered."""
+    state = _integration_state(deps)
+    if not _integration_due(deps, state, after):
+        return  # another worker integrated since it was asked for
+    tree = int(deps.storage.get_global(TREE_TURNS_KEY) or 0)
+    integrate_now(deps)
+    with deps.storage.transaction():
+        now = _integration_state(deps)
+        done = max(now["done"], state["requested"])
+        deps.storage.put_global(
+            INTEGRATION_KEY, {**now, "done": done, "tree_turns": max(now["tree_turns"], tree)}
+        )
 
 
 def _with_store(deps: StelloDeps, job: Callable[[], object]) -> Callable[[], object]:
@@ -183,15 +257,18 @@ def _with_store(deps: StelloDeps, job: Callable[[], object]) -> Callable[[], obj
     return run
 
 
-def _queue_consolidation(deps: StelloDeps, session_id: str, archived_ok: bool = False) -> None:
+def _queue_consolidation(
+    deps: StelloDeps, session_id: str, archived_ok: bool = False, seen: int | None = None
+) -> None:
     if deps.scheduler is not None:
-        job = _with_store(deps, lambda: _consolidate_job(deps, session_id, archived_ok))
+        job = _with_store(deps, lambda: _consolidate_job(deps, session_id, archived_ok, seen))
         deps.scheduler.submit("consolidate", session_id, job)
 
 
-def _queue_integration(deps: StelloDeps) -> None:
+def _queue_integration(deps: StelloDeps, after: int | None = None) -> None:
     if deps.scheduler is not None:
-        deps.scheduler.submit("integrate", None, _with_store(deps, lambda: integrate_now(deps)))
+        job = _with_store(deps, lambda: _integrate_job(deps, after))
+        deps.scheduler.submit("integrate", None, job)
 
 
 def after_turn(deps: StelloDeps, session_id: str, role: str, turns: int, tree_turns: int) -> None:
@@ -204,6 +281,28 @@ def after_turn(deps: StelloDeps, session_id: str, role: str, turns: int, tree_tu
         _queue_consolidation(deps, session_id)
     every_tree = schedule.integrate_every_n_turns
     if every_tree and tree_turns > 0 and tree_turns % every_tree == 0:
+        _queue_integration(deps, after=tree_turns)
+
+
+def recover(deps: StelloDeps) -> None:
+    """Queue the due work stored in the tree (see the module's docstring): what turns of
+    other workers made due, and what a stopped process never ran. One read of the
+    sessions' digests, then a point read per due session."""
+    schedule = deps.schedule
+    if schedule is None or deps.scheduler is None:
+        return
+    every = schedule.consolidate_every_n_turns
+    for digest in deps.storage.list_session_digests():
+        if digest.role != "standard":
+            continue
+        own = min(digest.turns, digest.stale_turns)  # a fork's inherited turns do not count
+        archived = digest.status == "archived"
+        if archived and schedule.consolidate_on_archive and own > 0:
+            seen = deps.storage.get_memory_through(digest.id)
+            _queue_consolidation(deps, digest.id, archived_ok=True, seen=seen)
+        elif not archived and every is not None and own >= every:
+            _queue_consolidation(deps, digest.id, seen=deps.storage.get_memory_through(digest.id))
+    if _integration_due(deps, _integration_state(deps), None):
         _queue_integration(deps)
 
 

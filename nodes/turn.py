@@ -34,7 +34,7 @@ from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_canc
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.entry import turn_output
-from stello_graph.nodes.scheduling import after_turn, forget_insight
+from stello_graph.nodes.scheduling import TREE_TURNS_KEY, after_turn, forget_insight
 from stello_graph.nodes.state import TurnState
 from stello_graph.storage import MainStorage
 
@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 State = TurnState
-TREE_TURNS_KEY = "stello:tree_turns"
 
 
 # -- assemble -------------------------------------------------------------------------------

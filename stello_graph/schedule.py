@@ -5,6 +5,15 @@ no latency to a turn. A failure never reaches the turn that triggered it: it is 
 schedule says, then kept (readable per session with `failures()`) and published as a
 `background_error` event. With a `FailureLog` the kept failures are stored with the topology,
 so they outlive the process. `drain()` waits until all scheduled work is done.
+
+Beyond one process (several LangGraph Server workers, restarts), nothing due is kept only in
+memory. What makes a job due is stored: a session's user turns since its L2's cursor, an
+archived session's unconsolidated turns, the tree's turns and requests since the last
+scheduled integration (`stello_graph.nodes.scheduling`). A scheduler scans for due work when
+it starts and every `Schedule.recover_every` seconds, so a job that a stopped or killed
+process never ran is run by the next one. Before a job runs, its scheduler claims it in the
+storage (`stello_graph._claims.JobClaims`): across workers a job never runs twice at once,
+and the worker that finds it claimed skips it, since another one is doing it.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from stello_graph._claims import JobClaims
 from stello_graph.errors import InvalidInputError
 from stello_graph.events import EventBus, emit
 from stello_graph.models import utcnow
@@ -53,6 +63,10 @@ class Schedule:
         max_concurrency: worker threads for background work.
         retry_attempts: attempts per job (1 = no retry).
         retry_backoff: seconds before the first retry; doubled for each further one.
+        recover_every: seconds between scans for due work stored by any process (turns
+            committed by another worker, jobs a stopped process never ran); `None` scans
+            only when the scheduler starts. A job that keeps failing is tried again at
+            each scan.
     """
 
     consolidate_every_n_turns: int | None = None
@@ -63,6 +77,7 @@ class Schedule:
     max_concurrency: int = 4
     retry_attempts: int = 1
     retry_backoff: float = 0.5
+    recover_every: float | None = 60.0
 
     def __post_init__(self) -> None:
         _positive(self.consolidate_every_n_turns, "consolidate_every_n_turns")
@@ -71,6 +86,13 @@ class Schedule:
         _positive(self.retry_attempts, "retry_attempts")
         if not isinstance(self.retry_backoff, int | float) or self.retry_backoff < 0:
             raise InvalidInputError(f"retry_backoff must be >= 0, got {self.retry_backoff!r}.")
+        every = self.recover_every
+        if every is not None and (
+            isinstance(every, bool) or not isinstance(every, int | float) or every <= 0
+        ):
+            raise InvalidInputError(
+                f"recover_every must be seconds > 0 or None, got {every!r}."
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,14 +244,25 @@ class Scheduler:
     session consolidated after every turn thus never has two consolidations racing on its
     L2, and turns that follow each other faster than the model answers cause one
     consolidation per model call, not one per turn.
+
+    With `claims`, each job first claims its key in the storage and is skipped when
+    another scheduler (another process on the tree) holds it; `recover` scans for due work.
     """
 
     def __init__(
-        self, schedule: Schedule, bus: EventBus | None = None, log: FailureLog | None = None
+        self,
+        schedule: Schedule,
+        bus: EventBus | None = None,
+        log: FailureLog | None = None,
+        *,
+        claims: JobClaims | None = None,
     ) -> None:
         self.schedule = schedule
         self._bus = bus
         self._log = log
+        self._claims = claims
+        self._stop = threading.Event()
+        self._scanner: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Condition()
         self._queued: set[Key] = set()
@@ -269,9 +302,21 @@ class Scheduler:
             self._queued.discard(key)  # from now on a new request waits for this run
             self._running.add(key)
         try:
-            self._attempt(kind, session_id, job)
+            self._claimed(kind, session_id, job)
         finally:
             self._finished(key)
+
+    def _claimed(self, kind: JobKind, session_id: str | None, job: Job) -> None:
+        """Run `job` while holding its claim; skip it when another scheduler holds it."""
+        if self._claims is None:
+            self._attempt(kind, session_id, job)
+            return
+        try:
+            with self._claims.hold(kind, session_id) as claim:
+                if claim is not None:
+                    self._attempt(kind, session_id, job)
+        except Exception as exc:  # the claim could not be read or written
+            self._record(kind, session_id, exc, 1)
 
     def _finished(self, key: Key) -> None:
         with self._lock:
@@ -338,6 +383,38 @@ class Scheduler:
         except Exception:  # the storage is closed or failing: never lose the failure
             return False
         return True
+
+    # -- recovering -------------------------------------------------------------------------
+    def recover(self, scan: Callable[[], object]) -> None:
+        """Run `scan` (which submits the due jobs it finds) now, then every
+        `Schedule.recover_every` seconds until `close`. The first scan counts as queued
+        work: `drain` waits for it and for what it submits. A failing scan (a storage that
+        is closing, say) is tried again at the next one."""
+        with self._lock:
+            if self._closed or self._scanner is not None:
+                return
+            self._active += 1
+            self._scanner = threading.Thread(
+                target=self._scan_loop, args=(scan,), name="stello-recover", daemon=True
+            )
+        self._scanner.start()
+
+    def _scan_loop(self, scan: Callable[[], object]) -> None:
+        first = True
+        while True:
+            try:
+                scan()
+            except Exception:  # noqa: S110 - retried at the next scan; the jobs record theirs
+                pass
+            finally:
+                if first:
+                    first = False
+                    with self._lock:
+                        self._active -= 1
+                        self._lock.notify_all()
+            every = self.schedule.recover_every
+            if every is None or self._stop.wait(every):
+                return
 
     # -- reading ----------------------------------------------------------------------------
     def failures(self, session_id: str | None = None) -> list[BackgroundFailure]:
@@ -425,5 +502,9 @@ class Scheduler:
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
+            scanner = self._scanner
+        self._stop.set()
+        if scanner is not None and scanner is not threading.current_thread():
+            scanner.join()
         if pool is not None:
             pool.shutdown(wait=wait)
