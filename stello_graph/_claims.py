@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -66,8 +67,7 @@ def claim_key(kind: str, session_id: str | None) -> str:
 
 
 def _dead(owner: str) -> bool:
-    pid = owner.split("/")[1] if owner.count("/") >= 2 else ""
-    if pid == str(os.getpid()):
+    if owner.startswith(f"{socket.gethostname()}/{os.getpid()}/"):  # this process
         with _live_lock:
             return owner not in _live
     return owner_is_dead(owner)

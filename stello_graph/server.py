@@ -14,6 +14,17 @@ own checkpointer and store. The factory reads its environment once per process:
   for `ChatOpenAI`, which reads `OPENAI_BASE_URL` and `OPENAI_API_KEY`.
 * `STELLO_TOOLS` (optional): tools every session's model is given, as comma-separated
   `module:attribute` paths, each attribute a tool or a list of tools.
+* `STELLO_CONSOLIDATE_EVERY` (optional, default `8`): consolidate a session every N user
+  turns on it; `STELLO_INTEGRATE_EVERY` (optional, default `0`): also integrate every N user
+  turns of the tree. `0` turns a trigger off, both `0` turn background memory off. With a
+  schedule, archived sessions are consolidated too, and every consolidation is followed by
+  an integration (see `server_schedule`).
+
+Background memory runs in each worker process, on threads beside the server's event loop.
+Nothing due is kept only in memory: each worker scans the tree for due work when it opens
+it and every minute, and each job runs under a claim stored with the tree, so across
+workers and restarts every due consolidation runs, and never twice at once
+(`stello_graph.schedule`).
 
 `configurable.tree_id` chooses the tree (one per user: give each user's threads their own);
 its main session is created on first use. `configurable.session_id` is the session of a
@@ -61,16 +72,20 @@ from stello_graph.errors import InvalidInputError, ModelNotConfiguredError
 from stello_graph.graph import StelloGraph, build_graph
 from stello_graph.main_session import MainSession
 from stello_graph.nodes.deps import StelloRuntime
+from stello_graph.schedule import Schedule
 from stello_graph.storage import MainStorage
 
 __all__ = [
+    "CONSOLIDATE_ENV",
     "DATABASE_ENV",
+    "INTEGRATE_ENV",
     "MODEL_ENV",
     "TOOLS_ENV",
     "close_trees",
     "make_graph",
     "open_tree",
     "scripted_model",
+    "server_schedule",
 ]
 
 DATABASE_ENV = "STELLO_DATABASE_URI"
@@ -79,6 +94,15 @@ MODEL_ENV = "STELLO_MODEL"
 """The environment variable naming the model (`scripted`, or a `ChatOpenAI` model name)."""
 TOOLS_ENV = "STELLO_TOOLS"
 """The environment variable listing the sessions' tools (`module:attribute`, comma-separated)."""
+
+CONSOLIDATE_ENV = "STELLO_CONSOLIDATE_EVERY"
+"""The environment variable: consolidate a session every N user turns (default 8; 0: never)."""
+INTEGRATE_ENV = "STELLO_INTEGRATE_EVERY"
+"""The environment variable: integrate every N user turns of the tree (default 0: never)."""
+DEFAULT_CONSOLIDATE_EVERY = 8
+"""User turns between a session's consolidations when `STELLO_CONSOLIDATE_EVERY` is unset:
+about a screen of conversation, so the L2 stays close to the session without a model call
+for memory on most turns."""
 
 _T = TypeVar("_T")
 _CALL = re.compile(r"^/call\s+([A-Za-z_][\w-]*)\s*(\{.*\})?\s*$", re.DOTALL)
@@ -142,6 +166,39 @@ def _load_tools(spec: str) -> list[Any]:
     return check_tools(tools, TOOLS_ENV)
 
 
+def _every(name: str, default: int) -> int | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default or None
+    if not text.isdigit():
+        raise InvalidInputError(f"{name} must be a whole number of turns (0: off), got {text!r}.")
+    return int(text) or None
+
+
+def server_schedule() -> Schedule | None:
+    """The background memory the environment asks for (`None`: none).
+
+    Consolidate every `STELLO_CONSOLIDATE_EVERY` user turns of a session (default 8) and
+    when it is archived, integrate after each consolidation and every
+    `STELLO_INTEGRATE_EVERY` user turns of the tree (default: not by turns); scan for due
+    work every 60 seconds. Both set to `0`: no schedule.
+
+    Raises:
+        InvalidInputError: a value that is not a whole number.
+    """
+    consolidate = _every(CONSOLIDATE_ENV, DEFAULT_CONSOLIDATE_EVERY)
+    integrate = _every(INTEGRATE_ENV, 0)
+    if consolidate is None and integrate is None:
+        return None
+    return Schedule(
+        consolidate_every_n_turns=consolidate,
+        consolidate_on_archive=True,
+        integrate_after_consolidate=True,
+        integrate_every_n_turns=integrate,
+        recover_every=60.0,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Settings:
     uri: str
@@ -159,7 +216,8 @@ def _env_settings() -> _Settings:
         if _settings is None:
             model, memory = _env_model()
             tools = _load_tools(os.environ.get(TOOLS_ENV, ""))
-            config = StelloConfig(model=model, tools=tools, **memory)
+            schedule = server_schedule()
+            config = StelloConfig(model=model, tools=tools, schedule=schedule, **memory)
             _settings = _Settings(os.environ.get(DATABASE_ENV) or DEFAULT_DB, config)
         return _settings
 
@@ -245,7 +303,8 @@ def make_graph(config: RunnableConfig) -> StelloGraph:
 def close_trees() -> None:
     """Close every tree this process opened, and forget the environment read.
 
-    Finishes their background work first. The next `make_graph` reads the environment
+    Finishes their background work first (queued jobs run; due work not queued yet stays
+    stored, for the next process to find) and stops their schedulers' threads. The next `make_graph` reads the environment
     again and reopens what it needs.
     """
     global _settings
