@@ -18,6 +18,7 @@ from langgraph.types import RetryPolicy
 from typing_extensions import Unpack
 
 from stello_graph._base import SessionBase
+from stello_graph._claims import JobClaims
 from stello_graph._validate import check_chat_model, check_id, check_tools
 from stello_graph.compression import CompressionPolicy
 from stello_graph.config import BUILTIN_TOOLS, StelloConfig, StelloSettings
@@ -40,7 +41,6 @@ from stello_graph.memory import (
 from stello_graph.models import SessionMeta
 from stello_graph.nodes.forking import PROFILE_KEY, SKILLS_KEY
 from stello_graph.profiles import ForkProfile, SplitGuard, UnknownProfileError
-from stello_graph._claims import JobClaims
 from stello_graph.schedule import Schedule, Scheduler, StorageFailureLog
 from stello_graph.session import Session
 from stello_graph.skills import Skill

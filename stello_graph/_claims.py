@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,10 +162,8 @@ class JobClaims:
         finally:
             done.set()
             keeper.join()
-            try:
+            with suppress(Exception):  # a closed or failing storage: the claim lapses
                 self.release(claim)
-            except Exception:  # closed or failing storage: the claim lapses by itself
-                pass
 
     def _keep(self, claim: Claim, done: threading.Event) -> None:
         current: Claim | None = claim

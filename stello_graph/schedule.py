@@ -90,9 +90,7 @@ class Schedule:
         if every is not None and (
             isinstance(every, bool) or not isinstance(every, int | float) or every <= 0
         ):
-            raise InvalidInputError(
-                f"recover_every must be seconds > 0 or None, got {every!r}."
-            )
+            raise InvalidInputError(f"recover_every must be seconds > 0 or None, got {every!r}.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,7 +402,7 @@ class Scheduler:
         while True:
             try:
                 scan()
-            except Exception:  # noqa: S110 - retried at the next scan; the jobs record theirs
+            except Exception:  # retried at the next scan; the jobs record their own failures
                 pass
             finally:
                 if first:

@@ -304,8 +304,8 @@ def close_trees() -> None:
     """Close every tree this process opened, and forget the environment read.
 
     Finishes their background work first (queued jobs run; due work not queued yet stays
-    stored, for the next process to find) and stops their schedulers' threads. The next `make_graph` reads the environment
-    again and reopens what it needs.
+    stored, for the next process to find) and stops their schedulers' threads. The next
+    `make_graph` reads the environment again and reopens what it needs.
     """
     global _settings
     with _opening:
