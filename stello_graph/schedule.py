@@ -12,7 +12,7 @@ archived session's unconsolidated turns, the tree's turns and requests since the
 scheduled integration (`stello_graph.nodes.scheduling`). A scheduler scans for due work when
 it starts and every `Schedule.recover_every` seconds, so a job that a stopped or killed
 process never ran is run by the next one. Before a job runs, its scheduler claims it in the
-storage (`stello_graph._claims.JobClaims`): across workers a job never runs twice at once,
+storage (`JobClaims`): across workers a job never runs twice at once,
 and the worker that finds it claimed skips it, since another one is doing it.
 """
 
@@ -34,7 +34,14 @@ from stello_graph.events import EventBus, emit
 from stello_graph.models import utcnow
 from stello_graph.storage import MainStorage
 
-__all__ = ["BackgroundFailure", "FailureLog", "Schedule", "Scheduler", "StorageFailureLog"]
+__all__ = [
+    "BackgroundFailure",
+    "FailureLog",
+    "JobClaims",
+    "Schedule",
+    "Scheduler",
+    "StorageFailureLog",
+]
 
 JobKind = Literal["consolidate", "integrate", "store"]
 """What a background job (or failure) is: a consolidation, an integration, or a store write

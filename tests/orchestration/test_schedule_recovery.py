@@ -23,6 +23,7 @@ from stello_graph.models import ChildL2, IntegrationResult
 from stello_graph.nodes.scheduling import INTEGRATION_KEY
 from stello_graph.schedule import Schedule, Scheduler
 from stello_graph.testing import ScriptedChatModel
+from tests._postgres import POSTGRES
 
 
 class Calls:
@@ -50,7 +51,15 @@ class Calls:
         return IntegrationResult(synthesis=f"{len(children)} sessions", insights={})
 
 
-def _agent(path: Path, calls: Calls | None = None, **schedule: Any) -> StelloAgent:
+@pytest.fixture(params=["sqlite", *(["postgres"] if POSTGRES.wanted else [])])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the workers' tree lives: a SQLite file, or a PostgreSQL schema of this test."""
+    if request.param == "postgres":
+        return POSTGRES.dsn_for(tmp_path)
+    return str(tmp_path / "t.db")
+
+
+def _agent(path: Path | str, calls: Calls | None = None, **schedule: Any) -> StelloAgent:
     options: dict[str, Any] = {}
     if calls is not None:
         options = {"consolidate_fn": calls.consolidate, "integrate_fn": calls.integrate,
@@ -58,7 +67,7 @@ def _agent(path: Path, calls: Calls | None = None, **schedule: Any) -> StelloAge
     return StelloAgent(model=ScriptedChatModel(default="r"), storage=path, **options)
 
 
-def _sessions_with_turns(path: Path, count: int, turns: int) -> list[str]:
+def _sessions_with_turns(path: Path | str, count: int, turns: int) -> list[str]:
     """`count` sessions with `turns` user turns each, written without a schedule (as by a
     worker that stopped before its background work ran)."""
     agent = _agent(path)
@@ -149,21 +158,19 @@ def test_the_first_scan_counts_as_work_and_close_stops_the_scans() -> None:
 
 
 # -- two workers, one database -----------------------------------------------------------------
-def test_two_workers_run_each_due_consolidation_exactly_once(tmp_path: Path) -> None:
-    path = tmp_path / "t.db"
-    ids = _sessions_with_turns(path, count=4, turns=3)
+def test_two_workers_run_each_due_consolidation_exactly_once(database: str) -> None:
+    ids = _sessions_with_turns(database, count=4, turns=3)
     calls = Calls(linger=0.05)
-    workers = [_agent(path, calls, consolidate_every_n_turns=3) for _ in range(2)]
+    workers = [_agent(database, calls, consolidate_every_n_turns=3) for _ in range(2)]
     for worker in workers:
         assert worker.drain(30)
     assert sum(calls.consolidated.values()) == 4  # one per due session, whoever ran it
     assert all(n == 1 for n in calls.consolidated.values())
     for sid in ids:
         assert workers[0].digest(sid).l2 == "L2 of 6 records"
+    assert workers[1].storage.get_global(CLAIMS_KEY) == {}  # released: nothing left behind
     for worker in workers:
         worker.close()
-    with SqliteMainStorage(path) as storage:
-        assert storage.get_global(CLAIMS_KEY) == {}
 
 
 def test_a_worker_does_not_redo_what_another_one_consolidated(tmp_path: Path) -> None:

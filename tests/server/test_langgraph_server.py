@@ -248,6 +248,33 @@ def readme_client() -> str:
     return str(block)
 
 
+async def test_turns_through_the_server_are_consolidated_in_the_background(
+    client: LangGraphClient, dev_server: DevServer
+) -> None:
+    from stello_graph.checkpoints import SqliteMainStorage
+    from stello_graph.server import DEFAULT_CONSOLIDATE_EVERY
+
+    thread, config = await new_thread(client), tree("background")
+    first = await client.runs.wait(thread, GRAPH, input=ask("Hi"), config=config)
+    assert isinstance(first, dict)
+    fork = {"op": "fork", "session_id": first["session_id"], "fork": {"label": "Notes"}}
+    forked = await client.runs.wait(thread, GRAPH, input=fork, config=config)
+    assert isinstance(forked, dict)
+    child = forked["forked"]["session_id"]
+    for n in range(DEFAULT_CONSOLIDATE_EVERY):  # the server's default schedule
+        turn = {"session_id": child, "input": f"note {n}"}
+        assert isinstance(await client.runs.wait(thread, GRAPH, input=turn, config=config), dict)
+    database = dev_server.log.parent / "trees.db"  # the suite's STELLO_DATABASE_URI
+    memory: str | None = None
+    for _ in range(300):  # the worker's scheduler writes it soon after the 8th turn
+        with SqliteMainStorage(database, tree_id="background") as storage:
+            memory = storage.get_memory(child)
+        if memory is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert memory is not None and "note" in memory
+
+
 def test_the_readme_client(dev_server: DevServer, capsys: pytest.CaptureFixture[str]) -> None:
     code = readme_client().replace("http://127.0.0.1:2024", dev_server.url)
     exec(compile(code, "README.md client", "exec"), {"__name__": "__readme__"})
