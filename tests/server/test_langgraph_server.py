@@ -265,13 +265,13 @@ async def test_turns_through_the_server_are_consolidated_in_the_background(
         turn = {"session_id": child, "input": f"note {n}"}
         assert isinstance(await client.runs.wait(thread, GRAPH, input=turn, config=config), dict)
     database = dev_server.log.parent / "trees.db"  # the suite's STELLO_DATABASE_URI
-    memory: str | None = None
-    for _ in range(300):  # the worker's scheduler writes it soon after the 8th turn
-        with SqliteMainStorage(database, tree_id="background") as storage:
+    with SqliteMainStorage(database, tree_id="background") as storage:
+        memory = storage.get_memory(child)
+        for _ in range(150):  # the worker's scheduler writes it soon after the 8th turn
+            if memory is not None:
+                break
+            await asyncio.sleep(0.2)
             memory = storage.get_memory(child)
-        if memory is not None:
-            break
-        await asyncio.sleep(0.1)
     assert memory is not None and "note" in memory
 
 
