@@ -53,14 +53,14 @@ OPS = ("turn", "fork", "consolidate", "integrate")
 
 def route_start(
     state: StelloRouted,
-) -> Literal["assemble", "fork", "consolidate", "integrate", "plan_tree"]:
+) -> Literal["model", "fork", "consolidate", "integrate", "plan_tree"]:
     """Router at START: a turn unless the input names another operation in `op`.
 
     `{"op": "integrate", "mode": "tree"}` integrates level by level (`stello_graph.nodes.tree`).
     """
     op = state.get("op") or "turn"
     if op == "turn":
-        return "assemble"
+        return "model"
     if op == "integrate":
         mode = state.get("mode") or "flat"
         if mode not in ("flat", "tree"):

@@ -109,7 +109,10 @@ class _Turns:
         sid = check_id(session_id)
         check_text(text, "text")
         choice = None if tool_choice is None else check_tool_choice(tool_choice)
-        return sid, {"session_id": sid, "input": text, "tool_choice": choice}
+        payload: dict[str, Any] = {"session_id": sid, "input": text}
+        if choice is not None:  # an input key left out is not checkpointed
+            payload["tool_choice"] = choice
+        return sid, payload
 
     @staticmethod
     def _check_target(sid: str, meta: SessionMeta | None) -> str:
@@ -182,7 +185,7 @@ class _Turns:
         sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid, tool_choice)
         self._threads.resolve(sid)
-        with run_held(self._leases, sid):
+        with run_held(self._leases, sid), self._threads.running():
             self._switch(sid)
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
@@ -194,7 +197,7 @@ class _Turns:
         sid, payload = self._begin(session_id, text, tool_choice)
         await self._atarget(sid, tool_choice)
         await self._threads.aresolve(sid)
-        async with arun_held(self._leases, sid):
+        async with arun_held(self._leases, sid), self._threads.arunning():
             self._switch(sid)
             out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
             return await self._afinished(sid, self._result(sid, out))
@@ -211,7 +214,7 @@ class _Turns:
         self._check_resumable()
         self._threads.resolve(sid)
         payload = self._resume_payload(sid, self.graph.get_state(self.config(sid)), value)
-        with run_held(self._leases, sid):
+        with run_held(self._leases, sid), self._threads.running():
             out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
 
@@ -222,7 +225,7 @@ class _Turns:
         await self._threads.aresolve(sid)
         state = await self.graph.aget_state(self.config(sid))
         payload = self._resume_payload(sid, state, value)
-        async with arun_held(self._leases, sid):
+        async with arun_held(self._leases, sid), self._threads.arunning():
             out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
             return await self._afinished(sid, self._result(sid, out))
 
@@ -258,7 +261,7 @@ class _Turns:
         cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
         config = self.config(sid)
         config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
-        with run_held(self._leases, sid):
+        with run_held(self._leases, sid), self._threads.running():
             self._switch(sid)
             q = self._mux.open()
             run = stoppable(
@@ -297,7 +300,7 @@ class _Turns:
         await self._threads.aresolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        async with arun_held(self._leases, sid):
+        async with arun_held(self._leases, sid), self._threads.arunning():
             self._switch(sid)
             q = self._mux.open()
             try:

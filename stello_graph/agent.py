@@ -182,8 +182,9 @@ class StelloAgent(_Turns, _Memory, _Tree):
             raise
         self._leases = self.deps.leases
         self._threads = CheckpointThreads(
-            self.graph, self.checkpointer, self.storage.tree_id, prune=self._prune
-        )
+            self.graph, self.checkpointer, self.storage.tree_id, prune=self._prune,
+            hold=self._owns_saver and self._prune and self._durability != "sync",
+        )  # fmt: skip
         self._last_session: str | None = None
         self._mux = EventMux()
         self.deps.bus.subscribe(self._mux.forward)

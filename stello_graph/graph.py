@@ -2,7 +2,9 @@
 
 The graph runs a turn on one session for `{"session_id": ..., "input": ...}`:
 
-    START -> assemble -> model -> tools -> model -> ... -> commit -> END
+    START -> model -> tools -> model -> ... -> END
+
+(the first model round opens the turn, the last one commits it: see `stello_graph.nodes.turn`)
 
 and the topology operations for `{"op": "fork" | "consolidate" | "integrate", ...}` (see
 `stello_graph.nodes.ops`). It is returned uncompiled: compile it with any checkpointer
@@ -53,8 +55,6 @@ from stello_graph.nodes.tree import (
     route_level,
 )
 from stello_graph.nodes.turn import (
-    make_assemble_node,
-    make_commit_node,
     make_model_node,
     make_tools_node,
     route_after_model,
@@ -117,12 +117,10 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     graph: StelloGraph = StateGraph(
         StelloState, input_schema=StelloInput, output_schema=StelloOutput
     )
-    graph.add_node("assemble", make_assemble_node(deps))
     graph.add_node(
         "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
     )
     graph.add_node("tools", make_tools_node(deps))
-    graph.add_node("commit", make_commit_node(deps))
     graph.add_node("fork", make_fork_node(deps))
     graph.add_node("consolidate", make_consolidate_node(deps))
     graph.add_node("integrate", make_integrate_node(deps))
@@ -130,15 +128,14 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     graph.add_node("integrate_subtree", make_integrate_subtree_node(deps))
     graph.add_node("next_level", make_next_level_node())
     graph.add_node("finish_tree", make_finish_tree_node(deps))
-    starts = ["assemble", "fork", "consolidate", "integrate", "plan_tree"]
+    starts = ["model", "fork", "consolidate", "integrate", "plan_tree"]
     graph.add_conditional_edges(START, route_start, starts)
     graph.add_conditional_edges("plan_tree", route_level, ["integrate_subtree", "finish_tree"])
     graph.add_edge("integrate_subtree", "next_level")
     graph.add_conditional_edges("next_level", route_level, ["integrate_subtree", "finish_tree"])
-    graph.add_edge("assemble", "model")
-    graph.add_conditional_edges("model", route_after_model, ["tools", "commit"])
+    graph.add_conditional_edges("model", route_after_model, ["tools", END])
     graph.add_edge("tools", "model")
-    for last in ("commit", "fork", "consolidate", "integrate", "finish_tree"):
+    for last in ("fork", "consolidate", "integrate", "finish_tree"):
         graph.add_edge(last, END)
     return graph
 
