@@ -151,11 +151,12 @@ class StelloSqliteSaver(SqliteSaver):
                 return False
             self._held[thread] = _Held([checkpoint_id])
             return True
-        if held is not None and len(held.checkpoints) < HELD_CHECKPOINTS:
-            if held.checkpoints[-1] == parent:
-                held.checkpoints.append(checkpoint_id)
-                return True
-        return False
+        if held is None or len(held.checkpoints) >= HELD_CHECKPOINTS:
+            return False
+        if held.checkpoints[-1] != parent:
+            return False
+        held.checkpoints.append(checkpoint_id)
+        return True
 
     def put(
         self,

@@ -43,7 +43,6 @@ from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.scheduling import after_turn
 from stello_graph.nodes.state import TurnState
-from stello_graph.storage import MainStorage
 
 __all__ = [
     "TREE_TURNS_KEY",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -381,7 +382,7 @@ def test_nodes_wired_into_a_graph_of_your_own() -> None:
     graph.add_edge(START, "assemble")  # a step of its own before the first model call
     graph.add_edge("assemble", "model")
     # `model` commits the turn when it needs no tools; `commit` after it stores nothing again
-    ends = {"tools": "tools", "__end__": "commit"}
+    ends: dict[Hashable, str] = {"tools": "tools", "__end__": "commit"}
     graph.add_conditional_edges("model", nodes.route_after_model, ends)
     graph.add_edge("tools", "model")
     graph.add_edge("commit", END)
