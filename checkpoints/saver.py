@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +53,9 @@ _WRITES = (
 )
 
 Rows = list[tuple[Any, ...]]
+Op = Callable[[], tuple[str, Rows]]
+"""A statement and its rows, made when it is written: what is held and then dropped is never
+serialised."""
 
 
 @dataclass(slots=True)
@@ -61,7 +64,7 @@ class _Held:
     statements that write them, in the order they were asked for."""
 
     checkpoints: list[str]
-    ops: list[tuple[str, Rows]] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
 
 
 def _thread(config: RunnableConfig | None) -> str | None:
@@ -126,17 +129,17 @@ class StelloSqliteSaver(SqliteSaver):
         cur.executemany("DELETE FROM writes WHERE thread_id = ? AND checkpoint_id <= ?", gone)
         self._deleted.clear()
 
-    def _write(self, threads: Sequence[str], ops: Sequence[tuple[str, Rows]] = ()) -> None:
+    def _write(self, threads: Sequence[str], ops: Sequence[Op] = ()) -> None:
         """Write what is held of `threads`, then `ops`, in one transaction."""
         with self.cursor() as cur:
             for thread in threads:
                 held = self._held.pop(thread, None)
-                for sql, rows in held.ops if held is not None else ():
-                    cur.executemany(sql, rows)
+                for op in held.ops if held is not None else ():
+                    cur.executemany(*op())
                 if held is not None:
                     self._saw(thread, held.checkpoints[-1])
-            for sql, rows in ops:
-                cur.executemany(sql, rows)
+            for op in ops:
+                cur.executemany(*op())
 
     def _saw(self, thread: str, checkpoint_id: str) -> None:
         if checkpoint_id > self._known.get(thread, ""):
@@ -168,10 +171,13 @@ class StelloSqliteSaver(SqliteSaver):
         thread = str(config["configurable"]["thread_id"])
         ns = config["configurable"]["checkpoint_ns"]
         parent = config["configurable"].get("checkpoint_id")
-        type_, blob = self.serde.dumps_typed(checkpoint)
-        meta = json.dumps(get_checkpoint_metadata(config, metadata), ensure_ascii=False)
-        row = (thread, ns, checkpoint["id"], parent, type_, blob, meta.encode("utf-8", "ignore"))
-        op = (_PUT, [row])
+        merged = get_checkpoint_metadata(config, metadata)
+
+        def op() -> tuple[str, Rows]:
+            type_, blob = self.serde.dumps_typed(checkpoint)
+            meta = json.dumps(merged, ensure_ascii=False).encode("utf-8", "ignore")
+            return _PUT, [(thread, ns, checkpoint["id"], parent, type_, blob, meta)]
+
         with self.lock:
             held = ns == "" and self._holds(
                 thread, checkpoint["id"], parent, metadata.get("source")
@@ -196,12 +202,16 @@ class StelloSqliteSaver(SqliteSaver):
         ns = str(config["configurable"]["checkpoint_ns"])
         checkpoint_id = str(config["configurable"]["checkpoint_id"])
         verb = "REPLACE" if all(w[0] in WRITES_IDX_MAP for w in writes) else "IGNORE"
-        rows: Rows = [
-            (thread, ns, checkpoint_id, task_id, task_path, WRITES_IDX_MAP.get(channel, idx),
-             channel, *self.serde.dumps_typed(value))
-            for idx, (channel, value) in enumerate(writes)
-        ]  # fmt: skip
-        op = (_WRITES.format(verb), rows)
+        writes = list(writes)
+
+        def op() -> tuple[str, Rows]:
+            rows: Rows = [
+                (thread, ns, checkpoint_id, task_id, task_path, WRITES_IDX_MAP.get(channel, idx),
+                 channel, *self.serde.dumps_typed(value))
+                for idx, (channel, value) in enumerate(writes)
+            ]  # fmt: skip
+            return _WRITES.format(verb), rows
+
         with self.lock:
             held = self._held.get(thread)
             # the writes of the held run's first two steps (START, the first node) are held
