@@ -250,8 +250,12 @@ class _Turns:
         of modes, items are `(mode, item)` pairs.
 
         Closing the generator early (`close()`, or Ctrl-C while it waits) stops the turn at
-        once and stores nothing: the model call in flight is abandoned and stops at its
-        next token, which closes the provider's HTTP stream (see `nodes._model_call`).
+        once and stores nothing of it while its model call is in flight: the call is
+        abandoned and stops at its next token, which closes the provider's HTTP stream (see
+        `nodes._model_call`). A reply that needs no tools is committed in the step that
+        called the model, as soon as the model has answered: a stream closed while its last
+        tokens are still being read may find the turn stored (the session's turn count
+        tells).
         """
         sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid, tool_choice)
