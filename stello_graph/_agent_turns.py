@@ -1,6 +1,8 @@
 """`StelloAgent`'s turns: `turn`, `resume`, `stream` and their async twins, and `TurnResult`.
 
-A turn is a run of the graph on the session's checkpoint thread, under the session's lease.
+A turn is a run of the turn graph (`stello_graph.graph.build_turn_graph`: the turn's nodes
+without the topology operations' state) on the session's checkpoint thread, under the
+session's lease.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class _Turns:
     _leases: SessionLeases
     main: MainSession
     graph: CompiledStateGraph[Any, Any, Any, Any]
+    _turn_graph: CompiledStateGraph[Any, Any, Any, Any]
     checkpointer: BaseCheckpointSaver[Any] | None
     _durability: Durability
     _threads: CheckpointThreads
@@ -187,7 +190,7 @@ class _Turns:
         self._threads.resolve(sid)
         with run_held(self._leases, sid), self._threads.running():
             self._switch(sid)
-            out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
+            out = self._turn_graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
 
     async def aturn(
@@ -199,7 +202,9 @@ class _Turns:
         await self._threads.aresolve(sid)
         async with arun_held(self._leases, sid), self._threads.arunning():
             self._switch(sid)
-            out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
+            out = await self._turn_graph.ainvoke(
+                payload, self.config(sid), durability=self._durability
+            )
             return await self._afinished(sid, self._result(sid, out))
 
     def resume(self, session_id: str, value: Any = None) -> TurnResult:
@@ -213,9 +218,9 @@ class _Turns:
         sid = self._target(check_id(session_id))
         self._check_resumable()
         self._threads.resolve(sid)
-        payload = self._resume_payload(sid, self.graph.get_state(self.config(sid)), value)
+        payload = self._resume_payload(sid, self._turn_graph.get_state(self.config(sid)), value)
         with run_held(self._leases, sid), self._threads.running():
-            out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
+            out = self._turn_graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
 
     async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
@@ -223,10 +228,12 @@ class _Turns:
         sid = await self._atarget(check_id(session_id))
         self._check_resumable()
         await self._threads.aresolve(sid)
-        state = await self.graph.aget_state(self.config(sid))
+        state = await self._turn_graph.aget_state(self.config(sid))
         payload = self._resume_payload(sid, state, value)
         async with arun_held(self._leases, sid), self._threads.arunning():
-            out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
+            out = await self._turn_graph.ainvoke(
+                payload, self.config(sid), durability=self._durability
+            )
             return await self._afinished(sid, self._result(sid, out))
 
     def _check_resumable(self) -> None:
@@ -269,7 +276,7 @@ class _Turns:
             self._switch(sid)
             q = self._mux.open()
             run = stoppable(
-                lambda: self.graph.stream(
+                lambda: self._turn_graph.stream(
                     payload,
                     config,
                     stream_mode=stream_mode,  # type: ignore[arg-type]
@@ -286,7 +293,7 @@ class _Turns:
             finally:
                 run.close()  # now, under the lock: the run has ended when this returns
                 self._mux.close(q)
-            state = self.graph.get_state(self.config(sid)) if self.checkpointer else None
+            state = self._turn_graph.get_state(self.config(sid)) if self.checkpointer else None
             if state is None or not state.interrupts:
                 self._finished(sid, TurnResult(session_id=sid, content=""))
 
@@ -308,7 +315,7 @@ class _Turns:
             self._switch(sid)
             q = self._mux.open()
             try:
-                async for item in self.graph.astream(
+                async for item in self._turn_graph.astream(
                     payload,
                     self.config(sid),
                     stream_mode=stream_mode,  # type: ignore[arg-type]
@@ -322,6 +329,8 @@ class _Turns:
                     yield event
             finally:
                 self._mux.close(q)
-            state = await self.graph.aget_state(self.config(sid)) if self.checkpointer else None
+            state = (
+                await self._turn_graph.aget_state(self.config(sid)) if self.checkpointer else None
+            )
             if state is None or not state.interrupts:
                 await self._afinished(sid, TurnResult(session_id=sid, content=""))

@@ -61,7 +61,16 @@ from stello_graph.nodes.turn import (
 )
 from stello_graph.storage import MainStorage
 
-__all__ = ["StelloInput", "StelloOutput", "StelloState", "build_graph", "build_stello_graph"]
+__all__ = [
+    "StelloInput",
+    "StelloOutput",
+    "StelloState",
+    "TurnInput",
+    "TurnOutput",
+    "build_graph",
+    "build_stello_graph",
+    "build_turn_graph",
+]
 
 
 class StelloInput(TypedDict, total=False):
@@ -137,6 +146,49 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     graph.add_edge("tools", "model")
     for last in ("fork", "consolidate", "integrate", "finish_tree"):
         graph.add_edge(last, END)
+    return graph
+
+
+class TurnInput(TypedDict, total=False):
+    """What a run of the turn graph (`build_turn_graph`) takes."""
+
+    session_id: str
+    input: str
+    tool_choice: str | dict[str, Any] | bool | None
+
+
+class TurnOutput(TypedDict, total=False):
+    """What a run of the turn graph returns."""
+
+    session_id: str
+    content: str
+    pending: list[AnyMessage]
+    tool_rounds: int
+    tool_calls: list[dict[str, Any]]
+    turn_count: int
+
+
+TurnGraph: TypeAlias = StateGraph[TurnState, None, TurnInput, TurnOutput]
+"""The type of the graph `build_turn_graph` returns."""
+
+
+def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
+    """The turns alone, `START -> model -> (tools -> model)* -> END`, over `deps`.
+
+    The same nodes as the turns of `build_graph`, without the topology operations: a state
+    of the turn's keys only (each superstep of LangGraph handles every channel of its
+    graph, and the whole graph has more than twice as many). `StelloAgent` runs its turns
+    on it; its checkpoints are the whole graph's, so either graph continues a thread the
+    other began.
+    """
+    graph: TurnGraph = StateGraph(TurnState, input_schema=TurnInput, output_schema=TurnOutput)
+    graph.add_node(
+        "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
+    )
+    graph.add_node("tools", make_tools_node(deps))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", route_after_model, ["tools", END])
+    graph.add_edge("tools", "model")
     return graph
 
 
