@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 NOTEBOOKS_OUT ?= build/notebooks
 BENCH_ARGS ?=
 
-.PHONY: install test test-live live-server test-reliability browser test-browser screenshots lint type check demo notebooks bench bench-quick clean
+.PHONY: install test test-live live-server test-reliability test-server browser test-browser screenshots lint type check demo notebooks bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ live-server: $(STAMP)
 # (RELIABILITY_FULL=1 for the full local counts; see RELIABILITY.md).
 test-reliability: $(STAMP)
 	$(BIN)/python -m pytest -m reliability tests/reliability $(PYTEST_ARGS)
+
+# The graph served by `langgraph dev` on 127.0.0.1 (offline model, no --allow-blocking),
+# driven with langgraph-sdk; the suite starts and stops the server itself.
+test-server: $(STAMP)
+	$(BIN)/python -m pytest -m server tests/server $(PYTEST_ARGS)
 
 # The inspector page in a real headless Chromium (Debian's, installed by `make browser` where
 # it is missing); screenshots land in build/inspector/.

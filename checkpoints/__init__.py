@@ -3,11 +3,15 @@
 * `SqliteMainStorage` - the reference `MainStorage`, in a SQLite file shared safely by
   threads, asyncio tasks and processes.
 * `InMemoryMainStorage` - the same semantics in plain Python objects, for tests.
-* `StorageBackend` / `BackendStorage` - for a storage of your own: implement the twenty-one
+* `StorageBackend` / `BackendStorage` - for a storage of your own: implement the twenty-six
   primitives of the backend protocol, and `BackendStorage(backend)` is a full `MainStorage`
-  (see `stello_graph.checkpoints.backend`).
+  (see `stello_graph.checkpoints.backend`); `AsyncStorageBackend` / `AsyncTransactionHooks`
+  for a backend with native async I/O, whose async primitives the async methods await.
 * `open_sqlite(path)` - the storage and a LangGraph checkpointer (`StelloSqliteSaver`) on the
   same SQLite file. These names load LangGraph, so they are imported on first use.
+* `PostgresMainStorage` - the same storage on PostgreSQL, for many worker processes, and
+  `open_postgres(conninfo)` - it and a LangGraph `PostgresSaver` (`StelloPostgresSaver`) on the
+  same database. They need the `postgres` extra (psycopg) and are imported on first use.
 """
 
 from __future__ import annotations
@@ -15,14 +19,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from stello_graph.checkpoints.backend import BackendStorage, StorageBackend, TransactionHooks
+from stello_graph.checkpoints.backend import (
+    AsyncStorageBackend,
+    AsyncTransactionHooks,
+    BackendStorage,
+    StorageBackend,
+    TransactionHooks,
+)
 from stello_graph.checkpoints.memory import InMemoryMainStorage
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
 
 if TYPE_CHECKING:
+    from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
+    from stello_graph.checkpoints.postgres import PostgresMainStorage, open_postgres
     from stello_graph.checkpoints.saver import StelloSqliteSaver, open_sqlite, sqlite_saver
 
 _LAZY = {
+    "PostgresMainStorage": "stello_graph.checkpoints.postgres",
+    "StelloPostgresSaver": "stello_graph.checkpoints._postgres_saver",
+    "open_postgres": "stello_graph.checkpoints.postgres",
     "StelloSqliteSaver": "stello_graph.checkpoints.saver",
     "open_sqlite": "stello_graph.checkpoints.saver",
     "sqlite_saver": "stello_graph.checkpoints.saver",
@@ -32,14 +47,19 @@ __all__ = [
     # storages
     "InMemoryMainStorage",
     "SqliteMainStorage",
+    "PostgresMainStorage",
     # writing a storage of your own
     "BackendStorage",
     "StorageBackend",
     "TransactionHooks",
+    "AsyncStorageBackend",
+    "AsyncTransactionHooks",
     # LangGraph checkpointers on the same file
     "StelloSqliteSaver",
     "open_sqlite",
     "sqlite_saver",
+    "StelloPostgresSaver",
+    "open_postgres",
 ]
 
 

@@ -38,6 +38,19 @@ it, which keeps L3 small) and `turn_seq` (the record's position in its turn, fro
 partial index on `turn_id` (one entry per turn) for the commit's idempotency check. Records
 written before version 5 get turn ids derived by user turn: a turn starts at a user message
 and takes its id (or, without one, an id derived from the record's place).
+
+Version 6 adds to `stello_sessions` the lineage of forked sessions: `forked_from` (the
+source session's id, `NULL` for a session that was not forked; not a foreign key, since the
+lineage outlives a removed source) and `forked_at_turn` (the source's 1-based user turn the
+child's context ends at, or `NULL`).
+
+Version 7:
+
+* `stello_events` - the tree's event log (forks, consolidations, integrations, insights,
+  background failures), append-only, keyed (and so indexed) by `(tree_id, cursor)`: the
+  cursor only grows within a tree, and a reader in any process follows the log with one
+  range scan from the last cursor it saw. Not tied to sessions: a removed session's events
+  stay in the log.
 """
 
 from __future__ import annotations
@@ -55,6 +68,7 @@ from stello_graph.models import utcnow
 
 __all__ = [
     "CHANGES",
+    "EVENTS",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "check_not_foreign",
@@ -68,6 +82,7 @@ RECORDS = "stello_records"
 NODES = "stello_nodes"
 GLOBALS = "stello_globals"
 CHANGES = "stello_changes"
+EVENTS = "stello_events"
 SCHEMA = "stello_schema"
 
 Migration = Callable[[Database], None]
@@ -231,12 +246,35 @@ def _v5_turn_ids(db: Database) -> None:
     )
 
 
+def _v6_lineage(db: Database) -> None:
+    sessions = db.table(SESSIONS)
+    sessions.add_column("forked_from", str)
+    sessions.add_column("forked_at_turn", int)
+
+
+def _v7_events(db: Database) -> None:
+    db.table(EVENTS).create(
+        {
+            "tree_id": str,
+            "cursor": int,
+            "kind": str,
+            "session_id": str,
+            "payload": str,
+            "at": str,
+        },
+        pk=("tree_id", "cursor"),
+        not_null={"tree_id", "cursor", "kind", "payload", "at"},
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_initial,
     _v2_tree_memory,
     _v3_record_changes,
     _v4_session_lease,
     _v5_turn_ids,
+    _v6_lineage,
+    _v7_events,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

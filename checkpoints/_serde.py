@@ -30,6 +30,7 @@ __all__ = [
     "TURN_ID",
     "TURN_SEQ",
     "EncodedMessage",
+    "EventRow",
     "MetaRow",
     "RecordTurn",
     "decode_message",
@@ -56,6 +57,11 @@ returns. The storage owns them: it keeps them in their own columns, never in the
 (`encode_message` drops them), and `list_records` returns the messages exactly as appended.
 `response_metadata` because LangChain's chat models do not send it to providers (unlike
 `additional_kwargs`, which some of them forward), and it survives `message_to_dict`."""
+
+EventRow = tuple[int, str, str | None, str, str]
+"""`(cursor, kind, session_id, payload, at)` of one stored event: its cursor (strictly
+increasing within a tree), its kind, the session it is about (or `None`), its details as
+JSON text and its ISO timestamp."""
 
 MetaRow = tuple[str, str, str, str, str, str, str, str]
 """`(id, label, role, status, tags, metadata, created_at, updated_at)` of a session."""

@@ -1,4 +1,4 @@
-"""One lock, re-entrant transactions, and the sync/async shells every storage call runs in.
+"""One lock, re-entrant transactions, and the sync/async drivers every storage call runs in.
 
 A storage has one `threading.Lock`. Whoever holds it *owns* the storage: the thread of a sync
 `transaction()`, or the asyncio task of an `atransaction()`. Ownership is a token kept in a
@@ -8,24 +8,41 @@ code of the same task, or from a thread started with a copy of that context such
 thread or task waits. A sync transaction also records its thread, so a thread that inherited a
 copy of its context but runs concurrently with it waits too.
 
-The backend supplies the transaction primitives (`TransactionHooks`): SQLite maps them to
-`BEGIN IMMEDIATE` / `SAVEPOINT`, the in-memory storage to an undo log.
+Each storage call is a flow of primitives (`_flows`), run here in one of three ways:
+
+* sync: in the caller's thread (`drive` over the backend's `op_*`);
+* async over a native async backend (an `AsyncStorageBackend`): on the event loop, awaiting
+  its `aop_*` primitives and `AsyncTransactionHooks`;
+* async over a sync-only backend (SQLite): in the storage's own worker thread, so backend I/O
+  never runs on the event loop. One worker per storage: its connection is used by one thread
+  at a time (under the lock), and a call never queues behind callers that wait for the lock.
+
+Async callers wait for the lock on the loop (a future woken when it is released), never in a
+thread: a task holding the lock can always get its work done. A task cancelled while its
+work runs in the worker waits for that work to end (a thread cannot be interrupted) before
+it unwinds, so the lock is never released under a running statement.
+
+The backend supplies the transaction primitives (`TransactionHooks`, and their async twins):
+SQLite maps them to `BEGIN IMMEDIATE` / `SAVEPOINT`, the in-memory storage to an undo log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+from stello_graph.checkpoints._flows import Flow, adrive, drive
 from stello_graph.errors import StorageError
 
-__all__ = ["TransactionHooks", "Transactions"]
+__all__ = ["AsyncTransactionHooks", "TransactionHooks", "Transactions"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -54,6 +71,26 @@ class TransactionHooks(Protocol):
         ...
 
 
+class AsyncTransactionHooks(Protocol):
+    """The async twins of `TransactionHooks`, for a native async backend."""
+
+    async def begin(self, *, wait: bool) -> bool:
+        """Open a write transaction; with `wait=False` return `False` instead of waiting."""
+        ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
+
+    async def savepoint(self, depth: int) -> None: ...
+
+    async def release(self, depth: int) -> None: ...
+
+    async def rollback_to(self, depth: int) -> None:
+        """Undo everything since `savepoint(depth)` and drop that savepoint."""
+        ...
+
+
 @dataclass(slots=True)
 class _Owner:
     token: object
@@ -65,15 +102,39 @@ class _Owner:
 
 
 class Transactions:
-    """The lock of one storage and the transactions run under it."""
+    """The lock of one storage, its transactions, and the drivers of its calls.
 
-    def __init__(self, hooks: TransactionHooks) -> None:
+    Args:
+        backend: the sync primitives (`op_*`), always present.
+        hooks: their transaction hooks.
+        abackend: the async primitives (`aop_*`) of a native async backend, or `None`.
+        ahooks: their async transaction hooks (given together with `abackend`).
+    """
+
+    def __init__(
+        self,
+        backend: object,
+        hooks: TransactionHooks,
+        abackend: object | None = None,
+        ahooks: AsyncTransactionHooks | None = None,
+    ) -> None:
+        self._backend = backend
         self._hooks = hooks
+        self._abackend = abackend
+        self._ahooks = ahooks
         self._lock = threading.Lock()
         # Serialises inline calls of owners running in two threads at once (a task-owned
         # transaction whose body awaits `asyncio.to_thread(storage.some_sync_method)`).
         self._inline = threading.RLock()
         self._owner: _Owner | None = None
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._worker: ThreadPoolExecutor | None = None
+        """Created on first use, by a caller holding the lock (so only once)."""
+
+    @property
+    def native(self) -> bool:
+        """Whether async calls await the backend's async primitives (else: a worker thread)."""
+        return self._ahooks is not None
 
     def owns(self) -> bool:
         """Whether the caller runs inside a transaction of this storage."""
@@ -84,7 +145,7 @@ class Transactions:
             and (owner.thread_id is None or owner.thread_id == threading.get_ident())
         )
 
-    # -- transactions ---------------------------------------------------------------------
+    # -- sync -----------------------------------------------------------------------------
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Atomic block: outermost = lock + begin/commit, nested = a savepoint."""
@@ -98,64 +159,23 @@ class Transactions:
             with self._owning(threading.get_ident()), self._committing():
                 yield
         finally:
-            self._lock.release()
+            self._release()
 
-    @asynccontextmanager
-    async def atransaction(self) -> AsyncIterator[None]:
-        """The async twin of `transaction`: never blocks the event loop while waiting."""
-        if self.owns():
-            with self._savepoint():
-                yield
-            return
-        await self._acquire_and_begin()
-        try:
-            with self._owning(None, asyncio.get_running_loop()), self._committing():
-                yield
-        finally:
-            self._lock.release()
-
-    # -- the shells every storage call runs in --------------------------------------------
-    def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run `fn` under the lock (inline when the caller owns it)."""
+    def read(self, flow: Flow[T]) -> T:
+        """Run `flow` under the lock (inline when the caller owns it)."""
         if self.owns():
             with self._inline:
-                return fn(*args, **kwargs)
+                return drive(flow, self._backend)
         self._acquire()
         try:
-            return fn(*args, **kwargs)
+            return drive(flow, self._backend)
         finally:
-            self._lock.release()
+            self._release()
 
-    def write(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run `fn` atomically: its own transaction, or a savepoint of the caller's."""
+    def write(self, flow: Flow[T]) -> T:
+        """Run `flow` atomically: its own transaction, or a savepoint of the caller's."""
         with self.transaction():
-            return fn(*args, **kwargs)
-
-    async def aread(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """`read` without blocking the loop: inline when the lock is free, else in a thread."""
-        if self.owns():
-            with self._inline:
-                return fn(*args, **kwargs)
-        if self._lock.acquire(blocking=False):
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._lock.release()
-        return await asyncio.to_thread(functools.partial(self.read, fn, *args, **kwargs))
-
-    async def awrite(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """`write` without blocking the loop: inline when nothing has to wait, else in a thread."""
-        if self.owns():
-            with self._savepoint():
-                return fn(*args, **kwargs)
-        if self._lock.acquire(blocking=False):
-            try:
-                if self._hooks.begin(wait=False):
-                    with self._owning(threading.get_ident()), self._committing():
-                        return fn(*args, **kwargs)
-            finally:
-                self._lock.release()
-        return await asyncio.to_thread(functools.partial(self.write, fn, *args, **kwargs))
+            return drive(flow, self._backend)
 
     def close(self, fn: Callable[[], None]) -> None:
         """Run `fn` (closing the backend) once no transaction is running."""
@@ -164,10 +184,62 @@ class Transactions:
         self._acquire()
         try:
             fn()
+            worker, self._worker = self._worker, None
         finally:
-            self._lock.release()
+            self._release()
+        if worker is not None:
+            worker.shutdown(wait=False)
 
-    # -- internals ------------------------------------------------------------------------
+    # -- async ----------------------------------------------------------------------------
+    @asynccontextmanager
+    async def atransaction(self) -> AsyncIterator[None]:
+        """The async twin of `transaction`: waiting and backend I/O never block the loop."""
+        if self.owns():
+            async with self._asavepoint():
+                yield
+            return
+        await self._alock()
+        reset = self._own(None, asyncio.get_running_loop())
+        try:
+            await self._abegin()
+            try:
+                yield
+            except BaseException:
+                await self._aend(commit=False)
+                raise
+            await self._aend(commit=True)
+        finally:
+            self._disown(reset)
+            self._release()
+
+    async def aread(self, flow: Flow[T]) -> T:
+        """`read` without blocking the loop."""
+        if self.owns():
+            return await self._ainline(flow)
+        await self._alock()
+        if not self.native:  # the worker releases the lock once done
+            return await self._settle(self._submit_or_release(self._read_and_release, flow))
+        reset = self._own(None, asyncio.get_running_loop())
+        try:
+            return await adrive(flow, self._abackend)
+        finally:
+            self._disown(reset)
+            self._release()
+
+    async def awrite(self, flow: Flow[T]) -> T:
+        """`write` without blocking the loop."""
+        if self.owns():
+            if not self.native:
+                return await self._in_worker(self._nested_write, flow)
+            async with self._asavepoint():
+                return await self._ainline(flow)
+        if not self.native:
+            await self._alock()  # the worker releases the lock once done
+            return await self._settle(self._submit_or_release(self._write_and_release, flow))
+        async with self.atransaction():
+            return await self._ainline(flow)
+
+    # -- the lock -------------------------------------------------------------------------
     def _acquire(self) -> None:
         """Take the lock for a sync caller, refusing to wait where waiting cannot end."""
         if self._lock.acquire(blocking=False):
@@ -182,28 +254,56 @@ class Transactions:
             )
         self._lock.acquire()
 
-    @contextmanager
-    def _owning(
-        self, thread_id: int | None, loop: asyncio.AbstractEventLoop | None = None
-    ) -> Iterator[None]:
+    async def _alock(self) -> None:
+        """Take the lock for a task: wait on the loop, woken by each release."""
+        loop = asyncio.get_running_loop()
+        while not self._lock.acquire(blocking=False):
+            woken: asyncio.Future[None] = loop.create_future()
+            self._waiters.add(woken)
+            try:
+                if self._lock.acquire(blocking=False):  # released before we were listed
+                    return
+                await woken
+            finally:
+                self._waiters.discard(woken)
+
+    def _release(self) -> None:
+        self._lock.release()
+        for woken in tuple(self._waiters):
+            _wake(woken)
+
+    def _own(self, thread_id: int | None, loop: asyncio.AbstractEventLoop | None) -> Any:
         owner = _Owner(object(), thread_id, loop)
         self._owner = owner
-        reset = _OWNED.set(_OWNED.get() | {owner.token})
+        return _OWNED.set(_OWNED.get() | {owner.token})
+
+    def _disown(self, reset: Any) -> None:
+        _OWNED.reset(reset)
+        self._owner = None
+
+    @contextmanager
+    def _owning(self, thread_id: int | None) -> Iterator[None]:
+        reset = self._own(thread_id, None)
         try:
             yield
         finally:
-            _OWNED.reset(reset)
-            self._owner = None
+            self._disown(reset)
 
+    # -- sync transaction steps -----------------------------------------------------------
     @contextmanager
     def _committing(self) -> Iterator[None]:
         try:
             yield
         except BaseException:
-            with self._inline:
-                self._hooks.rollback()
+            self._end(commit=False)
             raise
+        self._end(commit=True)
+
+    def _end(self, *, commit: bool) -> None:
         with self._inline:
+            if not commit:
+                self._hooks.rollback()
+                return
             try:
                 self._hooks.commit()
             except BaseException:
@@ -230,32 +330,132 @@ class Transactions:
         finally:
             owner.depth -= 1
 
-    async def _acquire_and_begin(self) -> None:
-        """Take the lock and begin, on the loop when nothing waits, else in a thread."""
-        if self._lock.acquire(blocking=False):
-            try:
-                if self._hooks.begin(wait=False):
-                    return
-            except BaseException:
-                self._lock.release()
-                raise
-            self._lock.release()
-        await _in_thread_undoable(self._blocking_acquire_and_begin, undo=self._abandon)
+    # -- what the worker thread runs (sync-only backends) ---------------------------------
+    def _read_and_release(self, flow: Flow[T]) -> T:
+        try:
+            return drive(flow, self._backend)
+        finally:
+            self._release()
 
-    def _blocking_acquire_and_begin(self) -> None:
-        self._lock.acquire()
+    def _write_and_release(self, flow: Flow[T]) -> T:
         try:
             self._hooks.begin(wait=True)
+            with self._owning(threading.get_ident()), self._committing():
+                return drive(flow, self._backend)
+        finally:
+            self._release()
+
+    def _nested_write(self, flow: Flow[T]) -> T:
+        with self._savepoint(), self._inline:
+            return drive(flow, self._backend)
+
+    def _inline_read(self, flow: Flow[T]) -> T:
+        with self._inline:
+            return drive(flow, self._backend)
+
+    def _hook(self, name: str, depth: int) -> None:
+        with self._inline:
+            getattr(self._hooks, name)(depth)
+
+    def _begin(self) -> None:
+        self._hooks.begin(wait=True)
+
+    def _rollback(self) -> None:
+        self._end(commit=False)
+
+    async def _in_worker(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Await `fn` in the storage's worker thread, with the caller's context (ownership).
+
+        Cancellation waits for `fn` to end, then raises `CancelledError`: the caller unwinds
+        (releasing what it holds) only once nothing runs on its behalf.
+        """
+        return await self._settle(self._submit(fn, *args, **kwargs))
+
+    def _submit(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[T]:
+        worker = self._worker
+        if worker is None:
+            worker = self._worker = ThreadPoolExecutor(1, thread_name_prefix="stello-storage")
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return asyncio.get_running_loop().run_in_executor(worker, call)
+
+    def _submit_or_release(self, fn: Callable[[Flow[T]], T], flow: Flow[T]) -> asyncio.Future[T]:
+        """`_submit` a function that releases the lock when done; release it if it cannot run."""
+        try:
+            return self._submit(fn, flow)
         except BaseException:
-            self._lock.release()
+            self._release()
             raise
 
-    def _abandon(self) -> None:
-        """Undo `_blocking_acquire_and_begin` for a task that was cancelled meanwhile."""
+    async def _settle(self, done: asyncio.Future[T]) -> T:
+        """The result of `done`; a cancellation meanwhile is raised once `done` is."""
+        cancelled = False
+        while not done.done():
+            try:
+                await asyncio.shield(done)
+            except asyncio.CancelledError:
+                cancelled = True
+            except BaseException:
+                break  # what `fn` raised: raised again below
+        if cancelled:
+            raise asyncio.CancelledError
+        return done.result()
+
+    # -- async transaction steps ----------------------------------------------------------
+    async def _abegin(self) -> None:
+        if self._ahooks is not None:
+            await self._ahooks.begin(wait=True)
+            return
         try:
-            self._hooks.rollback()
+            await self._in_worker(self._begin)
+        except asyncio.CancelledError:
+            # cancelled once the transaction had begun (or not: rolling back is harmless)
+            await self._in_worker(self._rollback)
+            raise
+
+    async def _aend(self, *, commit: bool) -> None:
+        hooks = self._ahooks
+        if hooks is None:
+            await self._in_worker(self._end, commit=commit)
+            return
+        if not commit:
+            await hooks.rollback()
+            return
+        try:
+            await hooks.commit()
+        except BaseException:
+            await hooks.rollback()
+            raise
+
+    async def _ainline(self, flow: Flow[T]) -> T:
+        """Run `flow` for the owner of the lock."""
+        if not self.native:
+            return await self._in_worker(self._inline_read, flow)
+        with self._inline:
+            return await adrive(flow, self._abackend)
+
+    async def _ahook(self, name: str, depth: int) -> None:
+        if self._ahooks is None:
+            await self._in_worker(self._hook, name, depth)
+            return
+        with self._inline:
+            await getattr(self._ahooks, name)(depth)
+
+    @asynccontextmanager
+    async def _asavepoint(self) -> AsyncIterator[None]:
+        owner = self._owner
+        assert owner is not None
+        owner.depth += 1
+        depth = owner.depth
+        try:
+            await self._ahook("savepoint", depth)
+            try:
+                yield
+            except BaseException:
+                await self._ahook("rollback_to", depth)
+                raise
+            await self._ahook("release", depth)
         finally:
-            self._lock.release()
+            owner.depth -= 1
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -265,20 +465,16 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-async def _in_thread_undoable(fn: Callable[[], None], *, undo: Callable[[], None]) -> None:
-    """Await `fn` in a worker thread; if the caller is cancelled, `undo` it once it is done.
+def _wake(woken: asyncio.Future[None]) -> None:
+    """Resolve a waiter's future from any thread (its loop may be another one, or closed)."""
+    loop = woken.get_loop()
+    if loop is _running_loop():
+        _resolve(woken)
+        return
+    with suppress(RuntimeError):  # a closed loop has no waiter left to wake
+        loop.call_soon_threadsafe(_resolve, woken)
 
-    A thread cannot be interrupted: without this, a cancelled `atransaction()` would leave
-    the lock taken by its worker thread forever.
-    """
-    future = asyncio.ensure_future(asyncio.to_thread(fn))
-    try:
-        await asyncio.shield(future)
-    except asyncio.CancelledError:
 
-        def undo_if_done(done: asyncio.Future[Any]) -> None:
-            if not done.cancelled() and done.exception() is None:
-                undo()
-
-        future.add_done_callback(undo_if_done)
-        raise
+def _resolve(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)

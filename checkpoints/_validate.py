@@ -6,7 +6,8 @@ They run before any lock is taken, so a bad call never waits and never writes.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar, get_args
 
 from langchain_core.messages import BaseMessage
@@ -15,6 +16,7 @@ from stello_graph.checkpoints._serde import (
     EncodedMessage,
     RecordTurn,
     check_encodable,
+    dumps,
     encode_message,
     to_iso,
     turn_of,
@@ -22,6 +24,7 @@ from stello_graph.checkpoints._serde import (
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import (
     Compression,
+    Lease,
     SessionMeta,
     SessionRole,
     SessionStatus,
@@ -42,6 +45,12 @@ __all__ = [
     "check_optional_text",
     "check_tags",
     "check_text",
+    "checked_lease",
+    "copy_args",
+    "event_args",
+    "events_page_args",
+    "lease_args",
+    "lineage_args",
     "memory_args",
     "page_args",
     "session_filter_args",
@@ -211,3 +220,71 @@ def memory_args(session_id: object, memory: object, through: object) -> tuple[st
     if through is not None:
         values["memory_through"] = check_non_negative(through, "through")
     return check_identifier(session_id), values
+
+
+def lease_args(
+    session_id: object, owner: object, ttl: object, replace: object
+) -> tuple[str, str, float, str | None]:
+    sid = check_identifier(session_id)
+    if not isinstance(owner, str) or not owner:
+        raise InvalidInputError(f"A lease owner must be a non-empty str, got {owner!r}.")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < 86_400:
+        raise InvalidInputError(f"A lease ttl must be seconds in (0, 86400), got {ttl!r}.")
+    if replace is not None and not isinstance(replace, str):
+        raise InvalidInputError(f"replace must be an owner (str) or None, got {replace!r}.")
+    return sid, owner, float(ttl), replace
+
+
+def checked_lease(lease: object) -> Lease:
+    if not isinstance(lease, Lease):
+        raise InvalidInputError(f"Expected a Lease, got {type(lease).__name__}.")
+    check_identifier(lease.session_id)
+    return lease
+
+
+MAX_EVENTS_PAGE = 10_000
+"""The most events one `events_after` call returns."""
+
+
+def event_args(
+    kind: object, session_id: object, data: object, at: object
+) -> tuple[str, str | None, str, str]:
+    """`(kind, session_id, payload, at)` of `append_event`, encoded for the backend."""
+    checked_kind = check_identifier(kind, "kind")
+    sid = None if session_id is None else check_identifier(session_id)
+    if data is not None and (
+        not isinstance(data, Mapping) or not all(isinstance(k, str) for k in data)
+    ):
+        raise InvalidInputError(f"event data must be a mapping with str keys, got {data!r:.80}.")
+    if at is not None and not isinstance(at, datetime):
+        raise InvalidInputError(f"at must be a datetime or None, got {type(at).__name__}.")
+    payload = dumps(dict(data or {}), what="The event data")
+    return checked_kind, sid, payload, to_iso(at if at is not None else utcnow())
+
+
+def events_page_args(cursor: object, limit: object) -> tuple[int, int]:
+    """`(cursor, limit)` of `events_after`: a cursor >= 0 and 1 <= limit <= 10,000."""
+    checked = check_non_negative(cursor, "cursor")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_EVENTS_PAGE:
+        raise InvalidInputError(f"limit must be an int from 1 to {MAX_EVENTS_PAGE}, got {limit!r}.")
+    return checked, limit
+
+
+def copy_args(source_id: object, target_id: object, count: object) -> tuple[str, str, int]:
+    source, target = check_identifier(source_id), check_identifier(target_id, "target_id")
+    if source == target:
+        raise InvalidInputError(
+            f"copy_records copies records into another session, got {source!r} twice."
+        )
+    return source, target, check_non_negative(count, "count")
+
+
+def lineage_args(
+    session_id: object, source_id: object, at_turn: object
+) -> tuple[str, dict[str, Any]]:
+    sid, source = check_identifier(session_id), check_identifier(source_id, "source_id")
+    if at_turn is not None:
+        at_turn = check_non_negative(at_turn, "at_turn")
+        if at_turn == 0:
+            raise InvalidInputError("at_turn is a 1-based user turn (or None), got 0.")
+    return sid, {"forked_from": source, "forked_at_turn": at_turn}

@@ -1,7 +1,7 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: twenty-one primitive operations (`op_*`) and the six
+It implements `StorageBackend`: twenty-six primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
@@ -23,6 +23,14 @@ Contract of every primitive (what `BackendStorage` guarantees, and what it relie
 * What a read returns is not changed by later writes (return new objects or immutable ones);
   `op_records` may return a shared sequence, which callers never mutate.
 
+Async: a backend that can do its I/O natively async (psycopg's `AsyncConnection`, say) also
+implements `AsyncStorageBackend`: an `aop_NAME` for every `op_NAME`, same arguments, result
+and contract, and `async_transaction_hooks` (`AsyncTransactionHooks`). `BackendStorage`'s
+async methods then await those on the event loop; the logic between primitives is written
+once (generator flows, `_flows`), so the sync and async methods cannot drift apart. A backend
+with sync primitives only (SQLite) still gets every async method: its primitives run in the
+storage's worker thread, never on the event loop.
+
 The reference backends are `InMemoryMainStorage` (the shortest: read it first) and
 `SqliteMainStorage`; both are their own backend (they subclass `BackendStorage` and pass
 themselves). To hold a new backend to the same rules, run the test suites against it: name a
@@ -40,9 +48,10 @@ from typing import Any, Protocol
 
 from langchain_core.messages import BaseMessage
 
-from stello_graph.checkpoints._serde import EncodedMessage, MetaRow, RecordTurn
+from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
-from stello_graph.checkpoints._txn import TransactionHooks
+from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
+from stello_graph.digest import DigestRow
 from stello_graph.models import (
     ChildL2,
     SessionMeta,
@@ -54,8 +63,11 @@ from stello_graph.models import (
 
 __all__ = [
     "FIELDS",
+    "AsyncStorageBackend",
+    "AsyncTransactionHooks",
     "BackendStorage",
     "EncodedMessage",
+    "EventRow",
     "MetaRow",
     "StorageBackend",
     "TransactionHooks",
@@ -114,6 +126,17 @@ class StorageBackend(Protocol):
         """Set the given `FIELDS`; raise `SessionNotFoundError` when the session is missing."""
         ...
 
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        """`(id, *values)` of every session, with the named `FIELDS` in that order, in
+        creation order (one read for a whole tree: the lineage of every session)."""
+        ...
+
+    def op_digests(self) -> list[DigestRow]:
+        """Every session's `DigestRow` (`stello_graph.digest`), in creation order, read in
+        one pass: meta, node parent, turn count, memory, the user (`human`) records after the
+        memory's cursor, insight."""
+        ...
+
     def op_delete_sessions(self, session_ids: list[str]) -> None:
         """Delete the sessions with all their data and their nodes (children come first)."""
         ...
@@ -155,6 +178,16 @@ class StorageBackend(Protocol):
         """Delete the `count` oldest records (cursors are moved by the caller)."""
         ...
 
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        """Append the first `count` records of `source_id` (in append order) after the
+        existing records of `target_id`, keeping each record's stored form and its
+        `(turn_id, turn_seq)`; return the number of records of the target afterwards.
+        Rows are copied inside the database (no decode / re-encode); the target's
+        `updated_at` and `turn_count` are left as they are. The caller checked that
+        `count` is at most the source's records and that the two ids differ. Raise
+        `SessionNotFoundError` when either session is missing."""
+        ...
+
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:
         """The node, or `None`."""
@@ -180,4 +213,145 @@ class StorageBackend(Protocol):
 
     def op_put_global(self, key: str, value: str) -> None:
         """Store JSON text under `key`, replacing any previous value."""
+        ...
+
+    # -- the event log --------------------------------------------------------------------
+    def op_append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> int:
+        """Append an event (`payload`: JSON text, `at`: an ISO timestamp) to the tree's log;
+        return its cursor, larger than that of every event of the tree before it."""
+        ...
+
+    def op_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        """The tree's events with a cursor above `cursor`, in cursor order, at most `limit`."""
+        ...
+
+
+class AsyncStorageBackend(StorageBackend, Protocol):
+    """A backend with native async primitives: `BackendStorage`'s async methods await them.
+
+    For every primitive `op_NAME` of `StorageBackend`, an `aop_NAME` with the same arguments,
+    result and contract, plus `async_transaction_hooks`. A backend is used as a native async
+    one when it has `async_transaction_hooks`; without them its sync primitives run in a
+    worker thread, never on the event loop. A backend doing no I/O (the in-memory one) may
+    run its async primitives inline.
+    """
+
+    @property
+    def async_transaction_hooks(self) -> AsyncTransactionHooks:
+        """The async twins of `transaction_hooks`."""
+        ...
+
+    async def aop_session_exists(self, session_id: str) -> bool:
+        """Async twin of `op_session_exists`."""
+        ...
+
+    async def aop_get_session(self, session_id: str) -> SessionMeta | None:
+        """Async twin of `op_get_session`."""
+        ...
+
+    async def aop_put_session(self, row: MetaRow) -> None:
+        """Async twin of `op_put_session`."""
+        ...
+
+    async def aop_list_sessions(
+        self, status: SessionStatus | None, role: SessionRole | None
+    ) -> list[SessionMeta]:
+        """Async twin of `op_list_sessions`."""
+        ...
+
+    async def aop_l2s(self) -> list[ChildL2]:
+        """Async twin of `op_l2s`."""
+        ...
+
+    async def aop_session_stats(self) -> list[SessionStats]:
+        """Async twin of `op_session_stats`."""
+        ...
+
+    async def aop_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
+        """Async twin of `op_get_fields`."""
+        ...
+
+    async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
+        """Async twin of `op_set_fields`."""
+        ...
+
+    async def aop_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        """Async twin of `op_all_fields`."""
+        ...
+
+    async def aop_digests(self) -> list[DigestRow]:
+        """Async twin of `op_digests`."""
+        ...
+
+    async def aop_delete_sessions(self, session_ids: list[str]) -> None:
+        """Async twin of `op_delete_sessions`."""
+        ...
+
+    async def aop_append(
+        self,
+        session_id: str,
+        records: list[EncodedMessage],
+        at: str,
+        user_turn: bool,
+        turns: list[RecordTurn],
+    ) -> int:
+        """Async twin of `op_append`."""
+        ...
+
+    async def aop_has_turn(self, session_id: str, turn_id: str) -> bool:
+        """Async twin of `op_has_turn`."""
+        ...
+
+    async def aop_turns(self, session_id: str) -> list[RecordTurn]:
+        """Async twin of `op_turns`."""
+        ...
+
+    async def aop_records(self, session_id: str) -> Sequence[BaseMessage]:
+        """Async twin of `op_records`."""
+        ...
+
+    async def aop_count(self, session_id: str) -> int:
+        """Async twin of `op_count`."""
+        ...
+
+    async def aop_drop_oldest(self, session_id: str, count: int) -> None:
+        """Async twin of `op_drop_oldest`."""
+        ...
+
+    async def aop_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        """Async twin of `op_copy_records`."""
+        ...
+
+    async def aop_get_node(self, node_id: str) -> TopologyNode | None:
+        """Async twin of `op_get_node`."""
+        ...
+
+    async def aop_put_node(self, node: TopologyNode) -> None:
+        """Async twin of `op_put_node`."""
+        ...
+
+    async def aop_children(self, parent_id: str) -> list[TopologyNode]:
+        """Async twin of `op_children`."""
+        ...
+
+    async def aop_all_nodes(self) -> list[TopologyNode]:
+        """Async twin of `op_all_nodes`."""
+        ...
+
+    async def aop_get_global(self, key: str) -> str | None:
+        """Async twin of `op_get_global`."""
+        ...
+
+    async def aop_put_global(self, key: str, value: str) -> None:
+        """Async twin of `op_put_global`."""
+        ...
+
+    async def aop_append_event(
+        self, kind: str, session_id: str | None, payload: str, at: str
+    ) -> int:
+        """Async twin of `op_append_event`."""
+        ...
+
+    async def aop_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        """Async twin of `op_events_after`."""
         ...

@@ -2,9 +2,9 @@
 
 It is the reference for anyone writing a backend of their own: each `op_*` method is one
 primitive of `StorageBackend` that `BackendStorage` composes (validation, locking, async
-twins and topology rules live there), and transactions are an undo log: every change
-records how to revert itself, a savepoint is a position in that log, and a rollback replays
-it backwards.
+twins and topology rules live there; its `aop_*` twins run the same code inline), and
+transactions are an undo log: every change records how to revert itself, a savepoint is a
+position in that log, and a rollback replays it backwards.
 
 Values go through the same encoding as in SQLite (messages and metadata via JSON), so what
 comes back is exactly what the SQLite storage would return, and a caller mutating an object
@@ -13,14 +13,17 @@ it passed in or got back never changes the stored data.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import BaseMessage
 
+from stello_graph.checkpoints._inline import InlineAsyncPrimitives
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
+    EventRow,
     MetaRow,
     RecordTurn,
     decode_message,
@@ -28,6 +31,7 @@ from stello_graph.checkpoints._serde import (
 )
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
+from stello_graph.digest import DigestRow
 from stello_graph.errors import SessionNotFoundError
 from stello_graph.models import (
     ChildL2,
@@ -63,6 +67,8 @@ class _Session:
     lease_expires: float = 0.0
     lease_waiter: str | None = None
     lease_wait_until: float = 0.0
+    forked_from: str | None = None
+    forked_at_turn: int | None = None
 
 
 @dataclass
@@ -109,11 +115,12 @@ class _UndoLog:
             self._entries.pop()()
 
 
-class InMemoryMainStorage(BackendStorage):
+class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
     """A `MainStorage` kept in memory, for tests and experiments.
 
     Thread-safe and asyncio-safe (same locking as `SqliteMainStorage`); transactions are
-    atomic and nest as savepoints. Nothing survives the process.
+    atomic and nest as savepoints. Nothing survives the process. It does no I/O, so its
+    async primitives run inline on the event loop (`InlineAsyncPrimitives`).
 
     Example:
         >>> from stello_graph.models import SessionMeta
@@ -129,6 +136,7 @@ class InMemoryMainStorage(BackendStorage):
         self._sessions: dict[str, _Session] = {}
         self._nodes: dict[str, _Node] = {}
         self._globals: dict[str, str] = {}
+        self._events: list[EventRow] = []
         self._counter = 0
 
     @property
@@ -293,6 +301,28 @@ class InMemoryMainStorage(BackendStorage):
         self._set(session, "records", session.records[count:])
         self._set(session, "turns", session.turns[count:])
 
+    # -- branching ------------------------------------------------------------------------
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        source, target = self._session(source_id), self._session(target_id)
+        # the decoded records are shared, as they are never mutated (reads hand out copies)
+        self._set(target, "turns", [*target.turns, *source.turns[:count]])
+        self._set(target, "records", [*target.records, *source.records[:count]])
+        return len(target.records)
+
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        return [
+            (s.row[0], *(getattr(s, name) for name in names)) for s in self._in_creation_order()
+        ]
+
+    def op_digests(self) -> list[DigestRow]:
+        rows: list[DigestRow] = []
+        for s in self._in_creation_order():
+            node = self._nodes.get(s.row[0])
+            stale = sum(r.type == "human" for r in s.records[s.memory_through :])
+            parent = node.node.parent_id if node is not None else None
+            rows.append((*s.row[:4], s.row[7], parent, s.turn_count, s.memory, stale, s.insight))
+        return rows
+
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:
         entry = self._nodes.get(node_id)
@@ -325,3 +355,14 @@ class InMemoryMainStorage(BackendStorage):
 
     def op_put_global(self, key: str, value: str) -> None:
         self._put(self._globals, key, value)
+
+    # -- the event log --------------------------------------------------------------------
+    def op_append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> int:
+        cursor = self._events[-1][0] + 1 if self._events else 1
+        self._events.append((cursor, kind, session_id, payload, at))
+        self._log.record(lambda: self._events.__delitem__(-1))
+        return cursor
+
+    def op_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        start = bisect.bisect_right(self._events, cursor, key=lambda row: row[0])
+        return self._events[start : start + limit]

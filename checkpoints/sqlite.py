@@ -3,15 +3,17 @@
 One connection per storage, guarded by one lock (see `_txn`): a storage can be shared by
 threads and asyncio tasks; several storages (or processes) can share one file. The file is
 opened in WAL mode with `synchronous=NORMAL`; writers wait for each other through SQLite's
-busy timeout and, beyond it, a few retries of `BEGIN IMMEDIATE`.
+busy timeout and, beyond it, a few retries of `BEGIN IMMEDIATE` (`_sqlite_conn`).
+
+SQLite has no async API: the async methods run their statements in the storage's own worker
+thread (one per storage, so the connection is used by one thread at a time), never on the
+event loop.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import sqlite3
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,9 +21,10 @@ from langchain_core.messages import BaseMessage
 
 import stello_graph.checkpoints._schema as _schema
 from stello_graph.checkpoints._cache import RecordCache
-from stello_graph.checkpoints._schema import CHANGES, GLOBALS, NODES, RECORDS, SESSIONS
+from stello_graph.checkpoints._schema import EVENTS, GLOBALS, NODES, RECORDS, SESSIONS
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
+    EventRow,
     MetaRow,
     RecordTurn,
     decode_message,
@@ -29,8 +32,10 @@ from stello_graph.checkpoints._serde import (
     row_to_meta,
 )
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
+from stello_graph.checkpoints._sqlite_conn import SqliteHooks, connect
 from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.checkpoints._validate import check_identifier, check_non_negative
+from stello_graph.digest import DigestRow
 from stello_graph.errors import (
     InvalidInputError,
     NotADatabaseError,
@@ -49,7 +54,6 @@ from stello_graph.models import (
 __all__ = ["SqliteMainStorage"]
 
 _META = "id, label, role, status, tags, metadata, created_at, updated_at"
-_BEGIN_RETRIES = 6
 
 
 class SqliteMainStorage(BackendStorage):
@@ -58,8 +62,9 @@ class SqliteMainStorage(BackendStorage):
     Args:
         path_or_connection: a file path (created if missing), `":memory:"`, or an open
             `sqlite3.Connection`. A connection given is used as is (opened with
-            `check_same_thread=False` if threads or asyncio will use the storage, with rows as
-            tuples) and is not closed by `close()`; it must not be used by anyone else.
+            `check_same_thread=False` if threads or async methods will use the storage: the
+            async ones run in the storage's worker thread; rows as tuples) and is not closed
+            by `close()`; it must not be used by anyone else.
         tree_id: the tree this storage reads and writes; other trees in the same file stay
             invisible.
         busy_timeout: seconds a write waits for another connection's transaction.
@@ -97,9 +102,12 @@ class SqliteMainStorage(BackendStorage):
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)):
             raise InvalidInputError(f"busy_timeout must be a number, got {busy_timeout!r}.")
         self._cache = RecordCache(check_non_negative(record_cache_size, "record_cache_size"))
-        self._conn, self._owns_conn, self.path = _connect(path_or_connection)
+        self._conn, self._owns_conn, self.path = connect(path_or_connection)
+        self.realpath = "" if self.path in ("", ":memory:") else os.path.realpath(self.path)
+        """The database file's resolved path (`""` in memory): two storages of one file
+        have the same."""
         busy_ms = max(0, int(busy_timeout * 1000))
-        self._hooks = _Hooks(self._conn, self._cache, busy_ms, tree_id)
+        self._hooks = SqliteHooks(self._conn, self._cache, busy_ms, tree_id)
         super().__init__(self, tree_id=tree_id)  # its own `StorageBackend`
         self._closed = False
         try:
@@ -363,6 +371,61 @@ class SqliteMainStorage(BackendStorage):
         )
         self._cache.drop_oldest(session_id, count)
 
+    # -- branching (contract B: rows copied inside the database) --------------------------
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        tree = self.tree_id
+        next_seq = f"SELECT next_seq FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        found = [self._q(next_seq, (tree, sid)).fetchone() for sid in (source_id, target_id)]
+        for sid, row in zip((source_id, target_id), found, strict=True):
+            if row is None:
+                raise SessionNotFoundError(sid)
+        first: int = found[1][0]
+        # A session's seqs are contiguous from its first record (see `op_session_stats`),
+        # and its first record always carries its turn's id (`op_drop_oldest` keeps it so):
+        # the copied prefix reads back with the same turns.
+        copied = self._q(
+            f"""INSERT INTO {RECORDS}
+                (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
+            SELECT r.tree_id, ?, ? + r.seq - m.low, r.type, r.data, r.created_at, r.turn_id,
+                r.turn_seq
+            FROM {RECORDS} r, (SELECT MIN(seq) AS low FROM {RECORDS}
+                WHERE tree_id = ? AND session_id = ?) m
+            WHERE r.tree_id = ? AND r.session_id = ? AND r.seq < m.low + ?""",
+            (target_id, first, tree, source_id, tree, source_id, count),
+        ).rowcount
+        sql = f"UPDATE {SESSIONS} SET next_seq = ? WHERE tree_id = ? AND id = ?"
+        self._q(sql, (first + copied, tree, target_id))
+        source = self._cache.get(source_id)
+        target = self._cache.get(target_id)
+        self._cache.discard(target_id)  # marks it touched: a rollback forgets it
+        if source is not None and (target is not None or first == 0):
+            self._cache.put(target_id, [*(target or ()), *source[:count]])
+        return self.op_count(target_id)
+
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        assert FIELDS.issuperset(names)
+        columns = "".join(f", {name}" for name in names)
+        sql = f"SELECT id{columns} FROM {SESSIONS} WHERE tree_id = ? ORDER BY created_seq"
+        return [tuple(row) for row in self._q(sql, (self.tree_id,))]
+
+    def op_digests(self) -> list[DigestRow]:
+        # The records after the L2 cursor are those from MIN(seq) + memory_through on (see
+        # `op_session_stats`); a session without records counts none.
+        rows = self._q(
+            f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
+                s.turn_count, s.memory,
+                (SELECT COUNT(*) FROM {RECORDS} r
+                    WHERE r.tree_id = s.tree_id AND r.session_id = s.id AND r.type = 'human'
+                    AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
+                        WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                s.insight
+            FROM {SESSIONS} s
+            LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
+            WHERE s.tree_id = ? ORDER BY s.created_seq""",
+            (self.tree_id,),
+        )
+        return rows.fetchall()
+
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? AND id = ?"
@@ -409,112 +472,23 @@ class SqliteMainStorage(BackendStorage):
             (self.tree_id, key, value),
         )
 
-
-class _Hooks:
-    """`TransactionHooks` over one connection, keeping the record cache exact."""
-
-    def __init__(
-        self, conn: sqlite3.Connection, cache: RecordCache, busy_ms: int, tree_id: str
-    ) -> None:
-        self._conn = conn
-        self._cache = cache
-        self.busy_ms = busy_ms
-        self._tree_id = tree_id
-
-    def begin(self, *, wait: bool) -> bool:
-        """`BEGIN IMMEDIATE`, then bring the record cache up to date with what other
-        connections committed before it (nobody else can write until it ends)."""
-        if not self.begin_immediate(wait=wait):
-            return False
-        try:
-            self.sync()
-        except BaseException:
-            self.rollback()
-            raise
-        return True
-
-    def begin_immediate(self, *, wait: bool) -> bool:
-        """`BEGIN IMMEDIATE`: take the write lock now, so no later statement can hit BUSY.
-
-        Waiting, it retries with backoff beyond the busy timeout; not waiting (a caller on
-        the event loop), it returns `False` at once if another connection writes.
-        """
-        if not wait:
-            self._exec("PRAGMA busy_timeout = 0")
-            try:
-                return self._try_begin()
-            finally:
-                self._exec(f"PRAGMA busy_timeout = {self.busy_ms}")
-        for attempt in range(_BEGIN_RETRIES):
-            if self._try_begin():
-                return True
-            time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
-        if self._try_begin():
-            return True
-        raise StorageError(
-            f"The database stayed locked by another connection for {_BEGIN_RETRIES + 1} "
-            f"busy timeouts of {self.busy_ms} ms."
+    # -- the event log --------------------------------------------------------------------
+    def op_append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> int:
+        # Inside the write transaction (BEGIN IMMEDIATE): no other writer can take the cursor.
+        tree = self.tree_id
+        sql = f"SELECT COALESCE(MAX(cursor), 0) + 1 FROM {EVENTS} WHERE tree_id = ?"
+        cursor: int = self._q(sql, (tree,)).fetchone()[0]
+        self._q(
+            f"""INSERT INTO {EVENTS} (tree_id, cursor, kind, session_id, payload, at)
+            VALUES (?, ?, ?, ?, ?, ?)""",
+            (tree, cursor, kind, session_id, payload, at),
         )
+        return cursor
 
-    def _try_begin(self) -> bool:
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
-                return False
-            raise StorageError(f"Cannot begin a transaction: {exc}") from exc
-        return True
-
-    def sync(self) -> None:
-        """Drop the cached records if another connection changed this tree's L3."""
-        if self._cache.enabled:
-            self._cache.sync(self._scalar("PRAGMA data_version"), self._version)
-
-    def _version(self) -> int:
-        """The tree's L3 change counter (see `_schema`)."""
-        sql = f"SELECT version FROM {CHANGES} WHERE tree_id = ?"
-        return self._scalar(sql, (self._tree_id,)) or 0
-
-    def _scalar(self, sql: str, params: tuple[str, ...] = ()) -> Any:
-        try:
-            row = self._conn.execute(sql, params).fetchone()
-        except sqlite3.Error as exc:
-            raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
-        return None if row is None else row[0]
-
-    def commit(self) -> None:
-        # Read before COMMIT, while no other connection can write: the counter then counts
-        # exactly the changes the cache holds.
-        version = self._version() if self._cache.enabled and self._cache.touched else None
-        self._exec("COMMIT")
-        if version is None:
-            self._cache.settle()
-        else:
-            self._cache.committed(version)
-
-    def rollback(self) -> None:
-        if self._conn.in_transaction:
-            self._exec("ROLLBACK")
-        self._cache.forget_touched()
-        self._cache.settle()
-
-    def savepoint(self, depth: int) -> None:
-        self._exec(f"SAVEPOINT stello_{depth}")
-
-    def release(self, depth: int) -> None:
-        self._exec(f"RELEASE stello_{depth}")
-
-    def rollback_to(self, depth: int) -> None:
-        if self._conn.in_transaction:  # an error may have ended the whole transaction
-            self._exec(f"ROLLBACK TO stello_{depth}")
-            self._exec(f"RELEASE stello_{depth}")
-        self._cache.forget_touched()
-
-    def _exec(self, sql: str) -> None:
-        try:
-            self._conn.execute(sql)
-        except sqlite3.Error as exc:
-            raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
+    def op_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        sql = f"""SELECT cursor, kind, session_id, payload, at FROM {EVENTS}
+            WHERE tree_id = ? AND cursor > ? ORDER BY cursor LIMIT ?"""
+        return [tuple(row) for row in self._q(sql, (self.tree_id, cursor, limit))]
 
 
 def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
@@ -528,41 +502,5 @@ def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
     return heads
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    return "locked" in str(exc) or "busy" in str(exc)
-
-
 def _node(row: Sequence[Any]) -> TopologyNode:
     return TopologyNode(id=row[0], parent_id=row[1], label=row[2])
-
-
-def _connect(
-    target: str | os.PathLike[str] | sqlite3.Connection,
-) -> tuple[sqlite3.Connection, bool, str]:
-    """`(connection, whether we own it, path)`; the path is `":memory:"` for memory."""
-    if isinstance(target, sqlite3.Connection):
-        # Python 3.12 `autocommit=` connections manage transactions themselves.
-        legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
-        if getattr(target, "autocommit", legacy) != legacy:
-            raise InvalidInputError(
-                "Open the connection without `autocommit=`: the storage manages transactions."
-            )
-        try:
-            files = {name: file for _, name, file in target.execute("PRAGMA database_list")}
-        except sqlite3.Error as exc:
-            raise InvalidInputError(f"The connection given cannot be used: {exc}") from exc
-        return target, False, files.get("main") or ":memory:"
-    if not isinstance(target, (str, os.PathLike)):
-        raise InvalidInputError(
-            "path_or_connection must be a path, ':memory:' or a sqlite3.Connection, "
-            f"got {type(target).__name__}."
-        )
-    path = os.fsdecode(os.fspath(target))
-    try:
-        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-    except sqlite3.Error as exc:
-        raise StorageError(f"Cannot open the database {path!r}: {exc}") from exc
-    return conn, True, path

@@ -63,6 +63,11 @@ class CreateSessionArgs(BaseModel):
         description="'none' starts empty; 'inherit' copies this conversation once; "
         "'compress' starts from a summary of it.",
     )
+    at_turn: int | None = Field(
+        default=None,
+        description="With context 'inherit' or 'compress': start from the end of this earlier "
+        "user turn of this conversation (1 is the first, -1 the last) instead of all of it.",
+    )
     profile: str | None = Field(default=None, description="A registered profile to start from.")
     profile_vars: dict[str, str] | None = Field(
         default=None, description="Variables of the profile's system prompt."

@@ -308,7 +308,7 @@ class StelloRuntime:
             )  # fmt: skip
         return Session(
             meta, self.storage, model=model, tools=tools, consolidate_fn=self.consolidate_fn,
-            compression=self.compression,
+            compression=self.compression, topology_slot=self.config.topology_slot,
         )  # fmt: skip
 
     def _cached(

@@ -8,6 +8,8 @@ asked by the model), so both follow the same rules:
 * the child's skills allow-list is the one given, else the profile's, else its parent's;
   a fork the model asks for (`create_session`) gets at most its parent's skills, while the
   developer's `fork` may give any registered skill;
+* a label another child of the source has is refused when the agent asks for unique labels
+  (`StelloConfig.unique_labels`), so the model continues a branch instead of duplicating it;
 * `context="compress"` finds its compress function (the agent's compression policy, else an
   LLM compressor on the agent's model) or fails before anything is written.
 """
@@ -35,7 +37,10 @@ LAST_FORK_KEY = "last_fork_turn"
 """Settings key of the user turn at which the model last forked the session."""
 
 _OPTIONS = frozenset(
-    {"context", "system_prompt", "inherit_system_prompt", "prompt", "tags", "metadata", "id"}
+    {
+        *("context", "system_prompt", "inherit_system_prompt", "prompt", "tags", "metadata"),
+        *("id", "at_turn"),
+    }
 )
 _UNSET: Any = object()
 
@@ -108,7 +113,12 @@ def _request(
     settings = {SKILLS_KEY: skills, PROFILE_KEY: profile.name if profile else None}
     compress_fn = deps.compress_function() if options.get("context") == "compress" else None
     return ForkRequest.build(
-        source_id, spec.get("label"), **options, compress_fn=compress_fn, settings=settings
+        source_id,
+        spec.get("label"),
+        **options,
+        compress_fn=compress_fn,
+        settings=settings,
+        unique_label=deps.config.unique_labels,
     )
 
 

@@ -1,7 +1,8 @@
 """The topology edges as nodes: fork, consolidate, integrate, and the router at START.
 
-A graph built by `build_stello_graph` runs a turn for `{"session_id", "input"}` and one of
-these operations for `{"op": "fork" | "consolidate" | "integrate", ...}`:
+A graph built by `build_stello_graph` runs a turn for `{"session_id", "input"}` (or
+`{"messages": [...]}`, see `stello_graph.nodes.entry`) and one of these operations for
+`{"op": "fork" | "consolidate" | "integrate", ...}`:
 
 * `fork`: `{"op": "fork", "session_id": source, "fork": {"label": ..., ...}}` writes the
   child session and its TopologyNode in one transaction -> `{"forked": {...}}`.
@@ -22,6 +23,7 @@ from stello_graph.main_session import MainSession
 from stello_graph.models import IntegrationResult, SessionMeta
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloRuntime
+from stello_graph.nodes.entry import needs_entry
 from stello_graph.nodes.forking import afork_request, fork_request
 from stello_graph.nodes.scheduling import (
     aconsolidate_now,
@@ -29,7 +31,13 @@ from stello_graph.nodes.scheduling import (
     consolidate_now,
     integrate_flat,
 )
-from stello_graph.nodes.state import ConsolidateState, ForkState, IntegrateState, TreeState
+from stello_graph.nodes.state import (
+    ConsolidateState,
+    ForkState,
+    IntegrateState,
+    TreeState,
+    TurnState,
+)
 
 __all__ = [
     "OPS",
@@ -44,8 +52,8 @@ __all__ = [
 ]
 
 
-class StelloRouted(ForkState, TreeState, total=False):
-    """What `route_start` reads: `op`, and `mode` for integrations."""
+class StelloRouted(TurnState, ForkState, TreeState, total=False):
+    """What `route_start` reads: `op`, `mode` for integrations, a turn's input keys."""
 
 
 OPS = ("turn", "fork", "consolidate", "integrate")
@@ -53,14 +61,18 @@ OPS = ("turn", "fork", "consolidate", "integrate")
 
 def route_start(
     state: StelloRouted,
-) -> Literal["model", "fork", "consolidate", "integrate", "plan_tree"]:
+) -> Literal["enter", "model", "fork", "consolidate", "integrate", "plan_tree"]:
     """Router at START: a turn unless the input names another operation in `op`.
 
-    `{"op": "integrate", "mode": "tree"}` integrates level by level (`stello_graph.nodes.tree`).
+    A turn given as `messages`, or without a `session_id`, first goes through `enter`
+    (`stello_graph.nodes.entry`). `{"op": "integrate", "mode": "tree"}` integrates level by
+    level (`stello_graph.nodes.tree`).
     """
     op = state.get("op") or "turn"
     if op == "turn":
-        return "model"
+        if state.get("input") is not None and state.get("messages") is not None:
+            raise InvalidInputError('A turn takes "input" or "messages", not both.')
+        return "enter" if needs_entry(state) else "model"
     if op == "integrate":
         mode = state.get("mode") or "flat"
         if mode not in ("flat", "tree"):
@@ -111,14 +123,20 @@ def make_fork_node(deps: StelloRuntime) -> StelloNode:
 
 
 # -- consolidate ----------------------------------------------------------------------------
+def _consolidated(state: ConsolidateState) -> str:
+    if not state.get("session_id"):
+        raise InvalidInputError('"op": "consolidate" needs the "session_id" to consolidate.')
+    return check_id(state.get("session_id"))
+
+
 def make_consolidate_node(deps: StelloRuntime) -> StelloNode:
     """Node `consolidate`: L3 -> L2 for `state["session_id"]` (`consolidate_now`)."""
 
     def consolidate(state: ConsolidateState) -> ConsolidateState:
-        return {"l2": consolidate_now(deps, state["session_id"])}
+        return {"l2": consolidate_now(deps, _consolidated(state))}
 
     async def aconsolidate(state: ConsolidateState) -> ConsolidateState:
-        return {"l2": await aconsolidate_now(deps, state["session_id"])}
+        return {"l2": await aconsolidate_now(deps, _consolidated(state))}
 
     return StelloNode("consolidate", consolidate, aconsolidate)
 

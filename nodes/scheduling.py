@@ -6,13 +6,22 @@ turn is never slowed down by the consolidation or integration it triggers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from stello_graph._ids import store_label
 from stello_graph.errors import InvalidInputError, NothingToIntegrateError
 from stello_graph.events import emit
 from stello_graph.main_session import MainSession
 from stello_graph.models import IntegrationResult
+from stello_graph.nodes._store import (
+    DeleteIf,
+    StoreWrite,
+    awrite_store,
+    current_store,
+    job_store,
+    write_store,
+)
+from stello_graph.nodes._store import namespace as store_namespace
 from stello_graph.session import Session
 
 if TYPE_CHECKING:
@@ -24,6 +33,7 @@ __all__ = [
     "aintegrate_flat",
     "aunpublish",
     "consolidate_now",
+    "forget_insight",
     "integrate_flat",
     "integrate_now",
     "on_archive",
@@ -36,31 +46,34 @@ __all__ = [
 def publish(
     deps: StelloDeps, namespace: tuple[str, ...], key: str, value: dict[str, object]
 ) -> None:
-    """Mirror a memory write to the LangGraph store, when one was given."""
-    if deps.store is not None:
-        deps.store.put(_namespace(deps, *namespace), key, value)
-
-
-def _namespace(deps: StelloDeps, *kind: str) -> tuple[str, ...]:
-    return ("stello", store_label(deps.storage.tree_id), *kind)
+    """Mirror a memory write to the LangGraph store, if there is one (`nodes._store`)."""
+    write_store(deps, [(store_namespace(deps, *namespace), key, dict(value))], key)
 
 
 _PUBLISHED = ("l2", "synthesis", "subtree", "insights")
 """What `publish` writes under a session's id."""
 
 
+def _unpublished(deps: StelloDeps, session_id: str) -> list[StoreWrite]:
+    return [(store_namespace(deps, kind), session_id, None) for kind in _PUBLISHED]
+
+
 def unpublish(deps: StelloDeps, session_id: str) -> None:
     """Delete from the store what was published of a (removed) session."""
-    if deps.store is not None:
-        for kind in _PUBLISHED:
-            deps.store.delete(_namespace(deps, kind), session_id)
+    write_store(deps, _unpublished(deps, session_id), session_id)
 
 
 async def aunpublish(deps: StelloDeps, session_id: str) -> None:
     """Async twin of `unpublish`."""
-    if deps.store is not None:
-        for kind in _PUBLISHED:
-            await deps.store.adelete(_namespace(deps, kind), session_id)
+    await awrite_store(deps, _unpublished(deps, session_id), session_id)
+
+
+def forget_insight(deps: StelloDeps, session_id: str, insight: str | None) -> None:
+    """A turn consumed `insight`: delete it from the store, unless a newer one replaced it
+    meanwhile. Called as the turn commits (on an event loop, as the loop's task)."""
+    if insight:
+        gone = DeleteIf("insight", insight)
+        write_store(deps, [(store_namespace(deps, "insights"), session_id, gone)], session_id)
 
 
 def consolidate_now(deps: StelloDeps, session_id: str, *, archived_ok: bool = False) -> str | None:
@@ -71,7 +84,7 @@ def consolidate_now(deps: StelloDeps, session_id: str, *, archived_ok: bool = Fa
     l2 = session.consolidate(deps.consolidate_fn, archived_ok=archived_ok)
     if l2 is not None:
         emit(deps.bus, "consolidated", session_id, l2=l2)
-        publish(deps, ("l2",), session_id, {"l2": l2, "label": session.meta.label})
+        write_store(deps, [_l2_write(deps, session_id, l2, session.meta.label)], session_id)
     return l2
 
 
@@ -84,17 +97,27 @@ async def aconsolidate_now(deps: StelloDeps, session_id: str) -> str | None:
     if l2 is not None:
         emit(deps.bus, "consolidated", session_id, l2=l2)
         meta = await session.ameta()
-        publish(deps, ("l2",), session_id, {"l2": l2, "label": meta.label})
+        await awrite_store(deps, [_l2_write(deps, session_id, l2, meta.label)], session_id)
     return l2
 
 
-def announce_integration(deps: StelloDeps, main_id: str, result: IntegrationResult) -> None:
+def _l2_write(deps: StelloDeps, session_id: str, l2: str, label: str) -> StoreWrite:
+    return (store_namespace(deps, "l2"), session_id, {"l2": l2, "label": label})
+
+
+def announce_integration(
+    deps: StelloDeps, main_id: str, result: IntegrationResult
+) -> list[StoreWrite]:
+    """Emit an integration's events; return what it publishes to the store."""
     emit(deps.bus, "integrated", main_id, synthesis=result.synthesis,
          insights=len(result.insights))  # fmt: skip
-    publish(deps, ("synthesis",), main_id, {"synthesis": result.synthesis})
+    writes: list[StoreWrite] = [
+        (store_namespace(deps, "synthesis"), main_id, {"synthesis": result.synthesis})
+    ]
     for session_id, insight in result.insights.items():
         emit(deps.bus, "insight_pushed", session_id, insight=insight)
-        publish(deps, ("insights",), session_id, {"insight": insight})
+        writes.append((store_namespace(deps, "insights"), session_id, {"insight": insight}))
+    return writes
 
 
 def integrate_flat(deps: StelloDeps, main: MainSession) -> IntegrationResult:
@@ -110,7 +133,7 @@ def integrate_flat(deps: StelloDeps, main: MainSession) -> IntegrationResult:
         deps.final_l2s_integrated(final)  # none of them had an L2 to bring
         raise
     deps.final_l2s_integrated(final)
-    announce_integration(deps, main.id, result)
+    write_store(deps, announce_integration(deps, main.id, result), main.id)
     return result
 
 
@@ -123,7 +146,7 @@ async def aintegrate_flat(deps: StelloDeps, main: MainSession) -> IntegrationRes
         await deps.afinal_l2s_integrated(final)
         raise
     await deps.afinal_l2s_integrated(final)
-    announce_integration(deps, main.id, result)
+    await awrite_store(deps, announce_integration(deps, main.id, result), main.id)
     return result
 
 
@@ -149,16 +172,26 @@ def _consolidate_job(deps: StelloDeps, session_id: str, archived_ok: bool = Fals
         _queue_integration(deps)
 
 
+def _with_store(deps: StelloDeps, job: Callable[[], object]) -> Callable[[], object]:
+    """`job`, run with the store of the run that queues it (a worker thread has no run)."""
+    store = current_store(deps)
+
+    def run() -> object:
+        with job_store(store):
+            return job()
+
+    return run
+
+
 def _queue_consolidation(deps: StelloDeps, session_id: str, archived_ok: bool = False) -> None:
     if deps.scheduler is not None:
-        deps.scheduler.submit(
-            "consolidate", session_id, lambda: _consolidate_job(deps, session_id, archived_ok)
-        )
+        job = _with_store(deps, lambda: _consolidate_job(deps, session_id, archived_ok))
+        deps.scheduler.submit("consolidate", session_id, job)
 
 
 def _queue_integration(deps: StelloDeps) -> None:
     if deps.scheduler is not None:
-        deps.scheduler.submit("integrate", None, lambda: integrate_now(deps))
+        deps.scheduler.submit("integrate", None, _with_store(deps, lambda: integrate_now(deps)))
 
 
 def after_turn(deps: StelloDeps, session_id: str, role: str, turns: int, tree_turns: int) -> None:

@@ -14,16 +14,21 @@ ephemeral: they hold for the run's first step and are then cleared, so on a chec
 thread (every LangGraph Server thread) one run's input never carries over into the next
 run. Continuing a run (`Command(resume=...)`, or `None` after a crash) still sees them from
 its checkpoint; what later steps need is copied into the turn's own keys by `assemble`.
+`session_id`, `messages` and the results (`content`, `forked`, `l2`, ...) last the whole run
+and are cleared by the next run unless it sets them again (`RunValue` and `RunInput`,
+`stello_graph.nodes._channels`).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AnyMessage, BaseMessage
 from langgraph.channels import EphemeralValue
 from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict
+
+from stello_graph.nodes._channels import RunAggregate, RunInput, RunMessages, RunValue
 
 __all__ = [
     "ConsolidateState",
@@ -53,7 +58,7 @@ class OpState(TypedDict, total=False):
 
     op: Annotated[Op, EphemeralValue]
     """The operation; a turn when left out."""
-    session_id: str
+    session_id: Annotated[str, RunInput]
     """The session the turn (or fork / consolidation) runs on."""
 
 
@@ -70,30 +75,34 @@ class TurnState(OpState, total=False):
     """The insight the turn shows (cleared once the turn is committed)."""
     lease: dict[str, Any] | None
     """The owner and token of the session lease the turn holds (`stello_graph.lease`)."""
-    pending: Annotated[list[BaseMessage], add_messages]
+    pending: Annotated[list[BaseMessage], RunAggregate(list, add_messages)]
     """The turn's records, committed to L3 at its end."""
-    content: str
+    content: Annotated[str, RunValue]
     """The final reply."""
-    tool_rounds: int
-    tool_calls: list[dict[str, Any]]
+    tool_rounds: Annotated[int, RunValue]
+    tool_calls: Annotated[list[dict[str, Any]], RunValue]
     """The tool calls run during the turn."""
-    turn_count: int
+    turn_count: Annotated[int, RunValue]
     """User turns of the session after this one."""
+    messages: Annotated[list[AnyMessage], RunMessages]
+    """In: a conversation whose newest user message is the turn's input (`MessagesState`
+    style; the session comes from `configurable.session_id`, else the main session). Out:
+    the turn's records, the reply last."""
 
 
 class ForkState(OpState, total=False):
     """A fork: its options in, the child's node out."""
 
     fork: Annotated[dict[str, Any], EphemeralValue]
-    """`label` and the fork options (`context`, `system_prompt`, `prompt`, ...)."""
-    forked: dict[str, str]
+    """`label` and the fork options (`context`, `at_turn`, `system_prompt`, `prompt`, ...)."""
+    forked: Annotated[dict[str, str], RunValue]
     """The child: `session_id`, `label`, `parent_id`."""
 
 
 class ConsolidateState(OpState, total=False):
     """A consolidation of `session_id`."""
 
-    l2: str | None
+    l2: Annotated[str | None, RunValue]
     """The new L2."""
 
 
@@ -102,7 +111,7 @@ class IntegrateState(OpState, total=False):
 
     mode: Annotated[Literal["flat", "tree"], EphemeralValue]
     """Every L2 into the main session (`"flat"`, default) or level by level (`"tree"`)."""
-    integration: dict[str, Any]
+    integration: Annotated[dict[str, Any], RunValue]
     """The result (`IntegrationResult` or `TreeIntegration`, dumped)."""
 
 

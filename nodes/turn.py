@@ -29,7 +29,7 @@ from langchain_core.messages import (
 )
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_RESUMING
-from langgraph.graph.message import REMOVE_ALL_MESSAGES
+from langgraph.types import Overwrite
 
 from stello_graph._base import SessionBase, TurnContext
 from stello_graph._context import message_text
@@ -41,7 +41,8 @@ from stello_graph.nodes._lease import TurnLease, apark, aturn_lease, park, turn_
 from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_cancel
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
-from stello_graph.nodes.scheduling import after_turn
+from stello_graph.nodes.entry import turn_output
+from stello_graph.nodes.scheduling import after_turn, forget_insight
 from stello_graph.nodes.state import TurnState
 
 __all__ = [
@@ -76,7 +77,7 @@ def _human_id(config: RunnableConfig) -> str:
 def _start(session: SessionBase, state: State, insight: str | None, human_id: str) -> State:
     human = HumanMessage(content=state["input"], id=human_id)
     return {
-        "pending": [RemoveMessage(id=REMOVE_ALL_MESSAGES), human],
+        "pending": Overwrite([human]),  # type: ignore[typeddict-item]  # not a stream token
         "insight": insight,
         "tool_rounds": 0,
         "tool_calls": [],
@@ -211,7 +212,7 @@ def _round(
     assert turn is not None
     human = HumanMessage(content=state["input"], id=turn)
     emit(deps.bus, "turn_started", ctx.session_id)
-    opened: State = {"pending": [RemoveMessage(id=REMOVE_ALL_MESSAGES), human]}
+    opened: State = {"pending": [human]}
     fresh: State = {
         "insight": ctx.insight,
         "tool_rounds": 0,
@@ -232,8 +233,11 @@ def _replied(
     """The state update of a round whose model answered `reply`, and the turn's records."""
     _check_rounds(deps, view, reply)
     reply = _own_id(reply, records)
-    pending: list[BaseMessage] = [*opened["pending"], reply] if opened else [reply]
-    return {**opened, "pending": pending}, [*records, reply]
+    if not opened:
+        return {"pending": [reply]}, [*records, reply]
+    # the round that opens the turn replaces whatever an earlier turn left in `pending`
+    opening: list[BaseMessage] = [*opened["pending"], reply]
+    return {**opened, "pending": Overwrite(opening)}, [*records, reply]  # type: ignore[typeddict-item]
 
 
 def make_model_node(deps: StelloDeps) -> StelloNode:
@@ -458,17 +462,19 @@ def _done(
     insight = state.get("insight")
     if insight:
         emit(deps.bus, "insight_delivered", session.id, insight=insight)
+        forget_insight(deps, session.id, insight)
     emit(deps.bus, "turn_committed", session.id, turn_count=turns)
     after_turn(deps, session.id, session.role, turns, tree)
     final = records[-1] if records else None
     update: State = {
         "content": message_text(final.content) if final is not None else "",
         "turn_count": turns,
+        **turn_output({**state, "pending": list(records)}),
     }
     if state.get("lease") is not None:
         update["lease"] = None
     if replace:
-        update["pending"] = [RemoveMessage(id=REMOVE_ALL_MESSAGES), *records]
+        update["pending"] = Overwrite(list(records))  # type: ignore[typeddict-item]
     return update
 
 

@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stello_graph._base import TurnContext
     from stello_graph._stream import AsyncSessionStream, SessionStream
+    from stello_graph._topology_slot import TopologySlot, TopologyView
     from stello_graph.agent import StelloAgent, TurnResult
     from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
     from stello_graph.compression import CompressionPolicy
     from stello_graph.config import StelloConfig
+    from stello_graph.digest import SessionDigest
     from stello_graph.errors import (
         ConsolidationError,
+        DuplicateLabelError,
         DuplicateSessionError,
         ForeignDatabaseError,
         FunctionCallError,
@@ -50,15 +53,19 @@ if TYPE_CHECKING:
         StelloError,
         StelloUsageError,
         StorageError,
+        StorageUnavailableError,
         StreamNotFinishedError,
+        TimeTravelError,
         ToolRoundLimitError,
         TopologyCycleError,
         TopologyError,
+        TurnOutOfRangeError,
         UnknownProfileError,
     )
-    from stello_graph.events import StelloEvent
+    from stello_graph.events import StelloEvent, StoredEvent, StoredEvents
     from stello_graph.export import export_tree
     from stello_graph.graph import StelloState, build_stello_graph
+    from stello_graph.lineage import ForkPoint
     from stello_graph.main_session import MainSession
     from stello_graph.memory import (
         CompressFn,
@@ -91,8 +98,12 @@ _LAZY: dict[str, str] = {
     "TurnContext": "stello_graph._base",
     "AsyncSessionStream": "stello_graph._stream",
     "SessionStream": "stello_graph._stream",
+    "TopologySlot": "stello_graph._topology_slot",
+    "TopologyView": "stello_graph._topology_slot",
     "CompressionPolicy": "stello_graph.compression",
+    "SessionDigest": "stello_graph.digest",
     "ConsolidationError": "stello_graph.errors",
+    "DuplicateLabelError": "stello_graph.errors",
     "DuplicateSessionError": "stello_graph.errors",
     "ForeignDatabaseError": "stello_graph.errors",
     "FunctionCallError": "stello_graph.errors",
@@ -119,11 +130,15 @@ _LAZY: dict[str, str] = {
     "StelloError": "stello_graph.errors",
     "StelloUsageError": "stello_graph.errors",
     "StorageError": "stello_graph.errors",
+    "StorageUnavailableError": "stello_graph.errors",
     "StreamNotFinishedError": "stello_graph.errors",
+    "TimeTravelError": "stello_graph.errors",
     "ToolRoundLimitError": "stello_graph.errors",
     "TopologyCycleError": "stello_graph.errors",
     "TopologyError": "stello_graph.errors",
+    "TurnOutOfRangeError": "stello_graph.errors",
     "UnknownProfileError": "stello_graph.errors",
+    "ForkPoint": "stello_graph.lineage",
     "MainSession": "stello_graph.main_session",
     "CompressFn": "stello_graph.memory",
     "ConsolidateFn": "stello_graph.memory",
@@ -154,6 +169,8 @@ _LAZY: dict[str, str] = {
     "Schedule": "stello_graph.schedule",
     "BackgroundFailure": "stello_graph.schedule",
     "StelloEvent": "stello_graph.events",
+    "StoredEvent": "stello_graph.events",
+    "StoredEvents": "stello_graph.events",
     "Topology": "stello_graph.topology",
     "export_tree": "stello_graph.export",
     # skills (load YAML)
@@ -173,6 +190,8 @@ __all__ = [
     "Schedule",
     "BackgroundFailure",
     "StelloEvent",
+    "StoredEvent",
+    "StoredEvents",
     "Topology",
     "export_tree",
     "TreeIntegration",
@@ -182,6 +201,8 @@ __all__ = [
     "load_skills",
     "CompressionPolicy",
     "Compression",
+    "TopologySlot",
+    "TopologyView",
     # sessions
     "Session",
     "MainSession",
@@ -194,6 +215,8 @@ __all__ = [
     "SendResult",
     "ChildL2",
     "IntegrationResult",
+    "ForkPoint",
+    "SessionDigest",
     # memory functions
     "ConsolidateFn",
     "IntegrateFn",
@@ -215,6 +238,7 @@ __all__ = [
     "MainSessionForkError",
     "NothingToIntegrateError",
     "StreamNotFinishedError",
+    "TimeTravelError",
     "ToolRoundLimitError",
     "SessionError",
     "SessionNotFoundError",
@@ -236,9 +260,12 @@ __all__ = [
     "SchemaVersionError",
     "NotADatabaseError",
     "ForeignDatabaseError",
+    "StorageUnavailableError",
     "UnknownProfileError",
     "SplitGuardError",
     "SkillLoadError",
+    "TurnOutOfRangeError",
+    "DuplicateLabelError",
     "__version__",
 ]
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, overload
 
+from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
 from stello_graph._validate import check_id
 from stello_graph.errors import (
@@ -94,6 +95,7 @@ class _Memory:
     deps: StelloRuntime
     _leases: SessionLeases
     _mux: EventMux
+    _recorder: EventRecorder
 
     def consolidate(self, session_id: str) -> str | None:
         """Consolidate one session now (L3 -> L2); return its L2.
@@ -102,7 +104,9 @@ class _Memory:
         """
         sid = check_id(session_id)
         with self._mux.quiet():
-            return consolidate_now(self.deps, sid)
+            l2 = consolidate_now(self.deps, sid)
+        self._recorder.settle()
+        return l2
 
     async def aconsolidate(self, session_id: str) -> str | None:
         """Async twin of `consolidate`."""
@@ -174,7 +178,9 @@ class _Memory:
         """
         run = run_tree if _check_mode(mode) == "tree" else run_integrate
         with self._mux.quiet():
-            return _integration(run(self.deps)["integration"])
+            done = _integration(run(self.deps)["integration"])
+        self._recorder.settle()
+        return done
 
     @overload
     async def aintegrate(self, mode: Literal["flat"] = "flat") -> IntegrationResult: ...

@@ -1,15 +1,19 @@
-"""`StelloAgent`'s tree reads and edits: children, ancestors, siblings, move, remove."""
+"""`StelloAgent`'s tree reads and edits: children, ancestors, siblings, move, remove; the
+lineage of forks and the sessions' digests."""
 
 from __future__ import annotations
 
+from stello_graph._flow import arun, run
 from stello_graph._threads import CheckpointThreads
 from stello_graph._validate import check_id
+from stello_graph.digest import SessionDigest, digest_flow, digests_flow
 from stello_graph.errors import (
     InvalidInputError,
     NodeHasChildrenError,
     NodeNotFoundError,
 )
 from stello_graph.lease import SessionLeases
+from stello_graph.lineage import ForkPoint, lineage_flow
 from stello_graph.main_session import MainSession
 from stello_graph.models import TopologyNode
 from stello_graph.nodes.deps import StelloRuntime
@@ -176,3 +180,46 @@ class _Tree:
         for gone in removed:
             self.deps.forget(gone)
         return removed
+
+    # -- lineage and digests ------------------------------------------------------------------
+    def lineage(self, session_id: str) -> list[ForkPoint]:
+        """Where a session came from, generation by generation (nearest first): the
+        session's fork point (its source and the source's turn it starts from), then its
+        source's, ... up to a session that was not forked (the main session) or a source
+        removed since. Unlike `ancestors`, it does not change when a session is moved.
+
+        Raises:
+            SessionNotFoundError: there is no such session.
+        """
+        return run(lineage_flow(check_id(session_id)), self.storage)
+
+    async def alineage(self, session_id: str) -> list[ForkPoint]:
+        """Async twin of `lineage`."""
+        return await arun(lineage_flow(check_id(session_id)), self.storage)
+
+    def digests(self, *, status: str | None = None) -> list[SessionDigest]:
+        """Every session's `SessionDigest` (only those with `status`, `"active"` or
+        `"archived"`, when given), in creation order, from two whole-tree reads: what an
+        outside orchestrator needs to run its own reflection with `Session.set_insight` and
+        `consolidate`.
+
+        Raises:
+            InvalidInputError: an unknown `status`.
+        """
+        return run(digests_flow(status), self.storage)
+
+    async def adigests(self, *, status: str | None = None) -> list[SessionDigest]:
+        """Async twin of `digests`."""
+        return await arun(digests_flow(status), self.storage)
+
+    def digest(self, session_id: str) -> SessionDigest:
+        """One session's `SessionDigest`.
+
+        Raises:
+            SessionNotFoundError: there is no such session.
+        """
+        return run(digest_flow(self.storage, session_id), self.storage)
+
+    async def adigest(self, session_id: str) -> SessionDigest:
+        """Async twin of `digest`."""
+        return await arun(digest_flow(self.storage, session_id), self.storage)

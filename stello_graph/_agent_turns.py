@@ -19,6 +19,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Durability, Interrupt, StateSnapshot
 
 from stello_graph._base import ToolChoice, check_tool_choice
+from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
 from stello_graph._stream import stoppable
 from stello_graph._threads import CheckpointThreads, arun_held, run_held
@@ -92,6 +93,7 @@ class _Turns:
     _durability: Durability
     _threads: CheckpointThreads
     _mux: EventMux
+    _recorder: EventRecorder
     _last_session: str | None
 
     def config(self, session_id: str) -> RunnableConfig:
@@ -167,6 +169,7 @@ class _Turns:
 
     def _finished(self, sid: str, result: TurnResult) -> TurnResult:
         self._threads.finished(sid, result.interrupted)
+        self._recorder.settle()  # a sync turn's events are stored when it returns
         return result
 
     async def _afinished(self, sid: str, result: TurnResult) -> TurnResult:

@@ -35,6 +35,7 @@ from stello_graph._copies import ashared_records, detached_all, shared_records
 from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._stream import AsyncSessionStream, SessionStream
 from stello_graph._text import storable, storable_message
+from stello_graph._topology_slot import TopologySlot
 from stello_graph._validate import (
     check_id,
     check_label,
@@ -139,6 +140,8 @@ class ContextParts:
     branch: str | None = None
     """The subtree synthesis of a child that has children of its own."""
     compression: Compression | None = None
+    topology: str | None = None
+    """The topology slot (`stello_graph._topology_slot`), when the session shows one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,8 @@ class SessionBase:
     """Shared machinery of `Session` and `MainSession`; not instantiated directly."""
 
     role: ClassVar[SessionRole] = "standard"
+    _topology_slot: TopologySlot | None = None
+    """Shows the session where it stands in the tree (`Session` sets it when asked)."""
 
     def __init__(
         self,
@@ -354,6 +359,8 @@ class SessionBase:
             read = insight is _READ
             parts.extra = (yield Storage("get_insight", sid)) if read else _opt_str(insight)
             parts.branch = yield Storage("get_subtree_synthesis", sid)
+            if self._topology_slot is not None:
+                parts.topology = yield from self._topology_slot.flow(sid)
         records: list[BaseMessage] = yield Call(shared_records, ashared_records, (s, sid))
         parts.compression = yield Storage("get_compression", sid)
         cut = self._plan(meta, parts, records)

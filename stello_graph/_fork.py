@@ -8,6 +8,14 @@ In a tree (a storage with a main session) every fork gets a node under its sourc
 source without a node is refused with `NodeNotFoundError` before anything is computed or
 written. A storage without a tree (standalone sessions, or a plain `SessionStorage`) keeps
 no nodes: there a fork is standalone like its source.
+
+A fork can start from an earlier turn of its source (`at_turn`: 1-based user turns,
+negative from the end): the source's L3 is cut before the next user turn, so a turn's
+tool-call groups stay whole. Every fork stores its lineage (`put_lineage`: the source and
+the user turn its context ends at). When the child inherits records unchanged (the cut is
+already clean: no incomplete tool-call group), they are copied as rows inside the database
+(`copy_records`), read, cut and written in one transaction: a fork then costs about the
+same whatever the length of the history.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any, Literal
 from langchain_core.messages import AIMessage, BaseMessage
 
 from stello_graph._calls import call_async, call_sync
-from stello_graph._context import sanitize_history
+from stello_graph._context import is_clean, sanitize_history
 from stello_graph._copies import ashared_records, shared_records
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._text import storable, storable_message
@@ -31,7 +39,9 @@ from stello_graph._validate import (
     check_tags,
     new_id,
 )
+from stello_graph.checkpoints._serde import with_turn
 from stello_graph.errors import (
+    DuplicateLabelError,
     DuplicateSessionError,
     FunctionCallError,
     FunctionNotConfiguredError,
@@ -40,12 +50,21 @@ from stello_graph.errors import (
     SessionArchivedError,
     SessionNotFoundError,
     StelloError,
+    TurnOutOfRangeError,
 )
 from stello_graph.memory import CompressFn
 from stello_graph.models import Compression, SessionMeta, TopologyNode
 from stello_graph.storage import SessionStorage
 
-__all__ = ["ForkContext", "ForkRequest", "afork_session", "fork_session"]
+__all__ = [
+    "ForkContext",
+    "ForkRequest",
+    "afork_session",
+    "check_at_turn",
+    "fork_session",
+    "turn_cut",
+    "user_turn_starts",
+]
 
 ContextFn = Callable[[list[BaseMessage]], Any]
 ForkContext = Literal["none", "inherit", "compress"] | ContextFn
@@ -53,6 +72,50 @@ ForkContext = Literal["none", "inherit", "compress"] | ContextFn
 (`"compress"`), or what a function of it returns."""
 
 _MODES = ("none", "inherit", "compress")
+
+
+def check_at_turn(value: object) -> int | None:
+    """`None`, or a non-zero `int` (not a `bool`): a 1-based user turn, negative from the end.
+
+    Raises:
+        InvalidInputError: anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(
+            f"at_turn must be an int (a 1-based user turn, negative from the end), "
+            f"got {value!r:.60}."
+        )
+    if value == 0:
+        raise InvalidInputError(
+            "at_turn=0 names no turn: user turns count from 1 (and -1 is the last one)."
+        )
+    return value
+
+
+def user_turn_starts(records: list[BaseMessage]) -> list[int]:
+    """The index of the first record of each user turn: every user message starts one (the
+    records before the first belong to turn 1, the records up to the next to each turn)."""
+    return [i for i, record in enumerate(records) if record.type == "human"]
+
+
+def turn_cut(records: list[BaseMessage], at_turn: int | None, session_id: str) -> tuple[int, int]:
+    """`(end, turn)`: how many records, from the first, make the history up to the end of
+    user turn `at_turn` (all of them for `None`), and that turn as a positive number (0 when
+    there is no user turn).
+
+    Raises:
+        TurnOutOfRangeError: `at_turn` names no user turn of the records.
+    """
+    starts = user_turn_starts(records)
+    count = len(starts)
+    if at_turn is None:
+        return len(records), count
+    turn = at_turn if at_turn > 0 else count + 1 + at_turn
+    if not 1 <= turn <= count:
+        raise TurnOutOfRangeError(session_id, at_turn, count)
+    return (starts[turn] if turn < count else len(records)), turn
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +135,11 @@ class ForkRequest:
     """Summarises the source's history for `context="compress"`."""
     settings: dict[str, Any] | None = None
     """Orchestration settings of the child (skills allow-list, profile), written with it."""
+    at_turn: int | None = None
+    """Start from the end of this user turn of the source (1-based; negative from the end)
+    instead of its whole history; the context mode then applies to that part."""
+    unique_label: bool = False
+    """Refuse (`DuplicateLabelError`) a label another child of the source already has."""
 
     @classmethod
     def build(
@@ -88,6 +156,8 @@ class ForkRequest:
         id: object = None,
         compress_fn: CompressFn | None = None,
         settings: dict[str, Any] | None = None,
+        at_turn: object = None,
+        unique_label: bool = False,
     ) -> ForkRequest:
         if not (context in _MODES or callable(context)):
             raise InvalidInputError(
@@ -97,6 +167,12 @@ class ForkRequest:
         if inherit_system_prompt is not None and not isinstance(inherit_system_prompt, bool):
             raise InvalidInputError(
                 f"inherit_system_prompt must be a bool or None, got {inherit_system_prompt!r:.80}."
+            )
+        turn = check_at_turn(at_turn)
+        if turn is not None and context == "none":
+            raise InvalidInputError(
+                f"at_turn={turn} cuts the history the child inherits, but context='none' "
+                "inherits nothing: pass context='inherit' (or 'compress', or a function)."
             )
         if context == "compress" and compress_fn is None:
             raise FunctionNotConfiguredError(
@@ -115,6 +191,8 @@ class ForkRequest:
             id=None if id is None else check_id(id),
             compress_fn=compress_fn,
             settings=settings,
+            at_turn=turn,
+            unique_label=bool(unique_label),
         )
 
     def child_prompt(self, source: SessionMeta, source_prompt: str | None) -> str | None:
@@ -134,7 +212,13 @@ class _Child:
     meta: SessionMeta
     system_prompt: str | None
     records: list[BaseMessage]
+    """The records to write (re-encoded), after the copied ones."""
     compression: Compression | None
+    forked_at_turn: int | None = None
+    """The source's user turn the child's context ends at (see `ForkPoint.at_turn`)."""
+    inherit: bool = False
+    """The child inherits the source's records up to `at_turn`, cut in the write's own
+    transaction (copied as rows when the cut is clean)."""
 
 
 def _check_source(meta: SessionMeta | None, source_id: str) -> SessionMeta:
@@ -200,30 +284,71 @@ def _child(
     source_prompt: str | None,
     selected: object,
     compression: Compression | None,
+    forked_at_turn: int | None,
 ) -> _Child:
     meta = SessionMeta(
         id=req.id or new_id(), label=req.label, tags=req.tags, metadata=req.metadata or {}
     )
     prompt = req.child_prompt(source, source_prompt)
-    return _Child(meta, prompt, _child_records(req, selected), compression)
+    inherit = req.context == "inherit"
+    records = _child_records(req, [] if inherit else selected)
+    return _Child(meta, prompt, records, compression, forked_at_turn, inherit)
 
 
-def _write_flow(req: ForkRequest, child: _Child) -> Flow[None]:
+def _label_flow(req: ForkRequest) -> Flow[None]:
+    """Refuse a label a child of the source already has (`unique_label`)."""
+    children: list[TopologyNode] = yield Storage("get_children", req.source_id)
+    wanted = req.label.strip().casefold()
+    taken = next((c for c in children if c.label.strip().casefold() == wanted), None)
+    if taken is not None:
+        raise DuplicateLabelError(req.source_id, req.label, taken.id)
+
+
+def _inherit_flow(storage: SessionStorage, req: ForkRequest, child_id: str) -> Flow[int | None]:
+    """Give the child the source's records up to `at_turn`: copied as stored rows when
+    nothing needs rewriting, else sanitised and appended. Returns the turn it ends at."""
+    shared: list[BaseMessage]
+    shared = yield Call(shared_records, ashared_records, (storage, req.source_id))
+    end, turn = turn_cut(shared, req.at_turn, req.source_id)
+    prefix = shared[:end]
+    copy = getattr(storage, "copy_records", None) is not None
+    if prefix and copy and is_clean(prefix):
+        yield Storage("copy_records", req.source_id, child_id, count=end)
+    elif prefix:  # some records must go: write the others again, each keeping its turn
+        keep = {id(m) for m in sanitize_history(prefix)}
+        turns: list[tuple[str, int]] = yield Storage("list_record_turns", req.source_id)
+        clean = [
+            with_turn(m.model_copy(), *t)
+            for m, t in zip(prefix, turns, strict=False)
+            if id(m) in keep
+        ]
+        if clean:
+            yield Storage("append_records", child_id, clean)
+    return turn or None
+
+
+def _write_flow(storage: SessionStorage, req: ForkRequest, child: _Child) -> Flow[None]:
     """The writes of a fork, run in one transaction."""
     _check_source((yield Storage("get_session", req.source_id)), req.source_id)
     with_node = yield from _node_flow(req.source_id)
+    if with_node and req.unique_label:
+        yield from _label_flow(req)
     meta = child.meta
     if (yield Storage("get_session", meta.id)) is not None:
         raise DuplicateSessionError(meta.id)
     yield Storage("put_session", meta)
     if child.system_prompt:
         yield Storage("put_system_prompt", meta.id, child.system_prompt)
+    at_turn = child.forked_at_turn
+    if child.inherit:
+        at_turn = yield from _inherit_flow(storage, req, meta.id)
     if child.records:
         yield Storage("append_records", meta.id, child.records)
     if child.compression is not None:
         yield Storage("put_compression", meta.id, child.compression)
     if req.settings:
         yield Storage("put_settings", meta.id, req.settings)
+    yield Storage("put_lineage", meta.id, req.source_id, at_turn, optional=True)
     if with_node:
         yield Storage(
             "put_node", TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label)
@@ -231,14 +356,10 @@ def _write_flow(req: ForkRequest, child: _Child) -> Flow[None]:
 
 
 def _records_flow(storage: SessionStorage, req: ForkRequest) -> Flow[list[BaseMessage]]:
-    """The source's L3 the fork needs: shared when it is only copied into the child,
-    copies when a context or compress function gets it."""
-    if req.context == "none":
+    """The source's L3 a context or compress function gets (copies); an inheriting fork
+    reads it in its write transaction instead (`_inherit_flow`)."""
+    if req.context in ("none", "inherit"):
         return []
-    if req.context == "inherit":
-        shared: list[BaseMessage]
-        shared = yield Call(shared_records, ashared_records, (storage, req.source_id))
-        return shared
     copies: list[BaseMessage] = yield Storage("list_records", req.source_id)
     return copies
 
@@ -265,10 +386,16 @@ async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMet
 
 def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
     source = _check_source((yield Storage("get_session", req.source_id)), req.source_id)
-    yield from _node_flow(req.source_id)  # refuse early, before any function runs
+    # refuse early, before any function runs (and again in the write's transaction)
+    if (yield from _node_flow(req.source_id)) and req.unique_label:
+        yield from _label_flow(req)
     source_prompt = yield Storage("get_system_prompt", req.source_id)
     records = yield from _records_flow(storage, req)
-    selected: object = records if req.context == "inherit" else []
+    turn = 0
+    if req.context not in ("none", "inherit"):  # a function gets the history up to at_turn
+        end, turn = turn_cut(records, req.at_turn, req.source_id)
+        records = records[:end]
+    selected: object = []
     compression = None
     try:
         if callable(req.context):
@@ -281,6 +408,6 @@ def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
         raise
     except Exception as exc:
         raise _fn_error(exc, "context" if callable(req.context) else "compress") from exc
-    child = _child(req, source, source_prompt, selected, compression)
-    yield Atomic(_write_flow(req, child))
+    child = _child(req, source, source_prompt, selected, compression, turn or None)
+    yield Atomic(_write_flow(storage, req, child))
     return child.meta

@@ -13,8 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import os
-import re
 from collections.abc import Callable, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
@@ -23,7 +23,7 @@ from contextlib import (
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph.state import CompiledStateGraph
@@ -33,6 +33,8 @@ from typing_extensions import TypedDict, Unpack
 from stello_graph._agent_memory import _Memory
 from stello_graph._agent_tree import _Tree
 from stello_graph._agent_turns import TurnResult, _Turns
+from stello_graph._as_tool import session_tool
+from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
 from stello_graph._fork import ForkContext
 from stello_graph._threads import CheckpointThreads
@@ -42,7 +44,7 @@ from stello_graph.errors import (
     InvalidInputError,
     SessionNotFoundError,
 )
-from stello_graph.events import StelloEvent, emit
+from stello_graph.events import StelloEvent, StoredEvents, emit
 from stello_graph.graph import build_graph, build_turn_graph
 from stello_graph.main_session import MainSession
 from stello_graph.models import (
@@ -65,15 +67,13 @@ DEFAULT_DB = "stello.db"
 """The embedded SQLite file used when no storage is given."""
 
 
-def _tool_name(label: str) -> str:
-    """`ask_<label>` as a tool name providers accept (letters, digits, `_`, at most 64)."""
-    slug = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")[:50]
-    return f"ask_{slug}" if slug else "ask_session"
-
-
 def _open_storage(
     storage: MainStorage | str | os.PathLike[str] | None, tree_id: str
 ) -> MainStorage:
+    if isinstance(storage, str) and storage.startswith(("postgresql://", "postgres://")):
+        from stello_graph.checkpoints import PostgresMainStorage
+
+        return PostgresMainStorage(storage, tree_id=tree_id)
     if storage is None or isinstance(storage, str | os.PathLike):
         from stello_graph.checkpoints import SqliteMainStorage
 
@@ -82,6 +82,10 @@ def _open_storage(
 
 
 def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
+    open_checkpointer = getattr(storage, "open_checkpointer", None)
+    if callable(open_checkpointer):  # a storage on a database server (PostgreSQL)
+        saver: BaseCheckpointSaver[Any] = open_checkpointer()
+        return saver
     path = getattr(storage, "path", None)
     if path is not None and str(path) != ":memory:":
         from stello_graph.checkpoints.saver import sqlite_saver
@@ -96,6 +100,10 @@ class ForkOptions(TypedDict, total=False):
     context: ForkContext
     """The child's starting L3: `"none"` (default), `"inherit"`, `"compress"` (a summary),
     or a function of the source's records."""
+    at_turn: int
+    """Start from the end of this user turn of the source (1-based; negative counts from
+    the end; counted in the source's L3, inherited turns included) instead of its whole
+    history; needs a `context` other than `"none"`."""
     system_prompt: str
     """The child's system prompt."""
     inherit_system_prompt: bool
@@ -131,7 +139,9 @@ class StelloAgent(_Turns, _Memory, _Tree):
     Args:
         storage: a `MainStorage`, or the path of a SQLite file (default `stello.db`). A
             file holding another application's tables is refused (`ForeignDatabaseError`);
-            to share one, pass `SqliteMainStorage(path, allow_foreign_tables=True)`.
+            to share one, pass `SqliteMainStorage(path, allow_foreign_tables=True)`. A
+            `postgresql://` URL opens a `PostgresMainStorage` and a LangGraph
+            `PostgresSaver` on that database (the `postgres` extra).
         config: the settings (`StelloConfig`, each field documented there); `model` is
             required.
         **settings: fields of `StelloConfig` as keywords (`model=`, `tools=`,
@@ -181,6 +191,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
             self._turn_graph: CompiledStateGraph[Any, Any, Any, Any] = build_turn_graph(
                 self.deps
             ).compile(checkpointer=self.checkpointer, store=cfg.store)
+            self._tool_graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         except BaseException:
             if self._owns_storage:  # a bad argument must not leave the file open
                 getattr(self.storage, "close", lambda: None)()
@@ -193,6 +204,8 @@ class StelloAgent(_Turns, _Memory, _Tree):
         self._last_session: str | None = None
         self._mux = EventMux()
         self.deps.bus.subscribe(self._mux.forward)
+        self._recorder = EventRecorder(self.storage)
+        self.deps.bus.subscribe(self._recorder.record)
 
     # -- basics -----------------------------------------------------------------------------
     @property
@@ -244,6 +257,19 @@ class StelloAgent(_Turns, _Memory, _Tree):
         """Call `listener` with every stello event (background ones included)."""
         return self.deps.bus.subscribe(listener)
 
+    def follow_events(self, cursor: int = 0, *, interval: float = 0.25) -> StoredEvents:
+        """A reader of the tree's stored events after `cursor` (`STORED_EVENT_TYPES`: forks,
+        archives, consolidations, integrations, insights, background failures), made by this
+        agent or any other on the tree, in this process or another. `subscribe` sees this
+        process's events as they happen; this follows the tree's:
+
+            for event in agent.follow_events().follow():   # or `async for` ... afollow()
+                print(event.cursor, event.type, event.session_id)
+
+        This agent appends its events shortly after they happen (`drain` waits for them).
+        """
+        return StoredEvents(self.storage, cursor, interval=interval)
+
     def failures(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Background failures kept so far (of one session, when given), oldest first.
 
@@ -277,19 +303,23 @@ class StelloAgent(_Turns, _Memory, _Tree):
         return await StorageFailureLog(self.storage).aclear(session_id)
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait for background work; False on timeout. Never raises the kept failures."""
+        """Wait for background work and for its events to be stored; False on timeout.
+        Never raises the kept failures."""
         scheduler = self.deps.scheduler
-        return scheduler.drain(timeout) if scheduler is not None else True
+        drained = scheduler.drain(timeout) if scheduler is not None else True
+        return self._recorder.flush(timeout) and drained
 
     async def adrain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
         """Async twin of `drain`."""
         scheduler = self.deps.scheduler
-        return await scheduler.adrain(timeout) if scheduler is not None else True
+        drained = await scheduler.adrain(timeout) if scheduler is not None else True
+        return await self._recorder.aflush(timeout) and drained
 
     def close(self) -> None:
         """Finish background work and close what the agent opened."""
         if self.deps.scheduler is not None:
             self.deps.scheduler.close(wait=True)
+        self._recorder.close()  # the events of the work just finished, before the storage
         close_saver = getattr(self.checkpointer, "close", None)
         if self._owns_saver and close_saver is not None:
             close_saver()
@@ -301,7 +331,8 @@ class StelloAgent(_Turns, _Memory, _Tree):
     async def aclose(self) -> None:
         """Async twin of `close`: background work is awaited without blocking the loop."""
         await self.adrain()
-        self.close()  # nothing is left to wait for: this only closes what the agent opened
+        # joining the scheduler's threads and closing files are blocking calls: off the loop
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> StelloAgent:
         return self
@@ -340,7 +371,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
     def fork(self, source_id: str, label: str, **options: Unpack[ForkOptions]) -> TopologyNode:
         """Fork a new session under `source_id` (the main session or any other).
 
-        Options (`ForkOptions`, each documented there): `context`, `profile` and
+        Options (`ForkOptions`, each documented there): `context`, `at_turn`, `profile` and
         `profile_vars`, `skills`, `system_prompt`, `inherit_system_prompt`, `prompt`,
         `model`, `tools`, `tags`, `metadata`, `id`. The session and its node are written in
         one transaction. Returns the child's `TopologyNode`.
@@ -353,10 +384,18 @@ class StelloAgent(_Turns, _Memory, _Tree):
             UnknownProfileError: `profile` is not registered.
             NodeNotFoundError: `source_id` has no node in the tree (a session made with
                 `Session.create` on the agent's storage); nothing is written.
+            TurnOutOfRangeError: `at_turn` names no user turn of the source.
+            DuplicateLabelError: the agent asks for unique labels (`unique_labels`) and
+                another child of the source has `label`.
+
+        The child's lineage (its source and the source's turn it starts from) is stored
+        with it: see `lineage`.
         """
         state = self._fork_state(source_id, label, options)
         with self._mux.quiet():
-            return self._forked(run_fork(self.deps, state), options)
+            forked = self._forked(run_fork(self.deps, state), options)
+        self._recorder.settle()
+        return forked
 
     async def afork(
         self, source_id: str, label: str, **options: Unpack[ForkOptions]
@@ -389,6 +428,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
             meta = session.archive()
         emit(self.deps.bus, "session_archived", sid)
         on_archive(self.deps, sid)
+        self._recorder.settle()
         return meta
 
     async def aarchive(self, session_id: str) -> SessionMeta:
@@ -412,23 +452,14 @@ class StelloAgent(_Turns, _Memory, _Tree):
         self, session_id: str, *, name: str | None = None, description: str | None = None
     ) -> BaseTool:
         """A LangChain tool that asks one stello session a question (one turn) and returns
-        its answer: expose a branch of the topology to another agent."""
-        sid = check_id(session_id)
-        label = self.session(sid).meta.label
+        its answer: expose a branch of the topology to another agent.
 
-        def ask(question: str) -> str:
-            return self.turn(sid, question).content
-
-        async def aask(question: str) -> str:
-            return (await self.aturn(sid, question)).content
-
-        return StructuredTool.from_function(
-            func=ask,
-            coroutine=aask,
-            name=name or _tool_name(label),
-            description=description
-            or f"Ask the stello session {label!r} a question and get its answer.",
-        )
+        Called by another graph's tool node, the turn runs as a subgraph of that run: an
+        `interrupt()` inside it pauses the caller's run and the caller's
+        `Command(resume=...)` resumes it; its tokens and events stream through the caller's
+        run (`subgraphs=True`). See `stello_graph._as_tool`.
+        """
+        return session_tool(self, session_id, name=name, description=description)
 
     def hold(self, session_id: str) -> AbstractContextManager[Lease]:
         """Hold the session's lease: no turn runs on it meanwhile, in any process.

@@ -31,6 +31,7 @@ from langgraph.store.base import BaseStore
 from langgraph.types import Durability, RetryPolicy
 from typing_extensions import TypedDict
 
+from stello_graph._topology_slot import TopologySlot, check_topology_slot
 from stello_graph._validate import check_chat_model, check_model_timeout, check_tools
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import InvalidInputError
@@ -118,6 +119,14 @@ class StelloConfig:
     model_retry: RetryPolicy | None = None
     """A LangGraph `RetryPolicy` for a turn's failed model calls; its `retry_on` judges the
     provider's exception. Timed-out calls are retried."""
+    unique_labels: bool = False
+    """Refuse a fork (yours or the model's `create_session`) whose label another child of
+    its source already has, with `DuplicateLabelError` (labels compared without case and
+    surrounding spaces); the model is told and can continue the existing branch."""
+    topology_slot: TopologySlot | bool | None = None
+    """Show each child session where it stands in the tree, in its system message after the
+    identity line (`TopologySlot`: its size limit and hook). `True`: the default slot.
+    Off by default."""
     lease_ttl: float = DEFAULT_LEASE_TTL
     """Seconds a turn's session lease lasts without renewal. Turns on one session run one
     at a time through it, from threads, graphs, agents and processes alike (see
@@ -152,6 +161,9 @@ class StelloConfig:
             raise InvalidInputError(f"max_tool_rounds must be an int >= 0, got {rounds!r}.")
         _set(self, "tools", tuple(check_tools(self.tools)))
         _set(self, "model_timeout", check_model_timeout(self.model_timeout))
+        if not isinstance(self.unique_labels, bool):
+            raise InvalidInputError(f"unique_labels must be a bool, got {self.unique_labels!r}.")
+        _set(self, "topology_slot", check_topology_slot(self.topology_slot))
         check_retry_policy(self.model_retry)
         if isinstance(self.builtin_tools, str):
             raise InvalidInputError(
@@ -221,6 +233,8 @@ class StelloSettings(TypedDict, total=False):
     compression: CompressionPolicy | None
     model_timeout: float | None
     model_retry: RetryPolicy | None
+    unique_labels: bool
+    topology_slot: TopologySlot | bool | None
     lease_ttl: float
     checkpointer: BaseCheckpointSaver[Any] | Literal[False] | None
     system_prompt: str | None

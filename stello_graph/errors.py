@@ -8,12 +8,14 @@ derive from the other branches::
     StelloError
     ├── StelloUsageError                 a developer mistake: fix the call
     │   ├── InvalidInputError            bad argument value (also a ValueError)
-    │   │   └── SkillLoadError           a SKILL.md file cannot be read as a skill
+    │   │   ├── SkillLoadError           a SKILL.md file cannot be read as a skill
+    │   │   └── TurnOutOfRangeError      a fork's `at_turn` names no user turn of its source
     │   ├── ModelNotConfiguredError      a call needs a chat model and none was given
     │   ├── FunctionNotConfiguredError   consolidate / integrate / compress function missing
     │   ├── MainSessionForkError         the main session cannot fork
     │   ├── NothingToIntegrateError      integrate() found no child L2 to read
     │   ├── StreamNotFinishedError       a stream's result was read before it ended
+    │   ├── TimeTravelError              replaying or editing a stello thread (a ValueError)
     │   ├── UnknownProfileError          a fork named an unregistered profile (a LookupError)
     │   └── ScriptExhaustedError         (stello_graph.testing) a scripted model ran out
     ├── SessionError
@@ -28,6 +30,7 @@ derive from the other branches::
     │   ├── NodeNotFoundError            no topology node with that id (also a LookupError)
     │   ├── NodeHasChildrenError         removing a node with children without cascade
     │   ├── TopologyCycleError           a move would put a node under its own subtree
+    │   ├── DuplicateLabelError          a fork asked for unique labels reused a sibling's
     │   └── SplitGuardError              the split guard refused a fork the model asked for
     ├── ModelCallError                   the chat model raised; the cause is chained
     ├── ToolRoundLimitError              a turn asked for more tool rounds than allowed
@@ -37,7 +40,8 @@ derive from the other branches::
     └── StorageError                     the storage backend failed
         ├── SchemaVersionError           the database was written by a newer schema
         ├── NotADatabaseError            the file is not a SQLite database
-        └── ForeignDatabaseError         another application's SQLite file, not stello's
+        ├── ForeignDatabaseError         another application's database, not stello's
+        └── StorageUnavailableError      the database server cannot be reached, or went away
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "ConsolidationError",
+    "DuplicateLabelError",
     "DuplicateSessionError",
     "ForeignDatabaseError",
     "FunctionCallError",
@@ -72,16 +77,24 @@ __all__ = [
     "StelloError",
     "StelloUsageError",
     "StorageError",
+    "StorageUnavailableError",
     "StreamNotFinishedError",
+    "TimeTravelError",
     "ToolRoundLimitError",
     "TopologyCycleError",
     "TopologyError",
+    "TurnOutOfRangeError",
     "UnknownProfileError",
 ]
 
 
-class StelloError(Exception):
-    """Base class of every error raised by stello-graph."""
+class StelloError(RuntimeError):
+    """Base class of every error raised by stello-graph.
+
+    A `RuntimeError`, so hosts that show the class and message of runtime errors only
+    (LangGraph Server hides any other exception behind "An internal error occurred") show
+    stello's: `SessionArchivedError: ...` reaches the SDK client as it was raised.
+    """
 
 
 class StelloUsageError(StelloError):
@@ -94,6 +107,21 @@ class InvalidInputError(StelloUsageError, ValueError):
 
 class SkillLoadError(InvalidInputError):
     """A `SKILL.md` file could not be read as a skill; the message names the file."""
+
+
+class TurnOutOfRangeError(InvalidInputError):
+    """A fork's `at_turn` names no user turn of its source (1-based; negative counts from
+    the end)."""
+
+    def __init__(self, session_id: str, at_turn: int, turns: int) -> None:
+        valid = f"1..{turns} or -{turns}..-1" if turns else "none: it has no user turn yet"
+        super().__init__(
+            f"at_turn={at_turn} names no user turn of session {session_id!r}, which has "
+            f"{turns} user turn(s) (valid: {valid})."
+        )
+        self.session_id = session_id
+        self.at_turn = at_turn
+        self.turns = turns
 
 
 class ModelNotConfiguredError(StelloUsageError):
@@ -114,6 +142,23 @@ class NothingToIntegrateError(StelloUsageError):
 
 class StreamNotFinishedError(StelloUsageError):
     """A stream's `result` was read before the stream was consumed to its end."""
+
+
+class TimeTravelError(StelloUsageError, ValueError):
+    """A run asked to replay a stello thread from an earlier checkpoint, or to edit its state.
+
+    A session's L3 is written by committed turns, not kept in the checkpoints: replaying a
+    turn from an earlier checkpoint, or editing a thread's state with `update_state`, would
+    make the graph's state disagree with the session. Branch the session instead.
+    """
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} is refused on a stello thread: a session's history (L3) is kept by its "
+            "committed turns, not by the checkpoints, so the run would diverge from it. To "
+            "go back to an earlier turn, fork the session there "
+            "(`agent.fork(session_id, label, at_turn=N)`) and continue on the fork."
+        )
 
 
 class UnknownProfileError(StelloUsageError, LookupError):
@@ -243,6 +288,20 @@ class TopologyCycleError(TopologyError):
         self.parent_id = parent_id
 
 
+class DuplicateLabelError(TopologyError):
+    """A fork asked for a label unique among its siblings (`unique_labels`), and a sibling
+    already has it: nothing was written."""
+
+    def __init__(self, parent_id: str, label: str, sibling_id: str) -> None:
+        super().__init__(
+            f"Session {parent_id!r} already has a child labelled {label!r} ({sibling_id!r}): "
+            "continue in that session, or choose another label."
+        )
+        self.parent_id = parent_id
+        self.label = label
+        self.sibling_id = sibling_id
+
+
 class SplitGuardError(TopologyError):
     """The split guard refused a model-initiated fork; the message gives the reason."""
 
@@ -297,8 +356,19 @@ class NotADatabaseError(StorageError):
 
 
 class ForeignDatabaseError(StorageError):
-    """The SQLite file holds another application's tables and no stello-graph data.
+    """The database holds another application's tables and no stello-graph data.
 
-    Stello adds its tables to such a file only when asked
-    (`SqliteMainStorage(path, allow_foreign_tables=True)`); the file is left untouched.
+    Stello adds its tables to such a SQLite file only when asked
+    (`SqliteMainStorage(path, allow_foreign_tables=True)`); the file is left untouched. A
+    PostgreSQL database is refused when it holds tables named like stello's that stello did
+    not make.
+    """
+
+
+class StorageUnavailableError(StorageError):
+    """The database server cannot be reached (wrong address, server down, refused login),
+    or the connection was lost during an operation.
+
+    Nothing of the interrupted transaction is stored; the operation can be retried once the
+    server is back (the storage reconnects on its next call).
     """

@@ -6,6 +6,11 @@ The graph runs a turn on one session for `{"session_id": ..., "input": ...}`:
 
 (the first model round opens the turn, the last one commits it: see `stello_graph.nodes.turn`)
 
+or for `{"messages": [...]}` (the newest user message is the input; the session is
+`configurable.session_id`, else the main session), through `enter` first
+(`stello_graph.nodes.entry`). A turn's output carries `content` and `messages` (its
+records, the reply last).
+
 and the topology operations for `{"op": "fork" | "consolidate" | "integrate", ...}` (see
 `stello_graph.nodes.ops`). It is returned uncompiled: compile it with any checkpointer
 (`InMemorySaver`, `SqliteSaver`, `AsyncSqliteSaver`, ...) or add it to a graph of your own.
@@ -37,9 +42,11 @@ from langchain_core.messages import AnyMessage
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict, Unpack
 
+from stello_graph._compiled import StelloCompiledGraph
 from stello_graph.config import StelloConfig, StelloSettings
 from stello_graph.nodes._model_call import model_retry_policy
 from stello_graph.nodes.deps import StelloRuntime
+from stello_graph.nodes.entry import make_enter_node
 from stello_graph.nodes.ops import (
     make_consolidate_node,
     make_fork_node,
@@ -65,6 +72,7 @@ __all__ = [
     "StelloInput",
     "StelloOutput",
     "StelloState",
+    "StelloStateGraph",
     "TurnInput",
     "TurnOutput",
     "build_graph",
@@ -82,9 +90,12 @@ class StelloInput(TypedDict, total=False):
     """The session the turn (or fork / consolidation) runs on."""
     input: str
     """The user message of a turn."""
+    messages: list[AnyMessage]
+    """A turn asked as a conversation: its newest user message is the input; the session is
+    `session_id`, else `configurable.session_id`, else the main session."""
     fork: dict[str, Any]
-    """Options of a fork: `label` and optionally `context`, `system_prompt`, `prompt`,
-    `tags`, `metadata`, `id`."""
+    """Options of a fork: `label` and optionally `context`, `at_turn`, `system_prompt`,
+    `prompt`, `tags`, `metadata`, `id`."""
     tool_choice: str | dict[str, Any] | bool | None
     """Force the turn's first model call to use tools (`"required"`, a tool's name, ...)."""
     mode: Literal["flat", "tree"]
@@ -97,6 +108,9 @@ class StelloOutput(TypedDict, total=False):
     session_id: str
     content: str
     """The final reply of a turn."""
+    messages: list[AnyMessage]
+    """The records of the turn, the reply last (the user record keeps the id of the input
+    message of a `messages` turn)."""
     pending: list[AnyMessage]
     """The records of the turn, as committed to L3."""
     tool_rounds: int
@@ -117,15 +131,25 @@ class StelloState(TurnState, ForkState, ConsolidateState, TreeState, total=False
     """
 
 
-StelloGraph: TypeAlias = StateGraph[StelloState, None, StelloInput, StelloOutput]
+class StelloStateGraph(StateGraph[StelloState, None, StelloInput, StelloOutput]):
+    """The stello `StateGraph`; compiled, it refuses time travel (`StelloCompiledGraph`:
+    replaying from an earlier checkpoint or `update_state` raise `TimeTravelError`)."""
+
+    def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
+        compiled = super().compile(*args, **kwargs)
+        compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
+        assert isinstance(compiled, StelloCompiledGraph)
+        return compiled
+
+
+StelloGraph: TypeAlias = StelloStateGraph
 """The type of the graph `build_stello_graph` returns: its state, input and output schemas."""
 
 
 def build_graph(deps: StelloRuntime) -> StelloGraph:
     """The stello `StateGraph` over an existing `StelloRuntime`."""
-    graph: StelloGraph = StateGraph(
-        StelloState, input_schema=StelloInput, output_schema=StelloOutput
-    )
+    graph = StelloStateGraph(StelloState, input_schema=StelloInput, output_schema=StelloOutput)
+    graph.add_node("enter", make_enter_node(deps))
     graph.add_node(
         "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
     )
@@ -137,8 +161,9 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     graph.add_node("integrate_subtree", make_integrate_subtree_node(deps))
     graph.add_node("next_level", make_next_level_node())
     graph.add_node("finish_tree", make_finish_tree_node(deps))
-    starts = ["model", "fork", "consolidate", "integrate", "plan_tree"]
+    starts = ["enter", "model", "fork", "consolidate", "integrate", "plan_tree"]
     graph.add_conditional_edges(START, route_start, starts)
+    graph.add_edge("enter", "model")
     graph.add_conditional_edges("plan_tree", route_level, ["integrate_subtree", "finish_tree"])
     graph.add_edge("integrate_subtree", "next_level")
     graph.add_conditional_edges("next_level", route_level, ["integrate_subtree", "finish_tree"])
@@ -162,14 +187,22 @@ class TurnOutput(TypedDict, total=False):
 
     session_id: str
     content: str
+    messages: list[AnyMessage]
     pending: list[AnyMessage]
     tool_rounds: int
     tool_calls: list[dict[str, Any]]
     turn_count: int
 
 
-TurnGraph: TypeAlias = StateGraph[TurnState, None, TurnInput, TurnOutput]
-"""The type of the graph `build_turn_graph` returns."""
+class TurnGraph(StateGraph[TurnState, None, TurnInput, TurnOutput]):
+    """The graph `build_turn_graph` returns; compiled, it is a `StelloCompiledGraph` too
+    (runs start fresh, time travel is refused)."""
+
+    def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
+        compiled = super().compile(*args, **kwargs)
+        compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
+        assert isinstance(compiled, StelloCompiledGraph)
+        return compiled
 
 
 def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
@@ -181,7 +214,7 @@ def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
     on it; its checkpoints are the whole graph's, so either graph continues a thread the
     other began.
     """
-    graph: TurnGraph = StateGraph(TurnState, input_schema=TurnInput, output_schema=TurnOutput)
+    graph = TurnGraph(TurnState, input_schema=TurnInput, output_schema=TurnOutput)
     graph.add_node(
         "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
     )

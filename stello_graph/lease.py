@@ -120,7 +120,8 @@ def _scope(storage: SessionStorage) -> str:
     """Which database and tree a storage reads: two storages of one file share a scope."""
     path = getattr(storage, "path", None)
     if isinstance(path, str) and path not in ("", ":memory:"):
-        where = os.path.realpath(path)
+        # resolved when the storage opened: resolving it here would stat on the event loop
+        where = getattr(storage, "realpath", None) or os.path.realpath(path)
     else:
         where = f"object:{id(storage)}"
     return f"{type(storage).__name__}:{where}:{getattr(storage, 'tree_id', '')}"

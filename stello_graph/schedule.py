@@ -26,7 +26,9 @@ from stello_graph.storage import MainStorage
 
 __all__ = ["BackgroundFailure", "FailureLog", "Schedule", "Scheduler", "StorageFailureLog"]
 
-JobKind = Literal["consolidate", "integrate"]
+JobKind = Literal["consolidate", "integrate", "store"]
+"""What a background job (or failure) is: a consolidation, an integration, or a store write
+mirroring memory already written (`stello_graph.nodes._store`)."""
 
 
 def _positive(value: int | None, name: str) -> None:

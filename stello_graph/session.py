@@ -38,6 +38,7 @@ from stello_graph._context import (
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
 from stello_graph._text import storable
+from stello_graph._topology_slot import TopologySlot, check_topology_slot
 from stello_graph._validate import (
     check_chat_model,
     check_id,
@@ -84,12 +85,15 @@ class SessionOptions(TypedDict, total=False):
         tools: the tools bound to that model (LangChain tools or tool schemas).
         consolidate_fn: how `consolidate` distils L3 into the L2 (e.g. `llm_consolidator`).
         compression: when and how a long history is summarised in prompts.
+        topology_slot: show the session where it stands in the tree, after its identity
+            line (`TopologySlot`; needs a storage with a tree).
     """
 
     model: BaseChatModel | None
     tools: Sequence[Any] | None
     consolidate_fn: ConsolidateFn | None
     compression: CompressionPolicy | None
+    topology_slot: TopologySlot | bool | None
 
 
 def _create_flow(meta: SessionMeta, prompt: str | None) -> Flow[None]:
@@ -123,9 +127,11 @@ class Session(SessionBase):
         tools: Sequence[Any] | None = None,
         consolidate_fn: ConsolidateFn | None = None,
         compression: CompressionPolicy | None = None,
+        topology_slot: TopologySlot | bool | None = None,
     ) -> None:
         super().__init__(meta, storage, model=model, tools=tools, compression=compression)
         self._consolidate_fn = consolidate_fn
+        self._topology_slot = check_topology_slot(topology_slot)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -194,6 +200,7 @@ class Session(SessionBase):
             [
                 parts.prompt,
                 identity_line(meta.label),
+                parts.topology,
                 insight_block(parts.extra) if parts.extra else None,
                 branch_block(parts.branch) if parts.branch else None,
                 summary_block(summary) if summary else None,
@@ -350,6 +357,7 @@ class Session(SessionBase):
         label: str,
         *,
         context: ForkContext = "none",
+        at_turn: int | None = None,
         system_prompt: str | None = None,
         prompt: str | None = None,
         model: BaseChatModel | None = None,
@@ -367,6 +375,8 @@ class Session(SessionBase):
                 L3, made once by `compress_fn`, becomes the child's starting context) or a
                 function that picks records from L3. Incomplete tool-call groups are never
                 copied; L2 and the insight never are.
+            at_turn: start from the end of this user turn (1-based; negative counts from the
+                end) instead of the whole history; `context` then applies to that part.
             system_prompt: the child's system prompt; by default it inherits this one's.
             prompt: the child's opening assistant line.
             model, tools: override this session's model and tools for the child.
@@ -381,16 +391,20 @@ class Session(SessionBase):
                 that are not a list of tools, ...); nothing is created then.
             NodeNotFoundError: the storage keeps a tree (it has a main session) and this
                 session has no TopologyNode in it; nothing is created then.
+            TurnOutOfRangeError: `at_turn` names no user turn of this session.
 
         If this session has a TopologyNode, the child's node is written under it in the
         same transaction as the child. A standalone session (a storage with no main
-        session) forks standalone children, without nodes.
+        session) forks standalone children, without nodes. Either way the child's lineage
+        (this session, and the user turn its context ends at) is stored with it
+        (`storage.get_lineage(child.id)`).
         """
         _check_child_setup(model, tools)
         req = ForkRequest.build(
             self._id,
             label,
             context=context,
+            at_turn=at_turn,
             system_prompt=system_prompt,
             prompt=prompt,
             tags=tags,
@@ -405,6 +419,7 @@ class Session(SessionBase):
         label: str,
         *,
         context: ForkContext = "none",
+        at_turn: int | None = None,
         system_prompt: str | None = None,
         prompt: str | None = None,
         model: BaseChatModel | None = None,
@@ -420,6 +435,7 @@ class Session(SessionBase):
             self._id,
             label,
             context=context,
+            at_turn=at_turn,
             system_prompt=system_prompt,
             prompt=prompt,
             tags=tags,

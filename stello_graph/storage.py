@@ -9,7 +9,7 @@ method the library calls is here (it never probes a storage for optional ones). 
 has an async twin prefixed with `a` (`get_session` / `aget_session`). The reference
 implementations live in `stello_graph.checkpoints`: `SqliteMainStorage` and
 `InMemoryMainStorage`. A new storage does not implement these protocols by hand: it
-implements the twenty-one primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
+implements the twenty-six primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
 `BackendStorage(backend)` builds all of this on them.
 
 Rules every implementation follows (the test suite holds both reference implementations to
@@ -24,16 +24,22 @@ them, and can be pointed at a third):
   `transaction()` joins (as a savepoint) the outer one, so the orchestration can create a
   session and its `TopologyNode` atomically around calls that open transactions of their own.
 * A `MainStorage` is bound to one tree: it never reads or writes another tree's data.
+* The tree's event log (`append_event` / `events_after`) is append-only, ordered by a cursor
+  that only grows, and shared by every process that opens the tree (`StoredEvents` follows
+  it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any, Literal, Protocol
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from langchain_core.messages import BaseMessage
 
+from stello_graph.events import StoredEvent
+from stello_graph.lineage import ForkPoint
 from stello_graph.models import (
     ChildL2,
     Compression,
@@ -43,6 +49,9 @@ from stello_graph.models import (
     SessionStatus,
     TopologyNode,
 )
+
+if TYPE_CHECKING:
+    from stello_graph.digest import SessionDigest
 
 __all__ = ["MainStorage", "RecordRole", "SessionStorage", "normalize_role"]
 
@@ -245,6 +254,20 @@ class SessionStorage(Protocol):
         transaction that commits what the holder did)."""
         ...
 
+    # -- branching ------------------------------------------------------------------------
+    def copy_records(self, source_id: str, target_id: str, *, count: int) -> int:
+        """Append the first `count` records of `source_id` after those of `target_id` as
+        they are stored (each keeps its turn); return the target's number of records."""
+        ...
+
+    def get_lineage(self, session_id: str) -> ForkPoint | None:
+        """Where the session was forked from, or `None` (not forked, or no such session)."""
+        ...
+
+    def put_lineage(self, session_id: str, source_id: str, at_turn: int | None) -> None:
+        """Record the session's fork point: its source and the source's user turn."""
+        ...
+
     # -- transactions ---------------------------------------------------------------------
     def transaction(self) -> AbstractContextManager[None]:
         """A re-entrant context in which every write is atomic."""
@@ -305,6 +328,9 @@ class SessionStorage(Protocol):
     async def arelease_lease(self, lease: Lease) -> bool: ...
     async def aget_lease(self, session_id: str) -> Lease | None: ...
     async def acheck_lease(self, lease: Lease) -> None: ...
+    async def acopy_records(self, source_id: str, target_id: str, *, count: int) -> int: ...
+    async def aget_lineage(self, session_id: str) -> ForkPoint | None: ...
+    async def aput_lineage(self, session_id: str, source_id: str, at_turn: int | None) -> None: ...
     def atransaction(self) -> AbstractAsyncContextManager[None]: ...
 
 
@@ -371,6 +397,33 @@ class MainStorage(SessionStorage, Protocol):
     def get_global(self, key: str) -> Any: ...
     def put_global(self, key: str, value: Any) -> None: ...
 
+    # -- the event log --------------------------------------------------------------------
+    def append_event(
+        self,
+        kind: str,
+        session_id: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        *,
+        at: datetime | None = None,
+    ) -> int:
+        """Append an event to the tree's log; return its cursor, larger than every earlier
+        one of the tree. Written atomically with the caller's transaction, if any."""
+        ...
+
+    def events_after(self, cursor: int = 0, *, limit: int = 100) -> list[StoredEvent]:
+        """The tree's events with a cursor above `cursor`, oldest first, at most `limit`
+        (1 to 10,000): every process sees them; follow the log from the last cursor seen."""
+        ...
+
+    # -- whole-tree reads of branching -----------------------------------------------------
+    def list_lineage(self) -> dict[str, ForkPoint]:
+        """The fork point of every forked session, by id (one read)."""
+        ...
+
+    def list_session_digests(self) -> list[SessionDigest]:
+        """Every session's digest, in creation order (one read)."""
+        ...
+
     # -- async twins ----------------------------------------------------------------------
     async def aget_all_session_l2s(self) -> list[ChildL2]: ...
     async def alist_sessions(
@@ -389,3 +442,14 @@ class MainStorage(SessionStorage, Protocol):
     async def aremove_node(self, node_id: str, *, cascade: bool = False) -> list[str]: ...
     async def aget_global(self, key: str) -> Any: ...
     async def aput_global(self, key: str, value: Any) -> None: ...
+    async def aappend_event(
+        self,
+        kind: str,
+        session_id: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        *,
+        at: datetime | None = None,
+    ) -> int: ...
+    async def aevents_after(self, cursor: int = 0, *, limit: int = 100) -> list[StoredEvent]: ...
+    async def alist_lineage(self) -> dict[str, ForkPoint]: ...
+    async def alist_session_digests(self) -> list[SessionDigest]: ...

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from stello_graph.lineage import ForkPoint
 from stello_graph.models import SessionMeta, SessionStats, TopologyNode
 from stello_graph.storage import MainStorage
 
@@ -32,11 +33,13 @@ class Topology:
         nodes: every node, parents before children, siblings in creation order.
         sessions: the meta of each node's session, by id.
         turns: the number of user turns of each node's session, by id.
+        lineage: the fork point of each forked session, by id (`StelloAgent.lineage`).
     """
 
     nodes: tuple[TopologyNode, ...]
     sessions: Mapping[str, SessionMeta] = field(default_factory=dict)
     turns: Mapping[str, int] = field(default_factory=dict)
+    lineage: Mapping[str, ForkPoint] = field(default_factory=dict)
 
     @classmethod
     def read(cls, storage: MainStorage) -> Topology:
@@ -45,11 +48,13 @@ class Topology:
         nodes = tuple(storage.get_tree())
         metas = {m.id: m for m in storage.list_sessions()}
         sessions = {n.id: metas[n.id] for n in nodes if n.id in metas}
+        lineage = storage.list_lineage()
         stats = getattr(storage, "list_session_stats", None)
         if callable(stats):
             every: list[SessionStats] = stats()
-            return cls(nodes, sessions, _turns(sessions, every))
-        return cls(nodes, sessions, {sid: storage.get_turn_count(sid) for sid in sessions})
+            return cls(nodes, sessions, _turns(sessions, every), lineage)
+        turns = {sid: storage.get_turn_count(sid) for sid in sessions}
+        return cls(nodes, sessions, turns, lineage)
 
     @classmethod
     async def aread(cls, storage: MainStorage) -> Topology:
@@ -60,9 +65,9 @@ class Topology:
         astats = getattr(storage, "alist_session_stats", None)
         if callable(astats):
             every: list[SessionStats] = await astats()
-            return cls(nodes, sessions, _turns(sessions, every))
+            return cls(nodes, sessions, _turns(sessions, every), await storage.alist_lineage())
         turns = {sid: await storage.aget_turn_count(sid) for sid in sessions}
-        return cls(nodes, sessions, turns)
+        return cls(nodes, sessions, turns, await storage.alist_lineage())
 
     @property
     def root(self) -> TopologyNode | None:
@@ -104,7 +109,18 @@ class Topology:
         meta = self.sessions.get(node.id)
         label = node.label or "(no label)"
         status = " [archived]" if meta is not None and meta.status == "archived" else ""
-        return f"{label}{status}  ({node.id})"
+        return f"{label}{status}  ({node.id}){self._forked(node)}"
+
+    def _forked(self, node: TopologyNode) -> str:
+        """`  <- forked from 'X' at turn N`, when it says more than the tree does: the
+        child inherited turns of its source, or was moved away from it."""
+        point = self.lineage.get(node.id)
+        if point is None or (point.at_turn is None and point.source_id == node.parent_id):
+            return ""
+        source = self._by_id.get(point.source_id)
+        name = repr(source.label) if source is not None else f"{point.source_id} (removed)"
+        at = f" at turn {point.at_turn}" if point.at_turn is not None else ""
+        return f"  <- forked from {name}{at}"
 
     def render_text(self) -> str:
         """The tree as indented text, one session per line."""
@@ -143,11 +159,12 @@ class Topology:
         return self.render_svg()
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable form: nodes with their session's label, role, status, turns
-        and last change (ISO 8601)."""
+        """A JSON-serialisable form: nodes with their session's label, role, status, turns,
+        lineage (`forked_from`, `forked_at_turn`) and last change (ISO 8601)."""
         out: list[dict[str, Any]] = []
         for node in self.nodes:
             meta = self.sessions.get(node.id)
+            point = self.lineage.get(node.id)
             out.append(
                 {
                     "id": node.id,
@@ -156,6 +173,8 @@ class Topology:
                     "role": meta.role if meta else None,
                     "status": meta.status if meta else None,
                     "turns": self.turns.get(node.id, 0),
+                    "forked_from": point.source_id if point else None,
+                    "forked_at_turn": point.at_turn if point else None,
                     "updated_at": meta.updated_at.isoformat() if meta else None,
                 }
             )

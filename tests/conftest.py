@@ -13,6 +13,7 @@ import pytest
 
 from stello_graph.checkpoints import BackendStorage, InMemoryMainStorage, SqliteMainStorage
 from stello_graph.storage import MainStorage
+from tests._postgres import POSTGRES
 
 Mode = Literal["sync", "async"]
 Storage = BackendStorage
@@ -21,9 +22,16 @@ _THIRD_PARTY = os.environ.get("STELLO_TEST_STORAGE", "")
 """`module:function` of a storage to hold to the suites as well: `function(tmp_path,
 tree_id)` returns a fresh `BackendStorage` (see `stello_graph.checkpoints.backend`)."""
 
-BACKENDS = ["memory", "sqlite", "composed", *(["third-party"] if _THIRD_PARTY else [])]
+BACKENDS = [
+    "memory",
+    "sqlite",
+    "composed",
+    *(["postgres"] if POSTGRES.wanted else []),
+    *(["third-party"] if _THIRD_PARTY else []),
+]
 """Every storage the suites parametrised over backends run on. `composed` is a
-`BackendStorage` over a separate backend object, as a third-party backend is used."""
+`BackendStorage` over a separate backend object, as a third-party backend is used;
+`postgres` runs when a PostgreSQL is there (see `tests._postgres`)."""
 
 
 def _third_party_factory() -> Callable[[Path, str], Storage]:
@@ -40,7 +48,37 @@ def open_storage(backend: str, tmp_path: Path, *, tree_id: str = "default") -> S
         return BackendStorage(InMemoryMainStorage(tree_id=tree_id), tree_id=tree_id)
     if backend == "third-party":
         return _third_party_factory()(tmp_path, tree_id)
+    if backend == "postgres":
+        from stello_graph.checkpoints import PostgresMainStorage
+
+        return PostgresMainStorage(POSTGRES.dsn_for(tmp_path), tree_id=tree_id)
     return SqliteMainStorage(tmp_path / "stello.db", tree_id=tree_id)
+
+
+def pytest_report_header() -> str:
+    return f"postgresql: {POSTGRES.describe()}"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not POSTGRES.available:
+        terminalreporter.write_line(
+            f"PostgreSQL tests SKIPPED: {POSTGRES.reason}. Install the server binaries "
+            "(bash .ci/postgres.sh) or set STELLO_TEST_POSTGRES_DSN; "
+            "STELLO_REQUIRE_POSTGRES=1 makes this a failure.",
+            yellow=True,
+            bold=True,
+        )
+
+
+def pytest_sessionfinish() -> None:
+    POSTGRES.stop()
+
+
+@pytest.fixture
+def postgres_dsn(tmp_path: Path) -> str:
+    """A DSN on an empty schema of the session's PostgreSQL (skipped, or failed when
+    required, without one)."""
+    return POSTGRES.dsn_for(tmp_path)
 
 
 @pytest.fixture(params=BACKENDS)

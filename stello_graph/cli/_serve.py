@@ -17,6 +17,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from stello_graph.cli._common import CliError, Console, open_tree
+from stello_graph.errors import StorageError
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -42,13 +43,16 @@ def _check_extra() -> None:
 def _open_postgres(dsn: str, tree_id: str) -> MainStorage:
     try:
         from stello_graph.checkpoints import postgres
-    except ImportError:
+    except ImportError as exc:
         raise CliError(
-            "PostgreSQL storage is not available in this version of stello-graph; "
-            "inspect a SQLite file with --db FILE."
+            'PostgreSQL storage needs its extra: pip install "stello-graph[postgres]" '
+            f"({exc.name} is missing)."
         ) from None
-    opened: MainStorage = postgres.PostgresMainStorage(dsn, tree_id=tree_id)  # pragma: no cover
-    return opened  # pragma: no cover
+    try:
+        opened: MainStorage = postgres.PostgresMainStorage(dsn, tree_id=tree_id)
+    except StorageError as exc:  # the message names the database without its password
+        raise CliError(str(exc)) from None
+    return opened
 
 
 def open_storage(db: str, tree_id: str) -> tuple[MainStorage, str]:

@@ -19,6 +19,8 @@ from stello_graph._context import (
     summary_block,
     synthesis_block,
 )
+from stello_graph._flow import run
+from stello_graph._topology_slot import TopologySlot
 from stello_graph.compression import CompressionPolicy, plan_cut
 from stello_graph.errors import SessionNotFoundError
 from stello_graph.models import SessionMeta, SessionStats
@@ -157,9 +159,9 @@ def _meta(storage: MainStorage, session_id: str) -> SessionMeta:
 
 
 def session_view(storage: MainStorage, session_id: str) -> dict[str, Any]:
-    """`GET /api/sessions/{id}`: meta, place in the tree, L2 (with the records it covers and
-    how stale it is), pending insight, system prompt, subtree synthesis; the synthesis for
-    the main session; its stored background failures."""
+    """`GET /api/sessions/{id}`: meta, place in the tree, lineage, L2 (with the records it
+    covers and how stale it is), pending insight, system prompt, subtree synthesis; the
+    synthesis for the main session; its stored background failures."""
     meta = _meta(storage, session_id)
     node = storage.get_node(session_id)
     main = meta.role == "main"
@@ -187,6 +189,21 @@ def session_view(storage: MainStorage, session_id: str) -> dict[str, Any]:
         "compression": compression.model_dump(mode="json") if compression else None,
         "settings": storage.get_settings(session_id),
         "failures": [f.as_dict() for f in StorageFailureLog(storage).read(session_id)],
+        "lineage": _lineage(storage, session_id),
+    }
+
+
+def _lineage(storage: MainStorage, session_id: str) -> dict[str, Any] | None:
+    """Where a forked session came from: its source (and that one's label, if it still
+    exists) and the source's turn it starts from."""
+    point = storage.get_lineage(session_id)
+    if point is None:
+        return None
+    source = storage.get_session(point.source_id)
+    return {
+        "forked_from": point.source_id,
+        "source_label": source.label if source is not None else None,
+        "forked_at_turn": point.at_turn,
     }
 
 
@@ -255,7 +272,9 @@ def _part(kind: str, text: str) -> dict[str, Any]:
     return {"kind": kind, "text": text, **_size(text)}
 
 
-def _system_parts(storage: MainStorage, meta: SessionMeta) -> list[dict[str, Any]]:
+def _system_parts(
+    storage: MainStorage, meta: SessionMeta, slot: TopologySlot | None = None
+) -> list[dict[str, Any]]:
     """The sections of the system message, in the order `turn_context()` joins them."""
     sid = meta.id
     compression = storage.get_compression(sid)
@@ -269,6 +288,7 @@ def _system_parts(storage: MainStorage, meta: SessionMeta) -> list[dict[str, Any
         insight, branch = storage.get_insight(sid), storage.get_subtree_synthesis(sid)
         parts += [
             ("identity", identity_line(meta.label)),
+            ("topology", run(slot.flow(sid), storage) if slot is not None else None),
             ("insight", insight_block(insight) if insight else None),
             ("subtree synthesis", branch_block(branch) if branch else None),
         ]
@@ -277,17 +297,22 @@ def _system_parts(storage: MainStorage, meta: SessionMeta) -> list[dict[str, Any
 
 
 def context_view(
-    storage: MainStorage, session_id: str, *, policy: CompressionPolicy | None = None
+    storage: MainStorage,
+    session_id: str,
+    *,
+    policy: CompressionPolicy | None = None,
+    topology_slot: TopologySlot | None = None,
 ) -> dict[str, Any]:
     """`GET /api/sessions/{id}/context`: the prompt the session's next turn would send
     (before the new user message), as messages whose parts are labelled and sized.
 
     Read-only: unlike `turn_context()`, it never runs the compress function. With a
     `policy` that knows the context window, `compression_due` tells whether the next turn
-    would compress (and how many records the summary would then cover).
+    would compress (and how many records the summary would then cover). With the agent's
+    `topology_slot`, a child's prompt shows it after its identity line, as its turns do.
     """
     meta = _meta(storage, session_id)
-    parts = _system_parts(storage, meta)
+    parts = _system_parts(storage, meta, topology_slot)
     compression = storage.get_compression(session_id)
     records = storage.list_records(session_id)
     through = compression.through if compression is not None else 0

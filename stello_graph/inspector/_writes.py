@@ -7,14 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import BaseMessage
-
 from stello_graph.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from stello_graph.agent import StelloAgent
 
-__all__ = ["WRITES", "records_through_turn"]
+__all__ = ["WRITES"]
 
 
 def _text(body: dict[str, Any], key: str, *, optional: bool = False) -> str | None:
@@ -35,22 +33,6 @@ def _only(body: dict[str, Any], allowed: set[str]) -> None:
         )
 
 
-def records_through_turn(turn: int) -> Callable[[list[BaseMessage]], list[BaseMessage]]:
-    """A fork `context` function: the source's records up to the end of user turn `turn`
-    (the records before the next user message)."""
-
-    def select(records: list[BaseMessage]) -> list[BaseMessage]:
-        starts = [i for i, r in enumerate(records) if r.type == "human"]
-        if turn > len(starts):
-            raise InvalidInputError(
-                f"at_turn={turn!r}, but the session has {len(starts)} user turn(s)."
-            )
-        end = starts[turn] if turn < len(starts) else len(records)
-        return list(records[:end])
-
-    return select
-
-
 def fork(agent: StelloAgent, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
     _only(body, {"label", "context", "at_turn", "system_prompt"})
     label = _text(body, "label")
@@ -60,10 +42,12 @@ def fork(agent: StelloAgent, session_id: str, body: dict[str, Any]) -> dict[str,
     if at_turn is not None:
         if isinstance(at_turn, bool) or not isinstance(at_turn, int) or at_turn < 1:
             raise InvalidInputError(f"'at_turn' must be an int >= 1, got {at_turn!r}.")
-        context = records_through_turn(at_turn)
+        context = "inherit"
     elif context not in ("none", "inherit"):
         raise InvalidInputError(f"'context' must be 'none' or 'inherit', got {context!r}.")
     options: dict[str, Any] = {"context": context}
+    if at_turn is not None:
+        options["at_turn"] = at_turn
     prompt = _text(body, "system_prompt", optional=True)
     if prompt is not None:
         options["system_prompt"] = prompt

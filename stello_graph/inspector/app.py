@@ -25,6 +25,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from stello_graph._topology_slot import TopologySlot, check_topology_slot
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     InvalidInputError,
@@ -68,11 +69,13 @@ class Inspector:
         policy: CompressionPolicy | None,
         poll_interval: float,
         label: str,
+        topology_slot: TopologySlot | None = None,
     ) -> None:
         self.storage = storage
         self.write = write
         self.events = events if events is not None else PollingEventSource(storage)
         self.policy = policy
+        self.topology_slot = topology_slot
         self.poll_interval = poll_interval
         self.label = label
         self.stopping = threading.Event()
@@ -267,7 +270,9 @@ async def context(request: Request) -> Response:
     sid = request.path_params["session_id"]
     inspector = _state(request)
     data = await run_in_threadpool(
-        lambda: _views.context_view(inspector.storage, sid, policy=inspector.policy)
+        lambda: _views.context_view(
+            inspector.storage, sid, policy=inspector.policy, topology_slot=inspector.topology_slot
+        )
     )
     return JSONResponse(data)
 
@@ -359,6 +364,7 @@ def create_app(
     policy: CompressionPolicy | None = None,
     poll_interval: float = 0.5,
     label: str = "",
+    topology_slot: TopologySlot | bool | None = None,
 ) -> Starlette:
     """The inspector app over `storage`.
 
@@ -372,6 +378,8 @@ def create_app(
         policy: the compression policy of the tree's agent, if known: the context view then
             says whether the next turn would compress.
         poll_interval: seconds between two polls of the event source per open stream.
+        topology_slot: the topology slot of the tree's agent, if it shows one
+            (`StelloConfig.topology_slot`): the context view then shows it too.
         label: how the page names the database (a path).
 
     Raises:
@@ -389,6 +397,7 @@ def create_app(
         policy=policy,
         poll_interval=float(poll_interval),
         label=label,
+        topology_slot=check_topology_slot(topology_slot),
     )
     session_path = "/api/sessions/{session_id:str}"
     routes = [

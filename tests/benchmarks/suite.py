@@ -56,6 +56,12 @@ def _inspector(scale: Scale) -> list[Figure]:
     return inspector_figures(scale)
 
 
+def _branching(scale: Scale) -> list[Figure]:
+    from tests.benchmarks.branching import branching_figures
+
+    return branching_figures(scale)
+
+
 GROUPS: dict[str, Callable[[Scale], list[Figure]]] = {
     "overhead": _overhead,
     "scale": _scale,
@@ -64,6 +70,7 @@ GROUPS: dict[str, Callable[[Scale], list[Figure]]] = {
     "background": _background,
     "startup": _startup,
     "inspector": _inspector,
+    "branching": _branching,
 }
 """Figure groups by name, in the order they run."""
 

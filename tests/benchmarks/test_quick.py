@@ -18,6 +18,7 @@ EXPECTED = {
     "background": ["7"],
     "startup": ["8c"],  # the quick scale starts no timed processes
     "inspector": ["9a", "9b", "9c"],  # 9b (Chromium) is skipped at the quick scale
+    "branching": ["10a", "10b", "10c", "10d"],
 }
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from stello_graph import __version__
+from stello_graph import StelloAgent, __version__
 from stello_graph.checkpoints import SqliteMainStorage
 from stello_graph.cli._inspect import EXPORT_FORMAT
+from stello_graph.testing import ScriptedChatModel
 from tests.cli.conftest import RunCli
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -35,6 +36,17 @@ def test_tree_prints_the_tree_and_writes_its_star_map(
     root = ET.parse(out_svg).getroot()
     groups = root.findall(f".//{SVG}g[@data-id]")
     assert sorted(g.attrib["data-turns"] for g in groups) == ["1", "1", "1", "2"]
+
+
+def test_tree_shows_where_a_fork_at_a_turn_came_from(cli: RunCli, demo_db: Path) -> None:
+    with SqliteMainStorage(demo_db) as storage:
+        pricing = next(s for s in storage.list_sessions() if s.label == "Pricing")
+    with StelloAgent(model=ScriptedChatModel(default="ok"), storage=demo_db) as agent:
+        child = agent.fork(pricing.id, "Pricing, again", context="inherit", at_turn=1)
+    run = cli("tree", "--db", str(demo_db))
+    assert run.code == 0, run.err
+    line = next(line for line in run.out.splitlines() if "Pricing, again" in line)
+    assert line.endswith(f"({child.id})  <- forked from 'Pricing' at turn 1")
 
 
 def test_tree_svg_to_stdout(cli: RunCli, demo_db: Path) -> None:

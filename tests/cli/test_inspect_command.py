@@ -122,9 +122,9 @@ def test_an_unknown_tree_and_a_bad_port(cli: RunCli, demo_db: Path) -> None:
     assert bad.code == 2 and "--port must be in [0, 65535], got 70000" in bad.err
 
 
-def test_postgresql_is_not_there_yet(cli: RunCli) -> None:
-    run = cli("inspect", "--db", "postgresql://user:secret@localhost/app", "--no-browser")
-    assert run.code == 2 and "PostgreSQL storage is not available" in run.err
+def test_a_postgresql_server_that_is_not_there(cli: RunCli) -> None:
+    run = cli("inspect", "--db", "postgresql://user:secret@127.0.0.1:1/app", "--no-browser")
+    assert run.code == 2 and "Cannot connect to PostgreSQL at" in run.err
     assert "secret" not in run.err
 
 

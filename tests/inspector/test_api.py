@@ -5,6 +5,7 @@ from __future__ import annotations
 from langchain_core.messages import SystemMessage
 from starlette.testclient import TestClient
 
+from stello_graph import StelloAgent
 from stello_graph.compression import CompressionPolicy
 from stello_graph.inspector import create_app, tree_view
 from stello_graph.inspector._views import tree_nodes
@@ -12,6 +13,7 @@ from stello_graph.main_session import MainSession
 from stello_graph.models import Compression
 from stello_graph.schedule import BackgroundFailure, StorageFailureLog
 from stello_graph.session import Session
+from stello_graph.testing import ScriptedChatModel
 from tests.inspector.conftest import Tree
 
 
@@ -127,6 +129,18 @@ def test_context_parts_are_labelled_and_sized(tree: Tree, client: TestClient) ->
     assert kinds["history"]["chars"] == sum(m["chars"] for m in history)
     main = client.get(f"/api/sessions/{tree.main}/context").json()
     assert [p["kind"] for p in main["messages"][0]["parts"]] == ["system prompt", "synthesis"]
+
+
+def test_context_shows_the_agents_topology_slot(tree: Tree) -> None:
+    with TestClient(create_app(tree.storage, topology_slot=True)) as client:
+        data = client.get(f"/api/sessions/{tree.tiers}/context").json()
+    parts = data["messages"][0]["parts"]
+    assert [p["kind"] for p in parts][:3] == ["system prompt", "identity", "topology"]
+    assert "    - Tiers  <- you are here" in parts[2]["text"]
+    with StelloAgent(model=ScriptedChatModel(default="ok"), storage=tree.storage,
+                     topology_slot=True) as agent:  # fmt: skip
+        expected = agent.session(tree.tiers).turn_context().system
+    assert expected is not None and data["messages"][0]["content"] == expected.content
 
 
 def test_context_never_compresses_but_says_when_the_next_turn_would(tree: Tree) -> None:

@@ -49,6 +49,9 @@ def test_fork_at_a_turn_copies_the_records_up_to_its_end(tree: Tree, writer: Tes
     assert [r.type for r in records] == ["human", "ai", "tool", "ai"]
     too_far = writer.post(f"/api/sessions/{tree.pricing}/fork", json={"label": "x", "at_turn": 9})
     assert too_far.status_code == 400 and "3 user turn(s)" in too_far.json()["error"]
+    lineage = writer.get(f"/api/sessions/{node['id']}").json()["lineage"]
+    assert lineage == {"forked_from": tree.pricing, "source_label": "Pricing", "forked_at_turn": 1}
+    assert writer.get(f"/api/sessions/{tree.main}").json()["lineage"] is None
 
 
 def test_consolidate_integrate_archive(tree: Tree, writer: TestClient) -> None:

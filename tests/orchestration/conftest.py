@@ -11,11 +11,12 @@ import pytest
 from stello_graph import StelloAgent
 from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
 from stello_graph.storage import MainStorage
+from tests._postgres import POSTGRES
 
 AgentFactory = Callable[..., StelloAgent]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", *(["postgres"] if POSTGRES.wanted else [])])
 def make_agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AgentFactory]:
     """Build agents on a fresh storage of the parametrised backend; closed after the test."""
     made: list[StelloAgent] = []
@@ -25,6 +26,8 @@ def make_agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent
         if "storage" not in kwargs:
             if request.param == "memory":
                 kwargs["storage"] = storages[0] if storages else InMemoryMainStorage()
+            elif request.param == "postgres":  # a URL: the agent opens storage and saver
+                kwargs["storage"] = POSTGRES.dsn_for(tmp_path)
             else:
                 kwargs["storage"] = str(tmp_path / "stello.db")
             if request.param == "memory" and not storages:
@@ -71,8 +74,17 @@ def lose_last_checkpoint(agent: StelloAgent, session_id: str) -> None:
     if isinstance(saver, InMemorySaver):
         del saver.storage[thread][""][checkpoint_id]
         saver.writes.pop((thread, "", parent_id), None)
+    elif not isinstance(saver, StelloSqliteSaver):  # LangGraph's PostgresSaver
+        with saver._cursor() as pg:  # type: ignore[attr-defined]
+            pg.execute(
+                "DELETE FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s",
+                (thread, checkpoint_id),
+            )
+            pg.execute(
+                "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_id = %s",
+                (thread, parent_id),
+            )
     else:
-        assert isinstance(saver, StelloSqliteSaver)
         with saver.cursor() as cur:
             cur.execute(
                 "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",

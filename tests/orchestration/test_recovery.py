@@ -16,6 +16,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import StateSnapshot
 
 from stello_graph import SessionArchivedError
+from stello_graph._compiled import allow_replay
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory, lose_last_checkpoint
 
@@ -49,9 +50,9 @@ async def test_rerun_tool_round_does_not_fork_twice(make_agent: AgentFactory, mo
     before_tools = _before(agent.graph.get_state_history(config), "tools")
     # the tool round runs again, as after a crash between the fork and the round's checkpoint
     if mode == "sync":
-        agent.graph.invoke(None, before_tools)
+        agent.graph.invoke(None, allow_replay(before_tools))
     else:
-        await agent.graph.ainvoke(None, before_tools)
+        await agent.graph.ainvoke(None, allow_replay(before_tools))
     children = agent.storage.get_children(parent.id)
     assert [c.label for c in children] == ["Deep dive"]
     assert len(agent.session(parent.id).messages()) == 4  # the turn, committed once
@@ -124,7 +125,7 @@ async def test_resumed_commit_after_another_writer_never_duplicates(
     lose_last_checkpoint(agent, sid)
     before_commit = agent.config(sid)
     run = agent.graph.invoke if mode == "sync" else agent.graph.ainvoke
-    await _maybe_await(run(None, before_commit))
+    await _maybe_await(run(None, allow_replay(before_commit)))
     contents = [m.content for m in agent.session(sid).messages()]
     assert contents == ["question", "reply", "other", "x"]
     assert agent.storage.get_turn_count(sid) == 2

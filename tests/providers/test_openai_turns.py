@@ -135,7 +135,7 @@ def test_parallel_tool_calls_and_a_model_initiated_fork(
     # The graph state injected into `create_session` is not part of its schema.
     params = set(tools["create_session"]["parameters"]["properties"])
     assert params == {
-        *("label", "system_prompt", "prompt", "context"),
+        *("label", "system_prompt", "prompt", "context", "at_turn"),
         *("profile", "profile_vars", "skills"),
     }
     follow_up = server.requests[2].messages

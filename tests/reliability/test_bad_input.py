@@ -394,6 +394,10 @@ UNKNOWN_ID_CALLS: dict[str, Callable[[World], Any]] = {
     "session": lambda w: w.agent.session("nope"),
     "asession": lambda w: w.agent.asession("nope"),
     "child": lambda w: w.agent.child("nope"),
+    "lineage": lambda w: w.agent.lineage("nope"),
+    "alineage": lambda w: w.agent.alineage("nope"),
+    "digest": lambda w: w.agent.digest("nope"),
+    "adigest": lambda w: w.agent.adigest("nope"),
 }
 """Every `StelloAgent` operation addressed to a session, called with an id that exists nowhere."""
 

@@ -1,4 +1,5 @@
-"""Isolation suite: three trees (`tree_id`s) in one database file, driven by hypothesis.
+"""Isolation suite: three trees (`tree_id`s) in one database (a SQLite file, and a PostgreSQL
+database when there is one), driven by hypothesis.
 
 A `RuleBasedStateMachine` forks, runs turns (sync and async), archives, consolidates,
 integrates, writes globals, moves and removes nodes in random trees, one agent per tree, all
@@ -22,6 +23,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -32,6 +34,7 @@ from langchain_core.messages import BaseMessage
 from stello_graph import NodeNotFoundError, NothingToIntegrateError, StelloAgent, TopologyNode
 from stello_graph._context import message_text
 from stello_graph.testing import ScriptedChatModel
+from tests._postgres import POSTGRES
 from tests.reliability import _scenario as sc
 from tests.reliability.conftest import Figures, count
 
@@ -40,6 +43,7 @@ pytestmark = pytest.mark.reliability
 TREES = ("alice", "bob", "carol")
 EXAMPLES = count("isolation_examples", ci=50, full=300)
 STEPS = count("isolation_steps", ci=40, full=60)
+POSTGRES_EXAMPLES = count("isolation_examples_postgres", ci=15, full=100)
 STATS: dict[str, int] = {}
 
 
@@ -101,6 +105,26 @@ def tree_rows(path: Path) -> dict[str, list[Any]]:
         conn.close()
 
 
+def postgres_tree_rows(dsn: str) -> dict[str, list[Any]]:
+    """`tree_rows` of a PostgreSQL database (LangGraph's `PostgresSaver` tables included)."""
+    import psycopg
+
+    rows: dict[str, list[Any]] = {tree: [] for tree in TREES}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in ("stello_sessions", "stello_records", "stello_nodes", "stello_globals"):
+            for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3"):
+                rows[row[0]].append((table, *row))
+        for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
+            found = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+            if found is None or found[0] is None:
+                continue
+            for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3"):
+                thread = str(row[0])
+                tree = unquote(thread.split("/")[1]) if "/" in thread else thread.split(":")[1]
+                rows[tree].append((table, *row))
+    return rows
+
+
 def pick(items: list[str], index: int) -> str | None:
     return items[index % len(items)] if items else None
 
@@ -109,7 +133,7 @@ class TreesInOneFile(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="stello-isolation-"))
-        self.path = self.dir / "trees.db"
+        self.path: Path | str = self.target()
         self.agents: dict[str, StelloAgent] = {}
         self.models: dict[str, TreeModel] = {}
         for n, tree in enumerate(TREES):
@@ -126,7 +150,15 @@ class TreesInOneFile(RuleBasedStateMachine):
             model.sessions[agent.main_session_id] = SessionModel("Main Session", None, "main")
             self.models[tree] = model
         self.counter = 0
-        self.before = tree_rows(self.path)
+        self.before = self.rows()
+
+    def target(self) -> Path | str:
+        """What the agents are opened on (`storage=`)."""
+        return self.dir / "trees.db"
+
+    def rows(self) -> dict[str, list[Any]]:
+        assert isinstance(self.path, Path)
+        return tree_rows(self.path)
 
     def teardown(self) -> None:
         for agent in self.agents.values():
@@ -136,7 +168,7 @@ class TreesInOneFile(RuleBasedStateMachine):
     # -- bookkeeping ----------------------------------------------------------------------
     def _step(self, tree: str, what: str) -> None:
         """Check that the step on `tree` left every other tree's rows as they were."""
-        after = tree_rows(self.path)
+        after = self.rows()
         for other in TREES:
             if other != tree:
                 assert after[other] == self.before[other], f"{what} on {tree} changed {other}"
@@ -350,5 +382,36 @@ def test_trees_in_one_file_never_see_or_touch_each_other(figures: Figures) -> No
     )
     figures.set("trees per file", len(TREES))
     figures.set("state machine runs", EXAMPLES)
+    for key, value in sorted(STATS.items()):
+        figures.set(key, value)
+
+
+class TreesInOnePostgres(TreesInOneFile):
+    """The same machine on a PostgreSQL database (a fresh schema per run)."""
+
+    def target(self) -> Path | str:
+        return POSTGRES.dsn_for(self.dir)
+
+    def rows(self) -> dict[str, list[Any]]:
+        assert isinstance(self.path, str)
+        return postgres_tree_rows(self.path)
+
+
+def test_trees_in_one_postgres_database_never_see_or_touch_each_other(
+    figures: Figures, postgres_dsn: str
+) -> None:
+    STATS.clear()
+    run_state_machine_as_test(
+        TreesInOnePostgres,
+        settings=settings(
+            max_examples=POSTGRES_EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            database=None,
+        ),
+    )
+    figures.set("trees per database", len(TREES))
+    figures.set("state machine runs", POSTGRES_EXAMPLES)
     for key, value in sorted(STATS.items()):
         figures.set(key, value)

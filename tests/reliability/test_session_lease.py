@@ -1,6 +1,8 @@
 """Two OS processes turning on the same session are serialised by the session lease.
 
-Each process runs turns on one shared session of one SQLite file and, before every other
+Each process runs turns on one shared session of one database (a SQLite file, and a PostgreSQL
+database when there is one: there the lease and the tree's advisory lock hold across
+connections as SQLite's write lock does across one file) and, before every other
 turn, replaces the session's insight with one of its own. The model's reply says how much
 history the prompt held and which insight it showed. Then, in L3 order:
 
@@ -26,6 +28,7 @@ import pytest
 
 from stello_graph import StelloAgent
 from stello_graph.testing import ScriptedChatModel
+from tests._postgres import POSTGRES
 from tests.reliability.conftest import Figures, count
 
 pytestmark = pytest.mark.reliability
@@ -60,14 +63,31 @@ agent.close()
 """
 
 
-def test_two_processes_on_one_session(tmp_path: Path, figures: Figures) -> None:
-    db = tmp_path / "lease.db"
+def _left_checkpoints(db: str, thread: str) -> int:
+    if db.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(db) as pg:
+            row = pg.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = %s", (thread,))
+            found = row.fetchone()
+        assert found is not None
+        return int(found[0])
+    with sqlite3.connect(db) as conn:
+        left: int = conn.execute(
+            "SELECT COUNT(*) FROM checkpoints WHERE thread_id = ?", (thread,)
+        ).fetchone()[0]
+        return left
+
+
+@pytest.mark.parametrize("backend", ["sqlite", *(["postgres"] if POSTGRES.wanted else [])])
+def test_two_processes_on_one_session(tmp_path: Path, figures: Figures, backend: str) -> None:
+    db = str(tmp_path / "lease.db") if backend == "sqlite" else POSTGRES.dsn_for(tmp_path)
     with StelloAgent(model=ScriptedChatModel(default="-"), storage=db) as agent:
         sid = agent.fork(agent.main_session_id, "Shared").id
     start = str(time.time() + 8)  # once both have imported and opened the file
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(db), sid, f"p{p}", str(TURNS), start],
+            [sys.executable, "-c", WRITER, db, sid, f"p{p}", str(TURNS), start],
             cwd=ROOT,
             stderr=subprocess.PIPE,
             text=True,
@@ -98,8 +118,4 @@ def test_two_processes_on_one_session(tmp_path: Path, figures: Figures) -> None:
     assert interleaved == [], interleaved[:5]
     assert twice == {}, twice
     assert pending is None or pending not in shown  # a pending insight was never shown
-    with sqlite3.connect(db) as conn:
-        left = conn.execute(
-            "SELECT COUNT(*) FROM checkpoints WHERE thread_id = ?", (thread,)
-        ).fetchone()[0]
-    assert left == 0
+    assert _left_checkpoints(db, thread) == 0

@@ -87,12 +87,17 @@ def test_exports() -> None:
     assert stello_graph.checkpoints.__all__ == [
         "InMemoryMainStorage",
         "SqliteMainStorage",
+        "PostgresMainStorage",
         "BackendStorage",
         "StorageBackend",
         "TransactionHooks",
+        "AsyncStorageBackend",
+        "AsyncTransactionHooks",
         "StelloSqliteSaver",
         "open_sqlite",
         "sqlite_saver",
+        "StelloPostgresSaver",
+        "open_postgres",
     ]
     for name in stello_graph.checkpoints.__all__:
         assert getattr(stello_graph.checkpoints, name).__module__.startswith(

@@ -1,0 +1,444 @@
+"""What `BackendStorage` does between primitives, written once for sync and async.
+
+Each storage operation that reads, decides and writes (a lease, a trim, a topology check) is a
+generator that yields the primitives it needs as `Op`s and receives each one's result. `drive`
+runs it on a backend's sync primitives (`op_NAME`), `adrive` on its async ones (`aop_NAME`),
+so the logic between the primitives cannot drift apart between the sync and async methods
+(httpx's `Auth.auth_flow`; `stello_graph._flow` does the same one level up):
+
+    >>> def count_plus_one(session_id):
+    ...     count = yield Op("count", session_id)
+    ...     return count + 1
+    >>> from stello_graph.checkpoints.memory import InMemoryMainStorage
+    >>> drive(count_plus_one("s1"), InMemoryMainStorage())
+    1
+
+A flow never locks, validates or opens a transaction: `Transactions` runs it under the
+storage's lock, inside a transaction for a write.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from langchain_core.messages import BaseMessage
+
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    EventRow,
+    RecordTurn,
+    from_iso,
+    message_role,
+)
+from stello_graph.digest import DigestRow, SessionDigest, digest_from_row
+from stello_graph.errors import (
+    InvalidInputError,
+    LeaseLostError,
+    NodeHasChildrenError,
+    NodeNotFoundError,
+    SessionNotFoundError,
+    TopologyCycleError,
+)
+from stello_graph.events import StoredEvent
+from stello_graph.lineage import ForkPoint
+from stello_graph.models import Compression, Lease, SessionMeta, TopologyNode
+
+__all__ = ["Flow", "Op", "adrive", "drive", "one"]
+
+T = TypeVar("T")
+
+_WAITER_TTL = 0.5
+"""Seconds a turn waiting for a lease keeps its place as the next holder without asking
+again (a waiter asks every few milliseconds)."""
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Op:
+    """One call of the primitive `op_NAME(*args)` (`aop_NAME` when driven async)."""
+
+    sync: str
+    async_: str
+    args: tuple[Any, ...]
+
+    def __init__(self, name: str, *args: Any) -> None:
+        object.__setattr__(self, "sync", f"op_{name}")
+        object.__setattr__(self, "async_", f"aop_{name}")
+        object.__setattr__(self, "args", args)
+
+
+Flow = Generator[Op, Any, T]
+"""A storage operation: yields primitives, receives their results, returns its own."""
+
+
+def drive(flow: Flow[T], backend: object) -> T:
+    """Run `flow` on the sync primitives of `backend`; return what it returns."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                value = getattr(backend, op.sync)(*op.args)
+            except Exception as exc:  # raised where the flow yielded, as in plain code
+                op = flow.throw(exc)
+                continue
+            op = flow.send(value)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    finally:
+        flow.close()
+
+
+async def adrive(flow: Flow[T], backend: object) -> T:
+    """Run `flow` on the async primitives of `backend` (an `AsyncStorageBackend`)."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                value = await getattr(backend, op.async_)(*op.args)
+            except Exception as exc:  # raised where the flow yielded, as in plain code
+                op = flow.throw(exc)
+                continue
+            op = flow.send(value)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    finally:
+        flow.close()
+
+
+def one(name: str, *args: Any) -> Flow[Any]:
+    """The flow of a single primitive call: its result."""
+    return (yield Op(name, *args))
+
+
+# -- per-session values ---------------------------------------------------------------------
+def field(session_id: str, name: str) -> Flow[Any]:
+    """One of the session's `FIELDS` (`None` for a missing session)."""
+    values = yield Op("get_fields", session_id, (name,))
+    return None if values is None else values[0]
+
+
+def text(session_id: str, name: str) -> Flow[str | None]:
+    """A text value of the session (`None` when unset or missing)."""
+    value: str | None = yield from field(session_id, name)
+    return value
+
+
+def number(session_id: str, name: str) -> Flow[int]:
+    """A counter of the session (0 when unset or missing)."""
+    value = yield from field(session_id, name)
+    return int(value or 0)
+
+
+def compression(session_id: str) -> Flow[Compression | None]:
+    values = yield Op("get_fields", session_id, ("compression", "compression_through"))
+    if values is None or values[0] is None:
+        return None
+    return Compression(summary=values[0], through=values[1] or 0)
+
+
+def settings(session_id: str) -> Flow[dict[str, Any]]:
+    found = loads((yield from field(session_id, "settings")))
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def get_global(key: str) -> Flow[Any]:
+    return loads((yield Op("get_global", key)))
+
+
+def loads(text: str | None) -> Any:
+    """The JSON value stored as `text` (`None` for nothing stored)."""
+    return None if text is None else json.loads(text)
+
+
+def clear_insight(session_id: str, expected: str | None) -> Flow[bool]:
+    """Compare-and-clear: remove the insight only when it is still `expected` (if given)."""
+    values = yield Op("get_fields", session_id, ("insight",))
+    if values is None:
+        raise SessionNotFoundError(session_id)
+    current = values[0]
+    if current is None or (expected is not None and current != expected):
+        return False
+    yield Op("set_fields", session_id, {"insight": None})
+    return True
+
+
+def put_memory(session_id: str, values: dict[str, Any]) -> Flow[None]:
+    through = values.get("memory_through")
+    if through is not None:
+        if not (yield Op("session_exists", session_id)):
+            raise SessionNotFoundError(session_id)
+        count = yield Op("count", session_id)
+        if through > count:
+            raise InvalidInputError(
+                f"through={through} is beyond the {count} record(s) of session "
+                f"{session_id!r}: the memory can cover at most every record; pass at most "
+                f"{count}."
+            )
+    yield Op("set_fields", session_id, values)
+
+
+# -- sessions and records -------------------------------------------------------------------
+def get_session(session_id: str) -> Flow[SessionMeta | None]:
+    meta: SessionMeta | None = yield Op("get_session", session_id)
+    return meta
+
+
+def count(session_id: str) -> Flow[int]:
+    found: int = yield Op("count", session_id)
+    return found
+
+
+def append(
+    session_id: str,
+    records: list[EncodedMessage],
+    at: str,
+    user_turn: bool,
+    turns: list[RecordTurn],
+) -> Flow[int]:
+    found: int = yield Op("append", session_id, records, at, user_turn, turns)
+    return found
+
+
+def has_turn(session_id: str, turn_id: str) -> Flow[bool]:
+    return bool((yield Op("has_turn", session_id, turn_id)))
+
+
+def get_node(node_id: str) -> Flow[TopologyNode | None]:
+    node: TopologyNode | None = yield Op("get_node", node_id)
+    return node
+
+
+def list_sessions(status: Any, role: Any, tags: tuple[str, ...]) -> Flow[list[SessionMeta]]:
+    metas: list[SessionMeta] = yield Op("list_sessions", status, role)
+    wanted = set(tags)
+    return [meta for meta in metas if wanted.issubset(meta.tags)] if wanted else metas
+
+
+def main_session() -> Flow[SessionMeta | None]:
+    mains = yield Op("list_sessions", None, "main")
+    return mains[0] if mains else None
+
+
+def list_records(
+    session_id: str, limit: int | None, offset: int, role: str | None
+) -> Flow[list[BaseMessage]]:
+    records = yield Op("records", session_id)
+    if role is not None:
+        records = [record for record in records if message_role(record) == role]
+    end = None if limit is None else offset + limit
+    return list(records[offset:end])
+
+
+def list_turns(
+    session_id: str, limit: int | None, offset: int, role: str | None
+) -> Flow[list[RecordTurn]]:
+    turns = yield Op("turns", session_id)
+    if role is not None:
+        records = yield Op("records", session_id)
+        turns = [t for r, t in zip(records, turns, strict=True) if message_role(r) == role]
+    end = None if limit is None else offset + limit
+    return list(turns[offset:end])
+
+
+def shared_records(session_id: str) -> Flow[list[BaseMessage]]:
+    return list((yield Op("records", session_id)))
+
+
+def trim(session_id: str, keep_last: int) -> Flow[int]:
+    cursors = yield Op("get_fields", session_id, ("memory_through", "compression_through"))
+    if cursors is None:
+        raise SessionNotFoundError(session_id)
+    dropped = (yield Op("count", session_id)) - keep_last
+    if dropped <= 0:
+        return 0
+    yield Op("drop_oldest", session_id, dropped)
+    memory, compressed = (max(0, (c or 0) - dropped) for c in cursors)
+    yield Op(
+        "set_fields", session_id, {"memory_through": memory, "compression_through": compressed}
+    )
+    return int(dropped)
+
+
+# -- topology -------------------------------------------------------------------------------
+def put_node(node: TopologyNode) -> Flow[None]:
+    if not (yield Op("session_exists", node.id)):
+        raise SessionNotFoundError(node.id)
+    parent_id = node.parent_id
+    if parent_id is not None:
+        if parent_id == node.id:
+            raise TopologyCycleError(node.id, parent_id)
+        if (yield Op("get_node", parent_id)) is None:
+            raise NodeNotFoundError(parent_id)
+        if any(above.id == node.id for above in (yield from ancestors(parent_id))):
+            raise TopologyCycleError(node.id, parent_id)
+    yield Op("put_node", node)
+
+
+def ancestors(node_id: str) -> Flow[list[TopologyNode]]:
+    found: list[TopologyNode] = []
+    seen = {node_id}
+    node = yield Op("get_node", node_id)
+    while node is not None and node.parent_id is not None and node.parent_id not in seen:
+        node = yield Op("get_node", node.parent_id)
+        if node is not None:
+            found.append(node)
+            seen.add(node.id)
+    return found
+
+
+def remove_node(node_id: str, cascade: bool) -> Flow[list[str]]:
+    if (yield Op("get_node", node_id)) is None:
+        raise NodeNotFoundError(node_id)
+    children = yield Op("children", node_id)
+    if children and not cascade:
+        raise NodeHasChildrenError(node_id, len(children))
+    removed = [node_id]
+    index = 0
+    while index < len(removed):  # breadth-first: every parent before its children
+        removed.extend(child.id for child in (yield Op("children", removed[index])))
+        index += 1
+    yield Op("delete_sessions", removed[::-1])
+    return removed
+
+
+def tree() -> Flow[list[TopologyNode]]:
+    return tree_order((yield Op("all_nodes")))
+
+
+def tree_order(nodes: list[TopologyNode]) -> list[TopologyNode]:
+    """`nodes` (in creation order) in depth-first pre-order, siblings in creation order."""
+    ids = {node.id for node in nodes}
+    children: dict[str | None, list[TopologyNode]] = {}
+    for node in nodes:
+        parent = node.parent_id if node.parent_id in ids else None
+        children.setdefault(parent, []).append(node)
+    ordered: list[TopologyNode] = []
+    stack = list(reversed(children.get(None, [])))
+    while stack:
+        node = stack.pop()
+        ordered.append(node)
+        stack.extend(reversed(children.get(node.id, [])))
+    return ordered
+
+
+# -- the event log ---------------------------------------------------------------------------
+def append_event(kind: str, session_id: str | None, payload: str, at: str) -> Flow[int]:
+    cursor: int = yield Op("append_event", kind, session_id, payload, at)
+    return cursor
+
+
+def events_after(cursor: int, limit: int) -> Flow[list[StoredEvent]]:
+    rows: list[EventRow] = yield Op("events_after", cursor, limit)
+    return [
+        StoredEvent(cursor=c, type=kind, session_id=sid, data=loads(payload), at=from_iso(at))
+        for c, kind, sid, payload, at in rows
+    ]
+
+
+# -- branching: copied records, lineage, digests --------------------------------------------
+LINEAGE = ("forked_from", "forked_at_turn")
+
+
+def copy_records(source_id: str, target_id: str, count: int) -> Flow[int]:
+    for session_id in (source_id, target_id):
+        if not (yield Op("session_exists", session_id)):
+            raise SessionNotFoundError(session_id)
+    available = yield Op("count", source_id)
+    if count > available:
+        raise InvalidInputError(
+            f"count={count} is beyond the {available} record(s) of session "
+            f"{source_id!r}; pass at most {available}."
+        )
+    copied: int = yield Op("copy_records", source_id, target_id, count)
+    return copied
+
+
+def lineage(session_id: str) -> Flow[ForkPoint | None]:
+    values = yield Op("get_fields", session_id, LINEAGE)
+    if values is None or values[0] is None:
+        return None
+    return ForkPoint(session_id, values[0], values[1])
+
+
+def list_lineage() -> Flow[dict[str, ForkPoint]]:
+    rows = yield Op("all_fields", LINEAGE)
+    return {row[0]: ForkPoint(row[0], row[1], row[2]) for row in rows if row[1] is not None}
+
+
+def digests() -> Flow[list[SessionDigest]]:
+    rows: list[DigestRow] = yield Op("digests")
+    return [digest_from_row(row) for row in rows]
+
+
+# -- the session lease ----------------------------------------------------------------------
+_LEASE = ("lease_owner", "lease_token", "lease_expires")
+_QUEUE = (*_LEASE, "lease_waiter", "lease_wait_until")
+
+
+def acquire_lease(
+    session_id: str, owner: str, ttl: float, replace: str | None
+) -> Flow[Lease | None]:
+    row = yield Op("get_fields", session_id, _QUEUE)
+    if row is None:
+        raise SessionNotFoundError(session_id)
+    holder, token, expires, waiter, wait_until = row
+    now, token = time.time(), int(token or 0)
+    free = holder is None or holder in (owner, replace) or (expires or 0.0) <= now
+    queued = waiter is not None and waiter != owner and (wait_until or 0.0) > now
+    if holder != owner and (not free or queued):
+        if waiter is None or waiter == owner or (wait_until or 0.0) <= now:
+            # the first to wait is the next to hold: a holder that turns again at once
+            # cannot starve the others
+            values = {"lease_waiter": owner, "lease_wait_until": now + _WAITER_TTL}
+            yield Op("set_fields", session_id, values)
+        return None
+    lease = Lease(session_id, owner, token if holder == owner else token + 1, now + ttl)
+    yield _write_lease(lease)
+    if waiter == owner:
+        yield Op("set_fields", session_id, {"lease_waiter": None, "lease_wait_until": 0.0})
+    return lease
+
+
+def renew_lease(lease: Lease, ttl: float) -> Flow[Lease | None]:
+    row = yield Op("get_fields", lease.session_id, _QUEUE)
+    if row is None:
+        raise SessionNotFoundError(lease.session_id)
+    holder, token = row[:2]
+    if holder != lease.owner or token != lease.token:
+        return None
+    renewed = Lease(lease.session_id, lease.owner, token, time.time() + ttl)
+    yield _write_lease(renewed)
+    return renewed
+
+
+def _write_lease(lease: Lease) -> Op:
+    values = dict(zip(_LEASE, (lease.owner, lease.token, lease.expires_at), strict=True))
+    return Op("set_fields", lease.session_id, values)
+
+
+def release_lease(lease: Lease) -> Flow[bool]:
+    values = yield Op("get_fields", lease.session_id, _LEASE)
+    if values is None or values[0] != lease.owner or values[1] != lease.token:
+        return False  # lost, or the session is gone with its lease
+    yield Op("set_fields", lease.session_id, {"lease_owner": None, "lease_expires": 0.0})
+    return True
+
+
+def get_lease(session_id: str) -> Flow[Lease | None]:
+    values = yield Op("get_fields", session_id, _LEASE)
+    if values is None or values[0] is None:
+        return None
+    return Lease(session_id, values[0], int(values[1] or 0), float(values[2] or 0.0))
+
+
+def check_lease(lease: Lease) -> Flow[None]:
+    values = yield Op("get_fields", lease.session_id, _LEASE)
+    if values is None:
+        raise SessionNotFoundError(lease.session_id)
+    if values[0] != lease.owner or values[1] != lease.token:
+        raise LeaseLostError(lease.session_id)

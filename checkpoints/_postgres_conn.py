@@ -1,0 +1,469 @@
+"""Connections and transactions of `PostgresMainStorage` (sync and native async).
+
+A storage talks to PostgreSQL through a `Link`: sync calls run on a psycopg `Connection` (the
+storage's own, opened from a DSN, or one taken from a `ConnectionPool` for each call or
+transaction), async calls on a psycopg `AsyncConnection` of their own per event loop (an
+async connection belongs to the loop it was made on). Every connection is in autocommit
+mode; a write transaction is explicit:
+
+    BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(<key of the tree>)
+
+so the writes to one tree are serialised across connections and processes, as SQLite's
+`BEGIN IMMEDIATE` serialises them in one file, while other trees never wait. READ COMMITTED
+(not REPEATABLE READ) because the snapshot must be taken *after* the lock is granted: each
+statement then sees everything committed by the previous holder. Nested transactions are
+savepoints.
+
+A statement always runs on the connection of the open transaction, whichever side (sync or
+async) opened it: a sync call made from a worker thread inside an async transaction is run on
+that transaction's loop.
+
+Errors: a lost or refused connection is `StorageUnavailableError` (the server rolls back the
+unfinished transaction, so nothing partial is stored; the next call reconnects); any other
+database error is `StorageError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict
+
+from stello_graph.errors import InvalidInputError, StorageError, StorageUnavailableError
+
+__all__ = ["AsyncHooks", "Link", "Query", "Result", "SyncHooks", "Steps", "tree_lock_key"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One statement and its parameters."""
+
+    sql: str
+    params: Sequence[Any] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """The rows a statement returned (empty for none) and the rows it changed."""
+
+    rows: list[tuple[Any, ...]]
+    rowcount: int
+
+
+Steps = Generator[Query, Result, T]
+"""A primitive written once: it yields statements, is sent their results, returns its value;
+`Link.drive` runs it on a sync connection, `Link.adrive` on an async one."""
+
+
+def tree_lock_key(tree_id: str) -> int:
+    """The 64-bit advisory lock key of a tree (signed, as PostgreSQL's bigint)."""
+    digest = hashlib.blake2b(f"stello-tree\x00{tree_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def describe(conninfo: str) -> str:
+    """The database a conninfo names, for messages, without its password.
+
+    Raises:
+        InvalidInputError: `conninfo` is not a connection string or URL.
+    """
+    try:
+        parts = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise InvalidInputError(
+            f"Not a PostgreSQL connection string: {exc}. Pass a URL such as "
+            "'postgresql://user@host:5432/dbname' or 'host=... dbname=...'."
+        ) from exc
+    host = parts.get("host") or parts.get("hostaddr") or "localhost"
+    port = f":{parts['port']}" if parts.get("port") else ""
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    return f"'postgresql://{user}{host}{port}/{parts.get('dbname') or ''}'"
+
+
+class Link:
+    """The storage's connections, the open transaction, and the statements run on them."""
+
+    def __init__(
+        self,
+        target: str | psycopg_pool.ConnectionPool[Any],
+        *,
+        connect_timeout: float,
+        lock_timeout: float,
+    ) -> None:
+        if isinstance(target, psycopg_pool.ConnectionPool):
+            self.pool: psycopg_pool.ConnectionPool[Any] | None = target
+            # a pool's conninfo and kwargs may be functions (credentials that rotate)
+            conninfo, found = target.conninfo, target.kwargs
+            self.conninfo: str = conninfo() if callable(conninfo) else conninfo
+            kwargs = dict((found() if callable(found) else found) or {})
+        elif isinstance(target, str):
+            self.pool, self.conninfo, kwargs = None, target, {}
+        else:
+            raise InvalidInputError(
+                "conninfo must be a connection string or a psycopg_pool.ConnectionPool, "
+                f"got {type(target).__name__}."
+            )
+        self.where = describe(self.conninfo)
+        kwargs.pop("row_factory", None)
+        kwargs.update(autocommit=True, connect_timeout=max(1, round(connect_timeout)))
+        self._kwargs = kwargs
+        self.lock_ms = max(1, int(lock_timeout * 1000))
+        self._own: psycopg.Connection[Any] | None = None
+        self._aconns: dict[int, tuple[asyncio.AbstractEventLoop, psycopg.AsyncConnection[Any]]] = {}
+        self.txn: psycopg.Connection[Any] | None = None
+        """The connection of the open sync transaction."""
+        self.atxn: tuple[asyncio.AbstractEventLoop, psycopg.AsyncConnection[Any]] | None = None
+        """The loop and connection of the open async transaction."""
+
+    # -- connections ----------------------------------------------------------------------
+    def acquire(self) -> psycopg.Connection[Any]:
+        """A sync connection: the storage's own (reconnected if lost), or one of the pool."""
+        if self.pool is not None:
+            try:
+                conn: psycopg.Connection[Any] = self.pool.getconn()
+            except psycopg_pool.PoolTimeout as exc:
+                raise StorageUnavailableError(
+                    f"No connection to PostgreSQL at {self.where} from the pool: {exc}"
+                ) from exc
+            if conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit:
+                conn.autocommit = True
+            return conn
+        if self._own is None or self._own.closed or self._own.broken:
+            self._own = self._connect_error(lambda: psycopg.connect(self.conninfo, **self._kwargs))
+        return self._own
+
+    def release(self, conn: psycopg.Connection[Any]) -> None:
+        """Give back a connection from `acquire` (a lost one is dropped)."""
+        if self.pool is not None:
+            self.pool.putconn(conn)
+        elif conn.broken and conn is self._own:
+            conn.close()
+            self._own = None
+
+    async def aacquire(self) -> psycopg.AsyncConnection[Any]:
+        """The async connection of the running loop (made, or remade if lost)."""
+        loop = asyncio.get_running_loop()
+        self._sweep()
+        found = self._aconns.get(id(loop))
+        if found is not None and found[0] is loop and not (found[1].closed or found[1].broken):
+            return found[1]
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
+        except psycopg.Error as exc:
+            raise self._unavailable(exc) from exc
+        self._aconns[id(loop)] = (loop, conn)
+        return conn
+
+    def _sweep(self) -> None:
+        """Close the async connections of loops that are closed (their tasks are gone)."""
+        for key, (loop, conn) in list(self._aconns.items()):
+            if loop.is_closed():
+                del self._aconns[key]
+                conn.pgconn.finish()  # no loop to await `close()` on: libpq closes it
+
+    def _connect_error(self, connect: Any) -> psycopg.Connection[Any]:
+        try:
+            conn: psycopg.Connection[Any] = connect()
+        except psycopg.Error as exc:
+            raise self._unavailable(exc) from exc
+        return conn
+
+    def _unavailable(self, exc: BaseException) -> StorageUnavailableError:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return StorageUnavailableError(
+            f"Cannot connect to PostgreSQL at {self.where}: {reason}. Check the address, "
+            "the credentials and that the server is running."
+        )
+
+    def close(self) -> None:
+        """Close the connections the storage opened (not the pool given)."""
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+        for _, conn in self._aconns.values():
+            # idle (the storage's lock is held): libpq closes it without awaiting its loop
+            conn.pgconn.finish()
+        self._aconns.clear()
+
+    # -- statements -----------------------------------------------------------------------
+    def error(
+        self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], exc: psycopg.Error
+    ) -> StorageError:
+        """The typed error of a failed statement."""
+        if conn.broken or conn.closed:
+            return StorageUnavailableError(
+                f"The connection to PostgreSQL at {self.where} was lost ({exc}). Nothing of "
+                "the unfinished transaction was stored; retry the operation."
+            )
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            return StorageError(
+                f"The tree stayed locked by another connection for {self.lock_ms} ms "
+                f"(PostgreSQL at {self.where}): {exc}"
+            )
+        return StorageError(f"PostgreSQL failed at {self.where}: {exc}")
+
+    def run(self, conn: psycopg.Connection[Any], query: Query) -> Result:
+        try:
+            cur = conn.execute(query.sql, _params(query.params))
+            return Result(_rows(cur.fetchall()) if cur.description else [], cur.rowcount)
+        except psycopg.Error as exc:
+            raise self.error(conn, exc) from exc
+
+    async def arun(self, conn: psycopg.AsyncConnection[Any], query: Query) -> Result:
+        try:
+            cur = await conn.execute(query.sql, _params(query.params))
+            rows = _rows(await cur.fetchall()) if cur.description else []
+            return Result(rows, cur.rowcount)
+        except psycopg.Error as exc:
+            raise self.error(conn, exc) from exc
+
+    def execute(self, query: Query) -> Result:
+        """Run a statement: in the open transaction (either side's), else on its own."""
+        if self.atxn is not None:
+            loop, aconn = self.atxn
+            if _running_loop() is loop:
+                raise StorageError(
+                    "A sync storage method was called on the event loop inside its own "
+                    "`atransaction()`: await the async twin (`aget_session`, ...) instead."
+                )
+            return asyncio.run_coroutine_threadsafe(self.arun(aconn, query), loop).result()
+        if self.txn is not None:
+            return self.run(self.txn, query)
+        conn = self.acquire()
+        try:
+            return self.run(conn, query)
+        finally:
+            self.release(conn)
+
+    async def aexecute(self, query: Query) -> Result:
+        """The async twin of `execute`."""
+        if self.txn is not None:  # a sync transaction of this thread, under a nested loop
+            return self.run(self.txn, query)
+        if self.atxn is not None:
+            loop, aconn = self.atxn
+            if loop is asyncio.get_running_loop():
+                return await self.arun(aconn, query)
+            future = asyncio.run_coroutine_threadsafe(self.arun(aconn, query), loop)
+            return await asyncio.wrap_future(future)
+        return await self.arun(await self.aacquire(), query)
+
+    def drive(self, steps: Steps[T]) -> T:
+        """Run a primitive's statements on the sync side; return its value."""
+        try:
+            query = next(steps)
+            while True:
+                query = steps.send(self.execute(query))
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+
+    async def adrive(self, steps: Steps[T]) -> T:
+        """Run a primitive's statements on the async side; return its value."""
+        try:
+            query = next(steps)
+            while True:
+                query = steps.send(await self.aexecute(query))
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+
+    # -- transactions ---------------------------------------------------------------------
+    def begin_sql(self, key: int, *, wait: bool) -> str:
+        lock = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
+        return (
+            "BEGIN ISOLATION LEVEL READ COMMITTED; "
+            f"SET LOCAL lock_timeout = {self.lock_ms}; SELECT {lock}({int(key)})"
+        )
+
+
+# PostgreSQL's text cannot hold NUL, which SQLite's (and Python's) can. A text holding NUL,
+# or starting with the marker \x01, is stored as the marker then the text with \x01 -> \x01\x02
+# and NUL -> \x01\x03: deterministic and injective (ids still compare equal), and a no-op for
+# every other text.
+_MARK = "\x01"
+_UNESCAPES = re.compile("\x01([\x02\x03])")
+
+
+def escape_text(value: str) -> str:
+    """`value` as stored in a text column (see above)."""
+    if "\x00" not in value and not value.startswith(_MARK):
+        return value
+    return _MARK + value.replace(_MARK, "\x01\x02").replace("\x00", "\x01\x03")
+
+
+def unescape_text(value: str) -> str:
+    """The text `escape_text` stored as `value`."""
+    if not value.startswith(_MARK):
+        return value
+    return _UNESCAPES.sub(lambda m: _MARK if m.group(1) == "\x02" else "\x00", value[1:])
+
+
+def _param(value: Any) -> Any:
+    if isinstance(value, str):
+        return escape_text(value)
+    if isinstance(value, list):
+        return [escape_text(item) if isinstance(item, str) else item for item in value]
+    return value
+
+
+def _params(params: Sequence[Any]) -> Sequence[Any] | None:
+    return [_param(value) for value in params] if params else None
+
+
+def _rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    if not any(isinstance(v, str) and v.startswith(_MARK) for row in rows for v in row):
+        return rows
+    return [tuple(unescape_text(v) if isinstance(v, str) else v for v in row) for row in rows]
+
+
+def _last_row(cur: Any) -> Any:
+    """The first value of the last result of a multi-statement `execute`."""
+    while cur.nextset():
+        pass
+    return cur.fetchone()[0]
+
+
+async def _alast_row(cur: Any) -> Any:
+    while cur.nextset():
+        pass
+    row = await cur.fetchone()
+    return row[0]
+
+
+class SyncHooks:
+    """`TransactionHooks` on the sync side of a `Link`."""
+
+    def __init__(self, link: Link, key: int) -> None:
+        self._link, self._key = link, key
+
+    def begin(self, *, wait: bool) -> bool:
+        link = self._link
+        conn = link.acquire()
+        try:
+            cur = conn.execute(link.begin_sql(self._key, wait=wait))
+            got = bool(_last_row(cur)) or wait  # the waiting lock returns void
+        except psycopg.Error as exc:
+            self._abandon(conn)
+            raise link.error(conn, exc) from exc
+        except BaseException:
+            self._abandon(conn)
+            raise
+        if not got:
+            self._abandon(conn)
+            return False
+        link.txn = conn
+        return True
+
+    def _abandon(self, conn: psycopg.Connection[Any]) -> None:
+        try:
+            if not (conn.broken or conn.closed):
+                conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass
+        finally:
+            self._link.release(conn)
+
+    def commit(self) -> None:
+        link = self._link
+        conn = link.txn
+        assert conn is not None, "commit without begin"
+        link.run(conn, Query("COMMIT"))  # on failure the transaction stays for rollback()
+        link.txn = None
+        link.release(conn)
+
+    def rollback(self) -> None:
+        link = self._link
+        conn, link.txn = link.txn, None
+        if conn is not None:
+            self._abandon(conn)
+
+    def savepoint(self, depth: int) -> None:
+        self._link.execute(Query(f"SAVEPOINT stello_{int(depth)}"))
+
+    def release(self, depth: int) -> None:
+        self._link.execute(Query(f"RELEASE SAVEPOINT stello_{int(depth)}"))
+
+    def rollback_to(self, depth: int) -> None:
+        link = self._link
+        if link.atxn is not None or (link.txn is not None and _usable(link.txn)):
+            link.execute(Query(f"ROLLBACK TO SAVEPOINT stello_{int(depth)}"))
+            link.execute(Query(f"RELEASE SAVEPOINT stello_{int(depth)}"))
+
+
+class AsyncHooks:
+    """The async twins of `SyncHooks`, on the loop's `AsyncConnection`."""
+
+    def __init__(self, link: Link, key: int) -> None:
+        self._link, self._key = link, key
+
+    async def begin(self, *, wait: bool) -> bool:
+        link = self._link
+        conn = await link.aacquire()
+        try:
+            cur = await conn.execute(link.begin_sql(self._key, wait=wait))
+            got = bool(await _alast_row(cur)) or wait
+        except psycopg.Error as exc:
+            await self._abandon(conn)
+            raise link.error(conn, exc) from exc
+        except BaseException:
+            await self._abandon(conn)
+            raise
+        if not got:
+            await self._abandon(conn)
+            return False
+        link.atxn = (asyncio.get_running_loop(), conn)
+        return True
+
+    async def _abandon(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        try:
+            if not (conn.broken or conn.closed):
+                await conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass
+
+    async def commit(self) -> None:
+        link = self._link
+        assert link.atxn is not None, "commit without begin"
+        await link.arun(link.atxn[1], Query("COMMIT"))
+        link.atxn = None
+
+    async def rollback(self) -> None:
+        link = self._link
+        found, link.atxn = link.atxn, None
+        if found is not None:
+            await self._abandon(found[1])
+
+    async def savepoint(self, depth: int) -> None:
+        await self._link.aexecute(Query(f"SAVEPOINT stello_{int(depth)}"))
+
+    async def release(self, depth: int) -> None:
+        await self._link.aexecute(Query(f"RELEASE SAVEPOINT stello_{int(depth)}"))
+
+    async def rollback_to(self, depth: int) -> None:
+        link = self._link
+        if link.txn is not None or (link.atxn is not None and _usable(link.atxn[1])):
+            await link.aexecute(Query(f"ROLLBACK TO SAVEPOINT stello_{int(depth)}"))
+            await link.aexecute(Query(f"RELEASE SAVEPOINT stello_{int(depth)}"))
+
+
+def _usable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the connection is still in its transaction (an error may have ended it)."""
+    status = conn.info.transaction_status
+    return status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

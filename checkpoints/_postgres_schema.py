@@ -1,0 +1,212 @@
+"""The PostgreSQL schema of `PostgresMainStorage` and its migrations.
+
+The tables are those of the SQLite schema (`_schema`), in the connection's current schema
+(the first of its `search_path`), each scoped by `tree_id`:
+
+* `stello_sessions` - one row per session: meta, every per-session field of `FIELDS`
+  (prompt, insight, memory and cursors, turn count, synthesis, compression, settings, the
+  lease, the fork lineage `forked_from` / `forked_at_turn`), `created_seq` (creation order in
+  the tree), `next_seq` (the seq of the session's next record: seqs are never reused) and
+  `records_stamp`, a new value of the sequence `stello_record_stamps` at every change to the
+  session's records: a storage keeps decoded records while the stamp it read is still there
+  (sequences are not rolled back, so a stamp is never seen twice, across processes too).
+* `stello_records` - L3, one row per record, keyed and ordered by `(tree_id, session_id,
+  seq)`, with the turn that wrote it (`turn_id` on the first record of each run of a turn,
+  `turn_seq`) and a partial index on `turn_id`.
+* `stello_nodes` - the topology; `position` is the creation order in the tree.
+* `stello_globals` - the tree's key-value store (JSON text).
+* `stello_events` - the stored event log: per tree, a cursor that only grows.
+* `stello_schema` - the applied migrations, one row per version.
+
+Migrations run in one transaction holding a transaction-level advisory lock (`MIGRATION_LOCK`),
+and the version is read again under it: two processes opening one database at once apply
+each migration once. To change the schema, append a migration; never edit a released one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from stello_graph.errors import ForeignDatabaseError, SchemaVersionError
+
+__all__ = [
+    "EVENTS",
+    "GLOBALS",
+    "MIGRATIONS",
+    "MIGRATION_LOCK",
+    "NODES",
+    "RECORDS",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "SESSIONS",
+    "STAMPS",
+    "check_shape",
+    "migration_statements",
+]
+
+SESSIONS = "stello_sessions"
+RECORDS = "stello_records"
+NODES = "stello_nodes"
+GLOBALS = "stello_globals"
+EVENTS = "stello_events"
+SCHEMA = "stello_schema"
+STAMPS = "stello_record_stamps"
+
+MIGRATION_LOCK = 0x5374_656C_6C6F_0001
+"""The advisory lock key held while migrating ("Stello" and 1; a signed 64-bit integer)."""
+
+_V1 = (
+    f"""CREATE TABLE {SESSIONS} (
+        tree_id text NOT NULL,
+        id text NOT NULL,
+        label text NOT NULL,
+        role text NOT NULL,
+        status text NOT NULL,
+        tags text NOT NULL DEFAULT '[]',
+        metadata text NOT NULL DEFAULT '{{}}',
+        created_at text NOT NULL,
+        updated_at text NOT NULL,
+        created_seq bigint NOT NULL,
+        next_seq bigint NOT NULL DEFAULT 0,
+        system_prompt text,
+        insight text,
+        memory text,
+        memory_through integer NOT NULL DEFAULT 0,
+        turn_count integer NOT NULL DEFAULT 0,
+        subtree_synthesis text,
+        compression text,
+        compression_through integer NOT NULL DEFAULT 0,
+        settings text NOT NULL DEFAULT '{{}}',
+        lease_owner text,
+        lease_token bigint NOT NULL DEFAULT 0,
+        lease_expires double precision NOT NULL DEFAULT 0,
+        lease_waiter text,
+        lease_wait_until double precision NOT NULL DEFAULT 0,
+        forked_from text,
+        forked_at_turn integer,
+        records_stamp bigint NOT NULL DEFAULT 0,
+        PRIMARY KEY (tree_id, id)
+    )""",
+    f"CREATE SEQUENCE {STAMPS}",
+    f"CREATE UNIQUE INDEX stello_sessions_order ON {SESSIONS} (tree_id, created_seq)",
+    # get_all_session_l2s / list_sessions(role=, status=): one range scan, already ordered
+    f"CREATE INDEX stello_sessions_by_kind ON {SESSIONS} (tree_id, role, status, created_seq)",
+    f"""CREATE TABLE {RECORDS} (
+        tree_id text NOT NULL,
+        session_id text NOT NULL,
+        seq bigint NOT NULL,
+        type text NOT NULL,
+        data text NOT NULL,
+        created_at text NOT NULL,
+        turn_id text,
+        turn_seq integer NOT NULL DEFAULT 0,
+        PRIMARY KEY (tree_id, session_id, seq),
+        FOREIGN KEY (tree_id, session_id) REFERENCES {SESSIONS} (tree_id, id)
+            ON DELETE CASCADE
+    )""",
+    f"""CREATE INDEX stello_records_turns ON {RECORDS} (tree_id, session_id, turn_id)
+        WHERE turn_id IS NOT NULL""",
+    f"""CREATE TABLE {NODES} (
+        tree_id text NOT NULL,
+        id text NOT NULL,
+        parent_id text,
+        label text NOT NULL,
+        position bigint NOT NULL,
+        PRIMARY KEY (tree_id, id),
+        FOREIGN KEY (tree_id, id) REFERENCES {SESSIONS} (tree_id, id) ON DELETE CASCADE,
+        FOREIGN KEY (tree_id, parent_id) REFERENCES {NODES} (tree_id, id)
+    )""",
+    f"CREATE INDEX stello_nodes_children ON {NODES} (tree_id, parent_id, position)",
+    f"CREATE UNIQUE INDEX stello_nodes_order ON {NODES} (tree_id, position)",
+    f"""CREATE TABLE {GLOBALS} (
+        tree_id text NOT NULL,
+        key text NOT NULL,
+        value text NOT NULL,
+        PRIMARY KEY (tree_id, key)
+    )""",
+    f"""CREATE TABLE {EVENTS} (
+        tree_id text NOT NULL,
+        cursor bigint NOT NULL,
+        kind text NOT NULL,
+        session_id text,
+        payload text NOT NULL,
+        at text NOT NULL,
+        PRIMARY KEY (tree_id, cursor)
+    )""",
+)
+
+MIGRATIONS: tuple[Sequence[str], ...] = (_V1,)
+"""`MIGRATIONS[n - 1]`: the statements that bring a database from version `n - 1` to `n`."""
+SCHEMA_VERSION = len(MIGRATIONS)
+
+CREATE_SCHEMA_TABLE = f"""CREATE TABLE IF NOT EXISTS {SCHEMA} (
+    version integer PRIMARY KEY, applied_at text NOT NULL)"""
+
+STELLO_TABLES = "SELECT table_name FROM information_schema.tables " + (
+    "WHERE table_schema = current_schema() AND table_name LIKE 'stello\\_%' ORDER BY table_name"
+)
+"""The tables named like stello's in the connection's current schema."""
+
+SCHEMA_COLUMNS = (
+    "SELECT column_name FROM information_schema.columns "
+    f"WHERE table_schema = current_schema() AND table_name = '{SCHEMA}' ORDER BY column_name"
+)
+
+
+def check_shape(
+    where: str, tables: Sequence[str], schema_columns: Sequence[str], version: int | None
+) -> int:
+    """The schema version, once the database is known to be stello's (or empty of it).
+
+    Args:
+        where: the database, for messages.
+        tables: the tables named `stello_*` it holds.
+        schema_columns: the columns of its `stello_schema` table (empty if none).
+        version: the highest version recorded there (`None` when unread).
+
+    Raises:
+        ForeignDatabaseError: tables with stello's names that stello did not make (no
+            `stello_schema`, or one of another shape).
+        SchemaVersionError: the schema is newer than this stello-graph knows.
+    """
+    if SCHEMA not in tables:
+        if tables:
+            raise _foreign(where, tables)
+        return 0
+    if sorted(schema_columns) != ["applied_at", "version"]:
+        raise _foreign(where, tables)
+    found = version or 0
+    if found > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"The database {where} has stello schema version {found}, but this version of "
+            f"stello-graph only knows versions up to {SCHEMA_VERSION}: upgrade stello-graph."
+        )
+    return found
+
+
+def _foreign(where: str, tables: Sequence[str]) -> ForeignDatabaseError:
+    listed = ", ".join(map(repr, tables[:5])) + (", ..." if len(tables) > 5 else "")
+    return ForeignDatabaseError(
+        f"The database {where} holds tables named like stello-graph's ({listed}) that "
+        "stello-graph did not make (another application's), so stello-graph left the "
+        "database untouched. Name another database, or another schema through the "
+        "connection's search_path (options='-c search_path=...')."
+    )
+
+
+Statement = tuple[str, tuple[object, ...]]
+"""SQL and its parameters."""
+
+
+def migration_statements(version: int, applied_at: Callable[[], str]) -> list[Statement]:
+    """The statements (with parameters) that bring a database at `version` up to date."""
+    statements: list[Statement] = [(CREATE_SCHEMA_TABLE, ())] if version < SCHEMA_VERSION else []
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        statements.extend((sql, ()) for sql in MIGRATIONS[target - 1])
+        statements.append(
+            (
+                f"INSERT INTO {SCHEMA} (version, applied_at) VALUES (%s, %s)",
+                (target, applied_at()),
+            )
+        )
+    return statements

@@ -1,0 +1,444 @@
+"""The statements of `PostgresMainStorage`'s primitives, each written once.
+
+Each method is a generator (`_postgres_conn.Steps`): it yields the statements of one
+primitive, is sent their results and returns the primitive's value, so the storage runs it
+with its sync driver (`op_*`) or its native async one (`aop_*`) alike. `Statements` also keeps
+the decoded records of recently read sessions, each with the `records_stamp` it was read at
+(see `_postgres_schema`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, cast
+
+from langchain_core.messages import BaseMessage
+
+import stello_graph.checkpoints._postgres_schema as _schema
+from stello_graph.checkpoints._postgres_conn import Query, Steps
+from stello_graph.checkpoints._postgres_schema import EVENTS, GLOBALS, NODES, RECORDS, SESSIONS
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    MetaRow,
+    RecordTurn,
+    decode_message,
+    from_iso,
+    row_to_meta,
+)
+from stello_graph.checkpoints._shell import FIELDS
+from stello_graph.digest import DigestRow
+from stello_graph.errors import InvalidInputError, SessionNotFoundError
+from stello_graph.models import (
+    ChildL2,
+    SessionMeta,
+    SessionRole,
+    SessionStats,
+    SessionStatus,
+    TopologyNode,
+)
+
+__all__ = ["COLUMNS", "EVENTS_CHANNEL", "EventRow", "Statements"]
+
+EVENTS_CHANNEL = "stello_events"
+"""The channel notified of each appended event; the payload is JSON
+`{"tree_id": ..., "cursor": ...}` (the event's cursor in its tree)."""
+
+EventRow = tuple[int, str, str | None, str, str]
+"""`(cursor, kind, session_id, payload, at)` of one stored event."""
+
+COLUMNS = FIELDS
+"""The per-session columns `op_get_fields` / `op_set_fields` accept (names are checked before
+they are put in SQL)."""
+
+_META = "id, label, role, status, tags, metadata, created_at, updated_at"
+
+
+class Statements:
+    """The primitives of one tree, as statements; and the tree's record cache."""
+
+    def __init__(self, tree_id: str, cache_size: int) -> None:
+        self.tree_id = tree_id
+        self.cache_size = cache_size
+        self.cache: OrderedDict[str, tuple[int, list[BaseMessage]]] = OrderedDict()
+        """Decoded records by session, with the `records_stamp` they were read at."""
+
+    def session_exists(self, session_id: str) -> Steps[bool]:
+        sql = f"SELECT 1 FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
+        return bool((yield Query(sql, (self.tree_id, session_id))).rows)
+
+    def get_session(self, session_id: str) -> Steps[SessionMeta | None]:
+        sql = f"SELECT {_META} FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
+        rows = (yield Query(sql, (self.tree_id, session_id))).rows
+        return row_to_meta(rows[0]) if rows else None
+
+    def put_session(self, row: MetaRow) -> Steps[None]:
+        tree = self.tree_id
+        yield Query(
+            f"""INSERT INTO {SESSIONS} (tree_id, {_META}, created_seq)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,
+                (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM {SESSIONS} WHERE tree_id = %s))
+            ON CONFLICT (tree_id, id) DO UPDATE SET
+                label = excluded.label, role = excluded.role, status = excluded.status,
+                tags = excluded.tags, metadata = excluded.metadata,
+                created_at = excluded.created_at, updated_at = excluded.updated_at""",
+            (tree, *row, tree),
+        )
+        sql = f"UPDATE {NODES} SET label = %s WHERE tree_id = %s AND id = %s"
+        yield Query(sql, (row[1], tree, row[0]))
+
+    def list_sessions(
+        self, status: SessionStatus | None, role: SessionRole | None
+    ) -> Steps[list[SessionMeta]]:
+        where, params = ["tree_id = %s"], [self.tree_id]
+        if role is not None:
+            where.append("role = %s")
+            params.append(role)
+        if status is not None:
+            where.append("status = %s")
+            params.append(status)
+        sql = f"SELECT {_META} FROM {SESSIONS} WHERE {' AND '.join(where)} ORDER BY created_seq"
+        return [row_to_meta(row) for row in (yield Query(sql, params)).rows]
+
+    def l2s(self) -> Steps[list[ChildL2]]:
+        rows = (
+            yield Query(
+                f"""SELECT id, label, memory FROM {SESSIONS}
+                WHERE tree_id = %s AND role = 'standard' AND status = 'active'
+                    AND memory IS NOT NULL
+                ORDER BY created_seq""",
+                (self.tree_id,),
+            )
+        ).rows
+        return [ChildL2(session_id=sid, label=label, l2=l2) for sid, label, l2 in rows]
+
+    def session_stats(self) -> Steps[list[SessionStats]]:
+        # As SQLite's: a session's seqs are contiguous, so the records after the L2 cursor
+        # are those from MIN(seq) + memory_through on.
+        rows = (
+            yield Query(
+                f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
+                    n.id IS NOT NULL, s.turn_count,
+                    (SELECT COUNT(*) FROM {RECORDS} r
+                        WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
+                    s.memory_through,
+                    (SELECT COUNT(*) FROM {RECORDS} r
+                        WHERE r.tree_id = s.tree_id AND r.session_id = s.id
+                        AND r.type = 'human'
+                        AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
+                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                    s.memory IS NOT NULL, s.insight IS NOT NULL,
+                    s.subtree_synthesis IS NOT NULL
+                FROM {SESSIONS} s
+                LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
+                WHERE s.tree_id = %s ORDER BY s.created_seq""",
+                (self.tree_id,),
+            )
+        ).rows
+        return [
+            SessionStats(
+                id=row[0],
+                label=row[1],
+                role=row[2],
+                status=row[3],
+                updated_at=from_iso(row[4]),
+                parent_id=row[5],
+                in_tree=bool(row[6]),
+                turns=row[7],
+                records=row[8],
+                memory_through=row[9] or 0,
+                turns_since_memory=row[10],
+                has_memory=bool(row[11]),
+                has_insight=bool(row[12]),
+                has_subtree_synthesis=bool(row[13]),
+            )
+            for row in rows
+        ]
+
+    def get_fields(self, session_id: str, names: Sequence[str]) -> Steps[tuple[Any, ...] | None]:
+        if not COLUMNS.issuperset(names):
+            raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - COLUMNS)}.")
+        sql = f"SELECT {', '.join(names)} FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
+        rows = (yield Query(sql, (self.tree_id, session_id))).rows
+        return tuple(rows[0]) if rows else None
+
+    def all_fields(self, names: Sequence[str]) -> Steps[list[tuple[Any, ...]]]:
+        if not COLUMNS.issuperset(names):
+            raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - COLUMNS)}.")
+        columns = "".join(f", {name}" for name in names)
+        sql = f"SELECT id{columns} FROM {SESSIONS} WHERE tree_id = %s ORDER BY created_seq"
+        rows = (yield Query(sql, (self.tree_id,))).rows
+        return [tuple(row) for row in rows]
+
+    def digests(self) -> Steps[list[DigestRow]]:
+        # As SQLite's: the user records after the L2 cursor are those from MIN(seq) +
+        # memory_through on.
+        rows = (
+            yield Query(
+                f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
+                    s.turn_count, s.memory,
+                    (SELECT COUNT(*) FROM {RECORDS} r
+                        WHERE r.tree_id = s.tree_id AND r.session_id = s.id
+                        AND r.type = 'human'
+                        AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
+                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                    s.insight
+                FROM {SESSIONS} s
+                LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
+                WHERE s.tree_id = %s ORDER BY s.created_seq""",
+                (self.tree_id,),
+            )
+        ).rows
+        return [cast("DigestRow", tuple(row)) for row in rows]
+
+    def set_fields(self, session_id: str, values: dict[str, Any]) -> Steps[None]:
+        if not COLUMNS.issuperset(values):
+            raise InvalidInputError(f"Unknown session fields: {sorted(set(values) - COLUMNS)}.")
+        columns = ", ".join(f"{name} = %s" for name in values)
+        sql = f"UPDATE {SESSIONS} SET {columns} WHERE tree_id = %s AND id = %s"
+        done = yield Query(sql, (*values.values(), self.tree_id, session_id))
+        if done.rowcount == 0:
+            raise SessionNotFoundError(session_id)
+
+    def delete_sessions(self, session_ids: list[str]) -> Steps[None]:
+        # ON DELETE CASCADE removes each session's records and node; one statement, so the
+        # nodes' parent references are checked once every listed node is gone.
+        sql = f"DELETE FROM {SESSIONS} WHERE tree_id = %s AND id = ANY(%s)"
+        yield Query(sql, (self.tree_id, list(session_ids)))
+        for session_id in session_ids:
+            self.cache.pop(session_id, None)
+
+    def append(
+        self,
+        session_id: str,
+        records: list[EncodedMessage],
+        at: str,
+        user_turn: bool,
+        turns: list[RecordTurn],
+    ) -> Steps[int]:
+        tree, count = self.tree_id, len(records)
+        # Subqueries in RETURNING read the snapshot before the statement: the old count and
+        # the old stamp (the cached records are still exact if they had that stamp).
+        found = (
+            yield Query(
+                f"""UPDATE {SESSIONS} SET next_seq = next_seq + %s,
+                    turn_count = turn_count + %s, updated_at = COALESCE(%s, updated_at),
+                    records_stamp = CASE WHEN %s THEN nextval('{_schema.STAMPS}')
+                        ELSE records_stamp END
+                WHERE tree_id = %s AND id = %s
+                RETURNING next_seq - %s, records_stamp,
+                    (SELECT COUNT(*) FROM {RECORDS} WHERE tree_id = %s AND session_id = %s),
+                    (SELECT s.records_stamp FROM {SESSIONS} s
+                        WHERE s.tree_id = %s AND s.id = %s)""",
+                (
+                    *(count, int(user_turn), at if records else None, bool(records)),
+                    *(tree, session_id, count, tree, session_id, tree, session_id),
+                ),
+            )
+        ).rows
+        if not found:
+            raise SessionNotFoundError(session_id)
+        first, stamp, before, old_stamp = found[0]
+        if records:
+            heads = _run_heads(turns)
+            yield Query(
+                f"""INSERT INTO {RECORDS}
+                    (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
+                SELECT %s, %s, %s + r.i - 1, r.type, r.data, %s, r.turn_id, r.turn_seq
+                FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[])
+                    WITH ORDINALITY AS r(type, data, turn_id, turn_seq, i)""",
+                (
+                    *(tree, session_id, first, at),
+                    [role for role, _ in records],
+                    [data for _, data in records],
+                    [turn_id for turn_id, _ in heads],
+                    [turn_seq for _, turn_seq in heads],
+                ),
+            )
+            cached = self.cache.pop(session_id, None)
+            if cached is not None and cached[0] == old_stamp:
+                added = [decode_message(data) for _, data in records]
+                self.remember(session_id, stamp, [*cached[1], *added])
+        return int(before) + count
+
+    def has_turn(self, session_id: str, turn_id: str) -> Steps[bool]:
+        sql = f"""SELECT 1 FROM {RECORDS}
+            WHERE tree_id = %s AND session_id = %s AND turn_id = %s LIMIT 1"""
+        return bool((yield Query(sql, (self.tree_id, session_id, turn_id))).rows)
+
+    def turns(self, session_id: str) -> Steps[list[RecordTurn]]:
+        sql = f"""SELECT turn_id, turn_seq FROM {RECORDS}
+            WHERE tree_id = %s AND session_id = %s ORDER BY seq"""
+        turns, turn_id = [], ""
+        for stored, turn_seq in (yield Query(sql, (self.tree_id, session_id))).rows:
+            turn_id = stored or turn_id  # the first record of a run carries the turn's id
+            turns.append((turn_id, turn_seq))
+        return turns
+
+    def records(self, session_id: str) -> Steps[list[BaseMessage]]:
+        key = (self.tree_id, session_id)
+        cached = self.cache.get(session_id)
+        if cached is not None:
+            sql = f"SELECT records_stamp FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
+            found = (yield Query(sql, key)).rows
+            if found and found[0][0] == cached[0]:
+                self.cache.move_to_end(session_id)
+                return cached[1]
+        # the stamp and the records in one statement: one snapshot
+        rows = (
+            yield Query(
+                f"""SELECT s.records_stamp, r.data FROM {SESSIONS} s
+                LEFT JOIN {RECORDS} r ON r.tree_id = s.tree_id AND r.session_id = s.id
+                WHERE s.tree_id = %s AND s.id = %s ORDER BY r.seq""",
+                key,
+            )
+        ).rows
+        if not rows:
+            self.cache.pop(session_id, None)
+            return []
+        records = [decode_message(data) for _, data in rows if data is not None]
+        self.remember(session_id, rows[0][0], records)
+        return records
+
+    def remember(self, session_id: str, stamp: int, records: list[BaseMessage]) -> None:
+        """Keep a session's decoded records (the newest `record_cache_size` sessions)."""
+        if self.cache_size <= 0:
+            return
+        self.cache[session_id] = (stamp, records)
+        self.cache.move_to_end(session_id)
+        while len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+
+    def count(self, session_id: str) -> Steps[int]:
+        sql = f"SELECT COUNT(*) FROM {RECORDS} WHERE tree_id = %s AND session_id = %s"
+        return int((yield Query(sql, (self.tree_id, session_id))).rows[0][0])
+
+    def drop_oldest(self, session_id: str, count: int) -> Steps[None]:
+        key = (self.tree_id, session_id)
+        kept = f"""SELECT seq FROM {RECORDS} WHERE tree_id = %s AND session_id = %s
+            ORDER BY seq LIMIT 1 OFFSET %s"""
+        # the new first record must carry its turn's id, which may be on a dropped one
+        yield Query(
+            f"""UPDATE {RECORDS} AS t SET turn_id = (
+                SELECT r.turn_id FROM {RECORDS} r
+                WHERE r.tree_id = t.tree_id AND r.session_id = t.session_id
+                    AND r.seq <= t.seq AND r.turn_id IS NOT NULL
+                ORDER BY r.seq DESC LIMIT 1)
+            WHERE t.tree_id = %s AND t.session_id = %s AND t.turn_id IS NULL
+                AND t.seq = ({kept})""",
+            (*key, *key, count),
+        )
+        yield Query(
+            f"""DELETE FROM {RECORDS} WHERE tree_id = %s AND session_id = %s AND seq IN (
+                SELECT seq FROM {RECORDS} WHERE tree_id = %s AND session_id = %s
+                ORDER BY seq LIMIT %s)""",
+            (*key, *key, count),
+        )
+        yield Query(
+            f"""UPDATE {SESSIONS} SET records_stamp = nextval('{_schema.STAMPS}')
+            WHERE tree_id = %s AND id = %s""",
+            key,
+        )
+        self.cache.pop(session_id, None)
+
+    def copy_records(self, source_id: str, target_id: str, count: int) -> Steps[int]:
+        tree = self.tree_id
+        sql = f"SELECT id FROM {SESSIONS} WHERE tree_id = %s AND id = ANY(%s)"
+        present = {row[0] for row in (yield Query(sql, (tree, [source_id, target_id]))).rows}
+        for session_id in (source_id, target_id):
+            if session_id not in present:
+                raise SessionNotFoundError(session_id)
+        # copied in the database, stored form and turn kept; seqs continue the target's
+        yield Query(
+            f"""WITH src AS (
+                SELECT type, data, created_at, turn_id, turn_seq,
+                    row_number() OVER (ORDER BY seq) - 1 AS i
+                FROM {RECORDS} WHERE tree_id = %s AND session_id = %s
+                ORDER BY seq LIMIT %s),
+            target AS (
+                UPDATE {SESSIONS} SET next_seq = next_seq + (SELECT COUNT(*) FROM src),
+                    records_stamp = nextval('{_schema.STAMPS}')
+                WHERE tree_id = %s AND id = %s
+                RETURNING next_seq - (SELECT COUNT(*) FROM src) AS first)
+            INSERT INTO {RECORDS}
+                (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
+            SELECT %s, %s, target.first + src.i, src.type, src.data, src.created_at,
+                src.turn_id, src.turn_seq
+            FROM src CROSS JOIN target""",
+            (tree, source_id, count, tree, target_id, tree, target_id),
+        )
+        self.cache.pop(target_id, None)
+        return (yield from self.count(target_id))
+
+    def append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> Steps[int]:
+        tree = self.tree_id
+        rows = (
+            yield Query(
+                f"""WITH e AS (
+                    INSERT INTO {EVENTS} (tree_id, cursor, kind, session_id, payload, at)
+                    VALUES (%s, (SELECT COALESCE(MAX(cursor), 0) + 1 FROM {EVENTS}
+                        WHERE tree_id = %s), %s, %s, %s, %s)
+                    RETURNING cursor)
+                SELECT cursor, pg_notify(%s, json_build_object(
+                    'tree_id', %s::text, 'cursor', cursor)::text) FROM e""",
+                (tree, tree, kind, session_id, payload, at, EVENTS_CHANNEL, tree),
+            )
+        ).rows
+        return int(rows[0][0])
+
+    def events_after(self, cursor: int, limit: int) -> Steps[list[EventRow]]:
+        sql = f"""SELECT cursor, kind, session_id, payload, at FROM {EVENTS}
+            WHERE tree_id = %s AND cursor > %s ORDER BY cursor LIMIT %s"""
+        rows = (yield Query(sql, (self.tree_id, cursor, limit))).rows
+        return [(int(c), kind, sid, payload, at) for c, kind, sid, payload, at in rows]
+
+    def get_node(self, node_id: str) -> Steps[TopologyNode | None]:
+        sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = %s AND id = %s"
+        rows = (yield Query(sql, (self.tree_id, node_id))).rows
+        return _node(rows[0]) if rows else None
+
+    def put_node(self, node: TopologyNode) -> Steps[None]:
+        tree = self.tree_id
+        yield Query(
+            f"""INSERT INTO {NODES} (tree_id, id, parent_id, label, position)
+            VALUES (%s, %s, %s, %s,
+                (SELECT COALESCE(MAX(position), 0) + 1 FROM {NODES} WHERE tree_id = %s))
+            ON CONFLICT (tree_id, id) DO UPDATE SET
+                parent_id = excluded.parent_id, label = excluded.label""",
+            (tree, node.id, node.parent_id, node.label, tree),
+        )
+
+    def children(self, parent_id: str) -> Steps[list[TopologyNode]]:
+        sql = f"""SELECT id, parent_id, label FROM {NODES}
+            WHERE tree_id = %s AND parent_id = %s ORDER BY position"""
+        return [_node(row) for row in (yield Query(sql, (self.tree_id, parent_id))).rows]
+
+    def all_nodes(self) -> Steps[list[TopologyNode]]:
+        sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = %s ORDER BY position"
+        return [_node(row) for row in (yield Query(sql, (self.tree_id,))).rows]
+
+    def get_global(self, key: str) -> Steps[str | None]:
+        sql = f"SELECT value FROM {GLOBALS} WHERE tree_id = %s AND key = %s"
+        rows = (yield Query(sql, (self.tree_id, key))).rows
+        return None if not rows else str(rows[0][0])
+
+    def put_global(self, key: str, value: str) -> Steps[None]:
+        yield Query(
+            f"""INSERT INTO {GLOBALS} (tree_id, key, value) VALUES (%s, %s, %s)
+            ON CONFLICT (tree_id, key) DO UPDATE SET value = excluded.value""",
+            (self.tree_id, key, value),
+        )
+
+
+def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
+    """`turns` as stored: the turn id only on the first record of each run of one turn."""
+    heads: list[tuple[str | None, int]] = []
+    previous: str | None = None
+    for turn_id, turn_seq in turns:
+        heads.append((None if turn_id == previous else turn_id, turn_seq))
+        previous = turn_id
+    return heads
+
+
+def _node(row: Sequence[Any]) -> TopologyNode:
+    return TopologyNode(id=row[0], parent_id=row[1], label=row[2])

@@ -1,0 +1,166 @@
+"""The connection of `SqliteMainStorage`: opening it, and its transaction hooks.
+
+`connect` opens a database file (or checks a connection given) for the storage;
+`SqliteHooks` are the storage's `TransactionHooks` on it: `BEGIN IMMEDIATE` (retried with
+backoff beyond the busy timeout), `COMMIT`, savepoints, and keeping the record cache exact
+across connections.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import time
+from typing import Any
+
+from stello_graph.checkpoints._cache import RecordCache
+from stello_graph.checkpoints._schema import CHANGES
+from stello_graph.errors import InvalidInputError, StorageError
+
+__all__ = ["SqliteHooks", "connect"]
+
+_BEGIN_RETRIES = 6
+
+
+class SqliteHooks:
+    """`TransactionHooks` over one connection, keeping the record cache exact."""
+
+    def __init__(
+        self, conn: sqlite3.Connection, cache: RecordCache, busy_ms: int, tree_id: str
+    ) -> None:
+        self._conn = conn
+        self._cache = cache
+        self.busy_ms = busy_ms
+        self._tree_id = tree_id
+
+    def begin(self, *, wait: bool) -> bool:
+        """`BEGIN IMMEDIATE`, then bring the record cache up to date with what other
+        connections committed before it (nobody else can write until it ends)."""
+        if not self.begin_immediate(wait=wait):
+            return False
+        try:
+            self.sync()
+        except BaseException:
+            self.rollback()
+            raise
+        return True
+
+    def begin_immediate(self, *, wait: bool) -> bool:
+        """`BEGIN IMMEDIATE`: take the write lock now, so no later statement can hit BUSY.
+
+        Waiting, it retries with backoff beyond the busy timeout; not waiting (a caller on
+        the event loop), it returns `False` at once if another connection writes.
+        """
+        if not wait:
+            self._exec("PRAGMA busy_timeout = 0")
+            try:
+                return self._try_begin()
+            finally:
+                self._exec(f"PRAGMA busy_timeout = {self.busy_ms}")
+        for attempt in range(_BEGIN_RETRIES):
+            if self._try_begin():
+                return True
+            time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+        if self._try_begin():
+            return True
+        raise StorageError(
+            f"The database stayed locked by another connection for {_BEGIN_RETRIES + 1} "
+            f"busy timeouts of {self.busy_ms} ms."
+        )
+
+    def _try_begin(self) -> bool:
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                return False
+            raise StorageError(f"Cannot begin a transaction: {exc}") from exc
+        return True
+
+    def sync(self) -> None:
+        """Drop the cached records if another connection changed this tree's L3."""
+        if self._cache.enabled:
+            self._cache.sync(self._scalar("PRAGMA data_version"), self._version)
+
+    def _version(self) -> int:
+        """The tree's L3 change counter (see `_schema`)."""
+        sql = f"SELECT version FROM {CHANGES} WHERE tree_id = ?"
+        return self._scalar(sql, (self._tree_id,)) or 0
+
+    def _scalar(self, sql: str, params: tuple[str, ...] = ()) -> Any:
+        try:
+            row = self._conn.execute(sql, params).fetchone()
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
+        return None if row is None else row[0]
+
+    def commit(self) -> None:
+        # Read before COMMIT, while no other connection can write: the counter then counts
+        # exactly the changes the cache holds.
+        version = self._version() if self._cache.enabled and self._cache.touched else None
+        self._exec("COMMIT")
+        if version is None:
+            self._cache.settle()
+        else:
+            self._cache.committed(version)
+
+    def rollback(self) -> None:
+        if self._conn.in_transaction:
+            self._exec("ROLLBACK")
+        self._cache.forget_touched()
+        self._cache.settle()
+
+    def savepoint(self, depth: int) -> None:
+        self._exec(f"SAVEPOINT stello_{depth}")
+
+    def release(self, depth: int) -> None:
+        self._exec(f"RELEASE stello_{depth}")
+
+    def rollback_to(self, depth: int) -> None:
+        if self._conn.in_transaction:  # an error may have ended the whole transaction
+            self._exec(f"ROLLBACK TO stello_{depth}")
+            self._exec(f"RELEASE stello_{depth}")
+        self._cache.forget_touched()
+
+    def _exec(self, sql: str) -> None:
+        try:
+            self._conn.execute(sql)
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def connect(
+    target: str | os.PathLike[str] | sqlite3.Connection,
+) -> tuple[sqlite3.Connection, bool, str]:
+    """`(connection, whether we own it, path)`; the path is `":memory:"` for memory."""
+    if isinstance(target, sqlite3.Connection):
+        # Python 3.12 `autocommit=` connections manage transactions themselves.
+        legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
+        if getattr(target, "autocommit", legacy) != legacy:
+            raise InvalidInputError(
+                "Open the connection without `autocommit=`: the storage manages transactions."
+            )
+        try:
+            files = {name: file for _, name, file in target.execute("PRAGMA database_list")}
+        except sqlite3.Error as exc:
+            raise InvalidInputError(f"The connection given cannot be used: {exc}") from exc
+        return target, False, files.get("main") or ":memory:"
+    if not isinstance(target, (str, os.PathLike)):
+        raise InvalidInputError(
+            "path_or_connection must be a path, ':memory:' or a sqlite3.Connection, "
+            f"got {type(target).__name__}."
+        )
+    path = os.fsdecode(os.fspath(target))
+    try:
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise StorageError(f"Cannot open the database {path!r}: {exc}") from exc
+    return conn, True, path

@@ -1,0 +1,393 @@
+"""`PostgresMainStorage`: the `MainStorage` of many worker processes, on one PostgreSQL database.
+
+The same tables and semantics as `SqliteMainStorage` (see `_postgres_schema`), every query
+scoped by `tree_id`, so many trees (one per user) share one database and never see each
+other. Each primitive is written once, as the statements it runs (`_postgres_steps`), and
+run by a sync driver (`op_*`, on a psycopg `Connection`) and a native async one (`aop_*`, on
+a psycopg `AsyncConnection`, no threads). Write transactions take the tree's advisory lock
+(see `_postgres_conn`), so the shell's read-then-write compositions (leases,
+compare-and-clear) hold across processes unchanged.
+
+Appending an event also `NOTIFY`s the channel `EVENTS_CHANNEL` (`stello_events`) with
+`{"tree_id": ..., "cursor": ...}`, delivered when the transaction commits: a listener in
+another process (`LISTEN stello_events`) reads the new events with `events_after(cursor)`.
+
+Needs the `postgres` extra: `pip install "stello-graph[postgres]"`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import psycopg_pool
+from langchain_core.messages import BaseMessage
+
+import stello_graph.checkpoints._postgres_schema as _schema
+from stello_graph.checkpoints._postgres_conn import (
+    AsyncHooks,
+    Link,
+    Query,
+    SyncHooks,
+    tree_lock_key,
+)
+from stello_graph.checkpoints._postgres_steps import EVENTS_CHANNEL, EventRow, Statements
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    MetaRow,
+    RecordTurn,
+)
+from stello_graph.checkpoints._shell import BackendStorage
+from stello_graph.checkpoints._txn import TransactionHooks
+from stello_graph.checkpoints._validate import check_identifier, check_non_negative
+from stello_graph.digest import DigestRow
+from stello_graph.errors import InvalidInputError
+from stello_graph.models import (
+    ChildL2,
+    SessionMeta,
+    SessionRole,
+    SessionStats,
+    SessionStatus,
+    TopologyNode,
+    utcnow,
+)
+
+if TYPE_CHECKING:
+    from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
+
+__all__ = ["EVENTS_CHANNEL", "PostgresMainStorage", "open_postgres"]
+
+
+class PostgresMainStorage(BackendStorage):
+    """A `MainStorage` in a PostgreSQL database, bound to one tree; sync and native async.
+
+    Args:
+        conninfo: a libpq connection string or URL (`"postgresql://user@host/db"`): the
+            storage opens a connection of its own (and one per event loop for async
+            calls) and reconnects when one is lost; or a `psycopg_pool.ConnectionPool`,
+            from which each call or transaction takes a connection (async calls open a
+            connection per loop with the pool's conninfo). A pool given is not closed by
+            `close()`.
+        tree_id: the tree this storage reads and writes; other trees in the database stay
+            invisible.
+        connect_timeout: seconds to wait for the server when connecting.
+        lock_timeout: seconds a write waits for another connection's write to the same tree.
+        record_cache_size: how many sessions' decoded records to keep (0 disables): a read
+            checks the session's stamp (one indexed lookup) instead of decoding its records
+            again; a change made by any connection moves the stamp.
+
+    Raises:
+        InvalidInputError: `conninfo` is not a connection string or a pool.
+        StorageUnavailableError: the server cannot be reached or refuses the login.
+        ForeignDatabaseError: the database holds tables named like stello's that it did not
+            make (left untouched).
+        SchemaVersionError: the database was written by a newer stello-graph.
+
+    Example:
+        >>> url = "postgresql://app@db/app"
+        >>> storage = PostgresMainStorage(url, tree_id="alice")  # doctest: +SKIP
+        >>> storage.put_session(SessionMeta(id="s1", label="Ideas"))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        conninfo: str | psycopg_pool.ConnectionPool[Any],
+        *,
+        tree_id: str = "default",
+        connect_timeout: float = 10.0,
+        lock_timeout: float = 30.0,
+        record_cache_size: int = 256,
+    ) -> None:
+        check_identifier(tree_id, "tree_id")  # before a connection is opened, not after
+        cache_size = check_non_negative(record_cache_size, "record_cache_size")
+        self._steps = Statements(tree_id, cache_size)
+        for name, value in (("connect_timeout", connect_timeout), ("lock_timeout", lock_timeout)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise InvalidInputError(f"{name} must be a positive number, got {value!r}.")
+        self._link = Link(conninfo, connect_timeout=connect_timeout, lock_timeout=lock_timeout)
+        key = tree_lock_key(tree_id)
+        self._hooks = SyncHooks(self._link, key)
+        self._ahooks = AsyncHooks(self._link, key)
+        self.conninfo = self._link.conninfo
+        """The connection string the storage (and `open_checkpointer`) connects with."""
+        self._closed = False
+        super().__init__(self, tree_id=tree_id)  # its own `StorageBackend`
+        try:
+            self._migrate()
+        except BaseException:
+            self._link.close()
+            self._closed = True
+            raise
+
+    def _migrate(self) -> None:
+        """Check the database is stello's (or free of it), then bring its schema up to date
+        in one transaction under the migration lock (read again under it: another process
+        may have migrated meanwhile)."""
+        conn = self._link.acquire()
+        try:
+            if self._read_version(conn) == _schema.SCHEMA_VERSION:
+                return
+            lock = f"BEGIN; SELECT pg_advisory_xact_lock({_schema.MIGRATION_LOCK})"
+            self._link.run(conn, Query(lock))
+            try:
+                version = self._read_version(conn)
+                for sql, params in _schema.migration_statements(
+                    version, lambda: utcnow().isoformat()
+                ):
+                    self._link.run(conn, Query(sql, params))
+                self._link.run(conn, Query("COMMIT"))
+            except BaseException:
+                if not (conn.broken or conn.closed):
+                    conn.execute("ROLLBACK")
+                raise
+        finally:
+            self._link.release(conn)
+
+    def _read_version(self, conn: psycopg.Connection[Any]) -> int:
+        run = self._link.run
+        tables = [row[0] for row in run(conn, Query(_schema.STELLO_TABLES)).rows]
+        columns = [row[0] for row in run(conn, Query(_schema.SCHEMA_COLUMNS)).rows]
+        version = None
+        if _schema.SCHEMA in tables and sorted(columns) == ["applied_at", "version"]:
+            found = run(conn, Query(f"SELECT MAX(version) FROM {_schema.SCHEMA}")).rows
+            version = found[0][0]
+        return _schema.check_shape(self._link.where, tables, columns, version)
+
+    def close(self) -> None:
+        """Close the connections the storage opened (waits for a running transaction)."""
+        if not self._closed:
+            self._txn.close(self._release)
+
+    def _release(self) -> None:
+        self._closed = True
+        self._steps.cache.clear()
+        self._link.close()
+
+    def __enter__(self) -> PostgresMainStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresMainStorage({self._link.where}, tree_id={self.tree_id!r})"
+
+    @property
+    def transaction_hooks(self) -> TransactionHooks:
+        """`BEGIN` + the tree's advisory lock / `COMMIT` / savepoints, sync side."""
+        return self._hooks
+
+    @property
+    def async_transaction_hooks(self) -> AsyncHooks:
+        """The async twins of `transaction_hooks`, on the running loop's connection."""
+        return self._ahooks
+
+    # -- sync primitives ------------------------------------------------------------------
+    def op_session_exists(self, session_id: str) -> bool:
+        return self._link.drive(self._steps.session_exists(session_id))
+
+    def op_get_session(self, session_id: str) -> SessionMeta | None:
+        return self._link.drive(self._steps.get_session(session_id))
+
+    def op_put_session(self, row: MetaRow) -> None:
+        self._link.drive(self._steps.put_session(row))
+
+    def op_list_sessions(
+        self, status: SessionStatus | None, role: SessionRole | None
+    ) -> list[SessionMeta]:
+        return self._link.drive(self._steps.list_sessions(status, role))
+
+    def op_l2s(self) -> list[ChildL2]:
+        return self._link.drive(self._steps.l2s())
+
+    def op_session_stats(self) -> list[SessionStats]:
+        return self._link.drive(self._steps.session_stats())
+
+    def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
+        return self._link.drive(self._steps.get_fields(session_id, names))
+
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        return self._link.drive(self._steps.all_fields(names))
+
+    def op_digests(self) -> list[DigestRow]:
+        return self._link.drive(self._steps.digests())
+
+    def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
+        self._link.drive(self._steps.set_fields(session_id, values))
+
+    def op_delete_sessions(self, session_ids: list[str]) -> None:
+        self._link.drive(self._steps.delete_sessions(session_ids))
+
+    def op_append(
+        self,
+        session_id: str,
+        records: list[EncodedMessage],
+        at: str,
+        user_turn: bool,
+        turns: list[RecordTurn],
+    ) -> int:
+        return self._link.drive(self._steps.append(session_id, records, at, user_turn, turns))
+
+    def op_has_turn(self, session_id: str, turn_id: str) -> bool:
+        return self._link.drive(self._steps.has_turn(session_id, turn_id))
+
+    def op_turns(self, session_id: str) -> list[RecordTurn]:
+        return self._link.drive(self._steps.turns(session_id))
+
+    def op_records(self, session_id: str) -> Sequence[BaseMessage]:
+        return self._link.drive(self._steps.records(session_id))
+
+    def op_count(self, session_id: str) -> int:
+        return self._link.drive(self._steps.count(session_id))
+
+    def op_drop_oldest(self, session_id: str, count: int) -> None:
+        self._link.drive(self._steps.drop_oldest(session_id, count))
+
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        return self._link.drive(self._steps.copy_records(source_id, target_id, count))
+
+    def op_append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> int:
+        return self._link.drive(self._steps.append_event(kind, session_id, payload, at))
+
+    def op_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        return self._link.drive(self._steps.events_after(cursor, limit))
+
+    def op_get_node(self, node_id: str) -> TopologyNode | None:
+        return self._link.drive(self._steps.get_node(node_id))
+
+    def op_put_node(self, node: TopologyNode) -> None:
+        self._link.drive(self._steps.put_node(node))
+
+    def op_children(self, parent_id: str) -> list[TopologyNode]:
+        return self._link.drive(self._steps.children(parent_id))
+
+    def op_all_nodes(self) -> list[TopologyNode]:
+        return self._link.drive(self._steps.all_nodes())
+
+    def op_get_global(self, key: str) -> str | None:
+        return self._link.drive(self._steps.get_global(key))
+
+    def op_put_global(self, key: str, value: str) -> None:
+        self._link.drive(self._steps.put_global(key, value))
+
+    # -- async primitives (native: psycopg's AsyncConnection) -----------------------------
+    async def aop_session_exists(self, session_id: str) -> bool:
+        return await self._link.adrive(self._steps.session_exists(session_id))
+
+    async def aop_get_session(self, session_id: str) -> SessionMeta | None:
+        return await self._link.adrive(self._steps.get_session(session_id))
+
+    async def aop_put_session(self, row: MetaRow) -> None:
+        await self._link.adrive(self._steps.put_session(row))
+
+    async def aop_list_sessions(
+        self, status: SessionStatus | None, role: SessionRole | None
+    ) -> list[SessionMeta]:
+        return await self._link.adrive(self._steps.list_sessions(status, role))
+
+    async def aop_l2s(self) -> list[ChildL2]:
+        return await self._link.adrive(self._steps.l2s())
+
+    async def aop_session_stats(self) -> list[SessionStats]:
+        return await self._link.adrive(self._steps.session_stats())
+
+    async def aop_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
+        return await self._link.adrive(self._steps.get_fields(session_id, names))
+
+    async def aop_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        return await self._link.adrive(self._steps.all_fields(names))
+
+    async def aop_digests(self) -> list[DigestRow]:
+        return await self._link.adrive(self._steps.digests())
+
+    async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
+        await self._link.adrive(self._steps.set_fields(session_id, values))
+
+    async def aop_delete_sessions(self, session_ids: list[str]) -> None:
+        await self._link.adrive(self._steps.delete_sessions(session_ids))
+
+    async def aop_append(
+        self,
+        session_id: str,
+        records: list[EncodedMessage],
+        at: str,
+        user_turn: bool,
+        turns: list[RecordTurn],
+    ) -> int:
+        return await self._link.adrive(
+            self._steps.append(session_id, records, at, user_turn, turns)
+        )
+
+    async def aop_has_turn(self, session_id: str, turn_id: str) -> bool:
+        return await self._link.adrive(self._steps.has_turn(session_id, turn_id))
+
+    async def aop_turns(self, session_id: str) -> list[RecordTurn]:
+        return await self._link.adrive(self._steps.turns(session_id))
+
+    async def aop_records(self, session_id: str) -> Sequence[BaseMessage]:
+        return await self._link.adrive(self._steps.records(session_id))
+
+    async def aop_count(self, session_id: str) -> int:
+        return await self._link.adrive(self._steps.count(session_id))
+
+    async def aop_drop_oldest(self, session_id: str, count: int) -> None:
+        await self._link.adrive(self._steps.drop_oldest(session_id, count))
+
+    async def aop_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        return await self._link.adrive(self._steps.copy_records(source_id, target_id, count))
+
+    async def aop_append_event(
+        self, kind: str, session_id: str | None, payload: str, at: str
+    ) -> int:
+        return await self._link.adrive(self._steps.append_event(kind, session_id, payload, at))
+
+    async def aop_events_after(self, cursor: int, limit: int) -> list[EventRow]:
+        return await self._link.adrive(self._steps.events_after(cursor, limit))
+
+    async def aop_get_node(self, node_id: str) -> TopologyNode | None:
+        return await self._link.adrive(self._steps.get_node(node_id))
+
+    async def aop_put_node(self, node: TopologyNode) -> None:
+        await self._link.adrive(self._steps.put_node(node))
+
+    async def aop_children(self, parent_id: str) -> list[TopologyNode]:
+        return await self._link.adrive(self._steps.children(parent_id))
+
+    async def aop_all_nodes(self) -> list[TopologyNode]:
+        return await self._link.adrive(self._steps.all_nodes())
+
+    async def aop_get_global(self, key: str) -> str | None:
+        return await self._link.adrive(self._steps.get_global(key))
+
+    async def aop_put_global(self, key: str, value: str) -> None:
+        await self._link.adrive(self._steps.put_global(key, value))
+
+    # -- LangGraph ------------------------------------------------------------------------
+    def open_checkpointer(self) -> StelloPostgresSaver:
+        """A LangGraph `PostgresSaver` on the same database (its tables set up); the agent
+        opens one this way when given this storage and no checkpointer."""
+        from stello_graph.checkpoints._postgres_saver import postgres_saver
+
+        return postgres_saver(self.conninfo)
+
+
+def open_postgres(
+    conninfo: str, *, tree_id: str = "default"
+) -> tuple[PostgresMainStorage, StelloPostgresSaver]:
+    """Open the stello storage and a LangGraph checkpointer on the same PostgreSQL database.
+
+    Raises:
+        StorageUnavailableError: the server cannot be reached (nothing is left open).
+
+    Example:
+        >>> url = "postgresql://app@db/app"
+        >>> storage, saver = open_postgres(url, tree_id="alice")  # doctest: +SKIP
+        >>> agent = StelloAgent(model=model, storage=storage, checkpointer=saver)  # doctest: +SKIP
+    """
+    storage = PostgresMainStorage(conninfo, tree_id=tree_id)
+    try:
+        return storage, storage.open_checkpointer()
+    except BaseException:
+        storage.close()
+        raise

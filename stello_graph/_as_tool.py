@@ -1,0 +1,92 @@
+"""`StelloAgent.as_tool`: one stello session as a LangChain tool of another agent.
+
+Called by another graph (a `create_agent` agent's tool node, say), the tool runs the turn as
+a subgraph of the caller's run, the way LangGraph runs a graph called from a node: the turn
+is checkpointed in the caller's thread, an `interrupt()` inside it (a tool of the session
+waiting for a human) interrupts the caller's run, and the caller's
+`Command(resume=...)` resumes the turn where it waited. The inner model's tokens and
+stello's events stream through the caller's run (`stream_mode=["messages", "custom"]`
+with `subgraphs=True`).
+
+Called on its own (`tool.invoke(...)` outside a graph), the tool runs an ordinary
+`StelloAgent.turn`; a turn that then waits on an interrupt raises `InvalidInputError` naming
+`StelloAgent.resume`, rather than answering an empty string.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool, StructuredTool
+from langgraph._internal._constants import CONFIG_KEY_TASK_ID
+from langgraph.graph.state import CompiledStateGraph
+
+from stello_graph._validate import check_id
+from stello_graph.errors import InvalidInputError
+from stello_graph.graph import build_graph
+
+if TYPE_CHECKING:
+    from stello_graph._agent_turns import TurnResult
+    from stello_graph.agent import StelloAgent
+
+__all__ = ["session_tool", "tool_name"]
+
+
+def tool_name(label: str) -> str:
+    """`ask_<label>` as a tool name providers accept (letters, digits, `_`, at most 64)."""
+    slug = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")[:50]
+    return f"ask_{slug}" if slug else "ask_session"
+
+
+def _in_graph(config: RunnableConfig | None) -> bool:
+    """Whether the tool runs as a task of a graph run (a tool node's call)."""
+    return bool(((config or {}).get("configurable") or {}).get(CONFIG_KEY_TASK_ID))
+
+
+def _answer(sid: str, result: TurnResult) -> str:
+    if result.interrupted:
+        raise InvalidInputError(
+            f"The turn of session {sid!r} waits on an interrupt; outside a graph run the "
+            "tool cannot wait for it: answer with `agent.resume(session_id, value)`, or call "
+            "the tool from a graph with a checkpointer, whose run the interrupt then pauses."
+        )
+    return result.content
+
+
+def _subgraph(agent: StelloAgent) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """The agent's graph compiled without a checkpointer: it takes the caller's."""
+    found = agent._tool_graph
+    if found is None:
+        found = build_graph(agent.deps).compile(name="stello", store=agent.settings.store)
+        agent._tool_graph = found
+    return found
+
+
+def session_tool(
+    agent: StelloAgent, session_id: str, *, name: str | None = None, description: str | None = None
+) -> BaseTool:
+    """A tool that asks one session of `agent` a question (one turn); see the module doc."""
+    sid = check_id(session_id)
+    label = agent.session(sid).meta.label
+    graph = _subgraph(agent)
+
+    def ask(question: str, config: RunnableConfig) -> str:
+        if _in_graph(config):
+            return str(graph.invoke({"session_id": sid, "input": question}, config)["content"])
+        return _answer(sid, agent.turn(sid, question))
+
+    async def aask(question: str, config: RunnableConfig) -> str:
+        if _in_graph(config):
+            out = await graph.ainvoke({"session_id": sid, "input": question}, config)
+            return str(out["content"])
+        return _answer(sid, await agent.aturn(sid, question))
+
+    return StructuredTool.from_function(
+        func=ask,
+        coroutine=aask,
+        name=name or tool_name(label),
+        description=description
+        or f"Ask the stello session {label!r} a question and get its answer.",
+    )

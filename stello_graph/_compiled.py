@@ -1,0 +1,121 @@
+"""`StelloCompiledGraph`: what the compiled stello graph does at the edge of every run.
+
+A new run's input that leaves out `session_id` or `messages` clears them (`RUN_INPUTS`, see
+`stello_graph.nodes._channels`), so no run inherits them from the run before it on the same
+thread, even from one that failed.
+
+Time travel on a stello thread is refused, with a `TimeTravelError` that says what to do.
+
+LangGraph can replay a thread from an earlier checkpoint (a run whose config names a
+`checkpoint_id` that is not the thread's latest) and edit a thread's state
+(`update_state`). For a stello turn both would diverge from the session: its L3 is written
+by committed turns, not by checkpoints, so a replayed turn would re-ask the model for a turn
+that is already in L3 (or append a second copy of it after the turns that followed), and an
+edited state would commit records the session never had. The compiled stello graph refuses
+both; going back to an earlier turn is a fork of the session at that turn.
+
+Reading the history (`get_state`, `get_state_history`) and continuing the latest checkpoint
+(`Command(resume=...)`, or `None` after a crash, with or without its own `checkpoint_id`)
+work as usual. A recovery tool that re-runs a step on purpose, knowing the turn's commit is
+idempotent, names `configurable[REPLAY_KEY] = True` (`allow_replay(config)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph.state import CompiledStateGraph
+
+from stello_graph.errors import TimeTravelError
+from stello_graph.nodes._channels import RUN_INPUTS
+
+__all__ = ["REPLAY_KEY", "StelloCompiledGraph", "allow_replay", "fresh_input"]
+
+REPLAY_KEY = "stello_allow_replay"
+"""The `configurable` key that lets one run start from an earlier checkpoint."""
+
+
+def allow_replay(config: RunnableConfig) -> RunnableConfig:
+    """`config`, allowed to replay from the earlier checkpoint it names (see the module)."""
+    return {**config, "configurable": {**(config.get("configurable") or {}), REPLAY_KEY: True}}
+
+
+_REPLAY = "Replaying a run from an earlier checkpoint"
+_EDIT = "Editing the state with `update_state`"
+
+
+def _latest_query(config: RunnableConfig | None) -> tuple[str, RunnableConfig] | None:
+    """The checkpoint a run asks to start from, and the query of its thread's latest."""
+    conf = (config or {}).get("configurable") or {}
+    wanted = conf.get("checkpoint_id")
+    if not wanted or conf.get("thread_id") is None or conf.get(REPLAY_KEY) is True:
+        return None
+    query: RunnableConfig = {
+        "configurable": {
+            "thread_id": conf["thread_id"],
+            "checkpoint_ns": conf.get("checkpoint_ns", ""),
+        }
+    }
+    return str(wanted), query
+
+
+def fresh_input(input: Any) -> Any:
+    """A new run's input, with `None` for each run input it leaves out (which clears it)."""
+    if isinstance(input, Mapping):
+        return {**dict.fromkeys(RUN_INPUTS), **input}
+    return input  # a `Command`, or `None` (continue the latest checkpoint)
+
+
+def _is_latest(wanted: str, latest: Any) -> bool:
+    return latest is None or latest.config["configurable"].get("checkpoint_id") == wanted
+
+
+class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
+    """The compiled stello graph: a `CompiledStateGraph` whose runs start fresh and that
+    refuses time travel (see the module docstring)."""
+
+    def _saver(self) -> BaseCheckpointSaver[Any] | None:
+        saver = self.checkpointer
+        return saver if isinstance(saver, BaseCheckpointSaver) else None
+
+    def _refuse_replay(self, config: RunnableConfig | None) -> None:
+        found, saver = _latest_query(config), self._saver()
+        if found is not None and saver is not None:
+            wanted, query = found
+            if not _is_latest(wanted, saver.get_tuple(query)):
+                raise TimeTravelError(_REPLAY)
+
+    async def _arefuse_replay(self, config: RunnableConfig | None) -> None:
+        found, saver = _latest_query(config), self._saver()
+        if found is not None and saver is not None:
+            wanted, query = found
+            if not _is_latest(wanted, await saver.aget_tuple(query)):
+                raise TimeTravelError(_REPLAY)
+
+    def stream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[Any]:
+        self._refuse_replay(config)
+        return super().stream(fresh_input(input), config, **kwargs)
+
+    async def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        await self._arefuse_replay(config)
+        async for item in super().astream(fresh_input(input), config, **kwargs):
+            yield item
+
+    def bulk_update_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
+        raise TimeTravelError(_EDIT)
+
+    async def abulk_update_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
+        raise TimeTravelError(_EDIT)
+
+    def update_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
+        raise TimeTravelError(_EDIT)
+
+    async def aupdate_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
+        raise TimeTravelError(_EDIT)

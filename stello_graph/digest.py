@@ -1,0 +1,133 @@
+"""Digests: what an outside orchestrator needs to know of every session, read at once.
+
+A cron job or another agent that runs its own reflection (reading L2s, writing insights
+with `Session.set_insight`, consolidating stale sessions with `consolidate`) asks
+`StelloAgent.digests()` which sessions need it: each `SessionDigest` has the session's
+label, status, parent, turns, L2, how stale the L2 is (user turns since it was written),
+the pending insight and the last activity. All of it comes from one whole-tree read
+(`list_session_digests`: one query on SQLite), never from per-session queries.
+
+    >>> from stello_graph import StelloAgent
+    >>> from stello_graph.checkpoints import InMemoryMainStorage
+    >>> from stello_graph.testing import ScriptedChatModel
+    >>> agent = StelloAgent(model=ScriptedChatModel(default="Noted."),
+    ...                     storage=InMemoryMainStorage(), consolidate_fn=lambda l2, r: "L2")
+    >>> ideas = agent.fork(agent.main_session_id, "Ideas")
+    >>> _ = agent.turn(ideas.id, "Tea?")
+    >>> [(d.label, d.turns, d.stale_turns) for d in agent.digests() if d.role == "standard"]
+    [('Ideas', 1, 1)]
+    >>> _ = agent.consolidate(ideas.id)
+    >>> agent.digest(ideas.id).l2, agent.digest(ideas.id).stale_turns
+    ('L2', 0)
+    >>> agent.close()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from langchain_core.messages import BaseMessage
+
+from stello_graph._copies import ashared_records, shared_records
+from stello_graph._flow import Call, Flow, Storage
+from stello_graph._validate import check_id
+from stello_graph.errors import InvalidInputError, SessionNotFoundError
+from stello_graph.models import SessionMeta, SessionRole, SessionStatus, TopologyNode
+from stello_graph.storage import SessionStorage
+
+__all__ = ["DigestRow", "SessionDigest", "digest_flow", "digest_from_row", "digests_flow"]
+
+DigestRow = tuple[str, str, str, str, str, str | None, int, str | None, int, str | None]
+"""A session's digest as a backend reads it (`op_digests`): `(id, label, role, status,
+updated_at, parent_id, turn_count, memory, stale_turns, insight)`, `updated_at` as the ISO
+text `_serde.to_iso` writes, `stale_turns` the user records after the memory's cursor."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDigest:
+    """One session, as an outside orchestrator sees it.
+
+    Attributes:
+        id / label / role / status: from the session's meta.
+        parent_id: its topology node's parent (`None` for the main session, or a session
+            outside the tree).
+        turns: the user turns the session committed itself (a fork's inherited turns are
+            not counted).
+        l2: its L2 (the synthesis, for the main session), or `None`.
+        stale_turns: the user messages of its L3 after the L2's cursor (all of them, the
+            inherited ones included, without an L2): how much a consolidation would add.
+        insight: the pending insight, not yet shown to the session, or `None`.
+        last_activity: when the session last changed (`updated_at`: its meta or its L3).
+    """
+
+    id: str
+    label: str
+    role: SessionRole
+    status: SessionStatus
+    parent_id: str | None
+    turns: int
+    l2: str | None
+    stale_turns: int
+    insight: str | None
+    last_activity: datetime
+
+
+def check_status(value: object) -> SessionStatus | None:
+    """`None`, `"active"` or `"archived"`."""
+    if value is None or value in ("active", "archived"):
+        return value
+    raise InvalidInputError(f"status must be 'active', 'archived' or None, got {value!r}.")
+
+
+def digest_from_row(row: DigestRow) -> SessionDigest:
+    """The `SessionDigest` of a backend's row."""
+    sid, label, role, status, updated_at, parent_id, turns, memory, stale, insight = row
+    at = datetime.fromisoformat(updated_at)  # written with its offset (`_serde.to_iso`)
+    return SessionDigest(
+        sid,
+        label,
+        role,  # type: ignore[arg-type]
+        status,  # type: ignore[arg-type]
+        parent_id,
+        turns,
+        memory,
+        stale,
+        insight,
+        at if at.tzinfo is not None else at.replace(tzinfo=UTC),
+    )
+
+
+def digests_flow(status: object = None) -> Flow[list[SessionDigest]]:
+    """Every session's digest (with `status`, only those), in creation order."""
+    wanted = check_status(status)
+    found: list[SessionDigest] = yield Storage("list_session_digests")
+    return found if wanted is None else [d for d in found if d.status == wanted]
+
+
+def digest_flow(storage: SessionStorage, session_id: object) -> Flow[SessionDigest]:
+    """The digest of one session, from its own reads.
+
+    Raises:
+        SessionNotFoundError: there is no such session.
+    """
+    sid = check_id(session_id)
+    meta: SessionMeta | None = yield Storage("get_session", sid)
+    if meta is None:
+        raise SessionNotFoundError(sid)
+    node: TopologyNode | None = yield Storage("get_node", sid)
+    through: int = yield Storage("get_memory_through", sid)
+    records: list[BaseMessage] = yield Call(shared_records, ashared_records, (storage, sid))
+    stale = sum(record.type == "human" for record in records[through:])
+    return SessionDigest(
+        id=meta.id,
+        label=meta.label,
+        role=meta.role,
+        status=meta.status,
+        parent_id=node.parent_id if node is not None else None,
+        turns=(yield Storage("get_turn_count", sid)),
+        l2=(yield Storage("get_memory", sid)),
+        stale_turns=stale,
+        insight=(yield Storage("get_insight", sid)),
+        last_activity=meta.updated_at,
+    )

@@ -1,0 +1,123 @@
+"""`stello_graph.server.make_graph` in process: the environment, trees, the offline model."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+from stello_graph import server
+from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.errors import InvalidInputError, ModelNotConfiguredError
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    db = tmp_path / "trees.db"
+    monkeypatch.setenv(server.MODEL_ENV, "scripted")
+    monkeypatch.setenv(server.DATABASE_ENV, str(db))
+    monkeypatch.setenv(server.TOOLS_ENV, "tests.server._tools:TOOLS")
+    server.close_trees()
+    yield db
+    server.close_trees()
+
+
+def tree(name: str, thread: str = "t") -> Any:
+    return {"configurable": {"tree_id": name, "thread_id": thread}}
+
+
+def ask(text: str) -> Any:
+    return {"messages": [HumanMessage(text)]}
+
+
+def test_each_tree_has_its_main_session(env: Path) -> None:
+    alice = server.make_graph(tree("alice")).compile(checkpointer=InMemorySaver())
+    bob = server.make_graph(tree("bob")).compile(checkpointer=InMemorySaver())
+    a = alice.invoke(ask("hi"), tree("alice"))
+    b = bob.invoke(ask("hi"), tree("bob"))
+    assert a["content"] == "(scripted) You said: hi"
+    assert a["session_id"] != b["session_id"]
+    assert server.make_graph(tree("alice")) is server.make_graph(tree("alice"))  # kept open
+    server.close_trees()
+    with SqliteMainStorage(env, tree_id="alice") as storage:
+        main = storage.get_main_session()
+        assert main is not None and main.id == a["session_id"]
+        assert storage.count_records(main.id) == 2
+
+
+def test_the_offline_model_calls_tools_and_waits_on_interrupts(env: Path) -> None:
+    graph = server.make_graph(tree("tools")).compile(checkpointer=InMemorySaver())
+    first = graph.invoke(ask('/call approve {"action": "ship"}'), tree("tools"))
+    assert first["__interrupt__"][0].value == {"approve": "ship"}
+    out = graph.invoke(Command(resume="fine"), tree("tools"))
+    assert out["content"] == "(scripted) approve returned: ship: fine"
+
+
+def test_bad_call_arguments_are_answered(env: Path) -> None:
+    graph = server.make_graph(tree("x")).compile()
+    out = graph.invoke(ask("/call approve {not json}"), tree("x"))
+    assert "not JSON" in out["content"]
+
+
+async def test_first_open_inside_an_event_loop_runs_off_the_loop(
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened_in: list[str] = []
+    real = server._open
+
+    def spy(*args: Any) -> Any:
+        opened_in.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(server, "_open", spy)
+    graph = server.make_graph(tree("loop")).compile()
+    out = await graph.ainvoke(ask("hello"), tree("loop"))
+    assert out["content"] == "(scripted) You said: hello"
+    assert opened_in and opened_in[0] != threading.current_thread().name
+    assert asyncio.get_running_loop().is_running()
+
+
+def test_the_environment_is_checked(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(server.MODEL_ENV)
+    with pytest.raises(ModelNotConfiguredError, match=server.MODEL_ENV):
+        server.make_graph(tree("a"))
+    monkeypatch.setenv(server.MODEL_ENV, "scripted")
+    monkeypatch.setenv(server.TOOLS_ENV, "no_colon_here")
+    with pytest.raises(InvalidInputError, match="module:attribute"):
+        server.make_graph(tree("a"))
+    monkeypatch.setenv(server.TOOLS_ENV, "")
+    with pytest.raises(InvalidInputError, match="tree_id"):
+        server.make_graph(tree(""))
+
+
+def test_a_model_name_means_chat_openai(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(server.MODEL_ENV, "gpt-test")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    server.make_graph(tree("openai"))
+    model = server.open_tree("openai").model
+    assert type(model).__name__ == "ChatOpenAI"
+    assert getattr(model, "model_name", None) == "gpt-test"
+
+
+def test_postgres_dsns_go_to_the_storage_factory(
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[str, str]] = []
+
+    def factory(uri: str, tree_id: str) -> SqliteMainStorage:
+        seen.append((uri, tree_id))
+        return SqliteMainStorage(":memory:", tree_id=tree_id)
+
+    monkeypatch.setattr(server, "_open_storage", factory)
+    monkeypatch.setenv(server.DATABASE_ENV, "postgresql://stello@127.0.0.1/stello")
+    server.close_trees()
+    server.make_graph(tree("pg"))
+    assert seen == [("postgresql://stello@127.0.0.1/stello", "pg")]

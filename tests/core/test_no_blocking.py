@@ -1,0 +1,176 @@
+"""No async path of the library blocks the event loop (the check LangGraph Server runs).
+
+`blockbuster` makes every blocking call (SQLite statements, file I/O, `time.sleep`, waiting
+on a held lock, ...) made on the event loop from stello-graph's code raise `BlockingError`.
+The async APIs then run end to end over a SQLite file: storage, sessions, the agent's turns,
+streams, forks and memory, and the compiled graph with the agent's checkpointer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from blockbuster import BlockBuster, blockbuster_ctx
+from langchain_core.messages import HumanMessage
+
+from stello_graph import Schedule, StelloAgent
+from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.models import IntegrationResult, SessionMeta, TopologyNode
+from stello_graph.testing import ScriptedChatModel
+
+_LIBRARY = ["stello_graph", "stello_graph.nodes", "stello_graph.checkpoints"]
+
+
+@pytest.fixture
+def blockbuster() -> Iterator[BlockBuster]:
+    """Blocking calls on the loop from the library's code raise while the test runs."""
+    with blockbuster_ctx(_LIBRARY) as found:
+        yield found
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[StelloAgent]:
+    """An agent on a SQLite file, opened (a sync constructor) before blocking is checked."""
+    made = StelloAgent(
+        storage=str(tmp_path / "stello.db"),
+        model=ScriptedChatModel(default="ok"),
+        consolidate_fn=lambda l2, records: f"{len(records)} records",
+        integrate_fn=lambda children, synthesis: IntegrationResult(synthesis="synthesis"),
+    )
+    yield made
+    await made.aclose()
+
+
+def test_the_checker_catches_a_blocking_call(tmp_path: Path) -> None:
+    storage = SqliteMainStorage(tmp_path / "s.db")
+
+    async def blocks() -> None:
+        storage.put_session(SessionMeta(id="s1", label="One"))  # sync SQLite on the loop
+
+    import asyncio
+
+    from blockbuster import BlockingError
+
+    with blockbuster_ctx(_LIBRARY), pytest.raises(BlockingError):
+        asyncio.run(blocks())
+    storage.close()
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Iterator[SqliteMainStorage]:
+    with SqliteMainStorage(tmp_path / "s.db") as opened:
+        yield opened
+
+
+async def test_storage_async_methods(storage: SqliteMainStorage, blockbuster: BlockBuster) -> None:
+    await storage.aput_session(SessionMeta(id="main", label="Main", role="main"))
+    await storage.aput_session(SessionMeta(id="c1", label="Child"))
+    await storage.aput_node(TopologyNode(id="main"))
+    async with storage.atransaction():
+        await storage.aput_node(TopologyNode(id="c1", parent_id="main", label="Child"))
+        await storage.aappend_records("c1", [HumanMessage("hi")], user_turn=True)
+        await storage.aput_memory("c1", "l2", through=1)
+    assert [n.id for n in await storage.aget_tree()] == ["main", "c1"]
+    assert len(await storage.alist_records("c1")) == 1
+    assert [c.l2 for c in await storage.aget_all_session_l2s()] == ["l2"]
+    lease = await storage.aacquire_lease("c1", "me", 5.0)
+    assert lease is not None
+    await storage.acheck_lease(lease)
+    assert await storage.arelease_lease(lease)
+    await storage.aput_global("k", {"v": 1})
+    assert await storage.aget_global("k") == {"v": 1}
+    await storage.aput_session(SessionMeta(id="c2", label="Copy"))
+    assert await storage.acopy_records("c1", "c2", count=1) == 1
+    await storage.aput_lineage("c2", "c1", 1)
+    assert (await storage.alist_lineage())["c2"].source_id == "c1"
+    assert len(await storage.alist_session_digests()) == 3
+    cursor = await storage.aappend_event("consolidated", "c1", {"l2": "l2"})
+    assert [e.cursor for e in await storage.aevents_after(0)] == [cursor]
+    assert await storage.aremove_node("c1") == ["c1"]
+
+
+async def test_agent_async_api(agent: StelloAgent, blockbuster: BlockBuster) -> None:
+    main = agent.main_session_id
+    node = await agent.afork(main, "Branch")
+    result = await agent.aturn(node.id, "hello")
+    assert result.content == "ok"
+    inherited = await agent.afork(node.id, "Inherits", context="inherit", at_turn=1)
+    assert len(await (await agent.asession(inherited.id)).amessages()) == 2
+    chunks = [chunk.content async for chunk, _ in agent.astream(node.id, "again")]
+    assert "".join(chunks) == "ok"
+    assert await agent.aconsolidate(node.id) == "4 records"
+    integrated = await agent.aintegrate()
+    assert integrated.synthesis == "synthesis"
+    session = await agent.asession(node.id)
+    assert (await session.asend("direct")).content == "ok"
+    streamed = [chunk async for chunk in session.astream("streamed")]
+    assert "".join(streamed) == "ok"
+    assert await agent.afailures() == []
+    await agent.adrain(5)
+
+
+async def test_the_graph_with_the_agents_checkpointer(
+    agent: StelloAgent, blockbuster: BlockBuster
+) -> None:
+    node = await agent.afork(agent.main_session_id, "Graph")
+    out = await agent.graph.ainvoke(
+        {"session_id": node.id, "input": "through the graph"},
+        agent.config(node.id),
+    )
+    assert out["content"] == "ok"
+    seen = [
+        item
+        async for item in agent.graph.astream(
+            {"session_id": node.id, "input": "streamed"},
+            agent.config(node.id),
+            stream_mode=["messages", "custom", "updates"],
+        )
+    ]
+    assert seen
+
+
+async def test_background_memory_and_closing(tmp_path: Path, blockbuster: BlockBuster) -> None:
+    blockbuster.deactivate()  # the constructor is sync
+    agent = StelloAgent(
+        storage=str(tmp_path / "bg.db"),
+        model=ScriptedChatModel(default="ok"),
+        consolidate_fn=lambda l2, records: f"{len(records)} records",
+        integrate_fn=lambda children, synthesis: IntegrationResult(synthesis="s"),
+        schedule=Schedule(consolidate_every_n_turns=1, integrate_after_consolidate=True),
+    )
+    blockbuster.activate()
+    first = await agent.afork(agent.main_session_id, "First")
+    second = await agent.afork(agent.main_session_id, "Second")
+    await agent.aturn(first.id, "one")
+    await agent.aturn(second.id, "two")
+    assert await agent.adrain(10)
+    assert await agent.afailures() == []
+    await agent.amove(second.id, first.id)
+    assert [n.id for n in await agent.achildren(first.id)] == [second.id]
+    await agent.aarchive(second.id)
+    assert await agent.aremove(first.id, cascade=True) == [first.id, second.id]
+    await agent.aclose()
+
+
+async def test_tool_rounds_and_a_model_fork(tmp_path: Path, blockbuster: BlockBuster) -> None:
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    model = ScriptedChatModel(
+        [
+            ScriptedChatModel.tool_call("add", {"a": 2, "b": 3}),
+            ScriptedChatModel.tool_call("create_session", {"label": "Deep", "context": "inherit"}),
+            "done",
+        ]
+    )
+    blockbuster.deactivate()  # the constructor is sync
+    agent = StelloAgent(storage=str(tmp_path / "tools.db"), model=model, tools=[add])
+    blockbuster.activate()
+    parent = await agent.afork(agent.main_session_id, "Parent")
+    assert (await agent.aturn(parent.id, "add, then branch")).content == "done"
+    (child,) = await agent.achildren(parent.id)
+    assert child.label == "Deep"
+    await agent.aclose()

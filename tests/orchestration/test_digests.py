@@ -1,0 +1,86 @@
+"""Digests: every session's figures for an outside orchestrator, the same from the bulk
+read (`digests`) and the one-session read (`digest`), sync and async."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from langchain_core.messages import BaseMessage
+
+from stello_graph import InvalidInputError, SessionDigest, StelloAgent
+from stello_graph.errors import SessionNotFoundError
+from stello_graph.testing import ScriptedChatModel
+from tests.orchestration.conftest import AgentFactory
+
+
+def _consolidate(previous: str | None, records: Sequence[BaseMessage]) -> str:
+    return f"{len(records)} records"
+
+
+def _setup(make_agent: AgentFactory) -> tuple[StelloAgent, dict[str, str]]:
+    agent = make_agent(model=ScriptedChatModel(default="ok"), consolidate_fn=_consolidate)
+    ideas = agent.fork(agent.main_session_id, "Ideas").id
+    tea = agent.fork(ideas, "Tea").id
+    old = agent.fork(ideas, "Old").id
+    for question in ("a", "b", "c"):
+        agent.turn(ideas, question)
+    agent.consolidate(ideas)
+    agent.turn(ideas, "d")
+    agent.turn(tea, "x")
+    agent.child(tea).set_insight("Try oolong.")
+    agent.archive(old)
+    return agent, {"ideas": ideas, "tea": tea, "old": old}
+
+
+def test_digests_give_every_session_its_figures(make_agent: AgentFactory) -> None:
+    agent, ids = _setup(make_agent)
+    found = {d.id: d for d in agent.digests()}
+    assert list(found) == [agent.main_session_id, ids["ideas"], ids["tea"], ids["old"]]
+    ideas = found[ids["ideas"]]
+    assert (ideas.label, ideas.role, ideas.status) == ("Ideas", "standard", "active")
+    assert (ideas.parent_id, ideas.turns, ideas.l2) == (agent.main_session_id, 4, "6 records")
+    assert (ideas.stale_turns, ideas.insight) == (1, None)
+    tea = found[ids["tea"]]
+    assert (tea.parent_id, tea.turns, tea.l2, tea.stale_turns) == (ids["ideas"], 1, None, 1)
+    assert tea.insight == "Try oolong."
+    assert found[ids["old"]].status == "archived"
+    main = found[agent.main_session_id]
+    assert (main.role, main.parent_id) == ("main", None)
+    assert ideas.last_activity >= agent.session(ids["ideas"]).meta.created_at
+
+
+def test_digests_filter_by_status(make_agent: AgentFactory) -> None:
+    agent, ids = _setup(make_agent)
+    assert [d.id for d in agent.digests(status="archived")] == [ids["old"]]
+    assert ids["old"] not in {d.id for d in agent.digests(status="active")}
+    with pytest.raises(InvalidInputError, match="status must be 'active', 'archived' or None"):
+        agent.digests(status="open")
+
+
+def test_one_digest_is_the_same_as_in_the_bulk_read(make_agent: AgentFactory) -> None:
+    agent, ids = _setup(make_agent)
+    bulk = {d.id: d for d in agent.digests()}
+    for session_id in (*ids.values(), agent.main_session_id):
+        assert agent.digest(session_id) == bulk[session_id]
+    with pytest.raises(SessionNotFoundError):
+        agent.digest("nobody")
+
+
+def test_an_outside_reflection_loop(make_agent: AgentFactory) -> None:
+    agent, ids = _setup(make_agent)
+    stale = [d for d in agent.digests(status="active") if d.role == "standard" and d.stale_turns]
+    for digest in stale:
+        agent.consolidate(digest.id)
+        agent.child(digest.id).set_insight(f"Digest of {digest.label} read.")
+    after = {d.id: d for d in agent.digests(status="active")}
+    assert all(after[d.id].stale_turns == 0 and after[d.id].l2 for d in stale)
+    assert after[ids["ideas"]].insight == "Digest of Ideas read."
+
+
+async def test_async_twins(make_agent: AgentFactory) -> None:
+    agent, ids = _setup(make_agent)
+    assert await agent.adigests() == agent.digests()
+    assert await agent.adigests(status="archived") == agent.digests(status="archived")
+    digest = await agent.adigest(ids["tea"])
+    assert isinstance(digest, SessionDigest) and digest == agent.digest(ids["tea"])

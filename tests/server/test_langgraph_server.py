@@ -1,0 +1,262 @@
+"""The stello graph served by `langgraph dev`, driven with `langgraph-sdk` as a client would.
+
+Threads, runs, the stream modes `values` / `updates` / `messages` / `custom`, an interrupt
+and its resume, two trees kept apart, stello errors reaching the client by name, and no
+blocking call on the server's event loop. Run with `make test-server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+from langgraph_sdk.client import LangGraphClient
+from langgraph_sdk.schema import Command, Config, StreamMode
+
+from tests.server.langgraph_dev import ROOT, DevServer
+
+pytestmark = pytest.mark.server
+
+GRAPH = "stello"
+
+
+def tree(name: str, **configurable: Any) -> Config:
+    return {"configurable": {"tree_id": name, **configurable}}
+
+
+def ask(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+async def stream(
+    client: LangGraphClient, thread: str, payload: Any, config: Config, modes: list[StreamMode]
+) -> list[tuple[str, Any]]:
+    parts: list[tuple[str, Any]] = []
+    async for part in client.runs.stream(
+        thread,
+        GRAPH,
+        input=payload,
+        config=config,
+        stream_mode=modes,
+    ):
+        parts.append((part.event, part.data))
+    return parts
+
+
+def errors(parts: list[tuple[str, Any]]) -> list[Any]:
+    return [data for event, data in parts if event == "error"]
+
+
+async def new_thread(client: LangGraphClient) -> str:
+    return str((await client.threads.create())["thread_id"])
+
+
+async def test_schemas_are_published(client: LangGraphClient) -> None:
+    [assistant] = await client.assistants.search(graph_id=GRAPH)
+    schemas = await client.assistants.get_schemas(assistant["assistant_id"])
+    inputs, outputs = schemas["input_schema"], schemas["output_schema"]
+    assert inputs is not None and outputs is not None
+    assert {"messages", "session_id", "input", "op"} <= set(inputs["properties"])
+    assert {"content", "messages"} <= set(outputs["properties"])
+
+
+async def test_a_turn_asked_as_messages(client: LangGraphClient) -> None:
+    thread = await new_thread(client)
+    out = await client.runs.wait(thread, GRAPH, input=ask("Hello"), config=tree("messages"))
+    assert isinstance(out, dict)
+    assert out["content"] == "(scripted) You said: Hello"
+    kinds = [m["type"] for m in out["messages"]]
+    assert kinds == ["human", "ai"]
+    assert out["messages"][-1]["content"] == out["content"]
+    assert out["turn_count"] == 1
+
+
+async def test_a_runs_input_does_not_carry_over(client: LangGraphClient) -> None:
+    thread, config = await new_thread(client), tree("carry-over")
+    first = await client.runs.wait(thread, GRAPH, input=ask("Hi"), config=config)
+    assert isinstance(first, dict)
+    main = first["session_id"]
+    forked = await client.runs.wait(
+        thread, GRAPH, input={"op": "fork", "session_id": main, "fork": {"label": "Pricing"}},
+        config=config,
+    )  # fmt: skip
+    assert isinstance(forked, dict)
+    child = forked["forked"]["session_id"]
+    assert "content" not in forked  # the turn's reply is not this run's
+    turn = await client.runs.wait(
+        thread, GRAPH, input={"session_id": child, "input": "Free tier?"}, config=config
+    )
+    assert isinstance(turn, dict) and turn["session_id"] == child
+    # no session_id this time: the main session, not the child the previous run named
+    again = await client.runs.wait(thread, GRAPH, input=ask("Back"), config=config)
+    assert isinstance(again, dict)
+    assert again["session_id"] == main and again["turn_count"] == 2
+    parts = await stream(client, thread, {"op": "consolidate"}, config, ["values"])
+    [error] = errors(parts)
+    assert error["error"] == "InvalidInputError"
+    assert "session_id" in error["message"]
+
+
+async def test_configurable_session_id_picks_the_session(client: LangGraphClient) -> None:
+    thread, config = await new_thread(client), tree("configured")
+    first = await client.runs.wait(thread, GRAPH, input=ask("Hi"), config=config)
+    assert isinstance(first, dict)
+    forked = await client.runs.wait(
+        thread, GRAPH, input={"op": "fork", "session_id": first["session_id"],
+                              "fork": {"label": "Side"}}, config=config,
+    )  # fmt: skip
+    assert isinstance(forked, dict)
+    child = forked["forked"]["session_id"]
+    out = await client.runs.wait(
+        thread, GRAPH, input=ask("On the side"), config=tree("configured", session_id=child)
+    )
+    assert isinstance(out, dict) and out["session_id"] == child and out["turn_count"] == 1
+
+
+async def test_stream_modes(client: LangGraphClient) -> None:
+    thread = await new_thread(client)
+    parts = await stream(
+        client, thread, ask("stream these words"), tree("streams"),
+        ["values", "updates", "messages-tuple", "custom"],
+    )  # fmt: skip
+    assert not errors(parts)
+    events = {event.split("|")[0] for event, _ in parts}
+    assert {"values", "updates", "custom"} <= events
+    tokens = [data for event, data in parts if event == "messages"]
+    assert tokens, "the model's tokens are streamed"
+    for message, metadata in tokens:
+        assert message["type"] == "AIMessageChunk", message  # no echo, no RemoveMessage
+        assert metadata["langgraph_node"] == "model"
+    text = "".join(message["content"] for message, _ in tokens)
+    assert text == "(scripted) You said: stream these words"
+    custom = [data["event"] for event, data in parts if event == "custom"]
+    assert custom[0] == "turn_started" and "turn_committed" in custom
+    updated = {node for event, data in parts if event == "updates" for node in data}
+    assert {"enter", "assemble", "model", "commit"} <= updated
+    last_values = [data for event, data in parts if event == "values"][-1]
+    assert last_values["content"] == text
+
+
+async def test_interrupt_and_resume(client: LangGraphClient) -> None:
+    thread, config = await new_thread(client), tree("interrupts")
+    parts = await stream(
+        client, thread, ask('/call approve {"action": "deploy"}'), config, ["updates", "custom"]
+    )
+    assert not errors(parts)
+    state = await client.threads.get_state(thread)
+    [waiting] = [i for task in state["tasks"] for i in task["interrupts"]]
+    assert waiting["value"] == {"approve": "deploy"}
+    calls = [d for e, d in parts if e == "custom" and d["event"] == "tool_call"]
+    assert calls and calls[0]["name"] == "approve"
+    out = await client.runs.wait(thread, GRAPH, command=Command(resume="yes"), config=config)
+    assert isinstance(out, dict)
+    assert out["content"] == "(scripted) approve returned: deploy: yes"
+    assert [m["type"] for m in out["messages"]] == ["human", "ai", "tool", "ai"]
+    assert not (await client.threads.get_state(thread))["next"]
+
+
+async def test_two_trees_are_isolated(client: LangGraphClient) -> None:
+    alice, bob = await new_thread(client), await new_thread(client)
+    one = await client.runs.wait(alice, GRAPH, input=ask("a1"), config=tree("alice"))
+    two = await client.runs.wait(alice, GRAPH, input=ask("a2"), config=tree("alice"))
+    other = await client.runs.wait(bob, GRAPH, input=ask("b1"), config=tree("bob"))
+    assert isinstance(one, dict) and isinstance(two, dict) and isinstance(other, dict)
+    assert one["session_id"] == two["session_id"] != other["session_id"]
+    assert (two["turn_count"], other["turn_count"]) == (2, 1)
+    # alice's sessions are not bob's: a turn on alice's main session in bob's tree fails
+    parts = await stream(
+        client, bob, {"session_id": one["session_id"], "input": "x"}, tree("bob"), ["values"]
+    )
+    [error] = errors(parts)
+    assert error["error"] == "SessionNotFoundError"
+
+
+async def test_stello_errors_reach_the_client(client: LangGraphClient) -> None:
+    thread = await new_thread(client)
+    parts = await stream(
+        client, thread, {"session_id": "no-such-session", "input": "x"}, tree("errors"), ["values"]
+    )
+    [error] = errors(parts)
+    assert error["error"] == "SessionNotFoundError"
+    assert "no-such-session" in error["message"]
+    parts = await stream(client, thread, {"messages": "not a list"}, tree("errors"), ["values"])
+    [error] = errors(parts)
+    assert error["error"] == "InvalidInputError"
+
+
+async def test_memory_reaches_the_servers_store(client: LangGraphClient) -> None:
+    thread, config = await new_thread(client), tree("memory")
+    first = await client.runs.wait(thread, GRAPH, input=ask("Hi"), config=config)
+    assert isinstance(first, dict)
+    children = []
+    for label in ("Pricing", "Hiring"):
+        out = await client.runs.wait(
+            thread, GRAPH, input={"op": "fork", "session_id": first["session_id"],
+                                  "fork": {"label": label}}, config=config,
+        )  # fmt: skip
+        assert isinstance(out, dict)
+        sid = out["forked"]["session_id"]
+        children.append(sid)
+        turn = {"session_id": sid, "input": f"about {label}"}
+        await client.runs.wait(thread, GRAPH, input=turn, config=config)
+        done = await client.runs.wait(
+            thread, GRAPH, input={"op": "consolidate", "session_id": sid}, config=config
+        )
+        assert isinstance(done, dict) and "about" in done["l2"]
+    await client.runs.wait(thread, GRAPH, input={"op": "integrate"}, config=config)
+    pricing = children[0]
+    l2 = await client.store.get_item(["stello", "memory", "l2"], key=pricing)
+    assert l2 is not None and "about Pricing" in l2["value"]["l2"]
+    insight = await client.store.get_item(["stello", "memory", "insights"], key=pricing)
+    assert insight is not None and "Hiring" in insight["value"]["insight"]
+    # the next turn on the branch shows the insight and consumes it, in the store too
+    turn = {"session_id": pricing, "input": "and now?"}
+    out = await client.runs.wait(thread, GRAPH, input=turn, config=config)
+    assert isinstance(out, dict) and "insight" in out["content"]
+    for _ in range(50):  # bounded: the deletion may be the loop's task
+        if await client.store.get_item(["stello", "memory", "insights"], key=pricing) is None:
+            break
+        await asyncio.sleep(0.1)
+    assert await client.store.get_item(["stello", "memory", "insights"], key=pricing) is None
+
+
+async def test_time_travel_is_refused(client: LangGraphClient) -> None:
+    thread, config = await new_thread(client), tree("time-travel")
+    await client.runs.wait(thread, GRAPH, input=ask("one"), config=config)
+    await client.runs.wait(thread, GRAPH, input=ask("two"), config=config)
+    history = await client.threads.get_history(thread, limit=50)
+    earlier = next(s for s in history if s["next"] == ["model"])
+    parts: list[tuple[str, Any]] = []
+    async for part in client.runs.stream(
+        thread, GRAPH, input=None, config=config,
+        checkpoint_id=earlier["checkpoint"]["checkpoint_id"],
+    ):  # fmt: skip
+        parts.append((part.event, part.data))
+    [error] = errors(parts)
+    assert error["error"] == "TimeTravelError" and "fork" in error["message"]
+    with pytest.raises(Exception, match=r"update_state"):
+        await client.threads.update_state(thread, {"content": "edited"})
+
+
+def readme_client() -> str:
+    """The README's `langgraph-sdk` client (a `py` block of "Deploy on LangGraph Server")."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Deploy on LangGraph Server", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"```py\n(.*?)```", section, flags=re.DOTALL)
+    return str(block)
+
+
+def test_the_readme_client(dev_server: DevServer, capsys: pytest.CaptureFixture[str]) -> None:
+    code = readme_client().replace("http://127.0.0.1:2024", dev_server.url)
+    exec(compile(code, "README.md client", "exec"), {"__name__": "__readme__"})
+    assert capsys.readouterr().out.strip() == "(scripted) You said: Hello"
+
+
+def test_no_blocking_call_on_the_event_loop(dev_server: DevServer) -> None:
+    """Run last in this module: every run above went through the server's checker."""
+    found = dev_server.blocking_calls()
+    assert not found, f"{len(found)} blocking call(s) on the event loop:\n\n" + "\n\n".join(
+        found[:3]
+    )
