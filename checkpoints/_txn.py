@@ -99,6 +99,10 @@ class _Owner:
     loop: asyncio.AbstractEventLoop | None = None
     """The event loop of the owning task of an async transaction."""
     depth: int = 0
+    nested: asyncio.Lock | None = None
+    """Serialises the owner's concurrent nested writes on a native async backend (created on
+    first use, on the owner's loop): savepoints are a stack, so two tasks of one transaction
+    (`asyncio.gather` of writes) must not interleave theirs."""
 
 
 class Transactions:
@@ -231,7 +235,11 @@ class Transactions:
         if self.owns():
             if not self.native:
                 return await self._in_worker(self._nested_write, flow)
-            async with self._asavepoint():
+            owner = self._owner
+            assert owner is not None
+            if owner.nested is None:
+                owner.nested = asyncio.Lock()
+            async with owner.nested, self._asavepoint():
                 return await self._ainline(flow)
         if not self.native:
             await self._alock()  # the worker releases the lock once done

@@ -109,12 +109,17 @@ class Interleaved:
         if meta is not None and meta.status == "archived":
             self.writes_when_archived.append(what)
 
+    async def _acheck_active(self, what: str, session_id: str) -> None:
+        meta = await self._storage.aget_session(session_id)
+        if meta is not None and meta.status == "archived":
+            self.writes_when_archived.append(what)
+
     def put_system_prompt(self, session_id: str, prompt: str | None) -> None:
         self._check_active("system prompt", session_id)
         self._storage.put_system_prompt(session_id, prompt)
 
     async def aput_system_prompt(self, session_id: str, prompt: str | None) -> None:
-        self._check_active("system prompt", session_id)
+        await self._acheck_active("system prompt", session_id)
         await self._storage.aput_system_prompt(session_id, prompt)
 
     def put_insight(self, session_id: str, insight: str) -> None:
@@ -122,7 +127,7 @@ class Interleaved:
         self._storage.put_insight(session_id, insight)
 
     async def aput_insight(self, session_id: str, insight: str) -> None:
-        self._check_active("insight", session_id)
+        await self._acheck_active("insight", session_id)
         await self._storage.aput_insight(session_id, insight)
 
     def join(self) -> None:
