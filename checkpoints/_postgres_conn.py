@@ -321,9 +321,16 @@ def _params(params: Sequence[Any]) -> Sequence[Any] | None:
 
 
 def _rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    if not any(isinstance(v, str) and v.startswith(_MARK) for row in rows for v in row):
-        return rows
-    return [tuple(unescape_text(v) if isinstance(v, str) else v for v in row) for row in rows]
+    # a plain loop, not `any(genexpr)`: this scan runs over every value of every result
+    # (300,000 of them for the L2s of 100,000 sessions)
+    for row in rows:
+        for v in row:
+            if v.__class__ is str and v.startswith(_MARK):
+                return [
+                    tuple(unescape_text(v) if isinstance(v, str) else v for v in row)
+                    for row in rows
+                ]
+    return rows
 
 
 def _last_row(cur: Any) -> Any:

@@ -110,7 +110,10 @@ class Statements:
                 (self.tree_id,),
             )
         ).rows
-        return [ChildL2(session_id=sid, label=label, l2=l2) for sid, label, l2 in rows]
+        # validated by pydantic-core directly: the same checks as `ChildL2(...)` without its
+        # Python-level `__init__` per row (~40% of the time at 100,000 sessions)
+        validate = ChildL2.__pydantic_validator__.validate_python
+        return [validate({"session_id": sid, "label": label, "l2": l2}) for sid, label, l2 in rows]
 
     def session_stats(self) -> Steps[list[SessionStats]]:
         # As SQLite's: a session's seqs are contiguous, so the records after the L2 cursor
