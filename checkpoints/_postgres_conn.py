@@ -26,9 +26,10 @@ database error is `StorageError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -276,6 +277,40 @@ class Link:
         except StopIteration as stop:
             value: T = stop.value
             return value
+
+    def atomic(self, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]) -> Result:
+        """Run one statement in a write transaction of its own (the tree's advisory lock
+        held), in one round trip: `BEGIN`, the lock, the statement and `COMMIT` are sent as
+        one script, its parameters bound on the client. Only outside a transaction.
+
+        A statement that fails leaves the transaction aborted: it is rolled back, nothing of
+        it is stored, and the error is raised as `run` raises it.
+        """
+        assert self.txn is None and self.atxn is None, "atomic() inside a transaction"
+        conn = self.acquire()
+        try:
+            script = f"{self.begin_sql(key, wait=True)}; {sql}; COMMIT"
+            bound: Any = (
+                {name: _param(value) for name, value in params.items()}
+                if isinstance(params, Mapping)
+                else _params(params)
+            )
+            cur = psycopg.ClientCursor(conn)
+            try:
+                cur.execute(script, bound)
+                for _ in range(3):  # BEGIN, SET LOCAL, the lock: then the statement's result
+                    cur.nextset()
+                rows = _rows(cur.fetchall()) if cur.description else []
+                return Result(rows, cur.rowcount)
+            except psycopg.Error as exc:
+                if not (conn.broken or conn.closed):
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise self.error(conn, exc) from exc
+            finally:
+                cur.close()
+        finally:
+            self.release(conn)
 
     # -- transactions ---------------------------------------------------------------------
     def begin_sql(self, key: int, *, wait: bool) -> str:
