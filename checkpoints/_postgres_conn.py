@@ -120,6 +120,9 @@ class Link:
         self._kwargs = kwargs
         self.lock_ms = max(1, int(lock_timeout * 1000))
         self._own: psycopg.Connection[Any] | None = None
+        self._closed = False
+        """Set by `close()`: a call made afterwards runs on a connection of its own, closed
+        when it returns (nothing is left open by a storage used after `close()`)."""
         self._aconns: dict[int, tuple[asyncio.AbstractEventLoop, psycopg.AsyncConnection[Any]]] = {}
         self.txn: psycopg.Connection[Any] | None = None
         """The connection of the open sync transaction."""
@@ -139,6 +142,8 @@ class Link:
             if conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit:
                 conn.autocommit = True
             return conn
+        if self._closed:
+            return self._connect_error(lambda: psycopg.connect(self.conninfo, **self._kwargs))
         if self._own is None or self._own.closed or self._own.broken:
             self._own = self._connect_error(lambda: psycopg.connect(self.conninfo, **self._kwargs))
         return self._own
@@ -147,7 +152,9 @@ class Link:
         """Give back a connection from `acquire` (a lost one is dropped)."""
         if self.pool is not None:
             self.pool.putconn(conn)
-        elif conn.broken and conn is self._own:
+        elif conn is not self._own:  # a call after `close()`
+            conn.close()
+        elif conn.broken:
             conn.close()
             self._own = None
 
@@ -188,6 +195,7 @@ class Link:
 
     def close(self) -> None:
         """Close the connections the storage opened (not the pool given)."""
+        self._closed = True
         if self._own is not None:
             self._own.close()
             self._own = None
@@ -256,6 +264,15 @@ class Link:
                 return await self.arun(aconn, query)
             future = asyncio.run_coroutine_threadsafe(self.arun(aconn, query), loop)
             return await asyncio.wrap_future(future)
+        if self._closed:  # a call after `close()`: on a connection of its own
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
+            except psycopg.Error as exc:
+                raise self._unavailable(exc) from exc
+            try:
+                return await self.arun(conn, query)
+            finally:
+                await conn.close()
         return await self.arun(await self.aacquire(), query)
 
     def drive(self, steps: Steps[T]) -> T:
