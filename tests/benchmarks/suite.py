@@ -62,6 +62,12 @@ def _branching(scale: Scale) -> list[Figure]:
     return branching_figures(scale)
 
 
+def _postgres(scale: Scale) -> list[Figure]:
+    from tests.benchmarks.postgres import postgres_figures
+
+    return postgres_figures(scale)
+
+
 GROUPS: dict[str, Callable[[Scale], list[Figure]]] = {
     "overhead": _overhead,
     "scale": _scale,
@@ -71,6 +77,7 @@ GROUPS: dict[str, Callable[[Scale], list[Figure]]] = {
     "startup": _startup,
     "inspector": _inspector,
     "branching": _branching,
+    "postgres": _postgres,
 }
 """Figure groups by name, in the order they run."""
 
