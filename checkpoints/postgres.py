@@ -26,6 +26,7 @@ import psycopg_pool
 from langchain_core.messages import BaseMessage
 
 import stello_graph.checkpoints._postgres_schema as _schema
+from stello_graph.checkpoints._flows import _WAITER_TTL, one
 from stello_graph.checkpoints._postgres_conn import (
     AsyncHooks,
     Link,
@@ -39,14 +40,14 @@ from stello_graph.checkpoints._serde import (
     MetaRow,
     RecordTurn,
 )
-from stello_graph.checkpoints._shell import (
-    _WAITER_TTL,
-    BackendStorage,
-    _checked_lease,
-    _lease_args,
-)
+from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
-from stello_graph.checkpoints._validate import check_identifier, check_non_negative
+from stello_graph.checkpoints._validate import (
+    check_identifier,
+    check_non_negative,
+    checked_lease,
+    lease_args,
+)
 from stello_graph.digest import DigestRow
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import (
@@ -206,10 +207,11 @@ class PostgresMainStorage(BackendStorage):
         """
         if self._txn.owns():
             return super().acquire_lease(session_id, owner, ttl, replace=replace)
-        sid, owner, ttl, replace = _lease_args(session_id, owner, ttl, replace)
-        return self._txn.read(self._acquire_at_once, sid, owner, ttl, replace)
+        sid, owner, ttl, replace = lease_args(session_id, owner, ttl, replace)
+        lease: Lease | None = self._txn.read(one("acquire_at_once", sid, owner, ttl, replace))
+        return lease
 
-    def _acquire_at_once(
+    def op_acquire_at_once(
         self, session_id: str, owner: str, ttl: float, replace: str | None
     ) -> Lease | None:
         now = time.time()
@@ -225,10 +227,10 @@ class PostgresMainStorage(BackendStorage):
         as `acquire_lease`)."""
         if self._txn.owns():
             return super().release_lease(lease)
-        lease = _checked_lease(lease)
-        return self._txn.read(self._release_at_once, lease)
+        released: bool = self._txn.read(one("release_at_once", checked_lease(lease)))
+        return released
 
-    def _release_at_once(self, lease: Lease) -> bool:
+    def op_release_at_once(self, lease: Lease) -> bool:
         sql, params = self._steps.release_lease(lease.session_id, lease.owner, lease.token)
         return bool(self._link.atomic(self._key, sql, params).rows)
 
