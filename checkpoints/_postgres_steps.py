@@ -110,7 +110,10 @@ class Statements:
                 (self.tree_id,),
             )
         ).rows
-        return [ChildL2(session_id=sid, label=label, l2=l2) for sid, label, l2 in rows]
+        # validated by pydantic-core directly: the same checks as `ChildL2(...)` without its
+        # Python-level `__init__` per row (~40% of the time at 100,000 sessions)
+        validate = ChildL2.__pydantic_validator__.validate_python
+        return [validate({"session_id": sid, "label": label, "l2": l2}) for sid, label, l2 in rows]
 
     def session_stats(self) -> Steps[list[SessionStats]]:
         # As SQLite's: a session's seqs are contiguous, so the records after the L2 cursor
@@ -369,6 +372,59 @@ class Statements:
         )
         self.cache.pop(target_id, None)
         return (yield from self.count(target_id))
+
+    def acquire_lease(
+        self,
+        session_id: str,
+        owner: str,
+        now: float,
+        ttl: float,
+        replace: str | None,
+        waiter_ttl: float,
+    ) -> tuple[str, dict[str, Any]]:
+        """The shell's `acquire_lease` decision as one `UPDATE` (see `PostgresMainStorage.
+        acquire_lease`): `RETURNING (taken, token)`; no row when the session is missing."""
+        # refused: another holds it (not free), or another waits first (queued); a refused
+        # owner takes the waiter's place when it is empty, its own, or lapsed
+        refused = """(s.lease_owner IS DISTINCT FROM %(owner)s AND (
+            NOT (s.lease_owner IS NULL OR s.lease_owner = %(owner)s
+                OR s.lease_owner IS NOT DISTINCT FROM %(replace)s
+                OR s.lease_expires <= %(now)s)
+            OR (s.lease_waiter IS NOT NULL AND s.lease_waiter <> %(owner)s
+                AND s.lease_wait_until > %(now)s)))"""
+        enqueue = """(s.lease_waiter IS NULL OR s.lease_waiter = %(owner)s
+            OR s.lease_wait_until <= %(now)s)"""
+        sql = f"""UPDATE {SESSIONS} AS t SET
+            lease_owner = CASE WHEN d.refused THEN t.lease_owner ELSE %(owner)s END,
+            lease_token = CASE WHEN d.refused THEN t.lease_token
+                WHEN t.lease_owner = %(owner)s THEN t.lease_token
+                ELSE t.lease_token + 1 END,
+            lease_expires = CASE WHEN d.refused THEN t.lease_expires
+                ELSE %(now)s + %(ttl)s END,
+            lease_waiter = CASE
+                WHEN d.refused AND d.enqueue THEN %(owner)s
+                WHEN NOT d.refused AND t.lease_waiter = %(owner)s THEN NULL
+                ELSE t.lease_waiter END,
+            lease_wait_until = CASE
+                WHEN d.refused AND d.enqueue THEN %(now)s + %(waiter_ttl)s
+                WHEN NOT d.refused AND t.lease_waiter = %(owner)s THEN 0
+                ELSE t.lease_wait_until END
+        FROM (SELECT s.id, {refused} AS refused, {enqueue} AS enqueue
+            FROM {SESSIONS} s WHERE s.tree_id = %(tree)s AND s.id = %(sid)s) AS d
+        WHERE t.tree_id = %(tree)s AND t.id = d.id
+        RETURNING NOT d.refused, t.lease_token"""
+        params = {
+            "owner": owner, "replace": replace, "now": now, "ttl": ttl,
+            "waiter_ttl": waiter_ttl, "tree": self.tree_id, "sid": session_id,
+        }  # fmt: skip
+        return sql, params
+
+    def release_lease(self, session_id: str, owner: str, token: int) -> tuple[str, list[Any]]:
+        """Free the session if `(owner, token)` still holds it: `RETURNING 1` when it did."""
+        sql = f"""UPDATE {SESSIONS} SET lease_owner = NULL, lease_expires = 0
+            WHERE tree_id = %s AND id = %s AND lease_owner = %s AND lease_token = %s
+            RETURNING 1"""
+        return sql, [self.tree_id, session_id, owner, token]
 
     def append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> Steps[int]:
         tree = self.tree_id

@@ -17,6 +17,7 @@ Needs the `postgres` extra: `pip install "stello-graph[postgres]"`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ import psycopg_pool
 from langchain_core.messages import BaseMessage
 
 import stello_graph.checkpoints._postgres_schema as _schema
+from stello_graph.checkpoints._flows import _WAITER_TTL, one
 from stello_graph.checkpoints._postgres_conn import (
     AsyncHooks,
     Link,
@@ -40,11 +42,17 @@ from stello_graph.checkpoints._serde import (
 )
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
-from stello_graph.checkpoints._validate import check_identifier, check_non_negative
+from stello_graph.checkpoints._validate import (
+    check_identifier,
+    check_non_negative,
+    checked_lease,
+    lease_args,
+)
 from stello_graph.digest import DigestRow
-from stello_graph.errors import InvalidInputError
+from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import (
     ChildL2,
+    Lease,
     SessionMeta,
     SessionRole,
     SessionStats,
@@ -106,7 +114,7 @@ class PostgresMainStorage(BackendStorage):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise InvalidInputError(f"{name} must be a positive number, got {value!r}.")
         self._link = Link(conninfo, connect_timeout=connect_timeout, lock_timeout=lock_timeout)
-        key = tree_lock_key(tree_id)
+        key = self._key = tree_lock_key(tree_id)
         self._hooks = SyncHooks(self._link, key)
         self._ahooks = AsyncHooks(self._link, key)
         self.conninfo = self._link.conninfo
@@ -182,6 +190,49 @@ class PostgresMainStorage(BackendStorage):
     def async_transaction_hooks(self) -> AsyncHooks:
         """The async twins of `transaction_hooks`, on the running loop's connection."""
         return self._ahooks
+
+    # -- the session lease, in one round trip --------------------------------------------
+    def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
+    ) -> Lease | None:
+        """Take (or renew) the session's lease for `ttl` seconds; `None` if another holds it.
+
+        As `BackendStorage.acquire_lease` (the same rules: free, taken over from `replace`,
+        the first refused owner queued), decided by one `UPDATE` sent with its transaction
+        in one round trip, instead of a read and a write (four): a turn takes and gives back
+        its lease every time. Inside a transaction of the caller, the shell's own path runs.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        if self._txn.owns():
+            return super().acquire_lease(session_id, owner, ttl, replace=replace)
+        sid, owner, ttl, replace = lease_args(session_id, owner, ttl, replace)
+        lease: Lease | None = self._txn.read(one("acquire_at_once", sid, owner, ttl, replace))
+        return lease
+
+    def op_acquire_at_once(
+        self, session_id: str, owner: str, ttl: float, replace: str | None
+    ) -> Lease | None:
+        now = time.time()
+        sql, params = self._steps.acquire_lease(session_id, owner, now, ttl, replace, _WAITER_TTL)
+        rows = self._link.atomic(self._key, sql, params).rows
+        if not rows:
+            raise SessionNotFoundError(session_id)
+        taken, token = rows[0]
+        return Lease(session_id, owner, int(token), now + ttl) if taken else None
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Free the session if `lease` still holds it; `True` if it did (one round trip,
+        as `acquire_lease`)."""
+        if self._txn.owns():
+            return super().release_lease(lease)
+        released: bool = self._txn.read(one("release_at_once", checked_lease(lease)))
+        return released
+
+    def op_release_at_once(self, lease: Lease) -> bool:
+        sql, params = self._steps.release_lease(lease.session_id, lease.owner, lease.token)
+        return bool(self._link.atomic(self._key, sql, params).rows)
 
     # -- sync primitives ------------------------------------------------------------------
     def op_session_exists(self, session_id: str) -> bool:

@@ -1,8 +1,11 @@
 """LangGraph checkpointers on the same SQLite file as the `SqliteMainStorage`.
 
 `StelloSqliteSaver` is LangGraph's `SqliteSaver` with working async methods (run in worker
-threads), so one agent can be driven both from threads and from asyncio on one file.
-`open_sqlite(path)` opens the stello storage and such a saver on the same database file.
+threads), so one agent can be driven both from threads and from asyncio on one file, and with
+fewer write transactions: `delete_thread` is folded into the next write, and (with
+`hold_first_steps`, as the agent's own saver runs) the first steps of a run are written
+together, once the run gets past its first model step. `open_sqlite(path)` opens the stello
+storage and such a saver on the same database file.
 
 This module imports LangGraph; `stello_graph.checkpoints` loads it only when one of its
 names is used.
@@ -11,26 +14,284 @@ names is used.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    get_checkpoint_metadata,
+)
 from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
 
-__all__ = ["StelloSqliteSaver", "open_sqlite", "sqlite_saver"]
+__all__ = ["HELD_CHECKPOINTS", "StelloSqliteSaver", "open_sqlite", "sqlite_saver"]
 
 BUSY_TIMEOUT_MS = 30_000
 
+HELD_CHECKPOINTS = 3
+"""Checkpoints of a run `hold_first_steps` keeps in memory: the run's input, the one after
+its START step and the one after its first node step (a stello turn's first model call)."""
+
+_PUT = (
+    "INSERT OR REPLACE INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
+    "parent_checkpoint_id, type, checkpoint, metadata) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_WRITES = (
+    "INSERT OR {} INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, "
+    "idx, channel, type, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+Rows = list[tuple[Any, ...]]
+Op = Callable[[], tuple[str, Rows]]
+"""A statement and its rows, made when it is written: what is held and then dropped is never
+serialised."""
+
+
+@dataclass(slots=True)
+class _Held:
+    """The first steps of one thread's run, not written yet: checkpoint ids in order and the
+    statements that write them, in the order they were asked for."""
+
+    checkpoints: list[str]
+    ops: list[Op] = field(default_factory=list)
+
+
+def _thread(config: RunnableConfig | None) -> str | None:
+    found = ((config or {}).get("configurable") or {}).get("thread_id")
+    return None if found is None else str(found)
+
 
 class StelloSqliteSaver(SqliteSaver):
-    """`SqliteSaver` whose async methods work too (each runs the sync one in a thread)."""
+    """`SqliteSaver` whose async methods work too (each runs the sync one in a thread),
+    with fewer write transactions.
 
+    * `delete_thread` writes nothing itself: the thread's checkpoints so far are unknown to
+      `get_tuple` and `list` from the moment it returns, and deleted in the same
+      transaction as the saver's next write (or by `flush()` / `close()`). A process that
+      ends before either leaves them on disk, as if they had not been deleted: a thread of
+      finished runs, which the next run on it starts after.
+    * With `hold_first_steps`, a run that starts from an input keeps its first
+      `HELD_CHECKPOINTS` checkpoints, and the writes of its first two steps, in memory, and
+      writes them in one transaction with the first write that comes after (the results of
+      a stello turn's first tool round), or when anything reads the thread, or at
+      `flush()` / `close()`; `delete_thread` drops what it holds of the thread unwritten. A
+      stello turn without tools then costs the saver no transaction at all; the price is
+      that a crash before the run gets past its first model step keeps nothing of the run
+      (see BENCHMARKS.md, "What a crash keeps"). Off by default; `StelloAgent` turns it on
+      for the saver it makes itself when it prunes and its durability is not `"sync"`.
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *args: Any,
+        hold_first_steps: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(conn, *args, **kwargs)
+        self.hold_first_steps = hold_first_steps
+        """Hold each run's first steps in memory (see the class)."""
+        self._held: dict[str, _Held] = {}
+        self._deleted: dict[str, str] = {}  # thread -> greatest checkpoint id deleted
+        self._known: dict[str, str] = {}  # thread -> greatest checkpoint id it has on disk
+
+    # -- writing ----------------------------------------------------------------------------
+    @contextmanager
+    def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
+        """`SqliteSaver.cursor`; a writing one first deletes the threads deleted since the
+        last write, in its own transaction."""
+        with self.lock:
+            self.setup()
+            cur = self.conn.cursor()
+            try:
+                if transaction and self._deleted:
+                    self._purge(cur)
+                yield cur
+            finally:
+                if transaction:
+                    self.conn.commit()
+                cur.close()
+
+    def _purge(self, cur: sqlite3.Cursor) -> None:
+        gone = list(self._deleted.items())
+        cur.executemany("DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_id <= ?", gone)
+        cur.executemany("DELETE FROM writes WHERE thread_id = ? AND checkpoint_id <= ?", gone)
+        self._deleted.clear()
+
+    def _write(self, threads: Sequence[str], ops: Sequence[Op] = ()) -> None:
+        """Write what is held of `threads`, then `ops`, in one transaction."""
+        with self.cursor() as cur:
+            for thread in threads:
+                held = self._held.pop(thread, None)
+                for op in held.ops if held is not None else ():
+                    cur.executemany(*op())
+                if held is not None:
+                    self._saw(thread, held.checkpoints[-1])
+            for op in ops:
+                cur.executemany(*op())
+
+    def _saw(self, thread: str, checkpoint_id: str) -> None:
+        if checkpoint_id > self._known.get(thread, ""):
+            self._known[thread] = checkpoint_id
+
+    def _holds(self, thread: str, checkpoint_id: str, parent: str | None, source: Any) -> bool:
+        """Whether a checkpoint is held (under the lock): a run's input, or one of the next
+        checkpoints of a held run."""
+        held = self._held.get(thread)
+        if source == "input" and self.hold_first_steps:
+            if held is not None:  # an earlier run that nobody ended: it is written first
+                return False
+            self._held[thread] = _Held([checkpoint_id])
+            return True
+        if held is None or len(held.checkpoints) >= HELD_CHECKPOINTS:
+            return False
+        if held.checkpoints[-1] != parent:
+            return False
+        held.checkpoints.append(checkpoint_id)
+        return True
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        thread = str(config["configurable"]["thread_id"])
+        ns = config["configurable"]["checkpoint_ns"]
+        parent = config["configurable"].get("checkpoint_id")
+        merged = get_checkpoint_metadata(config, metadata)
+
+        def op() -> tuple[str, Rows]:
+            type_, blob = self.serde.dumps_typed(checkpoint)
+            meta = json.dumps(merged, ensure_ascii=False).encode("utf-8", "ignore")
+            return _PUT, [(thread, ns, checkpoint["id"], parent, type_, blob, meta)]
+
+        with self.lock:
+            held = ns == "" and self._holds(
+                thread, checkpoint["id"], parent, metadata.get("source")
+            )
+            if held:
+                self._held[thread].ops.append(op)
+        if not held:
+            self._write([thread], [op])
+            with self.lock:
+                self._saw(thread, checkpoint["id"])
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
+                                 "checkpoint_id": checkpoint["id"]}}  # fmt: skip
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        thread = str(config["configurable"]["thread_id"])
+        ns = str(config["configurable"]["checkpoint_ns"])
+        checkpoint_id = str(config["configurable"]["checkpoint_id"])
+        verb = "REPLACE" if all(w[0] in WRITES_IDX_MAP for w in writes) else "IGNORE"
+        writes = list(writes)
+
+        def op() -> tuple[str, Rows]:
+            rows: Rows = [
+                (thread, ns, checkpoint_id, task_id, task_path, WRITES_IDX_MAP.get(channel, idx),
+                 channel, *self.serde.dumps_typed(value))
+                for idx, (channel, value) in enumerate(writes)
+            ]  # fmt: skip
+            return _WRITES.format(verb), rows
+
+        with self.lock:
+            held = self._held.get(thread)
+            # the writes of the held run's first two steps (START, the first node) are held
+            keep = held is not None and checkpoint_id in held.checkpoints[: HELD_CHECKPOINTS - 1]
+            if keep and held is not None:
+                held.ops.append(op)
+        if not keep:
+            self._write([thread], [op])
+
+    def flush(self) -> None:
+        """Write everything held, and delete the deleted threads' rows, now."""
+        with self.lock:
+            pending = bool(self._held or self._deleted)
+        if pending:
+            self._write(list(self._held))
+
+    def _flush_read(self, config: RunnableConfig | None) -> None:
+        thread = _thread(config)
+        if thread is None:
+            self.flush()
+        elif thread in self._held:
+            self._write([thread])
+
+    # -- reading ----------------------------------------------------------------------------
+    def _hidden(self, thread: str, checkpoint_id: str) -> bool:
+        bound = self._deleted.get(thread)
+        return bound is not None and checkpoint_id <= bound
+
+    def get_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
+        self._flush_read(config)
+        found = super().get_tuple(config)
+        thread = _thread(config)
+        if thread is None:
+            return found
+        if found is None:
+            if not config["configurable"].get("checkpoint_id"):
+                with self.lock:
+                    self._known.setdefault(thread, "")  # nothing on disk: nothing to delete
+            return found
+        checkpoint_id = str(found.config["configurable"]["checkpoint_id"])
+        with self.lock:
+            if self._hidden(thread, checkpoint_id):
+                return None
+            self._saw(thread, checkpoint_id)
+        return found
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[_CheckpointTuple]:
+        self._flush_read(config)
+        for found in super().list(config, filter=filter, before=before, limit=limit):
+            thread = _thread(found.config)
+            checkpoint_id = str(found.config["configurable"]["checkpoint_id"])
+            if thread is None or not self._hidden(thread, checkpoint_id):
+                yield found
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint and write of `thread_id` (see the class): at once what
+        is held of it, with the next write what is on disk."""
+        thread = str(thread_id)
+        with self.lock:
+            held = self._held.pop(thread, None)
+            known = self._known.pop(thread, None)
+            if known is None and held is None:
+                now = True  # rows this saver never saw: delete them now
+            else:
+                now = False
+                if known:
+                    self._deleted[thread] = max(known, self._deleted.get(thread, ""))
+        if now:
+            with self.cursor() as cur:
+                cur.execute("DELETE FROM checkpoints WHERE thread_id = ?", (thread,))
+                cur.execute("DELETE FROM writes WHERE thread_id = ?", (thread,))
+
+    # -- async ------------------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
         return await asyncio.to_thread(self.get_tuple, config)
 
@@ -69,17 +330,26 @@ class StelloSqliteSaver(SqliteSaver):
     async def adelete_thread(self, thread_id: str) -> None:
         await asyncio.to_thread(self.delete_thread, thread_id)
 
+    async def aflush(self) -> None:
+        """Async twin of `flush`."""
+        await asyncio.to_thread(self.flush)
+
     def close(self) -> None:
-        """Close the saver's connection."""
-        self.conn.close()
+        """Write what is held (and delete the deleted threads' rows), close the connection."""
+        try:
+            self.flush()
+        finally:
+            self.conn.close()
 
 
-def sqlite_saver(path: str | os.PathLike[str]) -> StelloSqliteSaver:
+def sqlite_saver(
+    path: str | os.PathLike[str], *, hold_first_steps: bool = False
+) -> StelloSqliteSaver:
     """A `StelloSqliteSaver` on its own connection to `path` (WAL, busy timeout)."""
     conn = sqlite3.connect(os.fspath(path), check_same_thread=False)
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA synchronous=NORMAL")
-    return StelloSqliteSaver(conn)
+    return StelloSqliteSaver(conn, hold_first_steps=hold_first_steps)
 
 
 def open_sqlite(

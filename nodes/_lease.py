@@ -22,7 +22,16 @@ from typing_extensions import TypedDict
 from stello_graph.lease import SessionLeases
 from stello_graph.models import Lease
 
-__all__ = ["LEASE_KEY", "PARKED_LEASE", "TurnLease", "aturn_lease", "lease_state", "turn_lease"]
+__all__ = [
+    "LEASE_KEY",
+    "PARKED_LEASE",
+    "TurnLease",
+    "apark",
+    "aturn_lease",
+    "lease_state",
+    "park",
+    "turn_lease",
+]
 
 PARKED_LEASE = 2.0
 """Seconds a turn's lease outlives the node that held it: ample for the checkpoint written
@@ -138,3 +147,17 @@ async def aturn_lease(
         raise
     if park:
         await leases.storage.arenew_lease(lease, PARKED_LEASE)
+
+
+def park(leases: SessionLeases, held: TurnLease) -> None:
+    """Leave the turn's own lease to lapse after `PARKED_LEASE` seconds unless the next node
+    renews it (what `turn_lease` does on exit with `park=True`, for a node that decides at
+    its end whether the turn goes on)."""
+    if held.owned:
+        leases.storage.renew_lease(held.lease, PARKED_LEASE)
+
+
+async def apark(leases: SessionLeases, held: TurnLease) -> None:
+    """Async twin of `park`."""
+    if held.owned:
+        await leases.storage.arenew_lease(held.lease, PARKED_LEASE)

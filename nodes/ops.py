@@ -61,7 +61,7 @@ OPS = ("turn", "fork", "consolidate", "integrate")
 
 def route_start(
     state: StelloRouted,
-) -> Literal["enter", "assemble", "fork", "consolidate", "integrate", "plan_tree"]:
+) -> Literal["enter", "model", "fork", "consolidate", "integrate", "plan_tree"]:
     """Router at START: a turn unless the input names another operation in `op`.
 
     A turn given as `messages`, or without a `session_id`, first goes through `enter`
@@ -72,7 +72,7 @@ def route_start(
     if op == "turn":
         if state.get("input") is not None and state.get("messages") is not None:
             raise InvalidInputError('A turn takes "input" or "messages", not both.')
-        return "enter" if needs_entry(state) else "assemble"
+        return "enter" if needs_entry(state) else "model"
     if op == "integrate":
         mode = state.get("mode") or "flat"
         if mode not in ("flat", "tree"):

@@ -1,10 +1,17 @@
-"""The turn: assemble -> model -> (tools -> model)* -> commit, as LangGraph nodes.
+"""The turn: model -> (tools -> model)* as LangGraph nodes.
 
-The records of a turn live in the graph state (`pending`) until `commit` writes them to L3 in
-one transaction. A turn that fails, hits the tool-round limit or is abandoned therefore leaves
-nothing in L3; an interrupted one (a tool called `interrupt()`) waits in the checkpoint and is
-resumed with `Command(resume=...)`. `commit` is idempotent, so a turn resumed after a crash
-that happened just after its commit never duplicates records.
+The `model` round that runs straight after the input opens the turn; the round whose reply
+asks for no tools commits it: the turn's records live in the graph state (`pending`) until
+then, and are written to L3 in one transaction, in the same step as the last model call. A
+turn without tools is thus one checkpointed step (a plain LangGraph agent's is too), and one
+with tools adds a step per tool round. A turn that fails, hits the tool-round limit or is
+abandoned leaves nothing in L3; an interrupted one (a tool called `interrupt()`) waits in the
+checkpoint and is resumed with `Command(resume=...)`. A step run again after it had
+committed (a crash before its checkpoint, a replay) finds its turn in L3 by id and never
+stores it twice.
+
+`assemble` (open the turn in a step of its own) and `commit` (commit a turn whose records
+are in the state) are the same work as separate nodes, for graphs of your own.
 """
 
 from __future__ import annotations
@@ -21,22 +28,22 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.runnables import RunnableConfig
+from langgraph._internal._constants import CONFIG_KEY_RESUMING
 from langgraph.types import Overwrite
 
-from stello_graph._base import SessionBase
+from stello_graph._base import SessionBase, TurnContext
 from stello_graph._context import message_text
 from stello_graph._text import storable_message
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
-from stello_graph.nodes._lease import aturn_lease, turn_lease
+from stello_graph.nodes._lease import TurnLease, apark, aturn_lease, park, turn_lease
 from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_cancel
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.entry import turn_output
 from stello_graph.nodes.scheduling import TREE_TURNS_KEY, after_turn, forget_insight
 from stello_graph.nodes.state import TurnState
-from stello_graph.storage import MainStorage
 
 __all__ = [
     "TREE_TURNS_KEY",
@@ -118,10 +125,9 @@ def _asks_for_tools(message: object) -> bool:
     return isinstance(message, AIMessage) and bool(message.tool_calls or message.invalid_tool_calls)
 
 
-def _check_rounds(deps: StelloDeps, state: State, reply: AIMessage) -> State:
+def _check_rounds(deps: StelloDeps, state: State, reply: AIMessage) -> None:
     if _asks_for_tools(reply) and state.get("tool_rounds", 0) >= deps.max_tool_rounds:
         raise ToolRoundLimitError(state["session_id"], deps.max_tool_rounds)
-    return {"pending": [_own_id(reply, state["pending"])]}
 
 
 def _tool_choice(state: State) -> Any:
@@ -129,33 +135,172 @@ def _tool_choice(state: State) -> Any:
     return state.get("turn_tool_choice") if state.get("tool_rounds", 0) == 0 else None
 
 
+def _begin(state: State) -> tuple[bool, str]:
+    """Whether this model step opens the turn, and the turn's session.
+
+    It opens the turn when it runs straight after the run's input (the input keys are
+    ephemeral, so a later round, after `tools` or `assemble`, sees none). A run with no
+    input whose turn is not in flight either (nothing after a final reply) is refused."""
+    opens = state.get("input") is not None
+    records = _records(state)
+    if (
+        opens
+        or not records
+        or (isinstance(records[-1], AIMessage) and not _asks_for_tools(records[-1]))
+    ):
+        check_text(state.get("input"), "input")
+        return True, check_id(state.get("session_id"))
+    return False, state["session_id"]
+
+
+def _shown(state: State, opens: bool) -> dict[str, Any]:
+    """`turn_context`'s `insight`: read it when the round opens the turn, else the one the
+    turn shows since."""
+    return {} if opens else {"insight": state.get("insight")}
+
+
+def _turn_of(state: State, opens: bool, config: RunnableConfig) -> str | None:
+    return _human_id(config) if opens else _turn_id(_records(state))
+
+
+def _rerun(config: RunnableConfig, opens: bool) -> bool:
+    """Whether the step may be running again after it committed. The round that opens the
+    turn in a run started by an input is new (its turn id is derived from the run's new
+    checkpoint: L3 cannot hold it yet); in a run that continues from a checkpoint (after a
+    crash, an interrupt, a replay) LangGraph flags its first step as resuming. A later round
+    always may: its turn id is the turn's, whichever run it is in."""
+    if not opens:
+        return True
+    return bool((config.get("configurable") or {}).get(CONFIG_KEY_RESUMING, False))
+
+
+def _stored_turn(session: SessionBase, turn_id: str) -> list[BaseMessage]:
+    """The records of the committed turn `turn_id`, read back from L3 (a step run again
+    after it had committed: a crash before its checkpoint, a replay)."""
+    found = [m for m in session.messages() if m.response_metadata.get("stello_turn_id") == turn_id]
+    return found
+
+
+async def _astored_turn(session: SessionBase, turn_id: str) -> list[BaseMessage]:
+    found = await session.amessages()
+    return [m for m in found if m.response_metadata.get("stello_turn_id") == turn_id]
+
+
+_UNSET: dict[str, Any] = {"tool_rounds": 0, "tool_calls": []}
+"""What a turn's key reads as before any turn wrote it (`None` for the others): a key that
+would be written with its present value is not written at all (a checkpoint write fewer)."""
+
+
+def _handed(state: State, held: TurnLease) -> State:
+    """`held.update()`, left out when the state already holds it."""
+    update = held.update()
+    return {} if state.get("lease") == update["lease"] else {"lease": update["lease"]}
+
+
+def _round(
+    deps: StelloDeps, state: State, opens: bool, turn: str | None, ctx: TurnContext
+) -> tuple[State, State, list[BaseMessage]]:
+    """The state as this round sees it, what it writes before its model call, and the records
+    the prompt ends with.
+
+    The round that opens the turn starts its records with the user message (whose id is the
+    turn's id) and keeps the insight it shows for the turn's later rounds; of the turn's
+    other keys it writes only those that change (each is a checkpoint write)."""
+    if not opens:
+        return state, {}, _records(state)
+    assert turn is not None
+    human = HumanMessage(content=state["input"], id=turn)
+    emit(deps.bus, "turn_started", ctx.session_id)
+    opened: State = {"pending": [human]}
+    fresh: State = {
+        "insight": ctx.insight,
+        "tool_rounds": 0,
+        "tool_calls": [],
+        "content": "",
+        # the input's tool_choice (cleared after this step) holds for the first model call
+        "turn_tool_choice": state.get("tool_choice"),
+    }
+    for key, value in fresh.items():
+        if state.get(key, _UNSET.get(key)) != value:
+            opened[key] = value  # type: ignore[literal-required]
+    return {**state, **fresh}, opened, [human]
+
+
+def _replied(
+    deps: StelloDeps, view: State, opened: State, records: list[BaseMessage], reply: AIMessage
+) -> tuple[State, list[BaseMessage]]:
+    """The state update of a round whose model answered `reply`, and the turn's records."""
+    _check_rounds(deps, view, reply)
+    reply = _own_id(reply, records)
+    if not opened:
+        return {"pending": [reply]}, [*records, reply]
+    # the round that opens the turn replaces whatever an earlier turn left in `pending`
+    opening: list[BaseMessage] = [*opened["pending"], reply]
+    return {**opened, "pending": Overwrite(opening)}, [*records, reply]  # type: ignore[typeddict-item]
+
+
 def make_model_node(deps: StelloDeps) -> StelloNode:
-    """Node `model`: one call of the session's model on its context plus the turn so far."""
+    """Node `model`: one call of the session's model on its context plus the turn so far.
+
+    The round that runs straight after the input opens the turn (checks the input and the
+    session, starts the turn's records with the user message); a reply that asks for no
+    tools ends the turn: its records are committed to L3 in the same step, in one
+    transaction, and the insight it showed is consumed. So a turn without tools is one
+    checkpointed step, as a plain LangGraph agent's is. A step run again after it had
+    committed (a crash before its checkpoint was written, a replay) finds its turn in L3 and
+    returns it without calling the model.
+    """
 
     def model(state: State, config: RunnableConfig) -> State:
-        session = deps.session(state["session_id"])
-        with turn_lease(deps.leases, session.id, state) as held:
-            turn = _turn_id(_records(state))
-            ctx = session.turn_context(insight=state.get("insight"), turn_id=turn)
-            prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
-            reply = invoke_model(session, prompt, deps.model_timeout, choice, run_cancel(config))
-            return {**_check_rounds(deps, state, reply), **held.update()}
+        opens, sid = _begin(state)
+        with turn_lease(deps.leases, sid, state, fresh=opens, park=False) as held:
+            session = deps.turn_session(sid) if opens else deps.session(sid)
+            turn = _turn_of(state, opens, config)
+            if turn is not None and _rerun(config, opens) and deps.storage.has_turn(sid, turn):
+                counts = _commit(deps, session, held, None)
+                return _done(deps, session, state, _stored_turn(session, turn), counts, True)
+            ctx = session.turn_context(turn_id=turn, **_shown(state, opens))
+            view, opened, records = _round(deps, state, opens, turn, ctx)
+            cancel = run_cancel(config)
+            prompt, choice = ctx.prompt(records), _tool_choice(view)
+            reply = invoke_model(session, prompt, deps.model_timeout, choice, cancel)
+            update, records = _replied(deps, view, opened, records, reply)
+            if _asks_for_tools(reply):
+                park(deps.leases, held)
+                return {**update, **_handed(state, held)}
+            counts = _commit(deps, session, held, (records, view.get("insight"), turn))
+            return {**update, **_done(deps, session, view, records, counts)}
 
-    async def amodel(state: State) -> State:
-        session = await deps.asession(state["session_id"])
-        async with aturn_lease(deps.leases, session.id, state) as held:
-            turn = _turn_id(_records(state))
-            ctx = await session.aturn_context(insight=state.get("insight"), turn_id=turn)
-            prompt, choice = ctx.prompt(state["pending"]), _tool_choice(state)
+    async def amodel(state: State, config: RunnableConfig) -> State:
+        opens, sid = _begin(state)
+        async with aturn_lease(deps.leases, sid, state, fresh=opens, park=False) as held:
+            session = await (deps.aturn_session(sid) if opens else deps.asession(sid))
+            turn = _turn_of(state, opens, config)
+            if (
+                turn is not None
+                and _rerun(config, opens)
+                and await deps.storage.ahas_turn(sid, turn)
+            ):
+                counts = await _acommit(deps, session, held, None)
+                done = await _astored_turn(session, turn)
+                return _done(deps, session, state, done, counts, True)
+            ctx = await session.aturn_context(turn_id=turn, **_shown(state, opens))
+            view, opened, records = _round(deps, state, opens, turn, ctx)
+            prompt, choice = ctx.prompt(records), _tool_choice(view)
             reply = await ainvoke_model(session, prompt, deps.model_timeout, choice)
-            return {**_check_rounds(deps, state, reply), **held.update()}
+            update, records = _replied(deps, view, opened, records, reply)
+            if _asks_for_tools(reply):
+                await apark(deps.leases, held)
+                return {**update, **_handed(state, held)}
+            counts = await _acommit(deps, session, held, (records, view.get("insight"), turn))
+            return {**update, **_done(deps, session, view, records, counts)}
 
     return StelloNode("model", model, amodel)
 
 
-def route_after_model(state: State) -> Literal["tools", "commit"]:
-    """Router after `model`: run the tools the reply asked for, or commit the turn."""
-    return "tools" if _asks_for_tools(state["pending"][-1]) else "commit"
+def route_after_model(state: State) -> Literal["tools", "__end__"]:
+    """Router after `model`: run the tools the reply asked for, or end (the turn committed)."""
+    return "tools" if _asks_for_tools(state["pending"][-1]) else "__end__"
 
 
 # -- tools ----------------------------------------------------------------------------------
@@ -243,79 +388,119 @@ def _turn_id(records: Sequence[BaseMessage]) -> str | None:
     return records[0].id if records else None
 
 
-def _committed(storage: MainStorage, session_id: str, records: Sequence[BaseMessage]) -> bool:
-    """Whether this turn's records are already in L3 (a resumed turn that had committed): an
-    index lookup of its turn id (its user message's id; records stored before turn ids were
-    kept got the same at migration), wherever another writer appended since."""
-    turn_id = _turn_id(records)
-    return turn_id is not None and storage.has_turn(session_id, turn_id)
-
-
-async def _acommitted(
-    storage: MainStorage, session_id: str, records: Sequence[BaseMessage]
-) -> bool:
-    turn_id = _turn_id(records)
-    return turn_id is not None and await storage.ahas_turn(session_id, turn_id)
-
-
 def _records(state: State) -> list[BaseMessage]:
-    return [m for m in state["pending"] if not isinstance(m, RemoveMessage)]
+    return [m for m in state.get("pending") or [] if not isinstance(m, RemoveMessage)]
 
 
-def _finish(deps: StelloDeps, session: SessionBase, state: State, turns: int, tree: int) -> State:
-    insight = state.get("insight")
-    if insight:
-        emit(deps.bus, "insight_delivered", session.id, insight=insight)
-        forget_insight(deps, session.id, insight)
-    final = state["pending"][-1]
-    emit(deps.bus, "turn_committed", session.id, turn_count=turns)
-    after_turn(deps, session.id, session.role, turns, tree)
-    return {"content": message_text(final.content), "turn_count": turns, **turn_output(state)}
+Commit = tuple[list[BaseMessage], str | None, str | None]
+"""What a turn commits: its records, the insight it showed, its id."""
 
 
 def _counts_tree(deps: StelloDeps) -> bool:
     return deps.schedule is not None and deps.schedule.integrate_every_n_turns is not None
 
 
+def _commit(
+    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None
+) -> tuple[int, int]:
+    """Write `turn` (unless `None`: already stored) in one transaction under the turn's lease
+    and release the lease there; `(user turns of the session, turns of the tree)`.
+
+    The caller checked, under the same lease, that the turn is not in L3 yet (`has_turn`):
+    only a run of the same step could store it, and that one would have to hold the lease.
+    """
+    s, tree = deps.storage, 0
+    with s.transaction():
+        s.check_lease(held.lease)  # a turn that lost its lease commits nothing
+        if turn is not None:
+            records, insight, turn_id = turn
+            session.commit_turn(records, insight=insight, turn_id=turn_id)
+            if _counts_tree(deps):
+                tree = int(s.get_global(TREE_TURNS_KEY) or 0) + 1
+                s.put_global(TREE_TURNS_KEY, tree)
+        turns = s.get_turn_count(session.id)
+        if held.owned:
+            s.release_lease(held.lease)
+    if held.owned:
+        deps.leases.forget(held.lease)
+    return turns, tree
+
+
+async def _acommit(
+    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None
+) -> tuple[int, int]:
+    """Async twin of `_commit`."""
+    s, tree = deps.storage, 0
+    async with s.atransaction():
+        await s.acheck_lease(held.lease)
+        if turn is not None:
+            records, insight, turn_id = turn
+            await session.acommit_turn(records, insight=insight, turn_id=turn_id)
+            if _counts_tree(deps):
+                tree = int(await s.aget_global(TREE_TURNS_KEY) or 0) + 1
+                await s.aput_global(TREE_TURNS_KEY, tree)
+        turns = await s.aget_turn_count(session.id)
+        if held.owned:
+            await s.arelease_lease(held.lease)
+    if held.owned:
+        deps.leases.forget(held.lease)
+    return turns, tree
+
+
+def _done(
+    deps: StelloDeps,
+    session: SessionBase,
+    state: State,
+    records: Sequence[BaseMessage],
+    counts: tuple[int, int],
+    replace: bool = False,
+) -> State:
+    """The state of a committed turn; its events and the schedule's reaction. `replace`: the
+    turn's records become `pending` (a step that found its turn already in L3)."""
+    turns, tree = counts
+    insight = state.get("insight")
+    if insight:
+        emit(deps.bus, "insight_delivered", session.id, insight=insight)
+        forget_insight(deps, session.id, insight)
+    emit(deps.bus, "turn_committed", session.id, turn_count=turns)
+    after_turn(deps, session.id, session.role, turns, tree)
+    final = records[-1] if records else None
+    update: State = {
+        "content": message_text(final.content) if final is not None else "",
+        "turn_count": turns,
+        **turn_output({**state, "pending": list(records)}),
+    }
+    if state.get("lease") is not None:
+        update["lease"] = None
+    if replace:
+        update["pending"] = Overwrite(list(records))  # type: ignore[typeddict-item]
+    return update
+
+
 def make_commit_node(deps: StelloDeps) -> StelloNode:
-    """Node `commit`: write the turn's records in one transaction, consume the insight."""
+    """Node `commit`: write the turn's records in one transaction, consume the insight.
+
+    The `model` node commits the turn itself when its reply asks for no tools; this node is
+    for graphs of your own that end a turn elsewhere (it commits nothing a second time: a
+    turn already in L3 is only reported).
+    """
 
     def commit(state: State) -> State:
-        session, s = deps.session(state["session_id"]), deps.storage
-        records, tree = _records(state), 0
+        session, records = deps.session(state["session_id"]), _records(state)
+        turn = _turn_id(records)
         with turn_lease(deps.leases, session.id, state, park=False) as held:
-            with s.transaction():
-                s.check_lease(held.lease)  # a turn that lost its lease commits nothing
-                if not _committed(s, session.id, records):
-                    turn = _turn_id(records)
-                    session.commit_turn(records, insight=state.get("insight"), turn_id=turn)
-                    if _counts_tree(deps):
-                        tree = int(s.get_global(TREE_TURNS_KEY) or 0) + 1
-                        s.put_global(TREE_TURNS_KEY, tree)
-                turns = s.get_turn_count(session.id)
-                if held.owned:
-                    s.release_lease(held.lease)
-            if held.owned:
-                deps.leases.forget(held.lease)
-        return {**_finish(deps, session, state, turns, tree), "lease": None}
+            stored = turn is not None and deps.storage.has_turn(session.id, turn)
+            todo = None if stored else (records, state.get("insight"), turn)
+            counts = _commit(deps, session, held, todo)
+        return _done(deps, session, state, records, counts)
 
     async def acommit(state: State) -> State:
-        session, s = await deps.asession(state["session_id"]), deps.storage
-        records, tree = _records(state), 0
+        session, records = await deps.asession(state["session_id"]), _records(state)
+        turn = _turn_id(records)
         async with aturn_lease(deps.leases, session.id, state, park=False) as held:
-            async with s.atransaction():
-                await s.acheck_lease(held.lease)
-                if not await _acommitted(s, session.id, records):
-                    turn = _turn_id(records)
-                    await session.acommit_turn(records, insight=state.get("insight"), turn_id=turn)
-                    if _counts_tree(deps):
-                        tree = int(await s.aget_global(TREE_TURNS_KEY) or 0) + 1
-                        await s.aput_global(TREE_TURNS_KEY, tree)
-                turns = await s.aget_turn_count(session.id)
-                if held.owned:
-                    await s.arelease_lease(held.lease)
-            if held.owned:
-                deps.leases.forget(held.lease)
-        return {**_finish(deps, session, state, turns, tree), "lease": None}
+            stored = turn is not None and await deps.storage.ahas_turn(session.id, turn)
+            todo = None if stored else (records, state.get("insight"), turn)
+            counts = await _acommit(deps, session, held, todo)
+        return _done(deps, session, state, records, counts)
 
     return StelloNode("commit", commit, acommit)

@@ -5,8 +5,9 @@ keeps its raw history (L3) and an outward summary (L2, made by `consolidate`); t
 session reads only the children's L2, `integrate`s them into a synthesis and pushes insights
 back to single children.
 
-The session core imported here does not load LangGraph. Names of the storage backends and of
-the orchestration layer are imported lazily, on first use.
+Every name is imported lazily, on first use: `import stello_graph` alone loads neither
+LangChain nor LangGraph (the session core loads LangChain's messages; the orchestration
+layer, LangGraph).
 """
 
 from __future__ import annotations
@@ -14,86 +15,149 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from stello_graph._base import TurnContext
-from stello_graph._stream import AsyncSessionStream, SessionStream
-from stello_graph._topology_slot import TopologySlot, TopologyView
-from stello_graph.compression import CompressionPolicy
-from stello_graph.digest import SessionDigest
-from stello_graph.errors import (
-    ConsolidationError,
-    DuplicateLabelError,
-    DuplicateSessionError,
-    ForeignDatabaseError,
-    FunctionCallError,
-    FunctionNotConfiguredError,
-    IntegrationError,
-    InvalidInputError,
-    LeaseLostError,
-    MainSessionExistsError,
-    MainSessionForkError,
-    MainSessionNotFoundError,
-    ModelCallError,
-    ModelNotConfiguredError,
-    NodeHasChildrenError,
-    NodeNotFoundError,
-    NotADatabaseError,
-    NothingToIntegrateError,
-    SchemaVersionError,
-    SessionArchivedError,
-    SessionBusyError,
-    SessionError,
-    SessionNotFoundError,
-    SkillLoadError,
-    SplitGuardError,
-    StelloError,
-    StelloUsageError,
-    StorageError,
-    StorageUnavailableError,
-    StreamNotFinishedError,
-    TimeTravelError,
-    ToolRoundLimitError,
-    TopologyCycleError,
-    TopologyError,
-    TurnOutOfRangeError,
-    UnknownProfileError,
-)
-from stello_graph.lineage import ForkPoint
-from stello_graph.main_session import MainSession
-from stello_graph.memory import (
-    CompressFn,
-    ConsolidateFn,
-    IntegrateFn,
-    llm_compressor,
-    llm_consolidator,
-    llm_integrator,
-)
-from stello_graph.models import (
-    ChildL2,
-    Compression,
-    IntegrationResult,
-    SendResult,
-    SessionMeta,
-    TopologyNode,
-    TreeIntegration,
-)
-from stello_graph.profiles import ForkProfile, SplitGuard
-from stello_graph.session import Session
-from stello_graph.storage import MainStorage, SessionStorage
-
 if TYPE_CHECKING:
+    from stello_graph._base import TurnContext
+    from stello_graph._stream import AsyncSessionStream, SessionStream
+    from stello_graph._topology_slot import TopologySlot, TopologyView
     from stello_graph.agent import StelloAgent, TurnResult
     from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
+    from stello_graph.compression import CompressionPolicy
     from stello_graph.config import StelloConfig
+    from stello_graph.digest import SessionDigest
+    from stello_graph.errors import (
+        ConsolidationError,
+        DuplicateLabelError,
+        DuplicateSessionError,
+        ForeignDatabaseError,
+        FunctionCallError,
+        FunctionNotConfiguredError,
+        IntegrationError,
+        InvalidInputError,
+        LeaseLostError,
+        MainSessionExistsError,
+        MainSessionForkError,
+        MainSessionNotFoundError,
+        ModelCallError,
+        ModelNotConfiguredError,
+        NodeHasChildrenError,
+        NodeNotFoundError,
+        NotADatabaseError,
+        NothingToIntegrateError,
+        SchemaVersionError,
+        SessionArchivedError,
+        SessionBusyError,
+        SessionError,
+        SessionNotFoundError,
+        SkillLoadError,
+        SplitGuardError,
+        StelloError,
+        StelloUsageError,
+        StorageError,
+        StorageUnavailableError,
+        StreamNotFinishedError,
+        TimeTravelError,
+        ToolRoundLimitError,
+        TopologyCycleError,
+        TopologyError,
+        TurnOutOfRangeError,
+        UnknownProfileError,
+    )
     from stello_graph.events import StelloEvent, StoredEvent, StoredEvents
     from stello_graph.export import export_tree
     from stello_graph.graph import StelloState, build_stello_graph
+    from stello_graph.lineage import ForkPoint
+    from stello_graph.main_session import MainSession
+    from stello_graph.memory import (
+        CompressFn,
+        ConsolidateFn,
+        IntegrateFn,
+        llm_compressor,
+        llm_consolidator,
+        llm_integrator,
+    )
+    from stello_graph.models import (
+        ChildL2,
+        Compression,
+        IntegrationResult,
+        SendResult,
+        SessionMeta,
+        TopologyNode,
+        TreeIntegration,
+    )
+    from stello_graph.profiles import ForkProfile, SplitGuard
     from stello_graph.schedule import BackgroundFailure, Schedule
+    from stello_graph.session import Session
     from stello_graph.skills import Skill, load_skills
+    from stello_graph.storage import MainStorage, SessionStorage
     from stello_graph.topology import Topology
 
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
+    # the session core (loads LangChain's messages)
+    "TurnContext": "stello_graph._base",
+    "AsyncSessionStream": "stello_graph._stream",
+    "SessionStream": "stello_graph._stream",
+    "TopologySlot": "stello_graph._topology_slot",
+    "TopologyView": "stello_graph._topology_slot",
+    "CompressionPolicy": "stello_graph.compression",
+    "SessionDigest": "stello_graph.digest",
+    "ConsolidationError": "stello_graph.errors",
+    "DuplicateLabelError": "stello_graph.errors",
+    "DuplicateSessionError": "stello_graph.errors",
+    "ForeignDatabaseError": "stello_graph.errors",
+    "FunctionCallError": "stello_graph.errors",
+    "FunctionNotConfiguredError": "stello_graph.errors",
+    "IntegrationError": "stello_graph.errors",
+    "InvalidInputError": "stello_graph.errors",
+    "LeaseLostError": "stello_graph.errors",
+    "MainSessionExistsError": "stello_graph.errors",
+    "MainSessionForkError": "stello_graph.errors",
+    "MainSessionNotFoundError": "stello_graph.errors",
+    "ModelCallError": "stello_graph.errors",
+    "ModelNotConfiguredError": "stello_graph.errors",
+    "NodeHasChildrenError": "stello_graph.errors",
+    "NodeNotFoundError": "stello_graph.errors",
+    "NotADatabaseError": "stello_graph.errors",
+    "NothingToIntegrateError": "stello_graph.errors",
+    "SchemaVersionError": "stello_graph.errors",
+    "SessionArchivedError": "stello_graph.errors",
+    "SessionBusyError": "stello_graph.errors",
+    "SessionError": "stello_graph.errors",
+    "SessionNotFoundError": "stello_graph.errors",
+    "SkillLoadError": "stello_graph.errors",
+    "SplitGuardError": "stello_graph.errors",
+    "StelloError": "stello_graph.errors",
+    "StelloUsageError": "stello_graph.errors",
+    "StorageError": "stello_graph.errors",
+    "StorageUnavailableError": "stello_graph.errors",
+    "StreamNotFinishedError": "stello_graph.errors",
+    "TimeTravelError": "stello_graph.errors",
+    "ToolRoundLimitError": "stello_graph.errors",
+    "TopologyCycleError": "stello_graph.errors",
+    "TopologyError": "stello_graph.errors",
+    "TurnOutOfRangeError": "stello_graph.errors",
+    "UnknownProfileError": "stello_graph.errors",
+    "ForkPoint": "stello_graph.lineage",
+    "MainSession": "stello_graph.main_session",
+    "CompressFn": "stello_graph.memory",
+    "ConsolidateFn": "stello_graph.memory",
+    "IntegrateFn": "stello_graph.memory",
+    "llm_compressor": "stello_graph.memory",
+    "llm_consolidator": "stello_graph.memory",
+    "llm_integrator": "stello_graph.memory",
+    "ChildL2": "stello_graph.models",
+    "Compression": "stello_graph.models",
+    "IntegrationResult": "stello_graph.models",
+    "SendResult": "stello_graph.models",
+    "SessionMeta": "stello_graph.models",
+    "TopologyNode": "stello_graph.models",
+    "TreeIntegration": "stello_graph.models",
+    "ForkProfile": "stello_graph.profiles",
+    "SplitGuard": "stello_graph.profiles",
+    "Session": "stello_graph.session",
+    "MainStorage": "stello_graph.storage",
+    "SessionStorage": "stello_graph.storage",
     "InMemoryMainStorage": "stello_graph.checkpoints",
     "SqliteMainStorage": "stello_graph.checkpoints",
     # orchestration (loads LangGraph)
@@ -113,6 +177,8 @@ _LAZY: dict[str, str] = {
     "Skill": "stello_graph.skills",
     "load_skills": "stello_graph.skills",
 }
+"""Where each public name lives: `import stello_graph` loads none of them (the command line's
+`--version` starts without LangChain); a name is imported on first use (PEP 562)."""
 
 __all__ = [
     # orchestration

@@ -1,6 +1,8 @@
 """`StelloAgent`'s turns: `turn`, `resume`, `stream` and their async twins, and `TurnResult`.
 
-A turn is a run of the graph on the session's checkpoint thread, under the session's lease.
+A turn is a run of the turn graph (`stello_graph.graph.build_turn_graph`: the turn's nodes
+without the topology operations' state) on the session's checkpoint thread, under the
+session's lease.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class _Turns:
     _leases: SessionLeases
     main: MainSession
     graph: CompiledStateGraph[Any, Any, Any, Any]
+    _turn_graph: CompiledStateGraph[Any, Any, Any, Any]
     checkpointer: BaseCheckpointSaver[Any] | None
     _durability: Durability
     _threads: CheckpointThreads
@@ -111,7 +114,10 @@ class _Turns:
         sid = check_id(session_id)
         check_text(text, "text")
         choice = None if tool_choice is None else check_tool_choice(tool_choice)
-        return sid, {"session_id": sid, "input": text, "tool_choice": choice}
+        payload: dict[str, Any] = {"session_id": sid, "input": text}
+        if choice is not None:  # an input key left out is not checkpointed
+            payload["tool_choice"] = choice
+        return sid, payload
 
     @staticmethod
     def _check_target(sid: str, meta: SessionMeta | None) -> str:
@@ -185,9 +191,9 @@ class _Turns:
         sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid, tool_choice)
         self._threads.resolve(sid)
-        with run_held(self._leases, sid):
+        with run_held(self._leases, sid), self._threads.running():
             self._switch(sid)
-            out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
+            out = self._turn_graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
 
     async def aturn(
@@ -197,9 +203,11 @@ class _Turns:
         sid, payload = self._begin(session_id, text, tool_choice)
         await self._atarget(sid, tool_choice)
         await self._threads.aresolve(sid)
-        async with arun_held(self._leases, sid):
+        async with arun_held(self._leases, sid), self._threads.arunning():
             self._switch(sid)
-            out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
+            out = await self._turn_graph.ainvoke(
+                payload, self.config(sid), durability=self._durability
+            )
             return await self._afinished(sid, self._result(sid, out))
 
     def resume(self, session_id: str, value: Any = None) -> TurnResult:
@@ -213,9 +221,9 @@ class _Turns:
         sid = self._target(check_id(session_id))
         self._check_resumable()
         self._threads.resolve(sid)
-        payload = self._resume_payload(sid, self.graph.get_state(self.config(sid)), value)
-        with run_held(self._leases, sid):
-            out = self.graph.invoke(payload, self.config(sid), durability=self._durability)
+        payload = self._resume_payload(sid, self._turn_graph.get_state(self.config(sid)), value)
+        with run_held(self._leases, sid), self._threads.running():
+            out = self._turn_graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
 
     async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
@@ -223,10 +231,12 @@ class _Turns:
         sid = await self._atarget(check_id(session_id))
         self._check_resumable()
         await self._threads.aresolve(sid)
-        state = await self.graph.aget_state(self.config(sid))
+        state = await self._turn_graph.aget_state(self.config(sid))
         payload = self._resume_payload(sid, state, value)
-        async with arun_held(self._leases, sid):
-            out = await self.graph.ainvoke(payload, self.config(sid), durability=self._durability)
+        async with arun_held(self._leases, sid), self._threads.arunning():
+            out = await self._turn_graph.ainvoke(
+                payload, self.config(sid), durability=self._durability
+            )
             return await self._afinished(sid, self._result(sid, out))
 
     def _check_resumable(self) -> None:
@@ -250,8 +260,12 @@ class _Turns:
         of modes, items are `(mode, item)` pairs.
 
         Closing the generator early (`close()`, or Ctrl-C while it waits) stops the turn at
-        once and stores nothing: the model call in flight is abandoned and stops at its
-        next token, which closes the provider's HTTP stream (see `nodes._model_call`).
+        once and stores nothing of it while its model call is in flight: the call is
+        abandoned and stops at its next token, which closes the provider's HTTP stream (see
+        `nodes._model_call`). A reply that needs no tools is committed in the step that
+        called the model, as soon as the model has answered: a stream closed while its last
+        tokens are still being read may find the turn stored (the session's turn count
+        tells).
         """
         sid, payload = self._begin(session_id, text, tool_choice)
         self._target(sid, tool_choice)
@@ -261,11 +275,11 @@ class _Turns:
         cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
         config = self.config(sid)
         config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
-        with run_held(self._leases, sid):
+        with run_held(self._leases, sid), self._threads.running():
             self._switch(sid)
             q = self._mux.open()
             run = stoppable(
-                lambda: self.graph.stream(
+                lambda: self._turn_graph.stream(
                     payload,
                     config,
                     stream_mode=stream_mode,  # type: ignore[arg-type]
@@ -282,7 +296,7 @@ class _Turns:
             finally:
                 run.close()  # now, under the lock: the run has ended when this returns
                 self._mux.close(q)
-            state = self.graph.get_state(self.config(sid)) if self.checkpointer else None
+            state = self._turn_graph.get_state(self.config(sid)) if self.checkpointer else None
             if state is None or not state.interrupts:
                 self._finished(sid, TurnResult(session_id=sid, content=""))
 
@@ -300,11 +314,11 @@ class _Turns:
         await self._threads.aresolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        async with arun_held(self._leases, sid):
+        async with arun_held(self._leases, sid), self._threads.arunning():
             self._switch(sid)
             q = self._mux.open()
             try:
-                async for item in self.graph.astream(
+                async for item in self._turn_graph.astream(
                     payload,
                     self.config(sid),
                     stream_mode=stream_mode,  # type: ignore[arg-type]
@@ -318,6 +332,8 @@ class _Turns:
                     yield event
             finally:
                 self._mux.close(q)
-            state = await self.graph.aget_state(self.config(sid)) if self.checkpointer else None
+            state = (
+                await self._turn_graph.aget_state(self.config(sid)) if self.checkpointer else None
+            )
             if state is None or not state.interrupts:
                 await self._afinished(sid, TurnResult(session_id=sid, content=""))

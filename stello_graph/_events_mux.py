@@ -69,12 +69,15 @@ class EventMux:
 
     @staticmethod
     def from_model(item: Any, multi: bool) -> bool:
-        """Whether a stream item may be shown: `messages` items only from the `model` node."""
+        """Whether a stream item may be shown: `messages` items only from the `model` node,
+        and only its replies (not the user message the turn's first round records)."""
+        from langchain_core.messages import AIMessage
+
         mode, data = item if multi else ("messages", item)
         if mode != "messages":
             return True
-        _, metadata = data
-        return bool(metadata.get("langgraph_node") == "model")
+        message, metadata = data
+        return bool(metadata.get("langgraph_node") == "model") and isinstance(message, AIMessage)
 
     @staticmethod
     def drain(q: queue.SimpleQueue[StelloEvent], modes: list[str], multi: bool) -> Iterator[Any]:

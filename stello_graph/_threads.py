@@ -45,9 +45,19 @@ class CheckpointThreads:
         tree_id: str,
         *,
         prune: bool,
+        hold: bool = False,
     ) -> None:
         self.graph, self.checkpointer, self.tree_id = graph, checkpointer, tree_id
         self.prune = prune
+        if (
+            hold
+            and prune
+            and checkpointer is not None
+            and hasattr(checkpointer, "hold_first_steps")
+        ):
+            # the saver holds each run's first steps until the turn gets past its first model
+            # step; `finished` / `failed` then drop them (pruned) or write them (kept)
+            checkpointer.hold_first_steps = True
         self._found: dict[str, str] = {}  # session id -> its checkpoint thread, once looked up
 
     def config(self, sid: str) -> RunnableConfig:
@@ -79,15 +89,52 @@ class CheckpointThreads:
         self._found[sid] = found
 
     def finished(self, sid: str, interrupted: bool) -> None:
-        """A turn of `sid` ended: prune its thread (if asked); next turns use the new id."""
-        if not interrupted and self.checkpointer is not None:
+        """A turn of `sid` ended: prune its thread (if asked); next turns use the new id.
+
+        A turn that waits on an interrupt keeps its thread, written out now."""
+        if interrupted:
+            self.failed()
+        elif self.checkpointer is not None:
             if self.prune:
                 self.checkpointer.delete_thread(self.config(sid)["configurable"]["thread_id"])
             self._found[sid] = thread_id(self.tree_id, sid)
 
+    def failed(self) -> None:
+        """A run stopped before its turn ended (an error, an interrupt): write out what the
+        saver holds, so that the turn can be resumed (`StelloSqliteSaver.flush`)."""
+        flush = getattr(self.checkpointer, "flush", None)
+        if callable(flush):
+            flush()
+
+    async def afailed(self) -> None:
+        """Async twin of `failed`."""
+        aflush = getattr(self.checkpointer, "aflush", None)
+        if callable(aflush):
+            await aflush()
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Around a graph run: `failed()` when it raises."""
+        try:
+            yield
+        except BaseException:
+            self.failed()
+            raise
+
+    @asynccontextmanager
+    async def arunning(self) -> AsyncIterator[None]:
+        """Async twin of `running`."""
+        try:
+            yield
+        except BaseException:
+            await self.afailed()
+            raise
+
     async def afinished(self, sid: str, interrupted: bool) -> None:
         """Async twin of `finished`."""
-        if not interrupted and self.checkpointer is not None:
+        if interrupted:
+            await self.afailed()
+        elif self.checkpointer is not None:
             if self.prune:
                 await self.checkpointer.adelete_thread(
                     self.config(sid)["configurable"]["thread_id"]

@@ -45,7 +45,7 @@ from stello_graph.errors import (
     SessionNotFoundError,
 )
 from stello_graph.events import StelloEvent, StoredEvents, emit
-from stello_graph.graph import build_graph
+from stello_graph.graph import build_graph, build_turn_graph
 from stello_graph.main_session import MainSession
 from stello_graph.models import (
     Lease,
@@ -185,7 +185,12 @@ class StelloAgent(_Turns, _Memory, _Tree):
             self.graph: CompiledStateGraph[Any, Any, Any, Any] = build_graph(self.deps).compile(
                 checkpointer=self.checkpointer, store=cfg.store
             )
-            """The compiled graph of turns (fork, consolidate, integrate run without it)."""
+            """The compiled graph of every operation (the agent runs fork, consolidate and
+            integrate without it, and its turns on the same nodes without the operations'
+            state: `build_turn_graph`)."""
+            self._turn_graph: CompiledStateGraph[Any, Any, Any, Any] = build_turn_graph(
+                self.deps
+            ).compile(checkpointer=self.checkpointer, store=cfg.store)
             self._tool_graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         except BaseException:
             if self._owns_storage:  # a bad argument must not leave the file open
@@ -193,8 +198,9 @@ class StelloAgent(_Turns, _Memory, _Tree):
             raise
         self._leases = self.deps.leases
         self._threads = CheckpointThreads(
-            self.graph, self.checkpointer, self.storage.tree_id, prune=self._prune
-        )
+            self._turn_graph, self.checkpointer, self.storage.tree_id, prune=self._prune,
+            hold=self._owns_saver and self._prune and self._durability != "sync",
+        )  # fmt: skip
         self._last_session: str | None = None
         self._mux = EventMux()
         self.deps.bus.subscribe(self._mux.forward)

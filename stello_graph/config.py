@@ -144,7 +144,11 @@ class StelloConfig:
     tree_id: str = "default"
     """Which tree of the storage file, when the agent's `storage` is a path."""
     durability: Durability = "async"
-    """LangGraph checkpoint durability of the agent's turns."""
+    """LangGraph checkpoint durability of the agent's turns. With `"async"` (or `"exit"`) the
+    agent's own SQLite checkpointer holds a turn's first steps in memory until its first tool
+    results: a crash before them keeps nothing of the turn (send it again), one after them
+    keeps every completed tool round. `"sync"` writes every step before the next one starts
+    (BENCHMARKS.md, "What a crash keeps")."""
     prune_checkpoints: bool | None = None
     """Drop a turn's checkpoints once it is committed (default: when the agent made the
     checkpointer itself)."""

@@ -29,14 +29,19 @@ EXPORT_FORMAT = "stello-graph.export/1"
 
 
 def _session_entry(
-    storage: MainStorage, tree: Topology, session_id: str, records: bool
+    storage: MainStorage,
+    tree: Topology,
+    session_id: str,
+    records: bool,
+    counts: dict[str, int] | None,
 ) -> dict[str, Any]:
     meta = tree.sessions[session_id]
     entry: dict[str, Any] = meta.model_dump(mode="json")
     node = tree.node(session_id)
     entry["parent_id"] = node.parent_id if node else None
     entry["turns"] = tree.turns.get(session_id, 0)
-    entry["record_count"] = storage.count_records(session_id)
+    found = None if counts is None else counts.get(session_id)
+    entry["record_count"] = storage.count_records(session_id) if found is None else found
     entry["system_prompt"] = storage.get_system_prompt(session_id)
     standard = meta.role == "standard"
     entry["l2"] = storage.get_memory(session_id) if standard else None
@@ -61,6 +66,8 @@ def export_tree(storage: MainStorage, *, records: bool = False) -> dict[str, Any
         `l2` and pending `insight` (and `records` when asked).
     """
     tree = Topology.read(storage)
+    stats = getattr(storage, "list_session_stats", None)  # every record count in one read
+    counts = {s.id: s.records for s in stats()} if callable(stats) else None
     main = storage.get_main_session()
     return {
         "format": EXPORT_FORMAT,
@@ -69,7 +76,7 @@ def export_tree(storage: MainStorage, *, records: bool = False) -> dict[str, Any
         "synthesis": storage.get_memory(main.id) if main else None,
         "nodes": [node.model_dump(mode="json") for node in tree.nodes],
         "sessions": [
-            _session_entry(storage, tree, node.id, records)
+            _session_entry(storage, tree, node.id, records, counts)
             for node in tree.nodes
             if node.id in tree.sessions
         ],

@@ -2,7 +2,9 @@
 
 The graph runs a turn on one session for `{"session_id": ..., "input": ...}`:
 
-    START -> assemble -> model -> tools -> model -> ... -> commit -> END
+    START -> model -> tools -> model -> ... -> END
+
+(the first model round opens the turn, the last one commits it: see `stello_graph.nodes.turn`)
 
 or for `{"messages": [...]}` (the newest user message is the input; the session is
 `configurable.session_id`, else the main session), through `enter` first
@@ -60,8 +62,6 @@ from stello_graph.nodes.tree import (
     route_level,
 )
 from stello_graph.nodes.turn import (
-    make_assemble_node,
-    make_commit_node,
     make_model_node,
     make_tools_node,
     route_after_model,
@@ -73,8 +73,11 @@ __all__ = [
     "StelloOutput",
     "StelloState",
     "StelloStateGraph",
+    "TurnInput",
+    "TurnOutput",
     "build_graph",
     "build_stello_graph",
+    "build_turn_graph",
 ]
 
 
@@ -147,12 +150,10 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     """The stello `StateGraph` over an existing `StelloRuntime`."""
     graph = StelloStateGraph(StelloState, input_schema=StelloInput, output_schema=StelloOutput)
     graph.add_node("enter", make_enter_node(deps))
-    graph.add_node("assemble", make_assemble_node(deps))
     graph.add_node(
         "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
     )
     graph.add_node("tools", make_tools_node(deps))
-    graph.add_node("commit", make_commit_node(deps))
     graph.add_node("fork", make_fork_node(deps))
     graph.add_node("consolidate", make_consolidate_node(deps))
     graph.add_node("integrate", make_integrate_node(deps))
@@ -160,17 +161,67 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     graph.add_node("integrate_subtree", make_integrate_subtree_node(deps))
     graph.add_node("next_level", make_next_level_node())
     graph.add_node("finish_tree", make_finish_tree_node(deps))
-    starts = ["enter", "assemble", "fork", "consolidate", "integrate", "plan_tree"]
+    starts = ["enter", "model", "fork", "consolidate", "integrate", "plan_tree"]
     graph.add_conditional_edges(START, route_start, starts)
-    graph.add_edge("enter", "assemble")
+    graph.add_edge("enter", "model")
     graph.add_conditional_edges("plan_tree", route_level, ["integrate_subtree", "finish_tree"])
     graph.add_edge("integrate_subtree", "next_level")
     graph.add_conditional_edges("next_level", route_level, ["integrate_subtree", "finish_tree"])
-    graph.add_edge("assemble", "model")
-    graph.add_conditional_edges("model", route_after_model, ["tools", "commit"])
+    graph.add_conditional_edges("model", route_after_model, ["tools", END])
     graph.add_edge("tools", "model")
-    for last in ("commit", "fork", "consolidate", "integrate", "finish_tree"):
+    for last in ("fork", "consolidate", "integrate", "finish_tree"):
         graph.add_edge(last, END)
+    return graph
+
+
+class TurnInput(TypedDict, total=False):
+    """What a run of the turn graph (`build_turn_graph`) takes."""
+
+    session_id: str
+    input: str
+    tool_choice: str | dict[str, Any] | bool | None
+
+
+class TurnOutput(TypedDict, total=False):
+    """What a run of the turn graph returns."""
+
+    session_id: str
+    content: str
+    messages: list[AnyMessage]
+    pending: list[AnyMessage]
+    tool_rounds: int
+    tool_calls: list[dict[str, Any]]
+    turn_count: int
+
+
+class TurnGraph(StateGraph[TurnState, None, TurnInput, TurnOutput]):
+    """The graph `build_turn_graph` returns; compiled, it is a `StelloCompiledGraph` too
+    (runs start fresh, time travel is refused)."""
+
+    def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
+        compiled = super().compile(*args, **kwargs)
+        compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
+        assert isinstance(compiled, StelloCompiledGraph)
+        return compiled
+
+
+def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
+    """The turns alone, `START -> model -> (tools -> model)* -> END`, over `deps`.
+
+    The same nodes as the turns of `build_graph`, without the topology operations: a state
+    of the turn's keys only (each superstep of LangGraph handles every channel of its
+    graph, and the whole graph has more than twice as many). `StelloAgent` runs its turns
+    on it; its checkpoints are the whole graph's, so either graph continues a thread the
+    other began.
+    """
+    graph = TurnGraph(TurnState, input_schema=TurnInput, output_schema=TurnOutput)
+    graph.add_node(
+        "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
+    )
+    graph.add_node("tools", make_tools_node(deps))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", route_after_model, ["tools", END])
+    graph.add_edge("tools", "model")
     return graph
 
 

@@ -32,6 +32,7 @@ from stello_graph.models import SessionMeta, TopologyNode
 
 __all__ = [
     "ARCHIVED_OPACITY",
+    "DEFAULT_MAX_STARS",
     "MAX_SIZE",
     "Star",
     "TreeData",
@@ -143,6 +144,51 @@ def _angles(
             placed[kid.id] = (start + share / 2, share)
             start += share
     return placed
+
+
+DEFAULT_MAX_STARS = 2_500
+"""Sessions a star map draws one by one by default: ~600 bytes of SVG each, so a map stays
+under ~2 MB whatever the tree's size; the rest are counted on the star they hang under."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """The part of a tree a star map draws (a `TreeData`), and what it leaves out."""
+
+    nodes: Sequence[TopologyNode]
+    sessions: Mapping[str, SessionMeta]
+    turns: Mapping[str, int]
+    hidden: Mapping[str, int]
+    """Sessions left out, by the drawn star they are counted on (their nearest drawn
+    ancestor)."""
+    total: int
+    """Sessions of the whole tree."""
+
+
+def _shown(tree: TreeData, max_stars: int) -> _Shown:
+    """The first `max_stars` sessions of `tree` from the centre out (breadth first: whole
+    rings, then the first sessions of the ring that does not fit), each left-out session
+    counted on its nearest drawn ancestor."""
+    nodes = list(tree.nodes)
+    if len(nodes) <= max_stars:
+        return _Shown(nodes, tree.sessions, tree.turns, {}, len(nodes))
+    root, kids = _tree_shape(tree)
+    order = list(_breadth_first(root, kids))
+    kept = {node.id for node, _ in order[: max(1, max_stars)]}
+    parent_of = {k.id: n.id for n in nodes for k in kids.get(n.id, ())}
+    hidden: dict[str, int] = {}
+    shown_at: dict[str, str] = {}
+    for node, _ in order:  # parents come first: each hidden node's drawn ancestor is known
+        if node.id in kept:
+            shown_at[node.id] = node.id
+            continue
+        at = shown_at[parent_of.get(node.id, root.id)]
+        shown_at[node.id] = at
+        hidden[at] = hidden.get(at, 0) + 1
+    drawn = [node for node, _ in order if node.id in kept]
+    sessions = {sid: meta for sid, meta in tree.sessions.items() if sid in kept}
+    turns = {sid: n for sid, n in tree.turns.items() if sid in kept}
+    return _Shown(drawn, sessions, turns, hidden, len(order))
 
 
 def _brightness(tree: TreeData) -> dict[str, float]:
@@ -266,20 +312,29 @@ _CHAR_WIDTH = 0.6
 """Estimated width of a character, in ems (sans-serif, mixed case)."""
 
 
-def _star_svg(star: Star, label: _Label | None, scale: float) -> str:
+def _star_svg(star: Star, label: _Label | None, scale: float, hidden: int = 0) -> str:
     node, kind = star.node, "main" if star.depth == 0 else "standard"
     status = "archived" if star.archived else "active"
     hover = f"{node.label or '(no label)'} — {node.id}\n{star.turns} turns, {status}"
+    more = f"\n{hidden:,} more session{'s' if hidden != 1 else ''} below, not drawn"
     opacity = ARCHIVED_OPACITY if star.archived else 1
     dash = f' stroke-dasharray="{2 * scale:.1f}"' if star.archived else ""
     parts = [
         f'<g class="session {kind} {status}" data-id="{_text(node.id)}" data-depth="{star.depth}"'
         f' data-turns="{star.turns}" data-brightness="{star.brightness:.3f}"'
-        f' opacity="{opacity}"><title>{_text(hover)}</title>',
+        + (f' data-hidden="{hidden}"' if hidden else "")
+        + f' opacity="{opacity}"><title>{_text(hover + (more if hidden else ""))}</title>',
         f'<circle class="star" cx="{star.x:.1f}" cy="{star.y:.1f}" r="{star.radius:.1f}"'
         f' fill="{_colour(star)}" stroke="{_LABEL}" stroke-opacity="0.5"'
         f' stroke-width="{scale:.1f}"{dash}/>',
     ]
+    if hidden:  # a halo, wider with the number of sessions it stands for
+        halo = star.radius + scale * (2 + math.log10(1 + hidden))
+        parts.append(
+            f'<circle class="cluster" cx="{star.x:.1f}" cy="{star.y:.1f}" r="{halo:.1f}"'
+            f' fill="none" stroke="{_LABEL}" stroke-opacity="0.35"'
+            f' stroke-width="{scale:.1f}" stroke-dasharray="1 {2 * scale:.1f}"/>'
+        )
     if label is not None:
         parts.append(
             f'<text class="label" x="{label.x:.1f}" y="{label.y:.1f}"'
@@ -414,14 +469,22 @@ def _labelled_depth(stars: list[Star], max_labels: int) -> int:
     return deepest
 
 
-def _legend(stars: list[Star]) -> str:
+def _legend(stars: list[Star], shown: _Shown) -> str:
     archived = sum(star.archived for star in stars)
-    count = f"{len(stars)} session{'s' if len(stars) != 1 else ''}"
+    count = f"{shown.total:,} session{'s' if shown.total != 1 else ''}"
+    if shown.hidden:
+        count += f" ({len(stars):,} drawn, the rest counted on the star above them)"
+        return f"{count} · {archived} archived among those drawn · size: turns"
     return f"{count} · {archived} archived · size: turns · brightness: recency"
 
 
 def render_topology(
-    tree: TreeData, *, size: float = 640.0, max_labels: int = 120, label_chars: int = 24
+    tree: TreeData,
+    *,
+    size: float = 640.0,
+    max_labels: int = 120,
+    label_chars: int = 24,
+    max_stars: int = DEFAULT_MAX_STARS,
 ) -> str:
     """Draw `tree` as a standalone SVG star map (no scripts, no external resources).
 
@@ -434,6 +497,10 @@ def render_topology(
             ellipsis; siblings' cuts stay distinct). Labels never overlap: a star whose
             label has no free spot shows it only in its hover title, which always holds
             the full label.
+        max_stars: draw at most this many sessions, from the centre out (whole rings, then
+            the first sessions of the next); every session left out is counted on the drawn
+            star it hangs under (a dotted halo, `data-hidden`, and its hover title), and the
+            legend gives the tree's total. The default keeps a map under ~2 MB.
 
     Returns:
         The SVG document, as a string (UTF-8 text with no XML declaration, ready to inline in
@@ -442,11 +509,14 @@ def render_topology(
     Raises:
         InvalidInputError: a size, label limit or label length that cannot be drawn.
     """
-    for name, value, low in (("max_labels", max_labels, 0), ("label_chars", label_chars, 2)):
+    limits = (("max_labels", max_labels, 0), ("label_chars", label_chars, 2),
+              ("max_stars", max_stars, 1))  # fmt: skip
+    for name, value, low in limits:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InvalidInputError(f"{name} must be an int >= {low}, got {value!r}.")
-    stars = layout(tree, size=size)
-    scale, legend = size / 640, _text(_legend(stars))
+    shown = _shown(tree, max_stars)
+    stars = layout(shown, size=size)
+    scale, legend = size / 640, _text(_legend(stars, shown))
     return "".join(
         [
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{size:g}" height="{size:g}"'
@@ -457,15 +527,21 @@ def render_topology(
             '</g><g class="edges">',
             *_edges_svg(stars, scale),
             '</g><g class="sessions">',
-            *_stars_svg(stars, size, max_labels, label_chars),
+            *_stars_svg(stars, size, max_labels, label_chars, shown.hidden),
             f'</g><text class="legend" x="{8 * scale:.1f}" y="{size - 8 * scale:.1f}"'
             f' font-size="{10 * scale:.1f}" fill="{_EDGE}">{legend}</text></svg>',
         ]
     )
 
 
-def _stars_svg(stars: list[Star], size: float, max_labels: int, label_chars: int) -> list[str]:
+def _stars_svg(
+    stars: list[Star], size: float, max_labels: int, label_chars: int, hidden: Mapping[str, int]
+) -> list[str]:
     """Every star, drawn children first, so parents (and the sun) sit on top."""
     labels = place_labels(stars, size, max_labels, label_chars)
-    drawn = [_star_svg(star, labels.get(star.node.id), size / 640) for star in stars]
+    scale = size / 640
+    drawn = [
+        _star_svg(star, labels.get(star.node.id), scale, hidden.get(star.node.id, 0))
+        for star in stars
+    ]
     return drawn[::-1]

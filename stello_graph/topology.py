@@ -13,10 +13,16 @@ from functools import cached_property
 from typing import Any
 
 from stello_graph.lineage import ForkPoint
-from stello_graph.models import SessionMeta, TopologyNode
+from stello_graph.models import SessionMeta, SessionStats, TopologyNode
 from stello_graph.storage import MainStorage
 
 __all__ = ["Topology"]
+
+
+def _turns(sessions: Mapping[str, SessionMeta], stats: list[SessionStats]) -> dict[str, int]:
+    """The user turns of each of `sessions`, from `list_session_stats`."""
+    found = {s.id: s.turns for s in stats}
+    return {sid: found.get(sid, 0) for sid in sessions}
 
 
 @dataclass(frozen=True)
@@ -37,12 +43,18 @@ class Topology:
 
     @classmethod
     def read(cls, storage: MainStorage) -> Topology:
-        """Read the whole tree of `storage`."""
+        """Read the whole tree of `storage`: three reads whatever its size on a storage with
+        `list_session_stats` (both stello storages), else one turn count per session."""
         nodes = tuple(storage.get_tree())
         metas = {m.id: m for m in storage.list_sessions()}
         sessions = {n.id: metas[n.id] for n in nodes if n.id in metas}
+        lineage = storage.list_lineage()
+        stats = getattr(storage, "list_session_stats", None)
+        if callable(stats):
+            every: list[SessionStats] = stats()
+            return cls(nodes, sessions, _turns(sessions, every), lineage)
         turns = {sid: storage.get_turn_count(sid) for sid in sessions}
-        return cls(nodes, sessions, turns, storage.list_lineage())
+        return cls(nodes, sessions, turns, lineage)
 
     @classmethod
     async def aread(cls, storage: MainStorage) -> Topology:
@@ -50,6 +62,10 @@ class Topology:
         nodes = tuple(await storage.aget_tree())
         metas = {m.id: m for m in await storage.alist_sessions()}
         sessions = {n.id: metas[n.id] for n in nodes if n.id in metas}
+        astats = getattr(storage, "alist_session_stats", None)
+        if callable(astats):
+            every: list[SessionStats] = await astats()
+            return cls(nodes, sessions, _turns(sessions, every), await storage.alist_lineage())
         turns = {sid: await storage.aget_turn_count(sid) for sid in sessions}
         return cls(nodes, sessions, turns, await storage.alist_lineage())
 

@@ -385,7 +385,7 @@ async def test_streamed_usage_totals_equal_the_invoked_usage(mode: Mode) -> None
 def test_usage_follows_the_prompt_when_the_same_messages_come_again() -> None:
     """The per-message count is kept for the very object, and only while its text is
     unchanged; it is dropped when the message is gone."""
-    from stello_graph.testing._scripted import _char_counts
+    from stello_graph.testing._replies import _char_counts
 
     history = [HumanMessage("x" * 40), AIMessage("y" * 40)]
     model = ScriptedChatModel(default="ok")

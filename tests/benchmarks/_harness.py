@@ -129,7 +129,15 @@ class Figure:
     def status(self) -> str:
         if self.skipped is not None:
             return "skipped"
-        return {None: "info", True: "ok", False: "MISS"}[self.ok]
+        if self.ok is False:
+            return f"MISS by {self.miss():.0%}"
+        return {None: "info", True: "ok"}[self.ok]
+
+    def miss(self) -> float:
+        """How far over its target the figure is, as a fraction of the target (0 when met)."""
+        if self.target is None or self.value is None or self.value <= self.target:
+            return 0.0
+        return (self.value - self.target) / self.target if self.target else float("inf")
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)

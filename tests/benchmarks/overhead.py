@@ -172,7 +172,8 @@ def overhead_figures(scale: Scale) -> list[Figure]:
         pairs = [_pair(scale, tool_round, stello_first=r % 2 == 0) for r in range(scale.runs)]
         half = "b" if tool_round else "a"
         figures += [
-            _latency(f"1{keys[0]}", f"turn latency, {tag}, {early}", 1.5, "early", scale, pairs),
+            _latency(f"1{keys[0]}", f"turn latency, {tag}, {early}", 1.0 if keys == "ab" else 1.5,
+                     "early", scale, pairs),
             _latency(f"1{keys[1]}", f"turn latency, {tag}, {late} of {scale.turns}", 0.5, "late",
                      scale, pairs),
             _growth(f"2{half}", f"growth {late} / {early}, {tag}", scale, pairs),

@@ -19,6 +19,8 @@ EXPECTED = {
     "startup": ["8c"],  # the quick scale starts no timed processes
     "inspector": ["9a", "9b", "9c"],  # 9b (Chromium) is skipped at the quick scale
     "branching": ["10a", "10b", "10c", "10d"],
+    # the quick scale starts no processes (11e, 11f); skipped without PostgreSQL
+    "postgres": ["11a", "11b", "11c", "11d", "11g", "11h", "11i", "11j"],
 }
 
 
@@ -45,6 +47,20 @@ def test_quick_run_gives_every_figure() -> None:
 
 def test_status_of_a_figure() -> None:
     assert Figure(key="x", name="x", value=1.0, unit="ms", target=2.0).status() == "ok"
-    assert Figure(key="x", name="x", value=3.0, unit="ms", target=2.0).status() == "MISS"
+    missed = Figure(key="x", name="x", value=3.0, unit="ms", target=2.0)
+    assert missed.status() == "MISS by 50%" and missed.miss() == 0.5
     assert Figure(key="x", name="x", value=3.0, unit="ms").status() == "info"
     assert Figure(key="x", name="x", value=None, unit="ms", skipped="n/a").status() == "skipped"
+
+
+def test_a_miss_exits_non_zero_and_says_by_how_much(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.benchmarks import suite
+
+    figure = Figure(key="1a", name="turn latency", value=1.25, unit="x", target=1.0)
+    monkeypatch.setattr(suite, "run_suite", lambda *args, **kwargs: [figure])
+    assert suite.main(["overhead"]) == 1
+    assert "MISS 1a (turn latency): 1.25 x against <= 1 x, 25% over" in capsys.readouterr().err
+    figure.value = 0.9
+    assert suite.main(["overhead"]) == 0

@@ -163,3 +163,26 @@ def test_the_module_runs_as_a_program(
         runpy.run_module("stello_graph.cli", run_name="__main__")
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"stello-graph {__version__}"
+
+
+def test_version_starts_without_langchain() -> None:
+    """`--version` (one fresh process) imports neither LangChain nor LangGraph."""
+    import json
+    import subprocess
+
+    code = (
+        "import json, sys\n"
+        "from stello_graph.cli import main\n"
+        "try:\n"
+        "    main(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('langchain_core', 'langgraph', 'pydantic')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    version, loaded = done.stdout.strip().splitlines()
+    assert version == f"stello-graph {__version__}"
+    assert json.loads(loaded) == []

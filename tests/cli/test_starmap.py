@@ -175,7 +175,7 @@ def test_empty_and_single_node_trees() -> None:
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("size", 10), ("size", "big"), ("max_labels", -1), ("label_chars", 1)],
+    [("size", 10), ("size", "big"), ("max_labels", -1), ("label_chars", 1), ("max_stars", 0)],
 )
 def test_bad_options_are_refused(flat: Topology, option: str, value: object) -> None:
     with pytest.raises(InvalidInputError, match=option):
@@ -308,3 +308,41 @@ def test_the_size_option_is_validated(size: str, demo_db: Path, cli: RunCli) -> 
 def test_a_valid_size_draws_at_that_size(demo_db: Path, cli: RunCli) -> None:
     run = cli("tree", "--db", str(demo_db), "--svg", "-", "--size", "320.5")
     assert run.code == 0 and parse(run.out).attrib["width"] == "320.5"
+
+
+def test_a_tree_too_big_to_draw_is_aggregated_on_the_stars_drawn() -> None:
+    tree = TreeBuilder().add("m", None, "Main")
+    for n in range(10):
+        tree.add(f"b{n}", "m", f"B{n}")
+    for n in range(300):  # 30 under each branch, every tenth with 2 children of its own
+        tree.add(f"s{n}", f"b{n % 10}", f"S{n}")
+        if n % 10 == 0:
+            tree.add(f"s{n}x", f"s{n}", "X").add(f"s{n}y", f"s{n}", "Y")
+    topology = tree.build()
+    root = parse(render_topology(topology, max_stars=50))
+    drawn = sessions(root)
+    assert len(drawn) == 50 and {"m", *(f"b{n}" for n in range(10))} <= set(drawn)
+    hidden = {
+        sid: int(g.attrib["data-hidden"]) for sid, g in drawn.items() if "data-hidden" in g.attrib
+    }
+    assert sum(hidden.values()) == len(topology.nodes) - 50  # every session counted once
+    assert all(sid not in hidden or sid.startswith(("b", "s")) for sid in drawn)
+    assert len(root.findall(".//svg:circle[@class='cluster']", NS)) == len(hidden)
+    title = drawn[next(iter(hidden))].find("svg:title", NS)
+    assert title is not None and title.text is not None and "more session" in title.text
+    legend = root.find("svg:title", NS)
+    assert legend is not None and legend.text is not None
+    assert f"{len(topology.nodes):,} sessions (50 drawn" in legend.text
+    # a tree within the limit is drawn whole, with no halo
+    whole = parse(render_topology(topology))
+    assert len(sessions(whole)) == len(topology.nodes)
+    assert whole.findall(".//svg:circle[@class='cluster']", NS) == []
+
+
+def test_the_default_limit_keeps_a_big_map_small() -> None:
+    tree = TreeBuilder().add("m", None, "Main")
+    for n in range(12_000):
+        tree.add(f"s{n}", "m" if n < 12 else f"s{n // 12 - 1}", f"Session {n}", turns=n % 5)
+    svg = render_topology(tree.build())
+    assert len(sessions(parse(svg))) == 2_500
+    assert len(svg.encode()) < 2_000_000

@@ -53,3 +53,43 @@ def sqlite_path(tmp_path: Path) -> Path:
 def close_storage(storage: MainStorage) -> None:
     if isinstance(storage, SqliteMainStorage):
         storage.close()
+
+
+def lose_last_checkpoint(agent: StelloAgent, session_id: str) -> None:
+    """What a crash right after a turn's commit leaves when its step's results were still on
+    their way to the disk: the thread's newest checkpoint and the writes of the step that
+    made it are gone; a resume continues from the checkpoint before, as a recovering
+    process does."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from stello_graph.checkpoints.saver import StelloSqliteSaver
+
+    saver, config = agent.checkpointer, agent.config(session_id)
+    assert saver is not None
+    latest = saver.get_tuple(config)
+    assert latest is not None and latest.parent_config is not None
+    thread = str(config["configurable"]["thread_id"])
+    checkpoint_id = latest.config["configurable"]["checkpoint_id"]
+    parent_id = latest.parent_config["configurable"]["checkpoint_id"]
+    if isinstance(saver, InMemorySaver):
+        del saver.storage[thread][""][checkpoint_id]
+        saver.writes.pop((thread, "", parent_id), None)
+    elif not isinstance(saver, StelloSqliteSaver):  # LangGraph's PostgresSaver
+        with saver._cursor() as pg:  # type: ignore[attr-defined]
+            pg.execute(
+                "DELETE FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s",
+                (thread, checkpoint_id),
+            )
+            pg.execute(
+                "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_id = %s",
+                (thread, parent_id),
+            )
+    else:
+        with saver.cursor() as cur:
+            cur.execute(
+                "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
+                (thread, checkpoint_id),
+            )
+            cur.execute(
+                "DELETE FROM writes WHERE thread_id = ? AND checkpoint_id = ?", (thread, parent_id)
+            )

@@ -18,7 +18,7 @@ from langgraph.types import StateSnapshot
 from stello_graph import SessionArchivedError
 from stello_graph._compiled import allow_replay
 from stello_graph.testing import ScriptedChatModel
-from tests.orchestration.conftest import AgentFactory
+from tests.orchestration.conftest import AgentFactory, lose_last_checkpoint
 
 
 def _in_turn(messages: list[BaseMessage]) -> list[BaseMessage]:
@@ -91,10 +91,10 @@ async def test_turn_resumed_after_archive_is_refused(make_agent: AgentFactory, m
     branch = agent.fork(agent.main_session_id, "B")
     agent.storage.put_insight(branch.id, "an insight")
     config = agent.config(branch.id)
-    # a turn that crashed just before its commit ...
-    agent.graph.invoke({"session_id": branch.id, "input": "q"}, config, interrupt_before=["commit"])
+    # a turn that crashed before its step (the model call and the commit) ...
+    agent.graph.invoke({"session_id": branch.id, "input": "q"}, config, interrupt_before=["model"])
     agent.archive(branch.id)  # ... and the session archived before it is resumed
-    # the commit itself refuses (a graph resumed directly, another process archiving) ...
+    # the step itself refuses (a graph resumed directly, another process archiving) ...
     run = agent.graph.invoke if mode == "sync" else agent.graph.ainvoke
     with pytest.raises(SessionArchivedError, match="archived"):
         await _maybe_await(run(None, config))
@@ -120,8 +120,10 @@ async def test_resumed_commit_after_another_writer_never_duplicates(
     agent.turn(sid, "question")
     # another process appends a turn of its own to the same session ...
     agent.storage.append_records(sid, [HumanMessage("other"), AIMessage("x")], user_turn=True)
-    # ... before this turn is resumed from just before its commit (a crash right after it)
-    before_commit = _before(agent.graph.get_state_history(agent.config(sid)), "commit")
+    # ... before this turn is resumed from just before its step (a crash right after its
+    # commit, before the step's checkpoint was written)
+    lose_last_checkpoint(agent, sid)
+    before_commit = agent.config(sid)
     run = agent.graph.invoke if mode == "sync" else agent.graph.ainvoke
     await _maybe_await(run(None, allow_replay(before_commit)))
     contents = [m.content for m in agent.session(sid).messages()]

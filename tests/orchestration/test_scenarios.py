@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -378,13 +379,15 @@ def test_nodes_wired_into_a_graph_of_your_own() -> None:
     graph.add_node("model", nodes.make_model_node(deps))
     graph.add_node("tools", nodes.make_tools_node(deps))
     graph.add_node("commit", nodes.make_commit_node(deps))
-    graph.add_edge(START, "assemble")
+    graph.add_edge(START, "assemble")  # a step of its own before the first model call
     graph.add_edge("assemble", "model")
-    graph.add_conditional_edges("model", nodes.route_after_model, ["tools", "commit"])
+    # `model` commits the turn when it needs no tools; `commit` after it stores nothing again
+    ends: dict[Hashable, str] = {"tools": "tools", "__end__": "commit"}
+    graph.add_conditional_edges("model", nodes.route_after_model, ends)
     graph.add_edge("tools", "model")
     graph.add_edge("commit", END)
     out = graph.compile().invoke({"session_id": main.id, "input": "hello"})
-    assert out["content"] == "mine"
+    assert out["content"] == "mine" and out["turn_count"] == 1
     assert [m.text for m in main.messages()] == ["hello", "mine"]
 
 

@@ -440,12 +440,22 @@ def test_the_owner_of_a_lease_names_this_process(make_agent: AgentFactory) -> No
 def test_a_run_paused_between_nodes_parks_its_lease(storage: MainStorage) -> None:
     from stello_graph.nodes._lease import PARKED_LEASE
 
-    graph, sid = _graph_setup(storage, ScriptedChatModel(default="ok"))
+    @tool
+    def noop() -> str:
+        """Do nothing."""
+        return "done"
+
+    main = MainSession.create(storage)
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("noop", {}), "ok"])
+    graph = build_stello_graph(model, storage, tools=[noop], builtin_tools=()).compile(
+        checkpointer=InMemorySaver()
+    )
+    sid = main.id
     config: RunnableConfig = {"configurable": {"thread_id": "paused"}}
-    graph.invoke({"session_id": sid, "input": "hi"}, config, interrupt_before=["commit"])
+    graph.invoke({"session_id": sid, "input": "hi"}, config, interrupt_before=["tools"])
     lease = storage.get_lease(sid)
-    assert lease is not None  # still the turn's, for the moment it takes to reach its commit
+    assert lease is not None  # still the turn's, for the moment it takes to reach its tools
     assert lease.expires_at - time.time() <= PARKED_LEASE  # not a whole lease_ttl
     out = graph.invoke(None, config)  # continuing takes it again and commits
     assert out["content"] == "ok" and storage.get_lease(sid) is None
-    assert storage.count_records(sid) == 2
+    assert storage.count_records(sid) == 4

@@ -13,11 +13,10 @@ from langchain_core.tools import tool
 from langgraph.types import interrupt
 
 from stello_graph import MainSession, Session
-from stello_graph._compiled import allow_replay
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.testing import ScriptedChatModel
-from tests.orchestration.conftest import AgentFactory
+from tests.orchestration.conftest import AgentFactory, lose_last_checkpoint
 
 TURN_ID, TURN_SEQ = "stello_turn_id", "stello_turn_seq"
 
@@ -100,13 +99,14 @@ def test_a_replayed_commit_is_found_by_its_turn_id(make_agent: AgentFactory) -> 
     sid = agent.main_session_id
     agent.turn(sid, "question")
     config = agent.config(sid)
-    before = next(s for s in agent.graph.get_state_history(config) if s.next == ("commit",))
-    turn_id = before.values["pending"][0].id
+    lose_last_checkpoint(agent, sid)  # a crash between the step's commit and its checkpoint
+    turn_id = agent.session(sid).messages()[0].response_metadata["stello_turn_id"]
     storage = cast(BackendStorage, agent.storage)
     assert storage.has_turn(sid, turn_id)
-    # another writer appends after the turn: the replayed commit still finds it
+    # another writer appends after the turn: the replayed step still finds it
     agent.storage.append_records(sid, [HumanMessage("later"), AIMessage("later too")])
-    agent.graph.invoke(None, allow_replay(before.config))
+    out = agent.graph.invoke(None, config)
+    assert out["content"] == "reply"  # the stored reply: the model was not called again
     contents = [m.content for m in agent.session(sid).messages()]
     assert contents == ["question", "reply", "later", "later too"]
     assert not storage.has_turn(sid, "no-such-turn")

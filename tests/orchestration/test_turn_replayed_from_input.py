@@ -65,7 +65,7 @@ def test_a_turn_replayed_from_its_input_checkpoint_is_stored_once() -> None:
     config: RunnableConfig = {"configurable": {"thread_id": "t"}}
     graph.invoke({"session_id": main.id, "input": "hello"}, config)
     assert storage.count_records(main.id) == 2
-    assert graph.get_state(config).next == ("assemble",)  # the turn looks in flight
+    assert graph.get_state(config).next == ("model",)  # the turn looks in flight
     saver.losing = False
     out = graph.invoke(None, config)  # what a recovering process does
     assert out["content"] == "ok"

@@ -20,9 +20,8 @@ from stello_graph import (
     SessionNotFoundError,
     ToolRoundLimitError,
 )
-from stello_graph._compiled import allow_replay
 from stello_graph.testing import ScriptedChatModel
-from tests.orchestration.conftest import AgentFactory
+from tests.orchestration.conftest import AgentFactory, lose_last_checkpoint
 
 
 @tool
@@ -139,22 +138,27 @@ def test_resumed_commit_never_duplicates(make_agent: AgentFactory) -> None:
     sid = agent.main_session_id
     agent.turn(sid, "question")
     config = agent.config(sid)
-    before_commit = next(s for s in agent.graph.get_state_history(config) if s.next == ("commit",))
-    # replay from just before the commit, as a resume after a crash there would
-    agent.graph.invoke(None, allow_replay(before_commit.config))
+    lose_last_checkpoint(agent, sid)  # a crash between the step's commit and its checkpoint
+    assert agent.graph.get_state(config).next == ("model",)  # the turn looks in flight
+    # resuming runs the turn's step (model call and commit) again: it finds its turn stored
+    # and calls no model
+    out = agent.graph.invoke(None, config)
+    assert out["content"] == "reply"
+    assert model.call_count == 1
     assert [m.content for m in agent.session(sid).messages()] == ["question", "reply"]
     assert agent.storage.get_turn_count(sid) == 1
 
 
-def test_crash_before_commit_resumes_without_model_call(make_agent: AgentFactory) -> None:
+def test_a_turn_stopped_before_its_step_resumes_with_its_input(make_agent: AgentFactory) -> None:
     model = ScriptedChatModel(["the answer"])
     agent = make_agent(model=model)
     sid = agent.main_session_id
     config = agent.config(sid)
     agent.graph.invoke(
-        {"session_id": sid, "input": "q"}, config, interrupt_before=["commit"], durability="sync"
+        {"session_id": sid, "input": "q"}, config, interrupt_before=["model"], durability="sync"
     )
     assert agent.session(sid).messages() == []  # the in-flight turn lives in the checkpoint
+    assert model.call_count == 0
     result = agent.resume(sid)
     assert result.content == "the answer"
     assert model.call_count == 1
@@ -198,7 +202,7 @@ def test_stream_modes(make_agent: AgentFactory) -> None:
     events = [data["event"] for mode, data in items if mode == "custom"]
     assert events == ["turn_started", "tool_call", "tool_result", "turn_committed"]
     updates = [next(iter(data)) for mode, data in items if mode == "updates"]
-    assert updates == ["assemble", "model", "tools", "model", "commit"]
+    assert updates == ["model", "tools", "model"]  # the first round opens, the last commits
     assert len(agent.session(sid).messages()) == 4
 
 

@@ -1,9 +1,10 @@
 """What must hold in a stello database after a crash, a concurrent run or a failure.
 
-`Snapshot.read` loads one tree through a fresh `SqliteMainStorage` (the public API, as a user
-reopening the file would); `structural_problems` checks what holds whatever happened, and
-`ack_problems` checks that every acknowledged operation is fully present. Both return a list
-of problems (empty = fine), so a failing run reports all of them at once.
+`Snapshot.read` loads one tree through a fresh `SqliteMainStorage` (or `PostgresMainStorage`,
+given a `postgresql://` DSN: the public API, as a user reopening the database would);
+`structural_problems` checks what holds whatever happened, and `ack_problems` checks that
+every acknowledged operation is fully present. Both return a list of problems (empty =
+fine), so a failing run reports all of them at once.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from tests.reliability import _scenario as sc
 __all__ = ["Snapshot", "ack_problems", "integrity_problems", "structural_problems"]
 
 
-def integrity_problems(path: Path) -> list[str]:
-    """`PRAGMA integrity_check` and `foreign_key_check` on a fresh connection."""
+def integrity_problems(path: Path | str) -> list[str]:
+    """`PRAGMA integrity_check` and `foreign_key_check` on a fresh connection (none for a
+    PostgreSQL DSN: the server checks its foreign keys on every write)."""
+    if isinstance(path, str) and path.startswith("postgresql://"):
+        return []
     conn = sqlite3.connect(path)
     try:
         problems = [f"integrity_check: {r[0]}" for r in conn.execute("PRAGMA integrity_check")]
@@ -58,8 +62,15 @@ class Snapshot:
     main_id: str | None
 
     @classmethod
-    def read(cls, path: Path, tree_id: str = "default") -> Snapshot:
-        with SqliteMainStorage(path, tree_id=tree_id) as s:
+    def read(cls, path: Path | str, tree_id: str = "default") -> Snapshot:
+        opened: Any
+        if isinstance(path, str) and path.startswith("postgresql://"):
+            from stello_graph.checkpoints import PostgresMainStorage
+
+            opened = PostgresMainStorage(path, tree_id=tree_id)
+        else:
+            opened = SqliteMainStorage(path, tree_id=tree_id)
+        with opened as s:
             nodes = s.get_tree()
             by_id = {n.id: n for n in nodes}
             main = s.get_main_session()

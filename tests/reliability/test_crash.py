@@ -14,6 +14,10 @@ it with SIGKILL. Then, on a fresh connection:
 Most rounds then open a fresh agent, resume the turns a crash left in flight (each must
 commit exactly once, or be refused if its session was archived meanwhile), run one more turn,
 and check everything again. A database file serves `EPOCH` rounds, so state accumulates.
+
+The suite runs on SQLite and, when there is one, on PostgreSQL (a schema per epoch; the
+driver gets its DSN), where the server drops a killed process's connections and rolls back
+its open transaction.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import pytest
 
 from stello_graph import SessionArchivedError, StelloAgent
 from stello_graph.testing import ScriptedChatModel
+from tests._postgres import POSTGRES
 from tests.reliability import _scenario as sc
 from tests.reliability._invariants import (
     Snapshot,
@@ -44,6 +49,7 @@ pytestmark = pytest.mark.reliability
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLS = count("kills", ci=50, full=200)
+POSTGRES_KILLS = count("kills_postgres", ci=20, full=100)
 EPOCH = 25
 """Rounds played on one database file before starting a new one."""
 
@@ -59,8 +65,8 @@ def _wait_ready(ack: Path, run: int, proc: subprocess.Popen[bytes], err: Path) -
     pytest.fail("driver did not start within 120 s")
 
 
-def kill_driver(db: Path, ack: Path, run: int, rng: random.Random, figures: Figures) -> None:
-    err = db.with_suffix(".err")
+def kill_driver(db: Path | str, ack: Path, run: int, rng: random.Random, figures: Figures) -> None:
+    err = ack.with_suffix(".err")
     with open(err, "w") as err_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.reliability.driver", str(db), str(ack), str(run)],
@@ -96,7 +102,7 @@ def _in_progress(ack: Path, run: int) -> str:
     return str(last["what"]) if last["op"] == "begin" else "between operations"
 
 
-def verify(db: Path, ack: Path, figures: Figures) -> None:
+def verify(db: Path | str, ack: Path, figures: Figures) -> None:
     problems = integrity_problems(db)
     snap = Snapshot.read(db)
     problems += structural_problems(snap)
@@ -129,7 +135,7 @@ def _in_flight_text(agent: StelloAgent, sid: str) -> str:
     return text
 
 
-def recover(db: Path, ack: Path, run: int, rng: random.Random, figures: Figures) -> None:
+def recover(db: Path | str, ack: Path, run: int, rng: random.Random, figures: Figures) -> None:
     """A fresh agent resumes (some of) the turns left in flight, then runs a new turn."""
     agent = StelloAgent(
         model=ScriptedChatModel(respond=sc.respond),
@@ -170,13 +176,20 @@ def recover(db: Path, ack: Path, run: int, rng: random.Random, figures: Figures)
         agent.close()
 
 
-def test_sigkill_at_random_moments(tmp_path: Path, seed: int, figures: Figures) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", *(["postgres"] if POSTGRES.wanted else [])])
+def test_sigkill_at_random_moments(
+    tmp_path: Path, seed: int, figures: Figures, backend: str
+) -> None:
     rng = random.Random(seed)
     figures.set("seed", seed)
     base = seed * 1000
-    for i in range(KILLS):
-        db = tmp_path / f"crash-{i // EPOCH}.db"
-        ack = db.with_suffix(".acks")
+    for i in range(KILLS if backend == "sqlite" else POSTGRES_KILLS):
+        epoch = tmp_path / f"crash-{i // EPOCH}"
+        ack = epoch.with_suffix(".acks")
+        db: Path | str = epoch.with_suffix(".db")
+        if backend == "postgres":
+            epoch.mkdir(exist_ok=True)
+            db = POSTGRES.dsn_for(epoch)  # a schema of its own per epoch
         run = base + i + 1
         kill_driver(db, ack, run, rng, figures)
         verify(db, ack, figures)

@@ -11,6 +11,8 @@
   `ConsolidationError` / `IntegrationError` and change nothing.
 * Background: scheduled jobs that fail are retried `retry_attempts` times, then kept in
   `failures()` and published as `background_error` events; no turn ever sees them.
+
+Each runs on a SQLite file and, when there is one, on a PostgreSQL database (a schema per test).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from stello_graph import (
     ToolRoundLimitError,
 )
 from stello_graph.testing import ScriptedChatModel
+from tests._postgres import POSTGRES
 from tests.reliability import _scenario as sc
 from tests.reliability._invariants import (
     Snapshot,
@@ -167,7 +170,7 @@ def retry_problems(text: str, log: list[tuple[int, str]], outcome: str) -> list[
 
 
 class FaultRun:
-    def __init__(self, db: Path, seed: int, figures: Figures) -> None:
+    def __init__(self, db: Path | str, seed: int, figures: Figures) -> None:
         self.rng = random.Random(seed)
         self.responder = FaultyResponder(seed)
         self.agent = StelloAgent(
@@ -210,8 +213,16 @@ class FaultRun:
         self.problems += retry_problems(text, self.responder.log[text], outcome)
 
 
-def test_model_and_tool_faults(tmp_path: Path, seed: int, figures: Figures) -> None:
-    db = tmp_path / "faults.db"
+@pytest.fixture(params=["sqlite", *(["postgres"] if POSTGRES.wanted else [])])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """The test's database: a SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "postgres":
+        return POSTGRES.dsn_for(tmp_path)
+    return tmp_path / "faults.db"
+
+
+def test_model_and_tool_faults(database: Path | str, seed: int, figures: Figures) -> None:
+    db = database
     run = FaultRun(db, seed, figures)
     try:
         a = run.agent
@@ -280,12 +291,12 @@ def _memory_state(agent: StelloAgent) -> list[Any]:
     ]
 
 
-def test_memory_function_faults(tmp_path: Path, seed: int, figures: Figures) -> None:
+def test_memory_function_faults(database: Path | str, seed: int, figures: Figures) -> None:
     rng = random.Random(seed)
     memory = FaultyMemory(seed)
     agent = StelloAgent(
         model=ScriptedChatModel(respond=sc.respond),
-        storage=tmp_path / "memory.db",
+        storage=database,
         tools=sc.tools(),
         consolidate_fn=memory.consolidate,
         integrate_fn=memory.integrate,
@@ -319,7 +330,7 @@ def test_memory_function_faults(tmp_path: Path, seed: int, figures: Figures) -> 
     finally:
         agent.close()
     figures.set("faults injected", dict(memory.injected))
-    snap = Snapshot.read(tmp_path / "memory.db")
+    snap = Snapshot.read(database)
     found, checked = ack_problems(snap, acks)
     figures.add("acknowledged operations checked", checked)
     problems += structural_problems(snap, strict=False) + found
@@ -328,7 +339,7 @@ def test_memory_function_faults(tmp_path: Path, seed: int, figures: Figures) -> 
 
 # -- background work ------------------------------------------------------------------------
 def test_background_failures_are_retried_and_reported(
-    tmp_path: Path, seed: int, figures: Figures
+    database: Path | str, seed: int, figures: Figures
 ) -> None:
     """Consolidating a doomed session always fails: every job on it must make exactly
     `retry_attempts` calls, then leave one failure and one `background_error` event."""
@@ -349,7 +360,7 @@ def test_background_failures_are_retried_and_reported(
     events: list[StelloEvent] = []
     agent = StelloAgent(
         model=ScriptedChatModel(respond=sc.respond),
-        storage=tmp_path / "background.db",
+        storage=database,
         tools=sc.tools(),
         consolidate_fn=consolidate,
         integrate_fn=sc.Integrator(0),
@@ -382,7 +393,7 @@ def test_background_failures_are_retried_and_reported(
         assert agent.failures(ids[label]) == []
     figures.set("background jobs failed", len(failures))
     figures.set("background calls", sum(calls.values()))
-    snap = Snapshot.read(tmp_path / "background.db")
+    snap = Snapshot.read(database)
     problems = structural_problems(snap)
     assert not problems, "\n".join(problems[:40])
     for label in doomed:

@@ -1,0 +1,192 @@
+"""What the agent's own SQLite checkpointer writes, and when (`StelloSqliteSaver`).
+
+A turn without tools is committed in its one step, so its checkpoints are never worth a
+write: the saver holds a run's first steps in memory and the agent drops them once the turn
+is committed. Whatever has to survive (a turn waiting on an interrupt, a failed turn, the
+tool results of a turn in flight) is on disk when the agent's call returns.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.tools import tool
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.types import interrupt
+
+from stello_graph import StelloAgent
+from stello_graph.checkpoints.saver import StelloSqliteSaver, sqlite_saver
+from stello_graph.errors import ModelCallError
+from stello_graph.testing import ScriptedChatModel
+
+
+@tool
+def confirm(what: str) -> str:
+    """Ask the user to confirm."""
+    return f"confirmed: {interrupt({'confirm': what})}"
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look a fact up."""
+    return f"fact about {query}"
+
+
+def _writes(saver: Any) -> list[str]:
+    """Every write statement the saver's connection runs from now on."""
+    seen: list[str] = []
+
+    def trace(sql: str) -> None:
+        if sql.lstrip().upper().startswith(("INSERT", "DELETE", "UPDATE")):
+            seen.append(sql)
+
+    saver.conn.set_trace_callback(trace)
+    return seen
+
+
+def _rows(path: Path, table: str) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "agent.db"
+
+
+@pytest.fixture
+def agents(db: Path) -> Iterator[list[StelloAgent]]:
+    made: list[StelloAgent] = []
+    yield made
+    for agent in made:
+        agent.close()
+
+
+def _agent(agents: list[StelloAgent], db: Path, model: ScriptedChatModel, **kw: Any) -> StelloAgent:
+    agent = StelloAgent(model=model, storage=db, **kw)
+    agents.append(agent)
+    return agent
+
+
+def test_a_turn_without_tools_writes_no_checkpoint(agents: list[StelloAgent], db: Path) -> None:
+    agent = _agent(agents, db, ScriptedChatModel(default="ok"))
+    sid = agent.main_session_id
+    agent.turn(sid, "warm up")
+    writes = _writes(agent.checkpointer)
+    for n in range(3):
+        assert agent.turn(sid, f"question {n}").content == "ok"
+    assert writes == []
+    assert _rows(db, "checkpoints") == 0 and _rows(db, "writes") == 0
+
+
+async def test_an_async_turn_without_tools_writes_no_checkpoint(
+    agents: list[StelloAgent], db: Path
+) -> None:
+    agent = _agent(agents, db, ScriptedChatModel(default="ok"))
+    sid = agent.main_session_id
+    await agent.aturn(sid, "warm up")
+    writes = _writes(agent.checkpointer)
+    assert (await agent.aturn(sid, "again")).content == "ok"
+    assert writes == []
+
+
+def test_a_tool_turn_is_written_from_its_first_tool_results(
+    agents: list[StelloAgent], db: Path
+) -> None:
+    model = ScriptedChatModel(["hi", ScriptedChatModel.tool_call("lookup", {"query": "x"}), "done"])
+    agent = _agent(agents, db, model, tools=[lookup])
+    agent.turn(agent.main_session_id, "warm up")
+    writes = _writes(agent.checkpointer)
+    result = agent.turn(agent.main_session_id, "look it up")
+    assert result.content == "done" and result.tool_rounds == 1
+    assert any("INTO writes" in sql for sql in writes)  # the tool results reached the disk
+    # the first steps went out with the tool results, then the thread was pruned: its rows
+    # go with the saver's next write (or when it closes)
+    agent.close()
+    assert _rows(db, "checkpoints") == 0 and _rows(db, "writes") == 0
+
+
+def test_an_interrupted_turn_is_on_disk_when_turn_returns(
+    agents: list[StelloAgent], db: Path
+) -> None:
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("confirm", {"what": "x"}), "Done."])
+    first = _agent(agents, db, model, tools=[confirm])
+    sid = first.main_session_id
+    assert first.turn(sid, "do it").interrupted
+    # another process (here: agent) on the same file sees the turn waiting, and resumes it
+    other = _agent(agents, db, model, tools=[confirm])
+    done = other.resume(sid, "yes")
+    assert done.content == "Done."
+    assert [m.text for m in other.session(sid).messages()][-2:] == ["confirmed: yes", "Done."]
+
+
+def test_a_failed_turn_is_on_disk_and_resumes(agents: list[StelloAgent], db: Path) -> None:
+    model = ScriptedChatModel([RuntimeError("provider down"), "Back."])
+    agent = _agent(agents, db, model)
+    sid = agent.main_session_id
+    with pytest.raises(ModelCallError, match="provider down"):
+        agent.turn(sid, "hello")
+    assert _rows(db, "checkpoints") > 0  # the turn's input, written when the run failed
+    other = _agent(agents, db, model)
+    assert other.resume(sid).content == "Back."
+    assert [m.text for m in other.session(sid).messages()] == ["hello", "Back."]
+
+
+def test_a_saver_that_keeps_everything_holds_nothing(agents: list[StelloAgent], db: Path) -> None:
+    agent = _agent(agents, db, ScriptedChatModel(default="ok"), prune_checkpoints=False)
+    saver = agent.checkpointer
+    assert isinstance(saver, StelloSqliteSaver) and not saver.hold_first_steps
+    agent.turn(agent.main_session_id, "hello")
+    assert _rows(db, "checkpoints") == 3  # input, after START, after the turn's step
+
+
+def _put(saver: StelloSqliteSaver, thread: str) -> str:
+    checkpoint = empty_checkpoint()
+    config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    saver.put(config, checkpoint, {"source": "loop", "step": 1}, {})
+    return str(checkpoint["id"])
+
+
+def test_a_deleted_thread_is_gone_at_once_and_its_rows_with_the_next_write(db: Path) -> None:
+    saver = sqlite_saver(db)
+    try:
+        _put(saver, "a")
+        saver.delete_thread("a")
+        assert saver.get_tuple({"configurable": {"thread_id": "a"}}) is None
+        assert list(saver.list({"configurable": {"thread_id": "a"}})) == []
+        assert _rows(db, "checkpoints") == 1  # not deleted yet: no transaction of its own
+        _put(saver, "b")  # the next write deletes it
+        assert _rows(db, "checkpoints") == 1
+        assert saver.get_tuple({"configurable": {"thread_id": "b"}}) is not None
+    finally:
+        saver.close()
+
+
+def test_a_deferred_delete_spares_a_later_run_of_another_process(db: Path) -> None:
+    mine, theirs = sqlite_saver(db), sqlite_saver(db)
+    try:
+        _put(mine, "t")
+        mine.delete_thread("t")
+        later = _put(theirs, "t")  # another process's new run on the thread
+        _put(mine, "other")  # my next write deletes only what I had deleted
+        found = theirs.get_tuple({"configurable": {"thread_id": "t"}})
+        assert found is not None and found.config["configurable"]["checkpoint_id"] == later
+        assert mine.get_tuple({"configurable": {"thread_id": "t"}}) is not None
+    finally:
+        mine.close()
+        theirs.close()
+
+
+def test_closing_writes_what_is_held(db: Path) -> None:
+    saver = sqlite_saver(db, hold_first_steps=True)
+    saver.setup()
+    checkpoint = empty_checkpoint()
+    config: Any = {"configurable": {"thread_id": "h", "checkpoint_ns": ""}}
+    saver.put(config, checkpoint, {"source": "input", "step": -1}, {})
+    assert _rows(db, "checkpoints") == 0  # held
+    saver.close()
+    assert _rows(db, "checkpoints") == 1

@@ -1,0 +1,115 @@
+"""`PostgresMainStorage` takes and gives back a session lease in one round trip: the same
+decisions as the shell's read-then-write (`BackendStorage.acquire_lease`), checked side by
+side on random scripts, and one statement sent per call."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from stello_graph.checkpoints import PostgresMainStorage
+from stello_graph.checkpoints._shell import BackendStorage
+from stello_graph.errors import SessionNotFoundError
+from stello_graph.models import Lease, SessionMeta
+
+OWNERS = ("a", "b", "c")
+FIELDS = ("lease_owner", "lease_token", "lease_waiter")
+
+
+@pytest.fixture
+def storage(postgres_dsn: str) -> Iterator[PostgresMainStorage]:
+    with PostgresMainStorage(postgres_dsn) as opened:
+        for sid in ("fast", "shell"):
+            opened.put_session(SessionMeta(id=sid, label=sid))
+        yield opened
+
+
+def _step(
+    storage: PostgresMainStorage, sid: str, op: tuple[Any, ...], held: dict[str, Lease]
+) -> object:
+    """Run one scripted operation on `sid`: the fast path on "fast", the shell's on "shell"."""
+    fast = sid == "fast"
+    kind, owner = op[0], op[1]
+    if kind == "acquire":
+        replace = op[2]
+        if fast:
+            lease = storage.acquire_lease(sid, owner, 600.0, replace=replace)
+        else:
+            lease = BackendStorage.acquire_lease(storage, sid, owner, 600.0, replace=replace)
+        if lease is not None:
+            held[owner] = lease
+        return None if lease is None else (lease.owner, lease.token)
+    if kind == "release":
+        lease = held.get(owner) or Lease(sid, owner, 0, 0.0)
+        if fast:
+            return storage.release_lease(lease)
+        return BackendStorage.release_lease(storage, lease)
+    if kind == "expire":  # the holder's lease lapses
+        storage.op_set_fields(sid, {"lease_expires": 0.0})
+    elif kind == "unqueue":  # the waiter stopped asking
+        storage.op_set_fields(sid, {"lease_wait_until": 0.0})
+    return None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_one_statement_lease_decides_as_the_shell_does(
+    storage: PostgresMainStorage, seed: int
+) -> None:
+    rng = random.Random(seed)
+    kinds = ["acquire"] * 5 + ["release"] * 3 + ["expire", "unqueue"]
+    script = [
+        (rng.choice(kinds), rng.choice(OWNERS), rng.choice([None, None, *OWNERS]))
+        for _ in range(60)
+    ]
+    held: dict[str, dict[str, Lease]] = {"fast": {}, "shell": {}}
+    for n, op in enumerate(script):
+        results = {}
+        for sid in ("fast", "shell"):
+            results[sid] = _step(storage, sid, op, held[sid])
+        assert results["fast"] == results["shell"], (n, op)
+        fast, shell = (storage.op_get_fields(sid, FIELDS) for sid in ("fast", "shell"))
+        assert fast == shell, (n, op, fast, shell)
+
+
+def test_acquire_and_release_each_send_one_statement(
+    storage: PostgresMainStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[str] = []
+    original = psycopg.Cursor.execute  # every statement goes through it (client cursors too)
+
+    def counting(self: Any, query: Any, *args: Any, **kw: Any) -> Any:
+        sent.append(str(query))
+        return original(self, query, *args, **kw)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counting)
+    lease = storage.acquire_lease("fast", "me", 30.0)
+    assert lease is not None and len(sent) == 1
+    assert storage.acquire_lease("fast", "other", 30.0) is None and len(sent) == 2
+    assert storage.release_lease(lease) and len(sent) == 3
+    assert not storage.release_lease(lease)  # already free
+    assert storage.get_lease("fast") is None
+
+
+def test_a_missing_session_is_refused_and_a_failed_statement_stores_nothing(
+    storage: PostgresMainStorage,
+) -> None:
+    with pytest.raises(SessionNotFoundError):
+        storage.acquire_lease("nope", "me", 30.0)
+    assert not storage.release_lease(Lease("nope", "me", 1, 0.0))
+    lease = storage.acquire_lease("fast", "me", 30.0)  # the connection is usable afterwards
+    assert lease is not None and storage.get_lease("fast") == lease
+
+
+def test_inside_a_transaction_the_lease_commits_with_it(storage: PostgresMainStorage) -> None:
+    def taken_then_rolled_back() -> None:
+        with storage.transaction():
+            assert storage.acquire_lease("fast", "me", 30.0) is not None
+            raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError):
+        taken_then_rolled_back()
+    assert storage.get_lease("fast") is None
