@@ -13,19 +13,15 @@ its names is used.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import psycopg
 import psycopg_pool
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
-from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
 
 from stello_graph.checkpoints._postgres_conn import describe
+from stello_graph.checkpoints._threaded_saver import AsyncInThreads
 from stello_graph.errors import StorageUnavailableError
 
 __all__ = ["StelloPostgresSaver", "postgres_saver"]
@@ -35,46 +31,8 @@ SETUP_LOCK = 0x5374_656C_6C6F_0002
 not guard against two processes running them at once."""
 
 
-class StelloPostgresSaver(PostgresSaver):
+class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
     """`PostgresSaver` whose async methods work too (each runs the sync one in a thread)."""
-
-    async def aget_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
-        return await asyncio.to_thread(self.get_tuple, config)
-
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[_CheckpointTuple]:
-        found = await asyncio.to_thread(
-            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
-        )
-        for item in found:
-            yield item
-
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
-
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
-
-    async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
 
     def close(self) -> None:
         """Close the saver's connection pool (or connection)."""

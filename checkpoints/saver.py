@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +33,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from stello_graph.checkpoints._threaded_saver import AsyncInThreads
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
 
 __all__ = ["HELD_CHECKPOINTS", "StelloSqliteSaver", "open_sqlite", "sqlite_saver"]
@@ -72,7 +73,7 @@ def _thread(config: RunnableConfig | None) -> str | None:
     return None if found is None else str(found)
 
 
-class StelloSqliteSaver(SqliteSaver):
+class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
     """`SqliteSaver` whose async methods work too (each runs the sync one in a thread),
     with fewer write transactions.
 
@@ -292,44 +293,6 @@ class StelloSqliteSaver(SqliteSaver):
                 cur.execute("DELETE FROM writes WHERE thread_id = ?", (thread,))
 
     # -- async ------------------------------------------------------------------------------
-    async def aget_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
-        return await asyncio.to_thread(self.get_tuple, config)
-
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[_CheckpointTuple]:
-        found = await asyncio.to_thread(
-            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
-        )
-        for item in found:
-            yield item
-
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
-
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
-
-    async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
-
     async def aflush(self) -> None:
         """Async twin of `flush`."""
         await asyncio.to_thread(self.flush)
