@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from langchain_core.messages import BaseMessage
 
+from stello_graph._flow import arun, run
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     EventRow,
@@ -69,6 +70,12 @@ class Op:
         object.__setattr__(self, "async_", f"aop_{name}")
         object.__setattr__(self, "args", args)
 
+    def run(self, backend: object) -> Any:
+        return getattr(backend, self.sync)(*self.args)
+
+    async def arun(self, backend: object) -> Any:
+        return await getattr(backend, self.async_)(*self.args)
+
 
 Flow = Generator[Op, Any, T]
 """A storage operation: yields primitives, receives their results, returns its own."""
@@ -76,38 +83,12 @@ Flow = Generator[Op, Any, T]
 
 def drive(flow: Flow[T], backend: object) -> T:
     """Run `flow` on the sync primitives of `backend`; return what it returns."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                value = getattr(backend, op.sync)(*op.args)
-            except Exception as exc:  # raised where the flow yielded, as in plain code
-                op = flow.throw(exc)
-                continue
-            op = flow.send(value)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-    finally:
-        flow.close()
+    return run(flow, backend)
 
 
 async def adrive(flow: Flow[T], backend: object) -> T:
     """Run `flow` on the async primitives of `backend` (an `AsyncStorageBackend`)."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                value = await getattr(backend, op.async_)(*op.args)
-            except Exception as exc:  # raised where the flow yielded, as in plain code
-                op = flow.throw(exc)
-                continue
-            op = flow.send(value)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-    finally:
-        flow.close()
+    return await arun(flow, backend)
 
 
 def one(name: str, *args: Any) -> Flow[Any]:

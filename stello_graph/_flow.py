@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 __all__ = ["Atomic", "Call", "Flow", "Step", "Storage", "arun", "run"]
 
@@ -88,11 +88,22 @@ class Atomic:
 
 
 Step = Storage | Call | Atomic
+
+
+class Runs(Protocol):
+    """What a driver needs of a step: run it sync or async against its target. The storage's
+    own primitive flows (`checkpoints._flows.Op`) are driven by the same two drivers."""
+
+    def run(self, target: Any, /) -> Any: ...
+
+    async def arun(self, target: Any, /) -> Any: ...
+
+
 Flow = Generator[Step, Any, T]
 """An operation: yields steps, receives their results, returns its own."""
 
 
-def run(flow: Flow[T], storage: object) -> T:
+def run(flow: Generator[Runs, Any, T], storage: object) -> T:
     """Drive `flow` with the sync methods of `storage`; return what it returns."""
     try:
         step = next(flow)
@@ -110,7 +121,7 @@ def run(flow: Flow[T], storage: object) -> T:
         flow.close()
 
 
-async def arun(flow: Flow[T], storage: object) -> T:
+async def arun(flow: Generator[Runs, Any, T], storage: object) -> T:
     """Drive `flow` with the async twins of the methods of `storage`."""
     try:
         step = next(flow)
