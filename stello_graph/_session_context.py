@@ -1,0 +1,172 @@
+"""Reading what a turn shows its model: the session's context, compressed when it outgrows
+the model's window (`CompressionPolicy`)."""
+
+from __future__ import annotations
+
+from langchain_core.messages import (
+    BaseMessage,
+)
+
+from stello_graph._calls import call_async, call_sync
+from stello_graph._copies import ashared_records, detached_all, shared_records
+from stello_graph._flow import Call, Flow, Storage, arun, run
+from stello_graph._session_core import SessionCore
+from stello_graph._text import storable
+from stello_graph._turn_parts import _READ, ContextParts, TurnContext, _opt_str
+from stello_graph.compression import plan_cut
+from stello_graph.errors import (
+    FunctionCallError,
+    FunctionNotConfiguredError,
+    SessionNotFoundError,
+    StelloError,
+)
+from stello_graph.memory import CompressFn, llm_compressor
+from stello_graph.models import Compression, SessionMeta
+
+__all__ = ["SessionContext"]
+
+
+class SessionContext(SessionCore):
+    """The context layer of a session: `open_turn`, `turn_context` and compression."""
+
+    def open_turn(self, *, operation: str = "a turn") -> str | None:
+        """Refuse a turn on an archived session; return the insight the turn will show.
+
+        A cheap check for the start of a turn: the history is read by `turn_context`.
+        """
+        return run(self._open_flow(operation), self._storage)
+
+    async def aopen_turn(self, *, operation: str = "a turn") -> str | None:
+        """Async twin of `open_turn`."""
+        return await arun(self._open_flow(operation), self._storage)
+
+    def _open_flow(self, operation: str) -> Flow[str | None]:
+        self._active((yield from self._meta_flow()), operation)
+        if self._memory_part():
+            return None
+        insight: str | None = yield Storage("get_insight", self._id)
+        return insight
+
+    def _meta_flow(self) -> Flow[SessionMeta]:
+        meta: SessionMeta | None = yield Storage("get_session", self._id)
+        if meta is None:
+            raise SessionNotFoundError(self._id)
+        return meta
+
+    def turn_context(
+        self, *, operation: str = "a turn", insight: object = _READ, turn_id: str | None = None
+    ) -> TurnContext:
+        """Read everything a turn shows the model; refuse if the session is archived.
+
+        `insight` replaces the stored insight (a multi-round turn keeps showing the insight
+        it started with, even if a newer one arrives meanwhile). When the prompt would
+        outgrow the model's context window, the oldest records are summarised (see
+        `CompressionPolicy`); that may call the compress function.
+
+        With the `turn_id` of a turn of several model calls, its later calls get the context
+        its first one read (L3 changes only when a turn commits), unless the session's L3
+        changed meanwhile: a turn reads its context once.
+        """
+        return run(self._context_flow(operation, insight, turn_id), self._storage)
+
+    async def aturn_context(
+        self, *, operation: str = "a turn", insight: object = _READ, turn_id: str | None = None
+    ) -> TurnContext:
+        """Async twin of `turn_context`."""
+        return await arun(self._context_flow(operation, insight, turn_id), self._storage)
+
+    def _context_flow(
+        self, operation: str, insight: object, turn_id: str | None
+    ) -> Flow[TurnContext]:
+        s, sid, kept = self._storage, self._id, self._turn
+        held = turn_id is not None and kept is not None and kept[0] == turn_id
+        if held and kept is not None and (yield Storage("count_records", sid)) == kept[1]:
+            return kept[2]
+        meta = self._active((yield from self._meta_flow()), operation)
+        parts = ContextParts(prompt=(yield Storage("get_system_prompt", sid)))
+        if self._memory_part():
+            parts.extra = yield Storage("get_memory", sid)
+        else:
+            read = insight is _READ
+            parts.extra = (yield Storage("get_insight", sid)) if read else _opt_str(insight)
+            parts.branch = yield Storage("get_subtree_synthesis", sid)
+            if self._topology_slot is not None:
+                parts.topology = yield from self._topology_slot.flow(sid)
+        records: list[BaseMessage] = yield Call(shared_records, ashared_records, (s, sid))
+        parts.compression = yield Storage("get_compression", sid)
+        cut = self._plan(meta, parts, records)
+        if cut is not None:
+            parts.compression = yield from self._compress_flow(parts.compression, records, cut)
+        ctx = self._turn_context(meta, parts, records)
+        self._turn = None if turn_id is None else (turn_id, len(records), ctx)
+        return ctx
+
+    def _turn_context(
+        self, meta: SessionMeta, parts: ContextParts, records: list[BaseMessage]
+    ) -> TurnContext:
+        through = parts.compression.through if parts.compression is not None else 0
+        history = self._history(records[through:])
+        insight = None if self._memory_part() else parts.extra
+        system = self._system(meta, parts)
+        return TurnContext(self._id, system, history, insight, parts.compression)
+
+    # -- automatic compression --------------------------------------------------------------
+    def _plan(
+        self, meta: SessionMeta, parts: ContextParts, records: list[BaseMessage]
+    ) -> int | None:
+        policy = self._compression
+        window = policy.window(self._model) if policy is not None else None
+        if policy is None or window is None:
+            return None
+        system = self._system(meta, parts)
+        head = [system] if system is not None else []
+        # The usage figures of replies older than the summary in use measured a prompt that
+        # still held the records it now covers: a tool round of the turn that cut (its own
+        # replies are not in L3 yet), or the turn after one that failed, must not judge the
+        # shorter history by them, or it cuts again and keeps less than the budget allows.
+        cut = self._cut
+        fresh = cut[1] if cut is not None and cut[0] == parts.compression else 0
+        return plan_cut(policy, window, head, records, parts.compression, measured_from=fresh)
+
+    def _compressor(self) -> CompressFn:
+        policy = self._compression
+        if policy is not None and policy.compress_fn is not None:
+            return policy.compress_fn
+        if self._model is None:
+            raise FunctionNotConfiguredError(
+                f"Session {self._id!r} has no compress function and no model to build one: "
+                "pass CompressionPolicy(compress_fn=...) or a model."
+            )
+        return llm_compressor(self._model)
+
+    def _summary(self, result: object) -> str:
+        if not isinstance(result, str) or not result.strip():
+            raise FunctionCallError(
+                f"The compress function of session {self._id!r} returned {result!r:.60}, "
+                "expected a non-empty summary.",
+                session_id=self._id,
+            )
+        return storable(result)
+
+    def _compress_flow(
+        self, current: Compression | None, records: list[BaseMessage], cut: int
+    ) -> Flow[Compression]:
+        start = current.through if current is not None else 0
+        previous = current.summary if current is not None else None
+        try:
+            older = detached_all(records[start:cut])
+            result = yield Call(call_sync, call_async, (self._compressor(), previous, older))
+        except StelloError:
+            raise
+        except Exception as exc:
+            raise self._compress_error(exc) from exc
+        compression = Compression(summary=self._summary(result), through=cut)
+        yield Storage("put_compression", self._id, compression)
+        self._cut = compression, len(records)
+        return compression
+
+    def _compress_error(self, exc: Exception) -> FunctionCallError:
+        return FunctionCallError(
+            f"Compressing the context of session {self._id!r} failed: {type(exc).__name__}: {exc}",
+            session_id=self._id,
+        )

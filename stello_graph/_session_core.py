@@ -1,0 +1,231 @@
+"""The session's own state and its plain storage members (meta, records, system prompt).
+
+`SessionBase` (`_base`) builds the turn on top of this layer and the context layer
+(`_session_context`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import (
+    BaseMessage,
+    SystemMessage,
+)
+from langchain_core.runnables import Runnable
+
+from stello_graph._context import SanitizedHistory
+from stello_graph._topology_slot import TopologySlot
+from stello_graph._turn_parts import ContextParts, ModelInput, TurnContext, _with_turns
+from stello_graph._validate import (
+    check_label,
+    check_metadata,
+    check_optional_text,
+    check_tags,
+)
+from stello_graph.compression import CompressionPolicy
+from stello_graph.errors import (
+    SessionArchivedError,
+    SessionNotFoundError,
+)
+from stello_graph.lease import SessionLeases
+from stello_graph.models import Compression, SessionMeta, SessionRole, utcnow
+from stello_graph.storage import SessionStorage
+
+__all__ = ["SessionCore"]
+
+
+class SessionCore:
+    """A session's identity, state and storage members; the base of `SessionBase`."""
+
+    role: ClassVar[SessionRole] = "standard"
+    _topology_slot: TopologySlot | None = None
+    """Shows the session where it stands in the tree (`Session` sets it when asked)."""
+
+    def __init__(
+        self,
+        meta: SessionMeta,
+        storage: SessionStorage,
+        *,
+        model: BaseChatModel | None = None,
+        tools: Sequence[Any] | None = None,
+        compression: CompressionPolicy | None = None,
+    ) -> None:
+        self._id = meta.id
+        self._compression = compression
+        self._meta = meta
+        self._storage = storage
+        self._model = model
+        self._tools: list[Any] = list(tools) if tools else []
+        self._bound: Runnable[ModelInput, Any] | None = None
+        self._history = SanitizedHistory()  # the history shown at the last model call
+        self._lease_keeper: SessionLeases | None = None
+        # The last cut this object made, and how many records L3 held then: the replies
+        # among those predate the cut (see `_plan`).
+        self._cut: tuple[Compression, int] | None = None
+        # The context the running turn read: (turn id, records in L3 then, context).
+        self._turn: tuple[str, int, TurnContext] | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self._id!r}, label={self._meta.label!r})"
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        """The session id."""
+        return self._id
+
+    @property
+    def meta(self) -> SessionMeta:
+        """The session's meta, read from storage (so another writer's changes show)."""
+        self._meta = self._load_meta()
+        return self._meta
+
+    async def ameta(self) -> SessionMeta:
+        """Async twin of `meta`."""
+        self._meta = await self._aload_meta()
+        return self._meta
+
+    @property
+    def storage(self) -> SessionStorage:
+        return self._storage
+
+    @property
+    def model(self) -> BaseChatModel | None:
+        return self._model
+
+    @property
+    def tools(self) -> list[Any]:
+        """The tools bound to the session's model (LangChain tools or tool schemas)."""
+        return list(self._tools)
+
+    # -- storage reads ----------------------------------------------------------------------
+    def _load_meta(self) -> SessionMeta:
+        meta = self._storage.get_session(self._id)
+        if meta is None:
+            raise SessionNotFoundError(self._id)
+        return meta
+
+    async def _aload_meta(self) -> SessionMeta:
+        meta = await self._storage.aget_session(self._id)
+        if meta is None:
+            raise SessionNotFoundError(self._id)
+        return meta
+
+    def _active(self, meta: SessionMeta, operation: str) -> SessionMeta:
+        if meta.status == "archived":
+            raise SessionArchivedError(self._id, operation)
+        self._meta = meta
+        return meta
+
+    # -- context ----------------------------------------------------------------------------
+    def _memory_part(self) -> bool:
+        """Whether the system message carries the session's memory (the main's synthesis)."""
+        return False
+
+    def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
+        raise NotImplementedError
+
+    def messages(
+        self, *, limit: int | None = None, offset: int = 0, role: str | None = None
+    ) -> list[BaseMessage]:
+        """L3 records as LangChain messages (copies: safe to change).
+
+        Each one carries the turn that wrote it in `response_metadata`: under
+        `"stello_turn_id"` the turn's id (one per committed turn), under `"stello_turn_seq"`
+        its place in that turn (0, 1, ...). Chat models do not send `response_metadata` to
+        providers, so the messages can be replayed as they are.
+        """
+        found = self._storage.list_records(self._id, limit=limit, offset=offset, role=role)
+        marks = self._storage.list_record_turns(self._id, limit=limit, offset=offset, role=role)
+        return _with_turns(found, marks)
+
+    async def amessages(
+        self, *, limit: int | None = None, offset: int = 0, role: str | None = None
+    ) -> list[BaseMessage]:
+        """Async twin of `messages`."""
+        s = self._storage
+        found = await s.alist_records(self._id, limit=limit, offset=offset, role=role)
+        marks = await s.alist_record_turns(self._id, limit=limit, offset=offset, role=role)
+        return _with_turns(found, marks)
+
+    def system_prompt(self) -> str | None:
+        """The session's own system prompt (without identity, insight or synthesis)."""
+        return self._storage.get_system_prompt(self._id)
+
+    async def asystem_prompt(self) -> str | None:
+        return await self._storage.aget_system_prompt(self._id)
+
+    def set_system_prompt(self, prompt: str | None) -> None:
+        """Replace the system prompt (`None` removes it).
+
+        The status check and the write are one transaction: a session archived meanwhile
+        refuses the change with `SessionArchivedError`.
+        """
+        prompt = check_optional_text(prompt, "system_prompt")
+        with self._storage.transaction():
+            self._active(self._load_meta(), "a system prompt change")
+            self._storage.put_system_prompt(self._id, prompt)
+
+    async def aset_system_prompt(self, prompt: str | None) -> None:
+        """Async twin of `set_system_prompt`."""
+        prompt = check_optional_text(prompt, "system_prompt")
+        async with self._storage.atransaction():
+            self._active(await self._aload_meta(), "a system prompt change")
+            await self._storage.aput_system_prompt(self._id, prompt)
+
+    def _changes(
+        self,
+        label: str | None,
+        tags: Sequence[str] | None,
+        metadata: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """The validated fields of a meta update (checked before any lock is taken)."""
+        changes: dict[str, Any] = {}
+        if label is not None:
+            changes["label"] = check_label(label)
+        if tags is not None:
+            changes["tags"] = check_tags(tags)
+        if metadata is not None:
+            changes["metadata"] = check_metadata(metadata)
+        return changes
+
+    def _updated(self, meta: SessionMeta, changes: dict[str, Any]) -> SessionMeta:
+        return meta.model_copy(update={**changes, "updated_at": utcnow()})
+
+    def update_meta(
+        self,
+        *,
+        label: str | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SessionMeta:
+        """Change label, tags or metadata (each replaced when given); return the new meta.
+
+        The meta is read, checked and written in one transaction, so the update changes only
+        the fields given: a concurrent archive or update of other fields is never undone
+        (and an archive that came first refuses the update with `SessionArchivedError`).
+        """
+        s, changes = self._storage, self._changes(label, tags, metadata)
+        with s.transaction():
+            new = self._updated(self._active(self._load_meta(), "a meta update"), changes)
+            s.put_session(new)
+        self._meta = new
+        return new
+
+    async def aupdate_meta(
+        self,
+        *,
+        label: str | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SessionMeta:
+        """Async twin of `update_meta`."""
+        s, changes = self._storage, self._changes(label, tags, metadata)
+        async with s.atransaction():
+            new = self._updated(self._active(await self._aload_meta(), "a meta update"), changes)
+            await s.aput_session(new)
+        self._meta = new
+        return new
