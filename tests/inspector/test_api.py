@@ -23,14 +23,17 @@ def _nodes(client: TestClient) -> dict[str, dict[str, object]]:
     return {node["id"]: node for node in tree_nodes(response.json())}
 
 
-def test_tree_lists_every_node_with_what_the_page_needs(tree: Tree, client: TestClient) -> None:
+def test_tree_lists_every_node_with_what_the_page_needs(tree: Tree) -> None:
+    # Stored before the server starts: its poll loop serves the tree it encoded until a stored
+    # event shows a change, and a failure appended straight to the log is no event.
     StorageFailureLog(tree.storage).append(
         BackgroundFailure(
             kind="consolidate", session_id=tree.tiers, error_type="E", message="x", attempts=3
         )
     )
-    data = client.get("/api/tree").json()
-    nodes = _nodes(client)
+    with TestClient(create_app(tree.storage)) as client:
+        data = client.get("/api/tree").json()
+        nodes = _nodes(client)
     assert data["main_session_id"] == tree.main and data["count"] == 4
     assert [n["id"] for n in data["nodes"]] == [tree.main, tree.pricing, tree.tiers, tree.growth]
     pricing, tiers, growth = nodes[tree.pricing], nodes[tree.tiers], nodes[tree.growth]
