@@ -22,17 +22,21 @@ import asyncio
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
 
 from stello_graph._claims import JobClaims
+from stello_graph._failures import (
+    BackgroundFailure,
+    FailureLog,
+    JobKind,
+    StorageFailureLog,
+    _async,
+    _of,
+)
 from stello_graph.errors import InvalidInputError
 from stello_graph.events import EventBus, emit
-from stello_graph.models import utcnow
-from stello_graph.storage import MainStorage
 
 __all__ = [
     "BackgroundFailure",
@@ -42,10 +46,6 @@ __all__ = [
     "Scheduler",
     "StorageFailureLog",
 ]
-
-JobKind = Literal["consolidate", "integrate", "store"]
-"""What a background job (or failure) is: a consolidation, an integration, or a store write
-mirroring memory already written (`stello_graph.nodes._store`)."""
 
 
 def _positive(value: int | None, name: str) -> None:
@@ -100,142 +100,7 @@ class Schedule:
             raise InvalidInputError(f"recover_every must be seconds > 0 or None, got {every!r}.")
 
 
-@dataclass(frozen=True, slots=True)
-class BackgroundFailure:
-    """A background job that failed after all its attempts."""
-
-    kind: JobKind
-    session_id: str | None
-    error_type: str
-    message: str
-    attempts: int
-    at: datetime = field(default_factory=utcnow)
-    traceback: str = ""
-
-    def as_dict(self, *, traceback_chars: int | None = None) -> dict[str, Any]:
-        """The failure as JSON-ready data (the traceback's last `traceback_chars`, if given)."""
-        tail = self.traceback if traceback_chars is None else self.traceback[-traceback_chars:]
-        return {
-            "kind": self.kind,
-            "session_id": self.session_id,
-            "error_type": self.error_type,
-            "message": self.message,
-            "attempts": self.attempts,
-            "at": self.at.isoformat(),
-            "traceback": tail,
-        }
-
-
 Job = Callable[[], object]
-
-FAILURES_KEY = "stello:background_failures"
-"""The global key under which `StorageFailureLog` keeps a tree's background failures."""
-_KEPT_FAILURES = 200
-_TRACEBACK_CHARS = 4000
-
-
-class FailureLog(Protocol):
-    """Where a `Scheduler` keeps the failures of its jobs beyond its own memory."""
-
-    def append(self, failure: BackgroundFailure) -> None: ...
-    def read(self, session_id: str | None = None) -> list[BackgroundFailure]: ...
-    def clear(self, session_id: str | None = None) -> int: ...
-
-
-def _of(failures: Iterable[BackgroundFailure], session_id: str | None) -> list[BackgroundFailure]:
-    return [f for f in failures if session_id is None or f.session_id == session_id]
-
-
-def _failure_from(value: object) -> BackgroundFailure | None:
-    if not isinstance(value, dict):
-        return None
-    try:
-        return BackgroundFailure(
-            kind=value["kind"],
-            session_id=value.get("session_id"),
-            error_type=str(value["error_type"]),
-            message=str(value["message"]),
-            attempts=int(value["attempts"]),
-            at=datetime.fromisoformat(value["at"]),
-            traceback=str(value.get("traceback", "")),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None  # written by something else: not ours to read
-
-
-class StorageFailureLog:
-    """Background failures kept in the storage (the global `stello:background_failures` of
-    the tree): they survive the process, and every agent on the tree sees them. The newest
-    200 are kept."""
-
-    def __init__(self, storage: MainStorage) -> None:
-        self._storage = storage
-
-    def _stored(self) -> list[Any]:
-        return _listed(self._storage.get_global(FAILURES_KEY))
-
-    async def _astored(self) -> list[Any]:
-        return _listed(await self._storage.aget_global(FAILURES_KEY))
-
-    def append(self, failure: BackgroundFailure) -> None:
-        with self._storage.transaction():
-            kept = [*self._stored(), failure.as_dict(traceback_chars=_TRACEBACK_CHARS)][
-                -_KEPT_FAILURES:
-            ]
-            self._storage.put_global(FAILURES_KEY, kept)
-
-    def read(self, session_id: str | None = None) -> list[BackgroundFailure]:
-        return _of((f for f in map(_failure_from, self._stored()) if f is not None), session_id)
-
-    async def aread(self, session_id: str | None = None) -> list[BackgroundFailure]:
-        """Async twin of `read`."""
-        stored = await self._astored()
-        return _of((f for f in map(_failure_from, stored) if f is not None), session_id)
-
-    def clear(self, session_id: str | None = None) -> int:
-        with self._storage.transaction():
-            stored = self._stored()
-            kept = _kept(stored, session_id)
-            if len(kept) != len(stored):
-                self._storage.put_global(FAILURES_KEY, kept)
-        return len(stored) - len(kept)
-
-    async def aclear(self, session_id: str | None = None) -> int:
-        """Async twin of `clear`."""
-        async with self._storage.atransaction():
-            stored = await self._astored()
-            kept = _kept(stored, session_id)
-            if len(kept) != len(stored):
-                await self._storage.aput_global(FAILURES_KEY, kept)
-        return len(stored) - len(kept)
-
-
-def _async(log: FailureLog, name: str, sync: str) -> Callable[..., Awaitable[Any]]:
-    """The log's async method `name`; a log without one (a `FailureLog` needs only the sync
-    methods) has its sync method `sync` called."""
-    found = getattr(log, name, None)
-    if found is not None:
-        return found  # type: ignore[no-any-return]
-    method = getattr(log, sync)
-
-    async def call(*args: Any) -> Any:
-        return method(*args)
-
-    return call
-
-
-def _listed(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, list) else []
-
-
-def _kept(stored: list[Any], session_id: str | None) -> list[Any]:
-    """The stored failures `clear(session_id)` keeps (none, without a session)."""
-    return [
-        v
-        for v in stored
-        if session_id is not None
-        and not (isinstance(v, dict) and v.get("session_id") == session_id)
-    ]
 
 
 Key = tuple[JobKind, str | None]
