@@ -3,9 +3,10 @@
 A prompt is planned against a number of tokens (`CompressionPolicy.limit`): the prompt budget
 (`budget`) or the model's context window, whichever is smaller, and `DEFAULT_PROMPT_BUDGET`
 when neither is known. When a session's prompt would exceed `threshold` of it, its oldest
-records are replaced *in the prompt* (never in storage: L3 keeps every record) by a summary. The summary is persisted with the
-number of records it covers (`Compression`), so a reloaded session reuses it; when the prompt
-outgrows the window again, the summary is extended with the next stretch of records.
+records are replaced *in the prompt* (never in storage: L3 keeps every record) by a summary.
+The summary is persisted with the number of records it covers (`Compression`), so a reloaded
+session reuses it; when the prompt outgrows the limit again, the summary is extended with the
+next stretch of records.
 
 Where the cut falls: only at the start of a user turn (so never inside a tool-call group), and
 never past the newest user turn of the history (the turn being sent is never part of it).

@@ -92,8 +92,10 @@ class _Calls:
             for message in call.messages:
                 found = users.get(message.text) if isinstance(message, HumanMessage) else None
                 if found is not None:
-                    own, other = (own + len(message.text), other) if found == topic else (
-                        own, other + len(message.text)
+                    own, other = (
+                        (own + len(message.text), other)
+                        if found == topic
+                        else (own, other + len(message.text))
                     )
         return cls(chars, other / (own + other) if own + other else 0.0)
 
@@ -174,7 +176,7 @@ def _langmem(scale: Scale, budget: int) -> _Calls:
     graph.add_edge("summarize", "call_model")
     running = ("langmem.short_term.summarization", "RunningSummary")  # its state, as LangMem says
     serde = JsonPlusSerializer(allowed_msgpack_modules=[running])
-    app = graph.compile(checkpointer=InMemorySaver(serde=serde))
+    app: Any = graph.compile(checkpointer=InMemorySaver(serde=serde))
     config: Any = {"configurable": {"thread_id": "langmem"}}
     for _, user in _conversation(scale):
         app.invoke({"messages": [HumanMessage(user)]}, config)
