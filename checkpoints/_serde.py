@@ -40,6 +40,7 @@ __all__ = [
     "message_role",
     "meta_to_row",
     "row_to_meta",
+    "stored_id",
     "to_iso",
     "turn_of",
     "with_turn",
@@ -242,6 +243,13 @@ def decode_message(data: str) -> BaseMessage:
             value = _full_usage(value)
         fields[name] = value
     return messages_from_dict([{"type": _TYPE_NAMES.get(kind, kind), "data": fields}])[0]
+
+
+def stored_id(data: str) -> str | None:
+    """The message id of a record stored as `data` (either stored form), without decoding it."""
+    stored = json.loads(data)
+    found = stored["data"].get("id") if isinstance(stored.get("data"), dict) else stored.get("i")
+    return found if isinstance(found, str) else None
 
 
 def with_turn(message: BaseMessage, turn_id: str, turn_seq: int) -> BaseMessage:
