@@ -168,11 +168,13 @@ def test_records_are_stored_compact() -> None:
     reply = AIMessage(
         "",
         id="r1",
+        response_metadata={"model_name": "m1", "finish_reason": "stop", "x": 1},
         tool_calls=[{"name": "look", "args": {"q": 1}, "id": "c1"}],
         usage_metadata={"input_tokens": 120, "output_tokens": 10, "total_tokens": 130},
     )
     assert json.loads(encode_message(reply)[1]) == {
-        "t": "a", "c": "", "i": "r1", "tc": [["look", {"q": 1}, "c1"]], "u": [120, 10]
+        "t": "a", "c": "", "r": {"m": "m1", "f": "stop", "x": 1}, "i": "r1",
+        "tc": [["look", {"q": 1}, "c1"]], "u": [120, 10],
     }  # fmt: skip
     assert decode_message(encode_message(reply)[1]) == reply
 
@@ -194,6 +196,7 @@ def test_records_are_stored_compact() -> None:
         # extra fields named like the compact keys: the message is stored in the full form
         HumanMessage("x", c="extra", t="more"),
         HumanMessage("x", data={"type": "human"}),
+        AIMessage("x", response_metadata={"m": "short", "model_name": "long"}),
     ],
 )
 def test_unusual_records_round_trip(message: BaseMessage) -> None:
