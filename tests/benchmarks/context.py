@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,11 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import START, MessagesState, StateGraph
-from langmem.short_term import SummarizationNode
 
+with warnings.catch_warnings():
+    # LangMem's dependency trustcall imports `Send` from its old place in LangGraph
+    warnings.filterwarnings("ignore", message="Importing Send from langgraph.constants")
+    from langmem.short_term import SummarizationNode
 from stello_graph import CompressionPolicy, Schedule, StelloAgent
 from stello_graph.memory import (
     DEFAULT_COMPRESS_PROMPT,
