@@ -63,7 +63,8 @@ class CompressionPolicy:
         budget: the most tokens a prompt should cost, whatever the window (like LangMem's
             `max_tokens`); `None`: the window alone. With both, the smaller one counts;
             with neither known, `DEFAULT_PROMPT_BUDGET`.
-        threshold: the share of the window a prompt may use before compression starts.
+        threshold: the share of that limit (`limit`) a prompt may use before compression
+            starts.
         keep_recent: the share of that budget kept verbatim as the most recent history
             (whole user turns: at least the newest one). A smaller share means smaller
             prompts on average and fewer, longer summarising calls.
