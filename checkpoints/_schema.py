@@ -55,7 +55,6 @@ Version 7:
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
@@ -63,6 +62,7 @@ from collections.abc import Callable, Iterator
 from sqlite_utils import Database
 from sqlite_utils.db import ForeignKey
 
+from stello_graph.checkpoints._serde import stored_id
 from stello_graph.errors import ForeignDatabaseError, SchemaVersionError
 from stello_graph.models import utcnow
 
@@ -225,7 +225,7 @@ def _derived_turns(db: Database) -> Iterator[tuple[str | None, int, str, str, in
             yield None, turn_seq, tree, session, seq
             continue
         where, turn_seq = (tree, session), 0
-        found = json.loads(data).get("data", {}).get("id") if role == "human" else None
+        found = stored_id(data) if role == "human" else None
         place = f"stello-record/{tree}/{session}/{seq}"
         yield found or str(uuid.uuid5(uuid.NAMESPACE_URL, place)), 0, tree, session, seq
 

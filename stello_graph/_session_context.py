@@ -115,9 +115,9 @@ class SessionContext(SessionCore):
         self, meta: SessionMeta, parts: ContextParts, records: list[BaseMessage]
     ) -> int | None:
         policy = self._compression
-        window = policy.window(self._model) if policy is not None else None
-        if policy is None or window is None:
+        if policy is None:
             return None
+        window = policy.limit(self._model)
         system = self._system(meta, parts)
         head = [system] if system is not None else []
         # The usage figures of replies older than the summary in use measured a prompt that

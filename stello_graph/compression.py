@@ -1,9 +1,12 @@
-"""Automatic context compression: when a prompt would outgrow the model's context window.
+"""Automatic context compression: when a prompt would outgrow its budget or the model's window.
 
-When a session's prompt would exceed `threshold` of the context window, its oldest records are
-replaced *in the prompt* (never in storage) by a summary. The summary is persisted with the
-number of records it covers (`Compression`), so a reloaded session reuses it; when the prompt
-outgrows the window again, the summary is extended with the next stretch of records.
+A prompt is planned against a number of tokens (`CompressionPolicy.limit`): the prompt budget
+(`budget`) or the model's context window, whichever is smaller, and `DEFAULT_PROMPT_BUDGET`
+when neither is known. When a session's prompt would exceed `threshold` of it, its oldest
+records are replaced *in the prompt* (never in storage: L3 keeps every record) by a summary.
+The summary is persisted with the number of records it covers (`Compression`), so a reloaded
+session reuses it; when the prompt outgrows the limit again, the summary is extended with the
+next stretch of records.
 
 Where the cut falls: only at the start of a user turn (so never inside a tool-call group), and
 never past the newest user turn of the history (the turn being sent is never part of it).
@@ -28,39 +31,62 @@ from stello_graph.errors import InvalidInputError
 from stello_graph.memory import CompressFn
 from stello_graph.models import Compression
 
-__all__ = ["CompressionPolicy", "estimate_tokens", "plan_cut", "prompt_tokens"]
+__all__ = [
+    "DEFAULT_PROMPT_BUDGET",
+    "CompressionPolicy",
+    "estimate_tokens",
+    "plan_cut",
+    "prompt_tokens",
+]
 
 _PER_MESSAGE = 4  # role and framing tokens of one message, roughly
+
+DEFAULT_PROMPT_BUDGET = 4096
+"""Tokens a prompt is planned against when neither `CompressionPolicy.budget` nor the model's
+context window is known (a model without a profile, such as a local server's)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CompressionPolicy:
     """When and how a session's prompt is compressed.
 
+    Example:
+        >>> policy = CompressionPolicy(budget=2048)  # every prompt within ~2,048 tokens
+        >>> policy.limit(None)
+        2048
+        >>> CompressionPolicy().limit(None)  # no budget, no window known
+        4096
+
     Attributes:
         context_window: the model's context window in tokens; `None` reads it from the
-            model's profile (`model.profile["max_input_tokens"]`) and, when unknown there
-            too, leaves the prompt uncompressed.
-        threshold: the share of the window a prompt may use before compression starts.
-        keep_recent: the share of that budget kept verbatim as the most recent history.
+            model's profile (`model.profile["max_input_tokens"]`).
+        budget: the most tokens a prompt should cost, whatever the window (like LangMem's
+            `max_tokens`); `None`: the window alone. With both, the smaller one counts;
+            with neither known, `DEFAULT_PROMPT_BUDGET`.
+        threshold: the share of that limit (`limit`) a prompt may use before compression
+            starts.
+        keep_recent: the share of that budget kept verbatim as the most recent history
+            (whole user turns: at least the newest one). A smaller share means smaller
+            prompts on average and fewer, longer summarising calls.
         compress_fn: the summariser (`CompressFn`); `None` uses `llm_compressor` with the
             session's model.
         chars_per_token: the estimate used when the provider reported no usage.
     """
 
     context_window: int | None = None
+    budget: int | None = None
     threshold: float = 0.8
-    keep_recent: float = 0.5
+    keep_recent: float = 0.35
     compress_fn: CompressFn | None = None
     chars_per_token: float = 4.0
 
     def __post_init__(self) -> None:
-        if self.context_window is not None and (
-            not isinstance(self.context_window, int) or self.context_window < 16
-        ):
-            raise InvalidInputError(
-                f"context_window must be an int >= 16 or None, got {self.context_window!r}."
-            )
+        for name in ("context_window", "budget"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 16
+            ):
+                raise InvalidInputError(f"{name} must be an int >= 16 or None, got {value!r}.")
         for name in ("threshold", "keep_recent"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0 < value <= 1:
@@ -75,6 +101,12 @@ class CompressionPolicy:
         profile = getattr(model, "profile", None) or {}
         found = profile.get("max_input_tokens") if isinstance(profile, dict) else None
         return found if isinstance(found, int) and found > 0 else None
+
+    def limit(self, model: Any) -> int:
+        """The tokens a prompt is planned against: the smaller of `budget` and the window
+        (`window`), or `DEFAULT_PROMPT_BUDGET` when neither is known."""
+        known = [n for n in (self.budget, self.window(model)) if n is not None]
+        return min(known) if known else DEFAULT_PROMPT_BUDGET
 
 
 def estimate_tokens(messages: Sequence[BaseMessage], chars_per_token: float = 4.0) -> int:

@@ -112,7 +112,8 @@ class StelloConfig:
     split_guard: SplitGuard | None = None
     """Limits on the forks the model makes itself."""
     compression: CompressionPolicy | None = None
-    """Automatic context compression of every session's prompt."""
+    """Automatic context compression of every session's prompt (off when `None`);
+    `CompressionPolicy(budget=...)` caps every prompt at a number of tokens."""
     model_timeout: float | None = None
     """Seconds each model call of a turn may take; a call that takes longer fails the turn
     with `ModelCallError` (or is retried, see `model_retry`). `None`: no limit."""

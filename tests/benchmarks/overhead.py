@@ -1,5 +1,9 @@
 """Figures 1-3: per-turn overhead, its growth, and storage, against the LangGraph baseline.
 
+Figures 3c and 3d are storage only (one untimed session each): 3c with short replies
+(`SHORT_REPLY` characters), 3d with a `SqliteSaver` the user supplies, which keeps every
+checkpoint (the agent prunes only the saver it makes itself).
+
 Both agents run the same scripted conversation in one process. A run is one side's whole
 session (300 turns, each timed on its own); sides alternate stello/baseline, then
 baseline/stello (A/B/B/A...), so drift over the process's life hits both alike. Whole runs
@@ -13,17 +17,31 @@ is given beside it, since it varies much less on a shared machine.
 from __future__ import annotations
 
 import os
+import sqlite3
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from langchain_core.messages import AIMessage, BaseMessage
+from langgraph.checkpoint.sqlite import SqliteSaver
+
 from stello_graph.testing import ScriptedChatModel
 from tests.benchmarks._harness import Figure, Scale, db_bytes, measure, median
-from tests.benchmarks._workload import Baseline, Conversation, lookup, prompt_chars, stello_agent
+from tests.benchmarks._workload import (
+    Baseline,
+    Conversation,
+    lookup,
+    prompt_chars,
+    stello_agent,
+    text,
+)
 
-__all__ = ["overhead_figures"]
+__all__ = ["SHORT_REPLY", "overhead_figures"]
+
+SHORT_REPLY = 40
+"""Characters of a reply in figures 3c and 3d (the user's messages stay 400)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +182,58 @@ def _storage(key: str, name: str, pairs: list[tuple[_Side, _Side]]) -> Figure:
     )
 
 
+@dataclass
+class _ShortReplies(Conversation):
+    """The conversation of figures 1-3 with replies of `SHORT_REPLY` characters."""
+
+    def respond(self, messages: list[BaseMessage]) -> AIMessage | str:
+        answer = super().respond(messages)
+        return (
+            answer if isinstance(answer, AIMessage) else text(f"reply-{self.replies}", SHORT_REPLY)
+        )
+
+
+def _stored(scale: Scale, tmp: Path, *, keep_everything: bool) -> tuple[dict[str, int], int]:
+    """One untimed session with short replies: the file's size and the conversation's text."""
+    conv = _ShortReplies()
+    model = conv.model()
+    path = tmp / "stello.db"
+    conn = sqlite3.connect(path, check_same_thread=False) if keep_everything else None
+    options = {"checkpointer": SqliteSaver(conn)} if conn is not None else {}
+    agent = stello_agent(model, path, tools=[lookup], **options)
+    sid = agent.fork(agent.main_session_id, "Bench").id
+    for n in range(1, scale.turns + 1):
+        agent.turn(sid, conv.user(n))
+        model.reset()
+    raw = sum(prompt_chars([m]) for m in agent.session(sid).messages())
+    agent.close()
+    if conn is not None:
+        conn.close()
+    return db_bytes(path), raw
+
+
+def _short_storage(scale: Scale, key: str, keep_everything: bool, target: float) -> Figure:
+    with tempfile.TemporaryDirectory(prefix="stello-bench-") as tmp:
+        db, raw = _stored(scale, Path(tmp), keep_everything=keep_everything)
+    saver = (
+        "a user-supplied SqliteSaver (keeps every checkpoint)"
+        if keep_everything
+        else "default saver"
+    )
+    return Figure(
+        key=key,
+        name=f"db size after {scale.turns} turns / raw text, {SHORT_REPLY}-char replies, {saver}",
+        value=db["bytes"] / raw,
+        unit="x raw",
+        target=target,
+        stello=db["bytes"] / 1024,
+        side_unit="KiB",
+        detail={"raw_chars": raw, "free_bytes": db["free_bytes"]},
+    )
+
+
 def overhead_figures(scale: Scale) -> list[Figure]:
-    """Figures 1a-1d, 2a-2b, 3a-3b."""
+    """Figures 1a-1d, 2a-2b, 3a-3d."""
     figures: list[Figure] = []
     early, late = f"turn {scale.early[0]}-{scale.early[1]}", f"last {scale.window} turns"
     for tool_round, tag, keys in ((False, "no tools", "ab"), (True, "one tool round", "cd")):
@@ -179,4 +247,8 @@ def overhead_figures(scale: Scale) -> list[Figure]:
             _growth(f"2{half}", f"growth {late} / {early}, {tag}", scale, pairs),
             _storage(f"3{half}", f"db size after {scale.turns} turns / raw text, {tag}", pairs),
         ]  # fmt: skip
+    figures += [
+        _short_storage(scale, "3c", keep_everything=False, target=3.0),
+        _short_storage(scale, "3d", keep_everything=True, target=10.0),
+    ]
     return sorted(figures, key=lambda f: f.key)

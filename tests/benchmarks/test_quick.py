@@ -11,10 +11,10 @@ from tests.benchmarks._harness import QUICK, Figure, render_table
 from tests.benchmarks.suite import GROUPS, run_suite
 
 EXPECTED = {
-    "overhead": ["1a", "1b", "1c", "1d", "2a", "2b", "3a", "3b"],
+    "overhead": ["1a", "1b", "1c", "1d", "2a", "2b", "3a", "3b", "3c", "3d"],
     "scale": ["4a", "4b", "4c", "4d", "4e", "4f"],
     "concurrency": ["5a", "5b", "5c"],
-    "context": ["6a", "6b", "6c"],
+    "context": ["6a", "6b", "6c", "6d", "6e", "6f"],
     "background": ["7"],
     "startup": ["8c"],  # the quick scale starts no timed processes
     "inspector": ["9a", "9b", "9c"],  # 9b (Chromium) is skipped at the quick scale

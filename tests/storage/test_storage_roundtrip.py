@@ -159,14 +159,55 @@ def test_tool_call_lists_left_out_come_back_alike(message: BaseMessage) -> None:
     assert decode_message(encode_message(message)[1]) == message
 
 
-def test_default_fields_are_left_out_of_records() -> None:
-    assert encode_message(HumanMessage("hi", id="m1"))[1] == (
-        '{"type":"human","data":{"content":"hi","id":"m1"}}'
-    )
+def test_records_are_stored_compact() -> None:
+    assert encode_message(HumanMessage("hi", id="m1"))[1] == '{"t":"h","c":"hi","i":"m1"}'
     tool = ToolMessage("out", tool_call_id="c1", status="error", name="t")
-    assert json.loads(encode_message(tool)[1])["data"] == {
-        "content": "out", "name": "t", "tool_call_id": "c1", "status": "error"
+    assert json.loads(encode_message(tool)[1]) == {
+        "t": "t", "c": "out", "n": "t", "ti": "c1", "s": "error"
     }  # fmt: skip
+    reply = AIMessage(
+        "",
+        id="r1",
+        response_metadata={"model_name": "m1", "finish_reason": "stop", "x": 1},
+        tool_calls=[{"name": "look", "args": {"q": 1}, "id": "c1"}],
+        usage_metadata={"input_tokens": 120, "output_tokens": 10, "total_tokens": 130},
+    )
+    assert json.loads(encode_message(reply)[1]) == {
+        "t": "a", "c": "", "r": {"m": "m1", "f": "stop", "x": 1}, "i": "r1",
+        "tc": [["look", {"q": 1}, "c1"]], "u": [120, 10],
+    }  # fmt: skip
+    assert decode_message(encode_message(reply)[1]) == reply
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # usage with details, or a total that is not the sum: kept as it is
+        AIMessage("x", usage_metadata={"input_tokens": 1, "output_tokens": 2, "total_tokens": 4}),
+        AIMessage(
+            "x",
+            usage_metadata={
+                "input_tokens": 5,
+                "output_tokens": 2,
+                "total_tokens": 7,
+                "input_token_details": {"cache_read": 3},
+            },
+        ),
+        # extra fields named like the compact keys: the message is stored in the full form
+        HumanMessage("x", c="extra", t="more"),
+        HumanMessage("x", data={"type": "human"}),
+        AIMessage("x", response_metadata={"m": "short", "model_name": "long"}),
+    ],
+)
+def test_unusual_records_round_trip(message: BaseMessage) -> None:
+    assert decode_message(encode_message(message)[1]) == message
+
+
+def test_records_stored_in_earlier_forms_still_read() -> None:
+    earlier = '{"type":"human","data":{"content":"hi","id":"m1"}}'  # defaults left out
+    assert decode_message(earlier) == HumanMessage("hi", id="m1")
+    reply = AIMessage("a", id="r", tool_calls=[{"name": "t", "args": {}, "id": "c"}])
+    assert decode_message(json.dumps(message_to_dict(reply))) == reply  # LangChain's own
 
 
 @FIXTURE_SETTINGS
