@@ -23,9 +23,7 @@ import json
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stello_graph._flow import arun, run
 from stello_graph.checkpoints._serde import (
@@ -47,6 +45,9 @@ from stello_graph.errors import (
 from stello_graph.events import StoredEvent
 from stello_graph.lineage import ForkPoint
 from stello_graph.models import Compression, Lease, SessionMeta, TopologyNode
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = ["Flow", "Op", "adrive", "drive", "one"]
 

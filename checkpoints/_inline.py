@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from langchain_core.messages import BaseMessage
-
 from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
 from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
 from stello_graph.digest import DigestRow
@@ -24,6 +22,8 @@ from stello_graph.models import (
 )
 
 if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
     from stello_graph.checkpoints.backend import StorageBackend
 
 __all__ = ["InlineAsyncHooks", "InlineAsyncPrimitives"]

@@ -8,23 +8,18 @@ keys into strings; naive datetimes are taken as UTC).
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
-
-from langchain_core.messages import (
-    AIMessage,
-    BaseMessage,
-    HumanMessage,
-    SystemMessage,
-    ToolMessage,
-    message_to_dict,
-    messages_from_dict,
-)
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import SessionMeta
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = [
     "TURN_ID",
@@ -90,20 +85,30 @@ def check_encodable(text: str, *, what: str) -> str:
     return text
 
 
+@functools.cache
+def _messages() -> ModuleType:
+    """`langchain_core.messages`, imported on first use: what reads a tree without its
+    records (`stello-graph tree`, `export`) never loads LangChain."""
+    return importlib.import_module("langchain_core.messages")
+
+
 def message_role(message: BaseMessage) -> str:
     """The role a record is filtered by: `human`, `ai`, `tool`, `system` (chunks included)."""
-    for cls, role in _ROLE_OF_CLASS:
+    for cls, role in _role_of_class():
         if isinstance(message, cls):
             return role
     return message.type
 
 
-_ROLE_OF_CLASS: tuple[tuple[type[BaseMessage], str], ...] = (
-    (HumanMessage, "human"),
-    (AIMessage, "ai"),
-    (ToolMessage, "tool"),
-    (SystemMessage, "system"),
-)
+@functools.cache
+def _role_of_class() -> tuple[tuple[type[BaseMessage], str], ...]:
+    lc = _messages()
+    return (
+        (lc.HumanMessage, "human"),
+        (lc.AIMessage, "ai"),
+        (lc.ToolMessage, "tool"),
+        (lc.SystemMessage, "system"),
+    )
 
 
 _OMITTABLE = (
@@ -140,7 +145,7 @@ def _omittable_defaults(cls: type[BaseMessage]) -> tuple[tuple[str, object], ...
 def encode_message(message: BaseMessage) -> EncodedMessage:
     """One message as `(role, json)`: `message_to_dict`'s JSON without the fields above
     that hold their default value (the outer `type` picks the class)."""
-    encoded = message_to_dict(message)
+    encoded = _messages().message_to_dict(message)
     data = encoded["data"]
     metadata = data.get("response_metadata")
     if metadata and (TURN_ID in metadata or TURN_SEQ in metadata):
@@ -155,7 +160,8 @@ def encode_message(message: BaseMessage) -> EncodedMessage:
 
 def decode_message(data: str) -> BaseMessage:
     """The message stored as `data` by `encode_message`."""
-    return messages_from_dict([json.loads(data)])[0]
+    decoded: BaseMessage = _messages().messages_from_dict([json.loads(data)])[0]
+    return decoded
 
 
 def with_turn(message: BaseMessage, turn_id: str, turn_seq: int) -> BaseMessage:

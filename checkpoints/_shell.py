@@ -17,8 +17,6 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Self
 
-from langchain_core.messages import BaseMessage
-
 import stello_graph.checkpoints._flows as flows
 from stello_graph._copies import detached_all
 from stello_graph.checkpoints._ashell import AsyncMethods
@@ -60,6 +58,8 @@ from stello_graph.models import (
 )
 
 if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
     from stello_graph.checkpoints.backend import StorageBackend
 
 __all__ = ["FIELDS", "BackendStorage", "tree_order"]

@@ -44,9 +44,7 @@ factory `module:function(tmp_path, tree_id)` that returns a fresh storage in
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
@@ -60,6 +58,9 @@ from stello_graph.models import (
     SessionStatus,
     TopologyNode,
 )
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = [
     "FIELDS",

@@ -16,9 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints._inline import InlineAsyncPrimitives
 from stello_graph.checkpoints._serde import (
@@ -41,6 +39,9 @@ from stello_graph.models import (
     SessionStatus,
     TopologyNode,
 )
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = ["InMemoryMainStorage"]
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Sequence
-from typing import Any
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING, Any
 
 import stello_graph.checkpoints._schema as _schema
 from stello_graph.checkpoints._cache import RecordCache
@@ -50,6 +48,9 @@ from stello_graph.models import (
     SessionStatus,
     TopologyNode,
 )
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = ["SqliteMainStorage"]
 

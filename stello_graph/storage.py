@@ -36,8 +36,6 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from langchain_core.messages import BaseMessage
-
 from stello_graph.events import StoredEvent
 from stello_graph.lineage import ForkPoint
 from stello_graph.models import (
@@ -51,6 +49,8 @@ from stello_graph.models import (
 )
 
 if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
     from stello_graph.digest import SessionDigest
 
 __all__ = ["MainStorage", "RecordRole", "SessionStorage", "normalize_role"]
