@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stello_graph._flow import arun, run
+from stello_graph.checkpoints._rows import built
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     EventRow,
@@ -354,7 +355,7 @@ def list_lineage() -> Flow[dict[str, ForkPoint]]:
 
 def digests() -> Flow[list[SessionDigest]]:
     rows: list[DigestRow] = yield Op("digests")
-    return [digest_from_row(row) for row in rows]
+    return built(digest_from_row, rows)
 
 
 # -- the session lease ----------------------------------------------------------------------

@@ -189,8 +189,7 @@ def test_version_starts_without_langchain() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv",
-    [["tree"], ["tree", "--svg", "-"], ["export"]], ids=["tree", "tree-svg", "export"]
+    "argv", [["tree"], ["tree", "--svg", "-"], ["export"]], ids=["tree", "tree-svg", "export"]
 )
 def test_reading_a_tree_starts_without_langchain(demo_db: Path, argv: list[str]) -> None:
     """`tree` and `export` (one fresh process each) read the file without LangChain or
