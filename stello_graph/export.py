@@ -57,6 +57,8 @@ class _RowReader(Protocol):
 
 def _json_time(text: str) -> str:
     """A stored timestamp as `SessionMeta.model_dump(mode="json")` writes it (UTC, `Z`)."""
+    if text.endswith("+00:00"):  # as `_serde.to_iso` writes every one
+        return text[:-6] + "Z"
     from stello_graph.checkpoints._serde import from_iso
 
     return from_iso(text).astimezone(UTC).isoformat().replace("+00:00", "Z")
@@ -72,8 +74,8 @@ def _entry(row: tuple[Any, ...]) -> dict[str, Any]:
         "label": label,
         "role": role,
         "status": status,
-        "tags": json.loads(tags),
-        "metadata": json.loads(metadata),
+        "tags": [] if tags == "[]" else json.loads(tags),
+        "metadata": {} if metadata == "{}" else json.loads(metadata),
         "created_at": _json_time(created),
         "updated_at": _json_time(updated),
         "parent_id": parent_id,
@@ -186,12 +188,31 @@ def _write_list(out: TextIO, produce: Callable[[Callable[[dict[str, Any]], None]
     first = [True]
 
     def emit(item: dict[str, Any]) -> None:
-        text = json.dumps(item, indent=2, ensure_ascii=False).replace("\n", _ITEM)
+        text = _dumps_entry(item).replace("\n", _ITEM)
         out.write(("[" if first[0] else ",") + _ITEM + text)
         first[0] = False
 
     produce(emit)
     out.write("[]" if first[0] else "\n  ]")
+
+
+def _dumps_entry(entry: dict[str, Any]) -> str:
+    """`json.dumps(entry, indent=2, ensure_ascii=False)` of a flat entry (a node, a session).
+
+    Built member by member: `json.dumps` with `indent` leaves ~30 objects in reference cycles
+    per call, which pile up between the collector's full passes (the heap then grows with the
+    tree); scalars and empty values need no indenting encoder, so most entries leave none.
+    """
+    members = []
+    for key, value in entry.items():
+        if isinstance(value, (dict, list)) and value:
+            text = json.dumps(value, indent=2, ensure_ascii=False).replace("\n", "\n  ")
+        elif isinstance(value, (dict, list)):
+            text = "{}" if isinstance(value, dict) else "[]"
+        else:
+            text = json.dumps(value, ensure_ascii=False)
+        members.append(f"  {json.dumps(key, ensure_ascii=False)}: {text}")
+    return "{\n" + ",\n".join(members) + "\n}" if members else "{}"
 
 
 # -- a storage without `export_rows`: one read per session --------------------------------
