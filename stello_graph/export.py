@@ -196,6 +196,18 @@ def _write_list(out: TextIO, produce: Callable[[Callable[[dict[str, Any]], None]
     out.write("[]" if first[0] else "\n  ]")
 
 
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+"""One encoder for every scalar (`json.dumps` with options builds a new one per call)."""
+
+
+def _scalar(value: object) -> str:
+    if value is None:
+        return "null"
+    if type(value) is int:
+        return str(value)
+    return _ENCODE(value)
+
+
 def _dumps_entry(entry: dict[str, Any]) -> str:
     """`json.dumps(entry, indent=2, ensure_ascii=False)` of a flat entry (a node, a session).
 
@@ -210,8 +222,8 @@ def _dumps_entry(entry: dict[str, Any]) -> str:
         elif isinstance(value, (dict, list)):
             text = "{}" if isinstance(value, dict) else "[]"
         else:
-            text = json.dumps(value, ensure_ascii=False)
-        members.append(f"  {json.dumps(key, ensure_ascii=False)}: {text}")
+            text = _scalar(value)
+        members.append(f"  {_ENCODE(key)}: {text}")
     return "{\n" + ",\n".join(members) + "\n}" if members else "{}"
 
 
