@@ -54,7 +54,10 @@ def stored_model(cls: type[M], values: dict[str, Any]) -> M:
     names = _FIELDS.get(cls)
     if names is None:
         names = _FIELDS[cls] = set(cls.model_fields)
-    _set(model, "__pydantic_fields_set__", names.copy())
+    # Shared by every model built here (they are frozen): pydantic copies the set before
+    # changing it (`model_copy(update=...)`), so one set per class is safe and saves one
+    # object per row.
+    _set(model, "__pydantic_fields_set__", names)
     _set(model, "__pydantic_extra__", None)
     _set(model, "__pydantic_private__", None)
     return model
