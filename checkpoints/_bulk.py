@@ -59,12 +59,12 @@ class BulkReads:
         """Every session's user turns, by id, in one read: what a view of the tree shows
         beside each node, without `list_session_stats`' record counts."""
         rows: list[tuple[Any, ...]] = self._txn.read(one("all_fields", ("turn_count",)))
-        return dict(rows)  # type: ignore[arg-type]
+        return dict(rows)
 
     async def alist_turn_counts(self) -> dict[str, int]:
         """Async twin of `list_turn_counts`."""
         rows: list[tuple[Any, ...]] = await self._txn.aread(one("all_fields", ("turn_count",)))
-        return dict(rows)  # type: ignore[arg-type]
+        return dict(rows)
 
     def iter_session_l2s(self, *, batch: int = 1_000) -> Iterator[list[ChildL2]]:
         """The L2s of `get_all_session_l2s` (every active standard session that has one, in

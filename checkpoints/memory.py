@@ -355,8 +355,11 @@ class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
                     sink(row)
                     count += 1
                     continue
-                for record in session.records or [None]:
-                    sink((*row, None if record is None else encode_message(record)[1]))
+                if not session.records:
+                    sink((*row, None))
+                    count += 1
+                for record in session.records:
+                    sink((*row, encode_message(record)[1]))
                     count += 1
         return count
 

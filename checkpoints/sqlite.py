@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import stello_graph.checkpoints._schema as _schema
@@ -169,7 +169,7 @@ class SqliteMainStorage(BackendStorage):
         return f"SqliteMainStorage({self.path!r}, tree_id={self.tree_id!r})"
 
     # -- SQL helpers ----------------------------------------------------------------------
-    def _q(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    def _q(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> sqlite3.Cursor:
         try:
             return self._conn.execute(sql, params)
         except sqlite3.Error as exc:

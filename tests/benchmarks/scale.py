@@ -188,25 +188,25 @@ def big_tree_figures(scale: Scale) -> list[Figure]:
     def cpu(key: str) -> dict[str, float]:
         return {"cpu_ms": round(big[f"{key}_cpu"], 1), **growth(key)}
 
-    n = f"{big_n:,} sessions"
+    size = f"{big_n:,} sessions"
     return [
-        Figure(key="4g", name=f"agent.tree(), {n}", unit="ms", target=300,
+        Figure(key="4g", name=f"agent.tree(), {size}", unit="ms", target=300,
                value=big["tree"], detail=cpu("tree")),
-        Figure(key="4h", name=f"agent.digests(), {n}", unit="ms", target=300,
+        Figure(key="4h", name=f"agent.digests(), {size}", unit="ms", target=300,
                value=big["digests"], detail=cpu("digests")),
-        Figure(key="4i", name=f"get_all_session_l2s(), {n}", unit="ms", target=300,
+        Figure(key="4i", name=f"get_all_session_l2s(), {size}", unit="ms", target=300,
                value=big["l2s"],
                detail={**cpu("l2s"), "in_pages_of_1000_ms": round(big["l2_pages"], 1)}),
-        Figure(key="4j", name=f"streamed export to /dev/null, {n}", unit="ms",
+        Figure(key="4j", name=f"streamed export to /dev/null, {size}", unit="ms",
                value=big["export"],
                detail={**cpu("export"), "statements": big["export_statements"],
                        f"statements_{small_n}": small["export_statements"]}),
-        Figure(key="4k", name=f"export's heap peak, {n} against {small_n:,}", unit="x",
+        Figure(key="4k", name=f"export's heap peak, {size} against {small_n:,}", unit="x",
                target=1.5, value=big["export_peak_mib"] / small["export_peak_mib"],
                detail={"peak_mib": round(big["export_peak_mib"], 2),
                        f"peak_mib_{small_n}": round(small["export_peak_mib"], 2)}),
-        Figure(key="4l", name=f"star map SVG, {n}", unit="MB", target=2, value=big["svg_mb"],
+        Figure(key="4l", name=f"star map SVG, {size}", unit="MB", target=2, value=big["svg_mb"],
                detail={"render_s": round(big["svg_s"], 2)}),
-        Figure(key="4m", name=f"build the {n} tree (SQL copies)", unit="s", value=big["build_s"],
+        Figure(key="4m", name=f"build the {size} tree (SQL copies)", unit="s", value=big["build_s"],
                detail={f"build_s_{small_n}": round(small["build_s"], 1)}),
     ]  # fmt: skip

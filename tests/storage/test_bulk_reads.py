@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
+from stello_graph.checkpoints import BackendStorage
 from stello_graph.checkpoints._rows import stored_l2, stored_meta, stored_node
 from stello_graph.checkpoints._serde import meta_to_row, row_to_meta
 from stello_graph.errors import InvalidInputError
@@ -91,6 +92,7 @@ async def test_export_rows_reads_each_part_in_tree_order(api: Api) -> None:
 
 async def test_l2s_come_in_pages_of_the_same_l2s(api: Api) -> None:
     storage = api.storage
+    assert isinstance(storage, BackendStorage)  # every stello storage
     for n in range(7):
         storage.put_session(SessionMeta(id=f"s{n}", label=f"S{n}"))
         if n != 3:
