@@ -26,8 +26,15 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 _new = object.__new__
-_set = object.__setattr__
 _FIELDS: dict[type[BaseModel], set[str]] = {}
+
+# `BaseModel`'s slots, set through their descriptors (a C call each, no attribute lookup):
+# what `object.__setattr__` would reach, without pydantic's frozen-model `__setattr__`.
+_SLOTS = vars(BaseModel)
+_set_dict = _SLOTS["__dict__"].__set__
+_set_fields = _SLOTS["__pydantic_fields_set__"].__set__
+_set_extra = _SLOTS["__pydantic_extra__"].__set__
+_set_private = _SLOTS["__pydantic_private__"].__set__
 
 
 def built(make: Callable[[R], T], rows: Iterable[R]) -> list[T]:
@@ -49,17 +56,17 @@ def built(make: Callable[[R], T], rows: Iterable[R]) -> list[T]:
 
 def stored_model(cls: type[M], values: dict[str, Any]) -> M:
     """A `cls` holding `values` as they are: every field given, of its declared type."""
-    model = _new(cls)
-    _set(model, "__dict__", values)
     names = _FIELDS.get(cls)
     if names is None:
         names = _FIELDS[cls] = set(cls.model_fields)
+    model = _new(cls)
+    _set_dict(model, values)
     # Shared by every model built here (they are frozen): pydantic copies the set before
     # changing it (`model_copy(update=...)`), so one set per class is safe and saves one
     # object per row.
-    _set(model, "__pydantic_fields_set__", names)
-    _set(model, "__pydantic_extra__", None)
-    _set(model, "__pydantic_private__", None)
+    _set_fields(model, names)
+    _set_extra(model, None)
+    _set_private(model, None)
     return model
 
 
