@@ -23,11 +23,10 @@ import json
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stello_graph._flow import arun, run
+from stello_graph.checkpoints._rows import built
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     EventRow,
@@ -47,6 +46,9 @@ from stello_graph.errors import (
 from stello_graph.events import StoredEvent
 from stello_graph.lineage import ForkPoint
 from stello_graph.models import Compression, Lease, SessionMeta, TopologyNode
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = ["Flow", "Op", "adrive", "drive", "one"]
 
@@ -353,7 +355,7 @@ def list_lineage() -> Flow[dict[str, ForkPoint]]:
 
 def digests() -> Flow[list[SessionDigest]]:
     rows: list[DigestRow] = yield Op("digests")
-    return [digest_from_row(row) for row in rows]
+    return built(digest_from_row, rows)
 
 
 # -- the session lease ----------------------------------------------------------------------

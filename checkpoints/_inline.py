@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from langchain_core.messages import BaseMessage
-
 from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
 from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
 from stello_graph.digest import DigestRow
@@ -24,7 +22,9 @@ from stello_graph.models import (
 )
 
 if TYPE_CHECKING:
-    from stello_graph.checkpoints.backend import StorageBackend
+    from langchain_core.messages import BaseMessage
+
+    from stello_graph.checkpoints.backend import ExportPart, L2Row, RowSink, StorageBackend
 
 __all__ = ["InlineAsyncHooks", "InlineAsyncPrimitives"]
 
@@ -97,6 +97,12 @@ class InlineAsyncPrimitives:
 
     async def aop_digests(self) -> list[DigestRow]:
         return self._ops.op_digests()
+
+    async def aop_l2s_after(self, after: int, limit: int) -> list[L2Row]:
+        return self._ops.op_l2s_after(after, limit)
+
+    async def aop_export_rows(self, part: ExportPart, sink: RowSink) -> int:
+        return self._ops.op_export_rows(part, sink)
 
     async def aop_delete_sessions(self, session_ids: list[str]) -> None:
         return self._ops.op_delete_sessions(session_ids)

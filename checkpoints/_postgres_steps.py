@@ -18,6 +18,7 @@ from langchain_core.messages import BaseMessage
 import stello_graph.checkpoints._postgres_schema as _schema
 from stello_graph.checkpoints._postgres_conn import Query, Steps
 from stello_graph.checkpoints._postgres_schema import EVENTS, GLOBALS, NODES, RECORDS, SESSIONS
+from stello_graph.checkpoints._rows import built, stored_l2, stored_meta, stored_node
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     MetaRow,
@@ -98,7 +99,7 @@ class Statements:
             where.append("status = %s")
             params.append(status)
         sql = f"SELECT {_META} FROM {SESSIONS} WHERE {' AND '.join(where)} ORDER BY created_seq"
-        return [row_to_meta(row) for row in (yield Query(sql, params)).rows]
+        return built(stored_meta, (yield Query(sql, params)).rows)
 
     def l2s(self) -> Steps[list[ChildL2]]:
         rows = (
@@ -110,10 +111,26 @@ class Statements:
                 (self.tree_id,),
             )
         ).rows
-        # validated by pydantic-core directly: the same checks as `ChildL2(...)` without its
-        # Python-level `__init__` per row (~40% of the time at 100,000 sessions)
-        validate = ChildL2.__pydantic_validator__.validate_python
-        return [validate({"session_id": sid, "label": label, "l2": l2}) for sid, label, l2 in rows]
+        # rows the storage wrote: built without validating each again (`_rows`)
+        return built(lambda row: stored_l2(*row), rows)
+
+    def l2s_after(self, after: int, limit: int) -> Steps[list[tuple[Any, ...]]]:
+        rows = (
+            yield Query(
+                f"""SELECT created_seq, id, label, memory FROM {SESSIONS}
+                WHERE tree_id = %s AND role = 'standard' AND status = 'active'
+                    AND memory IS NOT NULL AND created_seq > %s
+                ORDER BY created_seq LIMIT %s""",
+                (self.tree_id, after, limit),
+            )
+        ).rows
+        return [tuple(row) for row in rows]
+
+    def export_rows(self, part: str) -> Steps[list[tuple[Any, ...]]]:
+        sql = _WALK + _EXPORT[part]
+        # every placeholder of the walk and of the part is the tree's id
+        rows = (yield Query(sql, (self.tree_id,) * sql.count("%s"))).rows
+        return [tuple(row) for row in rows]
 
     def session_stats(self) -> Steps[list[SessionStats]]:
         # As SQLite's: a session's seqs are contiguous, so the records after the L2 cursor
@@ -125,11 +142,12 @@ class Statements:
                     (SELECT COUNT(*) FROM {RECORDS} r
                         WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
                     s.memory_through,
-                    (SELECT COUNT(*) FROM {RECORDS} r
+                    CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
+                    ELSE (SELECT COUNT(*) FROM {RECORDS} r
                         WHERE r.tree_id = s.tree_id AND r.session_id = s.id
                         AND r.type = 'human'
                         AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
-                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END,
                     s.memory IS NOT NULL, s.insight IS NOT NULL,
                     s.subtree_synthesis IS NOT NULL
                 FROM {SESSIONS} s
@@ -180,11 +198,12 @@ class Statements:
             yield Query(
                 f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
                     s.turn_count, s.memory,
-                    (SELECT COUNT(*) FROM {RECORDS} r
+                    CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
+                    ELSE (SELECT COUNT(*) FROM {RECORDS} r
                         WHERE r.tree_id = s.tree_id AND r.session_id = s.id
                         AND r.type = 'human'
                         AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
-                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END,
                     s.insight
                 FROM {SESSIONS} s
                 LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
@@ -467,11 +486,11 @@ class Statements:
     def children(self, parent_id: str) -> Steps[list[TopologyNode]]:
         sql = f"""SELECT id, parent_id, label FROM {NODES}
             WHERE tree_id = %s AND parent_id = %s ORDER BY position"""
-        return [_node(row) for row in (yield Query(sql, (self.tree_id, parent_id))).rows]
+        return [stored_node(row) for row in (yield Query(sql, (self.tree_id, parent_id))).rows]
 
     def all_nodes(self) -> Steps[list[TopologyNode]]:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = %s ORDER BY position"
-        return [_node(row) for row in (yield Query(sql, (self.tree_id,))).rows]
+        return built(stored_node, (yield Query(sql, (self.tree_id,))).rows)
 
     def get_global(self, key: str) -> Steps[str | None]:
         sql = f"SELECT value FROM {GLOBALS} WHERE tree_id = %s AND key = %s"
@@ -484,6 +503,36 @@ class Statements:
             ON CONFLICT (tree_id, key) DO UPDATE SET value = excluded.value""",
             (self.tree_id, key, value),
         )
+
+
+_WALK = f"""WITH RECURSIVE walk(id, path) AS (
+    SELECT n.id, lpad(n.position::text, 12, '0') FROM {NODES} n
+    WHERE n.tree_id = %s AND (n.parent_id IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {NODES} p WHERE p.tree_id = n.tree_id AND p.id = n.parent_id))
+    UNION ALL
+    SELECT c.id, w.path || lpad(c.position::text, 12, '0')
+    FROM walk w JOIN {NODES} c ON c.tree_id = %s AND c.parent_id = w.id)
+"""
+"""As SQLite's: ordered by `path`, the nodes in the tree's depth-first pre-order."""
+
+_EXPORT: dict[str, str] = {
+    "nodes": f"""SELECT n.id, n.parent_id, n.label
+        FROM walk w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id ORDER BY w.path""",
+    "sessions": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
+            s.updated_at, n.parent_id, s.turn_count,
+            (SELECT COUNT(*) FROM {RECORDS} r WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
+            s.system_prompt, s.memory, s.insight
+        FROM walk w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
+        JOIN {SESSIONS} s ON s.tree_id = %s AND s.id = w.id ORDER BY w.path""",
+    "records": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
+            s.updated_at, n.parent_id, s.turn_count,
+            (SELECT COUNT(*) FROM {RECORDS} c WHERE c.tree_id = s.tree_id AND c.session_id = s.id),
+            s.system_prompt, s.memory, s.insight, r.data
+        FROM walk w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
+        JOIN {SESSIONS} s ON s.tree_id = %s AND s.id = w.id
+        LEFT JOIN {RECORDS} r ON r.tree_id = %s AND r.session_id = w.id
+        ORDER BY w.path, r.seq""",
+}
 
 
 def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:

@@ -58,13 +58,15 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
-
-from sqlite_utils import Database
-from sqlite_utils.db import ForeignKey
+from typing import TYPE_CHECKING
 
 from stello_graph.checkpoints._serde import stored_id
 from stello_graph.errors import ForeignDatabaseError, SchemaVersionError
 from stello_graph.models import utcnow
+
+if TYPE_CHECKING:  # sqlite-utils is loaded only when a migration runs
+    from sqlite_utils import Database
+    from sqlite_utils.db import ForeignKey
 
 __all__ = [
     "CHANGES",
@@ -85,11 +87,13 @@ CHANGES = "stello_changes"
 EVENTS = "stello_events"
 SCHEMA = "stello_schema"
 
-Migration = Callable[[Database], None]
+Migration = Callable[["Database"], None]
 """Changes the schema through a `sqlite_utils.Database`, inside the migration transaction."""
 
 
 def _compound_fk(table: str, columns: tuple[str, str], other: str, on_delete: str) -> ForeignKey:
+    from sqlite_utils.db import ForeignKey
+
     return ForeignKey(
         table,
         None,
@@ -346,6 +350,8 @@ def migrate(conn: sqlite3.Connection, where: str, *, begin: Callable[[], object]
     try:
         version = read_version(conn)
         check_version(version, where)
+        from sqlite_utils import Database
+
         db = Database(conn, recursive_triggers=False, execute_plugins=False)
         db.table(SCHEMA).create({"version": int, "applied_at": str}, pk="version", ignore=True)
         for target in range(version + 1, SCHEMA_VERSION + 1):

@@ -8,23 +8,18 @@ keys into strings; naive datetimes are taken as UTC).
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
-
-from langchain_core.messages import (
-    AIMessage,
-    BaseMessage,
-    HumanMessage,
-    SystemMessage,
-    ToolMessage,
-    message_to_dict,
-    messages_from_dict,
-)
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import SessionMeta
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = [
     "TURN_ID",
@@ -91,20 +86,30 @@ def check_encodable(text: str, *, what: str) -> str:
     return text
 
 
+@functools.cache
+def _messages() -> ModuleType:
+    """`langchain_core.messages`, imported on first use: what reads a tree without its
+    records (`stello-graph tree`, `export`) never loads LangChain."""
+    return importlib.import_module("langchain_core.messages")
+
+
 def message_role(message: BaseMessage) -> str:
     """The role a record is filtered by: `human`, `ai`, `tool`, `system` (chunks included)."""
-    for cls, role in _ROLE_OF_CLASS:
+    for cls, role in _role_of_class():
         if isinstance(message, cls):
             return role
     return message.type
 
 
-_ROLE_OF_CLASS: tuple[tuple[type[BaseMessage], str], ...] = (
-    (HumanMessage, "human"),
-    (AIMessage, "ai"),
-    (ToolMessage, "tool"),
-    (SystemMessage, "system"),
-)
+@functools.cache
+def _role_of_class() -> tuple[tuple[type[BaseMessage], str], ...]:
+    lc = _messages()
+    return (
+        (lc.HumanMessage, "human"),
+        (lc.AIMessage, "ai"),
+        (lc.ToolMessage, "tool"),
+        (lc.SystemMessage, "system"),
+    )
 
 
 _OMITTABLE = (
@@ -221,7 +226,7 @@ def encode_message(message: BaseMessage) -> EncodedMessage:
     record is ~100-150 bytes smaller than LangChain's own format; `decode_message`
     reads both forms, so files written before keep reading as they were.
     """
-    encoded = message_to_dict(message)
+    encoded = _messages().message_to_dict(message)
     data = encoded["data"]
     metadata = data.get("response_metadata")
     if metadata and (TURN_ID in metadata or TURN_SEQ in metadata):
@@ -252,7 +257,8 @@ def decode_message(data: str) -> BaseMessage:
     """The message stored as `data` by `encode_message` (either stored form)."""
     stored = json.loads(data)
     if "data" in stored:  # LangChain's own format: `{"type": ..., "data": {...}}`
-        return messages_from_dict([stored])[0]
+        decoded: BaseMessage = _messages().messages_from_dict([stored])[0]
+        return decoded
     kind = stored.pop(_TYPE)
     fields: dict[str, Any] = {}
     for key, value in stored.items():
@@ -264,7 +270,10 @@ def decode_message(data: str) -> BaseMessage:
         elif name == "response_metadata" and isinstance(value, dict):
             value = {_LONG_METADATA.get(k, k): v for k, v in value.items()}
         fields[name] = value
-    return messages_from_dict([{"type": _TYPE_NAMES.get(kind, kind), "data": fields}])[0]
+    message: BaseMessage = _messages().messages_from_dict(
+        [{"type": _TYPE_NAMES.get(kind, kind), "data": fields}]
+    )[0]
+    return message
 
 
 def stored_id(data: str) -> str | None:

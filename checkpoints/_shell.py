@@ -17,11 +17,10 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Self
 
-from langchain_core.messages import BaseMessage
-
 import stello_graph.checkpoints._flows as flows
 from stello_graph._copies import detached_all
 from stello_graph.checkpoints._ashell import AsyncMethods
+from stello_graph.checkpoints._bulk import BulkReads
 from stello_graph.checkpoints._flows import one, tree_order
 from stello_graph.checkpoints._serde import dumps, meta_to_row
 from stello_graph.checkpoints._txn import Transactions
@@ -60,6 +59,8 @@ from stello_graph.models import (
 )
 
 if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
     from stello_graph.checkpoints.backend import StorageBackend
 
 __all__ = ["FIELDS", "BackendStorage", "tree_order"]
@@ -75,7 +76,7 @@ FIELDS = frozenset(
 """Per-session values read and written through `op_get_fields` / `op_set_fields`."""
 
 
-class BackendStorage(AsyncMethods):
+class BackendStorage(BulkReads, AsyncMethods):
     """The `MainStorage` built over a `StorageBackend`: every method, sync and async.
 
     It validates arguments (so every backend refuses the same inputs with the same errors),

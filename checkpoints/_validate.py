@@ -8,9 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeVar, get_args
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
@@ -32,6 +30,9 @@ from stello_graph.models import (
     utcnow,
 )
 from stello_graph.storage import normalize_role
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = [
     "append_args",
@@ -101,6 +102,8 @@ def check_instance(value: object, cls: type[T], name: str) -> T:
 
 def check_messages(value: object) -> list[BaseMessage]:
     """A sequence of LangChain messages, as a list."""
+    from langchain_core.messages import BaseMessage  # imported on use: reading needs none
+
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise InvalidInputError(
             f"messages must be a sequence of BaseMessage, got {type(value).__name__}."

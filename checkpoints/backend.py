@@ -1,7 +1,7 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: twenty-six primitive operations (`op_*`) and the six
+It implements `StorageBackend`: twenty-eight primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
@@ -43,10 +43,8 @@ factory `module:function(tmp_path, tree_id)` that returns a fresh storage in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
-
-from langchain_core.messages import BaseMessage
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
@@ -61,6 +59,9 @@ from stello_graph.models import (
     TopologyNode,
 )
 
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
 __all__ = [
     "FIELDS",
     "AsyncStorageBackend",
@@ -68,10 +69,31 @@ __all__ = [
     "BackendStorage",
     "EncodedMessage",
     "EventRow",
+    "ExportPart",
+    "L2Row",
     "MetaRow",
+    "RowSink",
     "StorageBackend",
     "TransactionHooks",
 ]
+
+ExportPart = Literal["nodes", "sessions", "records"]
+"""What `op_export_rows` reads, in the tree's depth-first pre-order (as `get_tree` lists it):
+
+* `"nodes"`: `(id, parent_id, label)` of every node;
+* `"sessions"`: `(*MetaRow, parent_id, turn_count, record_count, system_prompt, memory,
+  insight)` of every session that has a node;
+* `"records"`: the `"sessions"` row with one record's `data` appended (the stored JSON of
+  `encode_message`), for each record of each of those sessions in order; a session without
+  records comes once, with `None`.
+"""
+
+RowSink = Callable[[tuple[Any, ...]], None]
+"""Takes the rows of `op_export_rows` one at a time, as the backend reads them."""
+
+L2Row = tuple[int, str, str, str]
+"""`(position, session_id, label, l2)` of `op_l2s_after`: `position` orders the sessions by
+creation (a backend's own increasing number) and is what the next page starts after."""
 
 
 class StorageBackend(Protocol):
@@ -135,6 +157,16 @@ class StorageBackend(Protocol):
         """Every session's `DigestRow` (`stello_graph.digest`), in creation order, read in
         one pass: meta, node parent, turn count, memory, the user (`human`) records after the
         memory's cursor, insight."""
+        ...
+
+    def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
+        """One page of `op_l2s`: up to `limit` of its sessions, those after position `after`
+        (0: from the first), in creation order, with their positions."""
+        ...
+
+    def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
+        """Hand `sink` every row of `part` (see `ExportPart`) as it is read, in one query
+        where the backend can stream one, holding none of them; return how many."""
         ...
 
     def op_delete_sessions(self, session_ids: list[str]) -> None:
@@ -281,6 +313,14 @@ class AsyncStorageBackend(StorageBackend, Protocol):
 
     async def aop_digests(self) -> list[DigestRow]:
         """Async twin of `op_digests`."""
+        ...
+
+    async def aop_l2s_after(self, after: int, limit: int) -> list[L2Row]:
+        """Async twin of `op_l2s_after`."""
+        ...
+
+    async def aop_export_rows(self, part: ExportPart, sink: RowSink) -> int:
+        """Async twin of `op_export_rows` (`sink` is called on the loop's side)."""
         ...
 
     async def aop_delete_sessions(self, session_ids: list[str]) -> None:

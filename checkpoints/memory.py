@@ -16,9 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints._inline import InlineAsyncPrimitives
 from stello_graph.checkpoints._serde import (
@@ -27,9 +25,10 @@ from stello_graph.checkpoints._serde import (
     MetaRow,
     RecordTurn,
     decode_message,
+    encode_message,
     row_to_meta,
 )
-from stello_graph.checkpoints._shell import BackendStorage
+from stello_graph.checkpoints._shell import BackendStorage, tree_order
 from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.digest import DigestRow
 from stello_graph.errors import SessionNotFoundError
@@ -41,6 +40,11 @@ from stello_graph.models import (
     SessionStatus,
     TopologyNode,
 )
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
+    from stello_graph.checkpoints.backend import ExportPart, L2Row, RowSink
 
 __all__ = ["InMemoryMainStorage"]
 
@@ -323,6 +327,42 @@ class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
             rows.append((*s.row[:4], s.row[7], parent, s.turn_count, s.memory, stale, s.insight))
         return rows
 
+    def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
+        rows: list[L2Row] = []
+        for session in self._in_creation_order():
+            session_id, label, role, status = session.row[:4]
+            if session.created_seq <= after or session.memory is None:
+                continue
+            if role == "standard" and status == "active":
+                rows.append((session.created_seq, session_id, label, session.memory))
+                if len(rows) == limit:
+                    break
+        return rows
+
+    def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
+        nodes = tree_order([entry.node for entry in self._nodes_in_order()])
+        count = 0
+        for node in nodes:
+            session = self._sessions.get(node.id)
+            if part == "nodes":
+                sink((node.id, node.parent_id, node.label))
+                count += 1
+            elif session is not None:
+                extra = (session.system_prompt, session.memory, session.insight)
+                row = (*session.row, node.parent_id, session.turn_count, len(session.records),
+                       *extra)  # fmt: skip
+                if part == "sessions":
+                    sink(row)
+                    count += 1
+                    continue
+                if not session.records:
+                    sink((*row, None))
+                    count += 1
+                for record in session.records:
+                    sink((*row, encode_message(record)[1]))
+                    count += 1
+        return count
+
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:
         entry = self._nodes.get(node_id)
@@ -340,8 +380,10 @@ class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
         return [entry.node for entry in sorted(entries, key=lambda entry: entry.position)]
 
     def op_all_nodes(self) -> list[TopologyNode]:
-        entries = sorted(self._nodes.values(), key=lambda entry: entry.position)
-        return [entry.node for entry in entries]
+        return [entry.node for entry in self._nodes_in_order()]
+
+    def _nodes_in_order(self) -> list[_Node]:
+        return sorted(self._nodes.values(), key=lambda entry: entry.position)
 
     def op_delete_sessions(self, session_ids: list[str]) -> None:
         for session_id in session_ids:

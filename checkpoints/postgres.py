@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 import psycopg_pool
-from langchain_core.messages import BaseMessage
 
 import stello_graph.checkpoints._postgres_schema as _schema
 from stello_graph.checkpoints._flows import _WAITER_TTL, one
@@ -62,7 +61,10 @@ from stello_graph.models import (
 )
 
 if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
     from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
+    from stello_graph.checkpoints.backend import ExportPart, L2Row, RowSink
 
 __all__ = ["EVENTS_CHANNEL", "PostgresMainStorage", "open_postgres"]
 
@@ -264,6 +266,16 @@ class PostgresMainStorage(BackendStorage):
     def op_digests(self) -> list[DigestRow]:
         return self._link.drive(self._steps.digests())
 
+    def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
+        return cast("list[L2Row]", self._link.drive(self._steps.l2s_after(after, limit)))
+
+    def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
+        # one statement; its rows arrive whole (no server-side cursor yet), then go one by one
+        rows = self._link.drive(self._steps.export_rows(part))
+        for row in rows:
+            sink(row)
+        return len(rows)
+
     def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         self._link.drive(self._steps.set_fields(session_id, values))
 
@@ -351,6 +363,15 @@ class PostgresMainStorage(BackendStorage):
 
     async def aop_digests(self) -> list[DigestRow]:
         return await self._link.adrive(self._steps.digests())
+
+    async def aop_l2s_after(self, after: int, limit: int) -> list[L2Row]:
+        return cast("list[L2Row]", await self._link.adrive(self._steps.l2s_after(after, limit)))
+
+    async def aop_export_rows(self, part: ExportPart, sink: RowSink) -> int:
+        rows = await self._link.adrive(self._steps.export_rows(part))
+        for row in rows:
+            sink(row)
+        return len(rows)
 
     async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         await self._link.adrive(self._steps.set_fields(session_id, values))

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
-from typing import Any
-
-from langchain_core.messages import BaseMessage
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import stello_graph.checkpoints._schema as _schema
 from stello_graph.checkpoints._cache import RecordCache
+from stello_graph.checkpoints._rows import built, stored_l2, stored_meta, stored_node
 from stello_graph.checkpoints._schema import EVENTS, GLOBALS, NODES, RECORDS, SESSIONS
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
@@ -50,6 +49,11 @@ from stello_graph.models import (
     SessionStatus,
     TopologyNode,
 )
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
+    from stello_graph.checkpoints.backend import ExportPart, L2Row, RowSink
 
 __all__ = ["SqliteMainStorage"]
 
@@ -165,7 +169,7 @@ class SqliteMainStorage(BackendStorage):
         return f"SqliteMainStorage({self.path!r}, tree_id={self.tree_id!r})"
 
     # -- SQL helpers ----------------------------------------------------------------------
-    def _q(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    def _q(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> sqlite3.Cursor:
         try:
             return self._conn.execute(sql, params)
         except sqlite3.Error as exc:
@@ -216,7 +220,7 @@ class SqliteMainStorage(BackendStorage):
             where.append("status = ?")
             params.append(status)
         sql = f"SELECT {_META} FROM {SESSIONS} WHERE {' AND '.join(where)} ORDER BY created_seq"
-        return [row_to_meta(row) for row in self._q(sql, params)]
+        return built(stored_meta, self._q(sql, params))
 
     def op_l2s(self) -> list[ChildL2]:
         rows = self._q(
@@ -226,7 +230,7 @@ class SqliteMainStorage(BackendStorage):
             ORDER BY created_seq""",
             (self.tree_id,),
         )
-        return [ChildL2(session_id=sid, label=label, l2=l2) for sid, label, l2 in rows]
+        return built(lambda row: stored_l2(*row), rows)
 
     def op_session_stats(self) -> list[SessionStats]:
         # Per session, through the records' primary key. A session's seqs are contiguous
@@ -238,10 +242,11 @@ class SqliteMainStorage(BackendStorage):
                 (SELECT COUNT(*) FROM {RECORDS} r
                     WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
                 s.memory_through,
-                (SELECT COUNT(*) FROM {RECORDS} r
+                CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
+                ELSE (SELECT COUNT(*) FROM {RECORDS} r
                     WHERE r.tree_id = s.tree_id AND r.session_id = s.id AND r.type = 'human'
                     AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
-                        WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                        WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END,
                 s.memory IS NOT NULL, s.insight IS NOT NULL, s.subtree_synthesis IS NOT NULL
             FROM {SESSIONS} s
             LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
@@ -414,10 +419,11 @@ class SqliteMainStorage(BackendStorage):
         rows = self._q(
             f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
                 s.turn_count, s.memory,
-                (SELECT COUNT(*) FROM {RECORDS} r
+                CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
+                ELSE (SELECT COUNT(*) FROM {RECORDS} r
                     WHERE r.tree_id = s.tree_id AND r.session_id = s.id AND r.type = 'human'
                     AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
-                        WHERE f.tree_id = s.tree_id AND f.session_id = s.id)),
+                        WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END,
                 s.insight
             FROM {SESSIONS} s
             LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
@@ -425,6 +431,25 @@ class SqliteMainStorage(BackendStorage):
             (self.tree_id,),
         )
         return rows.fetchall()
+
+    def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
+        rows = self._q(
+            f"""SELECT created_seq, id, label, memory FROM {SESSIONS}
+            WHERE tree_id = ? AND role = 'standard' AND status = 'active'
+                AND memory IS NOT NULL AND created_seq > ?
+            ORDER BY created_seq LIMIT ?""",
+            (self.tree_id, after, limit),
+        )
+        return rows.fetchall()
+
+    def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
+        # The cursor steps through the rows as the sink takes them: one statement, and only
+        # SQLite's sorter (bounded, spilling to a temporary file) holds the whole order.
+        count = 0
+        for row in self._q(_WALK + _EXPORT[part], {"tree": self.tree_id}):
+            sink(row)
+            count += 1
+        return count
 
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:
@@ -446,11 +471,11 @@ class SqliteMainStorage(BackendStorage):
     def op_children(self, parent_id: str) -> list[TopologyNode]:
         sql = f"""SELECT id, parent_id, label FROM {NODES}
             WHERE tree_id = ? AND parent_id = ? ORDER BY position"""
-        return [_node(row) for row in self._q(sql, (self.tree_id, parent_id))]
+        return [stored_node(row) for row in self._q(sql, (self.tree_id, parent_id))]
 
     def op_all_nodes(self) -> list[TopologyNode]:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? ORDER BY position"
-        return [_node(row) for row in self._q(sql, (self.tree_id,))]
+        return built(stored_node, self._q(sql, (self.tree_id,)))
 
     def op_delete_sessions(self, session_ids: list[str]) -> None:
         # ON DELETE CASCADE removes the records and the node of each session.
@@ -500,6 +525,37 @@ def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
         heads.append((None if turn_id == previous else turn_id, turn_seq))
         previous = turn_id
     return heads
+
+
+_WALK = f"""WITH RECURSIVE walk(id, path) AS (
+    SELECT n.id, printf('%012d', n.position) FROM {NODES} n
+    WHERE n.tree_id = :tree AND (n.parent_id IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {NODES} p WHERE p.tree_id = n.tree_id AND p.id = n.parent_id))
+    UNION ALL
+    SELECT c.id, w.path || printf('%012d', c.position)
+    FROM walk w JOIN {NODES} c ON c.tree_id = :tree AND c.parent_id = w.id)
+"""
+"""Every node with its path of positions from its root: ordered by path, the tree's
+depth-first pre-order (`_flows.tree_order`: a node whose parent is missing is a root)."""
+
+_EXPORT: dict[str, str] = {
+    "nodes": f"""SELECT n.id, n.parent_id, n.label
+        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id ORDER BY w.path""",
+    "sessions": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
+            s.updated_at, n.parent_id, s.turn_count,
+            (SELECT COUNT(*) FROM {RECORDS} r WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
+            s.system_prompt, s.memory, s.insight
+        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
+        JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id ORDER BY w.path""",
+    "records": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
+            s.updated_at, n.parent_id, s.turn_count,
+            (SELECT COUNT(*) FROM {RECORDS} c WHERE c.tree_id = s.tree_id AND c.session_id = s.id),
+            s.system_prompt, s.memory, s.insight, r.data
+        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
+        JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id
+        LEFT JOIN {RECORDS} r ON r.tree_id = :tree AND r.session_id = w.id
+        ORDER BY w.path, r.seq""",
+}
 
 
 def _node(row: Sequence[Any]) -> TopologyNode:

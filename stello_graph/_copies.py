@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from typing import Any, TypeVar
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stello_graph.storage import SessionStorage
 
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
 __all__ = ["ashared_records", "detached", "detached_all", "shared_records"]
 
-M = TypeVar("M", bound=BaseMessage)
+M = TypeVar("M", bound="BaseMessage")
 
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING
 
 from stello_graph._copies import ashared_records, shared_records
 from stello_graph._flow import Call, Flow, Storage
@@ -35,6 +34,9 @@ from stello_graph._validate import check_id
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import SessionMeta, SessionRole, SessionStatus, TopologyNode
 from stello_graph.storage import SessionStorage
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = ["DigestRow", "SessionDigest", "digest_flow", "digest_from_row", "digests_flow"]
 

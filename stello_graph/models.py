@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from langchain_core.messages import AIMessage
-from langchain_core.messages.ai import UsageMetadata
-from langchain_core.messages.tool import ToolCall
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from langchain_core.messages import AIMessage
+    from langchain_core.messages.ai import UsageMetadata
+    from langchain_core.messages.tool import ToolCall
 
 __all__ = [
     "ChildL2",

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from stello_graph.errors import InvalidInputError, SkillLoadError
@@ -56,6 +55,8 @@ class Skill(BaseModel):
 def parse_skill(text: str, *, default_name: str | None = None, where: str = "<text>") -> Skill:
     """A skill from the text of a `SKILL.md`: YAML front matter (`name`, `description`)
     between `---` lines, then the content."""
+    import yaml  # on first use: an agent without skills never parses YAML
+
     match = _FRONT.match(text)
     if match is None:
         raise SkillLoadError(f"{where}: a SKILL.md starts with front matter between '---' lines.")

@@ -13,16 +13,15 @@ from functools import cached_property
 from typing import Any
 
 from stello_graph.lineage import ForkPoint
-from stello_graph.models import SessionMeta, SessionStats, TopologyNode
+from stello_graph.models import SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
 
 __all__ = ["Topology"]
 
 
-def _turns(sessions: Mapping[str, SessionMeta], stats: list[SessionStats]) -> dict[str, int]:
-    """The user turns of each of `sessions`, from `list_session_stats`."""
-    found = {s.id: s.turns for s in stats}
-    return {sid: found.get(sid, 0) for sid in sessions}
+def _turns(sessions: Mapping[str, SessionMeta], counts: Mapping[str, int]) -> dict[str, int]:
+    """The user turns of each of `sessions`, from `list_turn_counts`."""
+    return {sid: counts.get(sid, 0) for sid in sessions}
 
 
 @dataclass(frozen=True)
@@ -43,16 +42,15 @@ class Topology:
 
     @classmethod
     def read(cls, storage: MainStorage) -> Topology:
-        """Read the whole tree of `storage`: three reads whatever its size on a storage with
-        `list_session_stats` (both stello storages), else one turn count per session."""
+        """Read the whole tree of `storage`: four reads whatever its size on a storage with
+        `list_turn_counts` (every stello storage), else one turn count per session."""
         nodes = tuple(storage.get_tree())
         metas = {m.id: m for m in storage.list_sessions()}
         sessions = {n.id: metas[n.id] for n in nodes if n.id in metas}
         lineage = storage.list_lineage()
-        stats = getattr(storage, "list_session_stats", None)
-        if callable(stats):
-            every: list[SessionStats] = stats()
-            return cls(nodes, sessions, _turns(sessions, every), lineage)
+        counts = getattr(storage, "list_turn_counts", None)
+        if callable(counts):
+            return cls(nodes, sessions, _turns(sessions, counts()), lineage)
         turns = {sid: storage.get_turn_count(sid) for sid in sessions}
         return cls(nodes, sessions, turns, lineage)
 
@@ -62,12 +60,12 @@ class Topology:
         nodes = tuple(await storage.aget_tree())
         metas = {m.id: m for m in await storage.alist_sessions()}
         sessions = {n.id: metas[n.id] for n in nodes if n.id in metas}
-        astats = getattr(storage, "alist_session_stats", None)
-        if callable(astats):
-            every: list[SessionStats] = await astats()
-            return cls(nodes, sessions, _turns(sessions, every), await storage.alist_lineage())
+        lineage = await storage.alist_lineage()
+        acounts = getattr(storage, "alist_turn_counts", None)
+        if callable(acounts):
+            return cls(nodes, sessions, _turns(sessions, await acounts()), lineage)
         turns = {sid: await storage.aget_turn_count(sid) for sid in sessions}
-        return cls(nodes, sessions, turns, await storage.alist_lineage())
+        return cls(nodes, sessions, turns, lineage)
 
     @property
     def root(self) -> TopologyNode | None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from stello_graph.cli._common import CliError, Console, open_tree
-from stello_graph.export import EXPORT_FORMAT, export_tree
+from stello_graph.export import EXPORT_FORMAT, export_tree, write_export
 from stello_graph.topology import Topology
 
 __all__ = ["EXPORT_FORMAT", "export_tree", "run_export", "run_tree"]
@@ -40,6 +39,6 @@ def run_tree(args: argparse.Namespace, console: Console) -> int:
 def run_export(args: argparse.Namespace, console: Console) -> int:
     """Print the tree as JSON: nodes, sessions (meta, turns, L2, insight), the synthesis."""
     with open_tree(Path(args.db), args.tree_id) as storage:
-        data = export_tree(storage, records=args.records)
-    console.say(json.dumps(data, indent=2, ensure_ascii=False))
+        write_export(storage, console.stdout, records=args.records)  # streamed as it is read
+    console.say()
     return 0

@@ -21,9 +21,9 @@ def _overhead(scale: Scale) -> list[Figure]:
 
 
 def _scale(scale: Scale) -> list[Figure]:
-    from tests.benchmarks.scale import scale_figures
+    from tests.benchmarks.scale import big_tree_figures, scale_figures
 
-    return scale_figures(scale)
+    return [*scale_figures(scale), *big_tree_figures(scale)]
 
 
 def _concurrency(scale: Scale) -> list[Figure]:

@@ -12,7 +12,7 @@ from tests.benchmarks.suite import GROUPS, run_suite
 
 EXPECTED = {
     "overhead": ["1a", "1b", "1c", "1d", "2a", "2b", "3a", "3b", "3c", "3d"],
-    "scale": ["4a", "4b", "4c", "4d", "4e", "4f"],
+    "scale": ["4a", "4b", "4c", "4d", "4e", "4f", "4g", "4h", "4i", "4j", "4k", "4l", "4m"],
     "concurrency": ["5a", "5b", "5c"],
     "context": ["6a", "6b", "6c", "6d", "6e", "6f"],
     "background": ["7"],

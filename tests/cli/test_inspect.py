@@ -186,3 +186,30 @@ def test_version_starts_without_langchain() -> None:
     version, loaded = done.stdout.strip().splitlines()
     assert version == f"stello-graph {__version__}"
     assert json.loads(loaded) == []
+
+
+@pytest.mark.parametrize(
+    "argv", [["tree"], ["tree", "--svg", "-"], ["export"]], ids=["tree", "tree-svg", "export"]
+)
+def test_reading_a_tree_starts_without_langchain(demo_db: Path, argv: list[str]) -> None:
+    """`tree` and `export` (one fresh process each) read the file without LangChain or
+    LangGraph: nothing they print needs a decoded record (`export --records` does decode
+    them, as LangChain message dicts)."""
+    import subprocess
+
+    code = (
+        "import json, sys\n"
+        "from stello_graph.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "heavy = ('langchain_core', 'langgraph', 'sqlite_utils')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
+        "print(json.dumps([code, loaded]), file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, argv[0], "--db", str(demo_db), *argv[1:]],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    code_returned, loaded = json.loads(done.stderr.strip().splitlines()[-1])
+    assert code_returned == 0
+    assert loaded == []
+    assert "Pricing" in done.stdout

@@ -247,6 +247,7 @@ def test_every_method_has_an_async_twin_with_the_same_parameters() -> None:
         if name.startswith("a") and name[1:] in methods:
             continue  # an async twin, checked from its sync method
         twin = getattr(BackendStorage, f"a{name}", None)
-        assert twin is not None and inspect.iscoroutinefunction(twin), name
+        is_async = inspect.iscoroutinefunction(twin) or inspect.isasyncgenfunction(twin)
+        assert twin is not None and is_async, name
         ours = inspect.signature(getattr(BackendStorage, name)).parameters
         assert list(inspect.signature(twin).parameters) == list(ours), name

@@ -1,0 +1,118 @@
+"""Whole-tree reads of `BackendStorage` for views, exports and integrators of large trees.
+
+None of these is part of the `MainStorage` protocol: the views that use them fall back to
+per-session reads on a storage without them.
+
+* `list_turn_counts` - every session's user turns, in one read (`Topology.read`).
+* `iter_session_l2s(batch=...)` - the L2s of `get_all_session_l2s`, a page at a time: the
+  caller holds one page, never 100,000 L2s, and the storage is free between pages.
+* `export_rows(part, sink)` - every node, session or record of the tree handed over one
+  row at a time as the backend reads it (`stello_graph.export` streams its JSON from them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+from stello_graph.checkpoints._flows import one
+from stello_graph.checkpoints._rows import built, stored_l2
+from stello_graph.errors import InvalidInputError
+from stello_graph.models import ChildL2
+
+if TYPE_CHECKING:
+    from stello_graph.checkpoints._txn import Transactions
+    from stello_graph.checkpoints.backend import ExportPart, L2Row, RowSink
+
+__all__ = ["EXPORT_PARTS", "MAX_L2_BATCH", "BulkReads"]
+
+MAX_L2_BATCH = 100_000
+"""The largest page `iter_session_l2s` reads at once."""
+
+EXPORT_PARTS = ("nodes", "sessions", "records")
+"""The parts `export_rows` reads (see `checkpoints.backend.ExportPart`)."""
+
+
+def _batch(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_L2_BATCH:
+        raise InvalidInputError(f"batch must be an int from 1 to {MAX_L2_BATCH:,}, got {value!r}.")
+    return value
+
+
+def _part(value: object) -> ExportPart:
+    if value not in EXPORT_PARTS:
+        raise InvalidInputError(f"part must be one of {EXPORT_PARTS}, got {value!r}.")
+    return value  # type: ignore[return-value]
+
+
+def _page(rows: list[L2Row]) -> tuple[int, list[ChildL2]]:
+    """The position to read on from, and the page's `ChildL2`s."""
+    return (rows[-1][0] if rows else 0), built(lambda row: stored_l2(*row[1:]), rows)
+
+
+class BulkReads:
+    """The whole-tree reads of `BackendStorage` (a part of it)."""
+
+    _txn: Transactions
+
+    def list_turn_counts(self) -> dict[str, int]:
+        """Every session's user turns, by id, in one read: what a view of the tree shows
+        beside each node, without `list_session_stats`' record counts."""
+        rows: list[tuple[Any, ...]] = self._txn.read(one("all_fields", ("turn_count",)))
+        return dict(rows)
+
+    async def alist_turn_counts(self) -> dict[str, int]:
+        """Async twin of `list_turn_counts`."""
+        rows: list[tuple[Any, ...]] = await self._txn.aread(one("all_fields", ("turn_count",)))
+        return dict(rows)
+
+    def iter_session_l2s(self, *, batch: int = 1_000) -> Iterator[list[ChildL2]]:
+        """The L2s of `get_all_session_l2s` (every active standard session that has one, in
+        creation order), `batch` at a time: one read per page, the storage free between
+        them. A session created while paging is included when it sorts after the page
+        being read (they all do: creation order); the pages are not one snapshot.
+
+        Raises:
+            InvalidInputError: `batch` is not an int from 1 to 100,000 (raised at once).
+        """
+        return self._l2_pages(_batch(batch))
+
+    def _l2_pages(self, batch: int) -> Iterator[list[ChildL2]]:
+        after = 0
+        while True:
+            rows: list[L2Row] = self._txn.read(one("l2s_after", after, batch))
+            after, page = _page(rows)
+            if page:
+                yield page
+            if len(rows) < batch:
+                return
+
+    async def aiter_session_l2s(self, *, batch: int = 1_000) -> AsyncIterator[list[ChildL2]]:
+        """Async twin of `iter_session_l2s` (a bad `batch` raises at the first step)."""
+        size, after = _batch(batch), 0
+        while True:
+            rows: list[L2Row] = await self._txn.aread(one("l2s_after", after, size))
+            after, page = _page(rows)
+            if page:
+                yield page
+            if len(rows) < size:
+                return
+
+    def export_rows(self, part: ExportPart, sink: RowSink) -> int:
+        """Hand `sink` every row of `part` (`"nodes"`, `"sessions"` or `"records"`, see
+        `checkpoints.backend.ExportPart`), in the tree's depth-first pre-order, as the
+        backend reads them (SQLite: one statement, no row kept); return how many.
+
+        The storage's lock is held meanwhile: `sink` must not call the storage.
+
+        Raises:
+            InvalidInputError: an unknown `part`.
+        """
+        count: int = self._txn.read(one("export_rows", _part(part), sink))
+        return count
+
+    async def aexport_rows(self, part: ExportPart, sink: RowSink) -> int:
+        """Async twin of `export_rows` (on SQLite `sink` runs in the storage's worker
+        thread)."""
+        count: int = await self._txn.aread(one("export_rows", _part(part), sink))
+        return count
