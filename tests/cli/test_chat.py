@@ -138,25 +138,41 @@ def test_a_fork_made_by_the_model_is_shown(cli: RunCli, tmp_path: Path) -> None:
 
 
 class InterruptOnce(io.StringIO):
-    """A terminal on which the user presses Ctrl-C when `trigger` is being printed."""
+    """A terminal on which the user presses Ctrl-C when `trigger` is being printed; with
+    `saved_in`, only once the turn being printed is stored in that database (the reply's
+    tokens are shown while the step that called the model may still be committing it)."""
 
-    def __init__(self, trigger: str) -> None:
+    def __init__(self, trigger: str, *, saved_in: Path | None = None) -> None:
         super().__init__()
         self.trigger: str | None = trigger
+        self.saved_in = saved_in
 
     def write(self, text: str) -> int:
         if self.trigger is not None and self.trigger in text:
             self.trigger = None
+            if self.saved_in is not None:
+                _wait_for_a_turn(self.saved_in)
             raise KeyboardInterrupt
         return super().write(text)
 
 
+def _wait_for_a_turn(db: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    with SqliteMainStorage(db) as storage:
+        while time.monotonic() < deadline:
+            main = storage.get_main_session()
+            if main is not None and storage.get_turn_count(main.id) >= 1:
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"no turn was stored in {db} within {timeout} s")
+
+
 def test_ctrl_c_during_a_reply_says_what_was_saved_and_goes_on(cli: RunCli, tmp_path: Path) -> None:
     db = tmp_path / "c.db"
-    # the scripted model has answered before its first token is shown: a turn without tools
-    # is committed in the step that called the model, so the reply was saved just before
+    # a turn without tools is committed in the step that called the model: Ctrl-C pressed
+    # once it is stored, while its last tokens are still being shown, finds it saved
     model = ScriptedChatModel(["alpha beta gamma", "second answer"])
-    out = InterruptOnce("beta")
+    out = InterruptOnce("beta", saved_in=db)
     run = cli("chat", "--db", str(db), "--manual", input="first\nsecond\n", model=model,
               stdout=out)  # fmt: skip
     text = out.getvalue()
