@@ -19,7 +19,7 @@ from typing import Any
 
 from typing_extensions import TypedDict
 
-from stello_graph.lease import SessionLeases
+from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease
 
 __all__ = [
@@ -54,11 +54,22 @@ class TurnLease:
     Attributes:
         lease: the lease.
         owned: whether the turn itself holds it (else the caller lent it for this run and
-            releases it).
+            releases it, unless its `handback` let the commit do it).
     """
 
     lease: Lease
     owned: bool
+    handback: Handback | None = None
+    """For a lent lease: the lender's leave to free it in the commit's transaction."""
+
+    def releases(self) -> bool:
+        """Whether the turn's commit frees the lease (its own, or one lent with leave)."""
+        return self.owned or (self.handback is not None and self.handback.allowed())
+
+    def released(self) -> None:
+        """Tell the lender the commit freed its lease."""
+        if not self.owned and self.handback is not None:
+            self.handback.released = True
 
     def update(self) -> LeaseUpdate:
         """The state update that hands the lease to the turn's next node."""
@@ -111,7 +122,7 @@ def turn_lease(
     """
     lent = leases.held(session_id)
     if lent is not None:
-        yield TurnLease(lent, owned=False)
+        yield TurnLease(lent, owned=False, handback=leases.handback(session_id))
         return
     lease = _take(leases, session_id, _stored(session_id, state, fresh))
     try:
@@ -136,7 +147,7 @@ async def aturn_lease(
     """Async twin of `turn_lease`."""
     lent = leases.held(session_id)
     if lent is not None:
-        yield TurnLease(lent, owned=False)
+        yield TurnLease(lent, owned=False, handback=leases.handback(session_id))
         return
     lease = await _atake(leases, session_id, _stored(session_id, state, fresh))
     try:

@@ -159,8 +159,10 @@ class SessionBase(SessionContext):
         insight: str | None = None,
         lease: Lease | None = None,
         turn_id: str | None = None,
-    ) -> None:
-        """Append a turn's records in one transaction, then consume the insight it showed.
+        release: bool = False,
+    ) -> int:
+        """Append a turn's records in one transaction, then consume the insight it showed;
+        return the session's user turns afterwards.
 
         A turn that starts with a user message counts as one user turn. The insight is
         cleared only if it is still the one shown (a newer one is kept for the next turn).
@@ -168,11 +170,14 @@ class SessionBase(SessionContext):
         the records with `SessionArchivedError`. Records the user did not write (replies,
         tool results) are stored with U+FFFD in place of any lone surrogate; a user message
         holding one is refused with `InvalidInputError`. With the turn's `lease`, a turn that
-        lost it commits nothing (`LeaseLostError`). The records are stored as the turn
-        `turn_id` (a new id by default; see `messages`).
+        lost it commits nothing (`LeaseLostError`), and with `release` the lease is freed in
+        the same transaction. The records are stored as the turn `turn_id` (a new id by
+        default; see `messages`).
+
+        The whole commit is one storage call (`SessionStorage.commit_records`): one read of
+        the session, the append, one write of what changes.
         """
-        with self._storage.transaction():
-            run(self._commit_flow(records, insight, lease, turn_id), self._storage)
+        return run(self._commit_flow(records, insight, lease, turn_id, release), self._storage)
 
     async def acommit_turn(
         self,
@@ -181,10 +186,11 @@ class SessionBase(SessionContext):
         insight: str | None = None,
         lease: Lease | None = None,
         turn_id: str | None = None,
-    ) -> None:
+        release: bool = False,
+    ) -> int:
         """Async twin of `commit_turn`."""
-        async with self._storage.atransaction():
-            await arun(self._commit_flow(records, insight, lease, turn_id), self._storage)
+        flow = self._commit_flow(records, insight, lease, turn_id, release)
+        return await arun(flow, self._storage)
 
     def _commit_flow(
         self,
@@ -192,16 +198,20 @@ class SessionBase(SessionContext):
         insight: str | None,
         lease: Lease | None,
         turn_id: str | None,
-    ) -> Flow[None]:
-        sid, stored = self._id, _storable_records(records)
-        if lease is not None:
-            yield Storage("check_lease", lease)
-        self._active((yield from self._meta_flow()), "a turn's records")
-        yield Storage(
-            "append_records", sid, stored, user_turn=_is_user_turn(stored), turn_id=turn_id
+        release: bool,
+    ) -> Flow[int]:
+        stored = _storable_records(records)
+        turns: int = yield Storage(
+            "commit_records",
+            self._id,
+            stored,
+            user_turn=_is_user_turn(stored),
+            turn_id=turn_id,
+            insight=insight,
+            lease=lease,
+            release=release,
         )
-        if insight is not None:
-            yield Storage("clear_insight", sid, expected=insight)
+        return turns
 
     # -- send -------------------------------------------------------------------------------
     def send(self, content: str, *, tool_choice: ToolChoice = None) -> SendResult:
