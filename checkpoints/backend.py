@@ -142,7 +142,6 @@ class StorageBackend(Protocol):
         reads before its model call, and its commit before it writes."""
         ...
 
-
     def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
         """`(id, *values)` of every session, with the named `FIELDS` in that order, in
         creation order (one read for a whole tree: the lineage of every session)."""
@@ -297,7 +296,6 @@ class AsyncStorageBackend(StorageBackend, Protocol):
     ) -> SessionRead | None:
         """Async twin of `op_read_session`."""
         ...
-
 
     async def aop_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
         """Async twin of `op_all_fields`."""

@@ -222,6 +222,12 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         if not keep:
             self._write([thread], [op])
 
+    def unwritten(self, thread_id: str) -> bool:
+        """Whether the thread's run so far is held in memory with nothing of it on disk:
+        `delete_thread` will then write nothing."""
+        with self.lock:
+            return thread_id in self._held and not self._known.get(thread_id)
+
     def flush(self) -> None:
         """Write everything held, and delete the deleted threads' rows, now."""
         with self.lock:
