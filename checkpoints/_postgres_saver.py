@@ -112,6 +112,25 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         with self._hold_lock:
             return thread_id in self._held and thread_id not in self._disk
 
+    def _in_memory_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig | None:
+        thread = str(config["configurable"]["thread_id"])
+        ns = config["configurable"]["checkpoint_ns"]
+        parent = config["configurable"].get("checkpoint_id")
+        with self._hold_lock:
+            source = metadata.get("source")
+            if ns != "" or not self._holds(thread, checkpoint["id"], parent, source):
+                return None
+            args = (config, checkpoint, metadata, new_versions)
+            self._held[thread].ops.append(partial(PostgresSaver.put, self, *args))
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
+                                 "checkpoint_id": checkpoint["id"]}}  # fmt: skip
+
     def put(
         self,
         config: RunnableConfig,
@@ -119,18 +138,32 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        done = self._in_memory_put(config, checkpoint, metadata, new_versions)
+        if done is not None:
+            return done
         thread = str(config["configurable"]["thread_id"])
-        ns = config["configurable"]["checkpoint_ns"]
-        parent = config["configurable"].get("checkpoint_id")
         with self._hold_lock:
-            if ns == "" and self._holds(thread, checkpoint["id"], parent, metadata.get("source")):
-                args = (config, checkpoint, metadata, new_versions)
-                self._held[thread].ops.append(partial(PostgresSaver.put, self, *args))
-                return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
-                                         "checkpoint_id": checkpoint["id"]}}  # fmt: skip
             self._write_held(thread)
             self._disk.add(thread)
         return super().put(config, checkpoint, metadata, new_versions)
+
+    def _in_memory_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> bool:
+        thread = str(config["configurable"]["thread_id"])
+        checkpoint_id = str(config["configurable"]["checkpoint_id"])
+        with self._hold_lock:
+            held = self._held.get(thread)
+            # the writes of the held run's first two steps (START, the first node) are held
+            if held is None or checkpoint_id not in held.checkpoints[: HELD_CHECKPOINTS - 1]:
+                return False
+            args = (config, list(writes), task_id, task_path)
+            held.ops.append(partial(PostgresSaver.put_writes, self, *args))
+        return True
 
     def put_writes(
         self,
@@ -139,15 +172,10 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
+        if self._in_memory_writes(config, writes, task_id, task_path):
+            return
         thread = str(config["configurable"]["thread_id"])
-        checkpoint_id = str(config["configurable"]["checkpoint_id"])
         with self._hold_lock:
-            held = self._held.get(thread)
-            # the writes of the held run's first two steps (START, the first node) are held
-            if held is not None and checkpoint_id in held.checkpoints[: HELD_CHECKPOINTS - 1]:
-                args = (config, list(writes), task_id, task_path)
-                held.ops.append(partial(PostgresSaver.put_writes, self, *args))
-                return
             self._write_held(thread)
             self._disk.add(thread)
         super().put_writes(config, writes, task_id, task_path)
@@ -191,16 +219,24 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         self._flush_read(config)
         yield from super().list(config, filter=filter, before=before, limit=limit)
 
+    def _in_memory_delete(self, thread_id: str) -> bool:
+        thread = str(thread_id)
+        with self._hold_lock:
+            if thread not in self._held or thread in self._disk:
+                return False
+            del self._held[thread]
+        return True
+
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of `thread_id`: what is held of it at once, and
         its rows unless the held run is all there is of it."""
         thread = str(thread_id)
+        if self._in_memory_delete(thread):
+            return
         with self._hold_lock:
-            held = self._held.pop(thread, None)
-            on_disk = held is None or thread in self._disk
+            self._held.pop(thread, None)
             self._disk.discard(thread)
-        if on_disk:
-            super().delete_thread(thread)
+        super().delete_thread(thread)
 
     def close(self) -> None:
         """Write what is held, then close the saver's connection pool (or connection)."""
