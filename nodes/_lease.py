@@ -21,6 +21,7 @@ from typing_extensions import TypedDict
 
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease
+from stello_graph.storage import SessionSnapshot
 
 __all__ = [
     "LEASE_KEY",
@@ -65,6 +66,12 @@ class TurnLease:
     def releases(self) -> bool:
         """Whether the turn's commit frees the lease (its own, or one lent with leave)."""
         return self.owned or (self.handback is not None and self.handback.allowed())
+
+    def prefetched(self) -> SessionSnapshot | None:
+        """The session as the lender read it under this lease for the run's opening step
+        (once; `None` when it read nothing)."""
+        found = None if self.handback is None else self.handback.take_prefetched()
+        return found if isinstance(found, SessionSnapshot) else None
 
     def released(self) -> None:
         """Tell the lender the commit freed its lease."""

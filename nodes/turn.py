@@ -254,7 +254,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
     def model(state: State, config: RunnableConfig) -> State:
         opens, sid = _begin(state)
         with turn_lease(deps.leases, sid, state, fresh=opens, park=False) as held:
-            snap = deps.storage.read_session(sid) if opens else None
+            snap = (held.prefetched() or deps.storage.read_session(sid)) if opens else None
             session = deps.turn_session(sid, snap) if opens else deps.session(sid)
             turn = _turn_of(state, opens, config)
             if turn is not None and _rerun(config, opens) and deps.storage.has_turn(sid, turn):
@@ -275,7 +275,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
     async def amodel(state: State, config: RunnableConfig) -> State:
         opens, sid = _begin(state)
         async with aturn_lease(deps.leases, sid, state, fresh=opens, park=False) as held:
-            snap = await deps.storage.aread_session(sid) if opens else None
+            snap = (held.prefetched() or await deps.storage.aread_session(sid)) if opens else None
             session = await (deps.aturn_session(sid, snap) if opens else deps.asession(sid))
             turn = _turn_of(state, opens, config)
             if (

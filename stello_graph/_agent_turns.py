@@ -35,7 +35,7 @@ from stello_graph.models import SessionMeta
 from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.scheduling import on_switch
-from stello_graph.storage import MainStorage
+from stello_graph.storage import MainStorage, SessionSnapshot
 
 __all__ = ["TurnResult"]
 
@@ -189,26 +189,43 @@ class _Turns:
         one of the session's tools raises `InvalidInputError` before anything is written.
         """
         sid, payload = self._begin(session_id, text, tool_choice)
-        self._target(sid, tool_choice)
+        if tool_choice is not None:
+            self._target(sid, tool_choice)
         self._threads.resolve(sid)
-        with run_held(self._leases, sid, self._handback(sid)), self._threads.running():
-            self._switch(sid)
-            out = self._turn_graph.invoke(payload, self.config(sid), durability=self._durability)
-            return self._finished(sid, self._result(sid, out))
+        back = self._handback(sid)
+        with run_held(self._leases, sid, back):
+            # read under the lease: refused before the graph runs, and the run's first step
+            # reads nothing again
+            back.prefetched = self._checked(sid, self.storage.read_session(sid))
+            with self._threads.running():
+                self._switch(sid)
+                config = self.config(sid)
+                out = self._turn_graph.invoke(payload, config, durability=self._durability)
+                return self._finished(sid, self._result(sid, out))
 
     async def aturn(
         self, session_id: str, text: str, *, tool_choice: ToolChoice = None
     ) -> TurnResult:
         """Async twin of `turn`."""
         sid, payload = self._begin(session_id, text, tool_choice)
-        await self._atarget(sid, tool_choice)
+        if tool_choice is not None:
+            await self._atarget(sid, tool_choice)
         await self._threads.aresolve(sid)
-        async with arun_held(self._leases, sid, self._handback(sid)), self._threads.arunning():
-            self._switch(sid)
-            out = await self._turn_graph.ainvoke(
-                payload, self.config(sid), durability=self._durability
-            )
-            return await self._afinished(sid, self._result(sid, out))
+        back = self._handback(sid)
+        async with arun_held(self._leases, sid, back):
+            back.prefetched = self._checked(sid, await self.storage.aread_session(sid))
+            async with self._threads.arunning():
+                self._switch(sid)
+                out = await self._turn_graph.ainvoke(
+                    payload, self.config(sid), durability=self._durability
+                )
+                return await self._afinished(sid, self._result(sid, out))
+
+    def _checked(self, sid: str, snapshot: SessionSnapshot | None) -> SessionSnapshot:
+        """The session read for a turn, refused when missing or archived."""
+        self._check_target(sid, None if snapshot is None else snapshot.meta)
+        assert snapshot is not None
+        return snapshot
 
     def _handback(self, sid: str) -> Handback:
         """The turn's commit frees the session's lease itself (one write transaction fewer)

@@ -77,6 +77,14 @@ class Handback:
 
     allowed: Callable[[], bool]
     released: bool = False
+    prefetched: Any = None
+    """What the lender read of the session under the lease for the run's opening step
+    (`SessionStorage.read_session`): that step takes it (once) instead of reading again."""
+
+    def take_prefetched(self) -> Any:
+        """The prefetched read, once (`None` after, or when there is none)."""
+        found, self.prefetched = self.prefetched, None
+        return found
 
 
 @dataclass(frozen=True, slots=True)
