@@ -189,13 +189,12 @@ class _Turns:
         one of the session's tools raises `InvalidInputError` before anything is written.
         """
         sid, payload = self._begin(session_id, text, tool_choice)
-        if tool_choice is not None:
-            self._target(sid, tool_choice)
+        self._target(sid, tool_choice)  # a read: refused before anything is written
         self._threads.resolve(sid)
         back = self._handback(sid)
         with run_held(self._leases, sid, back):
-            # read under the lease: refused before the graph runs, and the run's first step
-            # reads nothing again
+            # the turn's one read of its session, under the lease: the run's first step
+            # reads nothing again (and it is refused if archived meanwhile)
             back.prefetched = self._checked(sid, self.storage.read_session(sid))
             with self._threads.running():
                 self._switch(sid)
@@ -208,8 +207,7 @@ class _Turns:
     ) -> TurnResult:
         """Async twin of `turn`."""
         sid, payload = self._begin(session_id, text, tool_choice)
-        if tool_choice is not None:
-            await self._atarget(sid, tool_choice)
+        await self._atarget(sid, tool_choice)
         await self._threads.aresolve(sid)
         back = self._handback(sid)
         async with arun_held(self._leases, sid, back):
