@@ -59,7 +59,7 @@ from stello_graph.errors import (
     ModelNotConfiguredError,
     StelloError,
 )
-from stello_graph.lease import SessionLeases
+from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease, SendResult
 
 __all__ = [
@@ -72,6 +72,11 @@ __all__ = [
     "new_meta",
     "to_send_result",
 ]
+
+
+def _freed_by_commit() -> Handback:
+    """A turn's hold whose commit frees the lease in its own transaction."""
+    return Handback(lambda: True)
 
 
 class SessionBase(SessionContext):
@@ -224,19 +229,23 @@ class SessionBase(SessionContext):
         here, other threads, agents or processes, run one at a time.
         """
         human = HumanMessage(content=check_text(content))
-        with self._leases().hold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        with self._leases().hold(self._id, handback=back) as lease:
             ctx = self.turn_context()
             reply = self.invoke(ctx.prompt([human]), tool_choice=tool_choice)
-            self.commit_turn([human, reply], insight=ctx.insight, lease=lease)
+            self.commit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
+            back.released = True
         return to_send_result(reply)
 
     async def asend(self, content: str, *, tool_choice: ToolChoice = None) -> SendResult:
         """Async twin of `send`."""
         human = HumanMessage(content=check_text(content))
-        async with self._leases().ahold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        async with self._leases().ahold(self._id, handback=back) as lease:
             ctx = await self.aturn_context()
             reply = await self.ainvoke(ctx.prompt([human]), tool_choice=tool_choice)
-            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease)
+            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
+            back.released = True
         return to_send_result(reply)
 
     def _leases(self) -> SessionLeases:
@@ -253,12 +262,16 @@ class SessionBase(SessionContext):
         tool_messages = _check_tool_results(results)
         self._active(self._load_meta(), "a turn")  # refused before the lease is taken
         _continue_history(self._id, shared_records(self._storage, self._id), tool_messages)
-        with self._leases().hold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        with self._leases().hold(self._id, handback=back) as lease:
             ctx = self.turn_context()
             raw = shared_records(self._storage, self._id)[_through(ctx) :]
             history = _continue_history(self._id, raw, tool_messages)
             reply = self.invoke(replace(ctx, history=history).prompt())
-            self.commit_turn([*tool_messages, reply], insight=ctx.insight, lease=lease)
+            self.commit_turn(
+                [*tool_messages, reply], insight=ctx.insight, lease=lease, release=True
+            )
+            back.released = True
         return to_send_result(reply)
 
     async def asend_tool_results(self, results: Sequence[ToolMessage] | ToolMessage) -> SendResult:
@@ -266,12 +279,16 @@ class SessionBase(SessionContext):
         tool_messages = _check_tool_results(results)
         self._active(await self._aload_meta(), "a turn")  # refused before the lease is taken
         _continue_history(self._id, await ashared_records(self._storage, self._id), tool_messages)
-        async with self._leases().ahold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        async with self._leases().ahold(self._id, handback=back) as lease:
             ctx = await self.aturn_context()
             raw = (await ashared_records(self._storage, self._id))[_through(ctx) :]
             history = _continue_history(self._id, raw, tool_messages)
             reply = await self.ainvoke(replace(ctx, history=history).prompt())
-            await self.acommit_turn([*tool_messages, reply], insight=ctx.insight, lease=lease)
+            await self.acommit_turn(
+                [*tool_messages, reply], insight=ctx.insight, lease=lease, release=True
+            )
+            back.released = True
         return to_send_result(reply)
 
     # -- stream -----------------------------------------------------------------------------
@@ -288,7 +305,8 @@ class SessionBase(SessionContext):
         return SessionStream(self._stream_turn(human))
 
     def _stream_turn(self, human: HumanMessage) -> Iterator[str | SendResult]:
-        with self._leases().hold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        with self._leases().hold(self._id, handback=back) as lease:
             ctx = self.turn_context()
             runnable = self._runnable()
             total: AIMessageChunk | None = None
@@ -306,7 +324,8 @@ class SessionBase(SessionContext):
             except Exception as exc:
                 raise self._model_error(exc) from exc
             reply = _chunk_to_message(total)
-            self.commit_turn([human, reply], insight=ctx.insight, lease=lease)
+            self.commit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
+            back.released = True
         yield to_send_result(reply)
 
     def astream(self, content: str) -> AsyncSessionStream:
@@ -315,7 +334,8 @@ class SessionBase(SessionContext):
         return AsyncSessionStream(self._astream_turn(human))
 
     async def _astream_turn(self, human: HumanMessage) -> AsyncIterator[str | SendResult]:
-        async with self._leases().ahold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        async with self._leases().ahold(self._id, handback=back) as lease:
             ctx = await self.aturn_context()
             runnable = self._runnable()
             total: AIMessageChunk | None = None
@@ -333,7 +353,8 @@ class SessionBase(SessionContext):
             except Exception as exc:
                 raise self._model_error(exc) from exc
             reply = _chunk_to_message(total)
-            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease)
+            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
+            back.released = True
         yield to_send_result(reply)
 
     # -- records and prompt -----------------------------------------------------------------
