@@ -107,10 +107,12 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
                 op()
 
     def unwritten(self, thread_id: str) -> bool:
-        """Whether the thread's run so far is held in memory with nothing of it on disk:
-        `delete_thread` will then send no statement."""
+        """Whether nothing of the thread is on the database and a run's first steps are
+        held in memory (those already asked for, and those still on their way from
+        LangGraph's background writer): pruning the thread after a turn committed in its
+        first step then sends no statement."""
         with self._hold_lock:
-            return thread_id in self._held and thread_id not in self._disk
+            return self.hold_first_steps and thread_id not in self._disk
 
     def _in_memory_put(
         self,

@@ -264,10 +264,12 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
             self._write([thread], [op])
 
     def unwritten(self, thread_id: str) -> bool:
-        """Whether the thread's run so far is held in memory with nothing of it on disk:
-        `delete_thread` will then write nothing."""
+        """Whether nothing of the thread is on disk and a run's first steps are held in
+        memory (those already asked for, and those still on their way from LangGraph's
+        background writer): pruning the thread after a turn committed in its first step
+        then writes nothing."""
         with self.lock:
-            return thread_id in self._held and not self._known.get(thread_id)
+            return self.hold_first_steps and not self._known.get(thread_id)
 
     def flush(self) -> None:
         """Write everything held, and delete the deleted threads' rows, now."""

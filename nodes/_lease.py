@@ -63,9 +63,12 @@ class TurnLease:
     handback: Handback | None = None
     """For a lent lease: the lender's leave to free it in the commit's transaction."""
 
-    def releases(self) -> bool:
-        """Whether the turn's commit frees the lease (its own, or one lent with leave)."""
-        return self.owned or (self.handback is not None and self.handback.allowed())
+    def releases(self, lent: bool = True) -> bool:
+        """Whether the turn's commit frees the lease: its own, or (with `lent`) one lent
+        with the lender's leave."""
+        if self.owned:
+            return True
+        return lent and self.handback is not None and self.handback.allowed()
 
     def prefetched(self) -> SessionSnapshot | None:
         """The session as the lender read it under this lease for the run's opening step

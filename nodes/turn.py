@@ -269,7 +269,8 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             if _asks_for_tools(reply):
                 park(deps.leases, held)
                 return {**update, **_handed(state, held)}
-            counts = _commit(deps, session, held, (records, view.get("insight"), turn))
+            commit = (records, view.get("insight"), turn)
+            counts = _commit(deps, session, held, commit, lent=opens)
             return {**update, **_done(deps, session, view, records, counts)}
 
     async def amodel(state: State, config: RunnableConfig) -> State:
@@ -294,7 +295,8 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             if _asks_for_tools(reply):
                 await apark(deps.leases, held)
                 return {**update, **_handed(state, held)}
-            counts = await _acommit(deps, session, held, (records, view.get("insight"), turn))
+            commit = (records, view.get("insight"), turn)
+            counts = await _acommit(deps, session, held, commit, lent=opens)
             return {**update, **_done(deps, session, view, records, counts)}
 
     return StelloNode("model", model, amodel)
@@ -403,7 +405,12 @@ def _counts_tree(deps: StelloDeps) -> bool:
 
 
 def _commit(
-    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None
+    deps: StelloDeps,
+    session: SessionBase,
+    held: TurnLease,
+    turn: Commit | None,
+    *,
+    lent: bool = False,
 ) -> tuple[int, int]:
     """Write `turn` (unless `None`: already stored) in one transaction under the turn's lease
     and release the lease there (the turn's own, or one lent with leave to); `(user turns of
@@ -411,10 +418,13 @@ def _commit(
 
     The caller checked, under the same lease, that the turn is not in L3 yet (`has_turn`):
     only a run of the same step could store it, and that one would have to hold the lease.
+    A lent lease is freed here only with `lent` (the round that opened the turn commits it:
+    no step of the run came before it whose checkpoint could still be on its way to disk)
+    and the lender's leave.
     A turn to commit whose tree turns are not counted is one storage call
     (`commit_records`: one read, the append, one write).
     """
-    s, tree, release = deps.storage, 0, held.releases()
+    s, tree, release = deps.storage, 0, held.releases(lent)
     if turn is not None and not _counts_tree(deps):
         records, insight, turn_id = turn
         turns = session.commit_turn(
@@ -439,10 +449,15 @@ def _commit(
 
 
 async def _acommit(
-    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None
+    deps: StelloDeps,
+    session: SessionBase,
+    held: TurnLease,
+    turn: Commit | None,
+    *,
+    lent: bool = False,
 ) -> tuple[int, int]:
     """Async twin of `_commit`."""
-    s, tree, release = deps.storage, 0, held.releases()
+    s, tree, release = deps.storage, 0, held.releases(lent)
     if turn is not None and not _counts_tree(deps):
         records, insight, turn_id = turn
         turns = await session.acommit_turn(
