@@ -25,6 +25,7 @@ from stello_graph.checkpoints._validate import (
     check_optional_text,
     check_text,
     checked_lease,
+    commit_args,
     compression_args,
     copy_args,
     event_args,
@@ -48,6 +49,7 @@ from stello_graph.models import (
     SessionStatus,
     TopologyNode,
 )
+from stello_graph.storage import SessionSnapshot
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
@@ -134,6 +136,28 @@ class AsyncMethods:
     async def ashared_records(self, session_id: str) -> list[BaseMessage]:
         """Async twin of `shared_records`."""
         return await self._txn.aread(flows.shared_records(check_identifier(session_id)))
+
+    async def aread_session(
+        self, session_id: str, *, records: bool = True
+    ) -> SessionSnapshot | None:
+        """Async twin of `read_session`."""
+        flow = flows.read_session(check_identifier(session_id), bool(records))
+        return await self._txn.aread(flow)
+
+    async def acommit_records(
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_turn: bool = False,
+        turn_id: str | None = None,
+        insight: str | None = None,
+        lease: Lease | None = None,
+        release: bool = False,
+    ) -> int:
+        """Async twin of `commit_records`."""
+        args = commit_args(session_id, messages, user_turn, turn_id, insight, lease)
+        return await self._txn.awrite(flows.commit_records(*args, bool(release)))
 
     async def acount_records(self, session_id: str) -> int:
         """Async twin of `count_records`."""

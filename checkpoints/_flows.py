@@ -40,12 +40,14 @@ from stello_graph.errors import (
     LeaseLostError,
     NodeHasChildrenError,
     NodeNotFoundError,
+    SessionArchivedError,
     SessionNotFoundError,
     TopologyCycleError,
 )
 from stello_graph.events import StoredEvent
 from stello_graph.lineage import ForkPoint
 from stello_graph.models import Compression, Lease, SessionMeta, TopologyNode
+from stello_graph.storage import SessionSnapshot
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
@@ -185,6 +187,68 @@ def append(
 ) -> Flow[int]:
     found: int = yield Op("append", session_id, records, at, user_turn, turns)
     return found
+
+
+_SNAPSHOT = (
+    *("settings", "system_prompt", "insight", "memory", "subtree_synthesis"),
+    *("compression", "compression_through", "turn_count"),
+)
+"""The per-session values a `SessionSnapshot` carries, in the order `read_session` reads them."""
+
+
+def read_session(session_id: str, records: bool) -> Flow[SessionSnapshot | None]:
+    """Everything a turn reads of its session, in one read (`op_read_session`)."""
+    found = yield Op("read_session", session_id, _SNAPSHOT, records)
+    if found is None:
+        return None
+    meta, values, stored = found
+    settings_text, prompt, insight, memory, synthesis, summary, through, turns = values
+    settings = loads(settings_text)
+    return SessionSnapshot(
+        meta=meta,
+        settings=dict(settings) if isinstance(settings, dict) else {},
+        system_prompt=prompt,
+        insight=insight,
+        memory=memory,
+        subtree_synthesis=synthesis,
+        compression=None if summary is None else Compression(summary=summary, through=through or 0),
+        turn_count=int(turns or 0),
+        records=list(stored),
+    )
+
+
+_COMMIT = ("insight", "turn_count", "lease_owner", "lease_token")
+
+
+def commit_records(
+    session_id: str,
+    records: list[EncodedMessage],
+    at: str,
+    user_turn: bool,
+    turns: list[RecordTurn],
+    insight: str | None,
+    lease: Lease | None,
+    release: bool,
+) -> Flow[int]:
+    """A turn's commit: one read (status, insight, turn count, lease), the append, and one
+    write of the values that change (the insight consumed, the lease released)."""
+    found = yield Op("read_session", session_id, _COMMIT, False)
+    if found is None:
+        raise SessionNotFoundError(session_id)
+    meta, (current, turn_count, owner, token), _ = found
+    if lease is not None and (owner != lease.owner or token != lease.token):
+        raise LeaseLostError(session_id)
+    if meta.status == "archived":
+        raise SessionArchivedError(session_id, "a turn's records")
+    yield Op("append", session_id, records, at, user_turn, turns)
+    values: dict[str, Any] = {}
+    if insight is not None and current == insight:
+        values["insight"] = None
+    if release and lease is not None:
+        values.update(lease_owner=None, lease_expires=0.0)
+    if values:
+        yield Op("set_fields", session_id, values)
+    return int(turn_count or 0) + int(user_turn)
 
 
 def has_turn(session_id: str, turn_id: str) -> Flow[bool]:

@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    EventRow,
+    MetaRow,
+    RecordTurn,
+    SessionRead,
+)
 from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
 from stello_graph.digest import DigestRow
 from stello_graph.models import (
@@ -88,6 +94,11 @@ class InlineAsyncPrimitives:
 
     async def aop_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         return self._ops.op_get_fields(session_id, names)
+
+    async def aop_read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> SessionRead | None:
+        return self._ops.op_read_session(session_id, names, records)
 
     async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         return self._ops.op_set_fields(session_id, values)

@@ -4,7 +4,10 @@
 `StelloPostgresSaver` is LangGraph's `PostgresSaver` (from `langgraph-checkpoint-postgres`)
 on a small connection pool of its own (a lost connection is replaced), with working async
 methods (each runs the sync one in a worker thread, as `StelloSqliteSaver` does), so one agent
-can be driven both from threads and from asyncio. For a LangGraph application that is async
+can be driven both from threads and from asyncio. Like `StelloSqliteSaver`, with
+`hold_first_steps` (as the agent's own saver runs) it keeps a run's first steps in memory
+until the run gets past its first model step: a stello turn without tools then sends the
+saver no statement at all. For a LangGraph application that is async
 only, LangGraph's own `AsyncPostgresSaver` works with the storage as well.
 
 This module imports LangGraph and psycopg; `stello_graph.checkpoints` loads it only when one of
@@ -13,15 +16,28 @@ its names is used.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import psycopg
 import psycopg_pool
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
 from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
 
 from stello_graph.checkpoints._postgres_conn import describe
 from stello_graph.checkpoints._threaded_saver import AsyncInThreads
+from stello_graph.checkpoints.saver import HELD_CHECKPOINTS
 from stello_graph.errors import StorageUnavailableError
 
 __all__ = ["StelloPostgresSaver", "postgres_saver"]
@@ -31,12 +47,205 @@ SETUP_LOCK = 0x5374_656C_6C6F_0002
 not guard against two processes running them at once."""
 
 
+@dataclass(slots=True)
+class _Held:
+    """The first steps of one thread's run, not written yet: checkpoint ids in order and the
+    calls that write them, in the order they were asked for."""
+
+    checkpoints: list[str]
+    ops: list[Callable[[], object]] = field(default_factory=list)
+
+
+def _thread(config: RunnableConfig | None) -> str | None:
+    found = ((config or {}).get("configurable") or {}).get("thread_id")
+    return None if found is None else str(found)
+
+
 class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
-    """`PostgresSaver` whose async methods work too (each runs the sync one in a thread)."""
+    """`PostgresSaver` whose async methods work too (each runs the sync one in a thread).
+
+    With `hold_first_steps`, a run that starts from an input keeps its first
+    `HELD_CHECKPOINTS` checkpoints, and the writes of its first two steps, in memory, and
+    writes them (in order, as `PostgresSaver` would have) before the first write that comes
+    after (the results of a stello turn's first tool round), or when anything reads the
+    thread, or at `flush()` / `close()`; `delete_thread` of a thread whose run is held and
+    that has nothing on disk drops it without a statement. The same trade as
+    `StelloSqliteSaver`'s (see BENCHMARKS.md, "What a crash keeps"). Off by default;
+    `StelloAgent` turns it on for the saver it makes itself when it prunes and its
+    durability is not `"sync"`.
+    """
+
+    def __init__(self, conn: Any, *args: Any, hold_first_steps: bool = False, **kwargs: Any):
+        super().__init__(conn, *args, **kwargs)
+        self.hold_first_steps = hold_first_steps
+        """Hold each run's first steps in memory (see the class)."""
+        self._hold_lock = threading.RLock()
+        self._held: dict[str, _Held] = {}
+        self._disk: set[str] = set()  # threads that may have rows on disk
+
+    # -- holding ------------------------------------------------------------------------------
+    def _holds(self, thread: str, checkpoint_id: str, parent: str | None, source: Any) -> bool:
+        held = self._held.get(thread)
+        if source == "input" and self.hold_first_steps:
+            if held is not None:  # an earlier run that nobody ended: it is written first
+                return False
+            self._held[thread] = _Held([checkpoint_id])
+            return True
+        if held is None or len(held.checkpoints) >= HELD_CHECKPOINTS:
+            return False
+        if held.checkpoints[-1] != parent:
+            return False
+        held.checkpoints.append(checkpoint_id)
+        return True
+
+    def _write_held(self, thread: str) -> None:
+        """Write what is held of `thread` (under the hold lock)."""
+        held = self._held.pop(thread, None)
+        if held is not None:
+            self._disk.add(thread)
+            for op in held.ops:
+                op()
+
+    def unwritten(self, thread_id: str) -> bool:
+        """Whether nothing of the thread is on the database and a run's first steps are
+        held in memory (those already asked for, and those still on their way from
+        LangGraph's background writer): pruning the thread after a turn committed in its
+        first step then sends no statement."""
+        with self._hold_lock:
+            return self.hold_first_steps and thread_id not in self._disk
+
+    def _in_memory_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig | None:
+        thread = str(config["configurable"]["thread_id"])
+        ns = config["configurable"]["checkpoint_ns"]
+        parent = config["configurable"].get("checkpoint_id")
+        with self._hold_lock:
+            source = metadata.get("source")
+            if ns != "" or not self._holds(thread, checkpoint["id"], parent, source):
+                return None
+            args = (config, checkpoint, metadata, new_versions)
+            self._held[thread].ops.append(partial(PostgresSaver.put, self, *args))
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
+                                 "checkpoint_id": checkpoint["id"]}}  # fmt: skip
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        done = self._in_memory_put(config, checkpoint, metadata, new_versions)
+        if done is not None:
+            return done
+        thread = str(config["configurable"]["thread_id"])
+        with self._hold_lock:
+            self._write_held(thread)
+            self._disk.add(thread)
+        return super().put(config, checkpoint, metadata, new_versions)
+
+    def _in_memory_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> bool:
+        thread = str(config["configurable"]["thread_id"])
+        checkpoint_id = str(config["configurable"]["checkpoint_id"])
+        with self._hold_lock:
+            held = self._held.get(thread)
+            # the writes of the held run's first two steps (START, the first node) are held
+            if held is None or checkpoint_id not in held.checkpoints[: HELD_CHECKPOINTS - 1]:
+                return False
+            args = (config, list(writes), task_id, task_path)
+            held.ops.append(partial(PostgresSaver.put_writes, self, *args))
+        return True
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        if self._in_memory_writes(config, writes, task_id, task_path):
+            return
+        thread = str(config["configurable"]["thread_id"])
+        with self._hold_lock:
+            self._write_held(thread)
+            self._disk.add(thread)
+        super().put_writes(config, writes, task_id, task_path)
+
+    def flush(self) -> None:
+        """Write everything held now."""
+        with self._hold_lock:
+            for thread in list(self._held):
+                self._write_held(thread)
+
+    async def aflush(self) -> None:
+        """Async twin of `flush`."""
+        await asyncio.to_thread(self.flush)
+
+    def _flush_read(self, config: RunnableConfig | None) -> None:
+        thread = _thread(config)
+        with self._hold_lock:
+            if thread is None:
+                for held in list(self._held):
+                    self._write_held(held)
+            elif thread in self._held:
+                self._write_held(thread)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._flush_read(config)
+        found = super().get_tuple(config)
+        thread = _thread(config)
+        if found is not None and thread is not None:
+            with self._hold_lock:
+                self._disk.add(thread)
+        return found
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        self._flush_read(config)
+        yield from super().list(config, filter=filter, before=before, limit=limit)
+
+    def _in_memory_delete(self, thread_id: str) -> bool:
+        thread = str(thread_id)
+        with self._hold_lock:
+            if thread not in self._held or thread in self._disk:
+                return False
+            del self._held[thread]
+        return True
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint and write of `thread_id`: what is held of it at once, and
+        its rows unless the held run is all there is of it."""
+        thread = str(thread_id)
+        if self._in_memory_delete(thread):
+            return
+        with self._hold_lock:
+            self._held.pop(thread, None)
+            self._disk.discard(thread)
+        super().delete_thread(thread)
 
     def close(self) -> None:
-        """Close the saver's connection pool (or connection)."""
-        self.conn.close()
+        """Write what is held, then close the saver's connection pool (or connection)."""
+        try:
+            self.flush()
+        finally:
+            self.conn.close()
 
 
 def postgres_saver(conninfo: str, *, connect_timeout: float = 10.0) -> StelloPostgresSaver:

@@ -23,6 +23,7 @@ from stello_graph.checkpoints._serde import (
     EncodedMessage,
     MetaRow,
     RecordTurn,
+    SessionRead,
     decode_message,
     from_iso,
     row_to_meta,
@@ -53,6 +54,7 @@ COLUMNS = FIELDS
 they are put in SQL)."""
 
 _META = "id, label, role, status, tags, metadata, created_at, updated_at"
+_META_COUNT = 8
 
 
 class Statements:
@@ -183,6 +185,30 @@ class Statements:
         rows = (yield Query(sql, (self.tree_id, session_id))).rows
         return tuple(rows[0]) if rows else None
 
+    def read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> Steps[SessionRead | None]:
+        """The meta, the named fields and the record stamp in one statement; the records
+        from the cache when the stamp says they did not change (else one more statement)."""
+        if not COLUMNS.issuperset(names):
+            raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - COLUMNS)}.")
+        columns = "".join(f", {name}" for name in names)
+        sql = f"""SELECT {_META}{columns}, records_stamp FROM {SESSIONS}
+            WHERE tree_id = %s AND id = %s"""
+        rows = (yield Query(sql, (self.tree_id, session_id))).rows
+        if not rows:
+            return None
+        row = rows[0]
+        meta, values, stamp = row_to_meta(row[:_META_COUNT]), tuple(row[_META_COUNT:-1]), row[-1]
+        if not records:
+            return meta, values, ()
+        cached = self.cache.get(session_id)
+        if cached is not None and cached[0] == stamp:
+            self.cache.move_to_end(session_id)
+            return meta, values, cached[1]
+        found: list[BaseMessage] = yield from self._load_records(session_id)
+        return meta, values, found
+
     def all_fields(self, names: Sequence[str]) -> Steps[list[tuple[Any, ...]]]:
         if not COLUMNS.issuperset(names):
             raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - COLUMNS)}.")
@@ -306,6 +332,11 @@ class Statements:
             if found and found[0][0] == cached[0]:
                 self.cache.move_to_end(session_id)
                 return cached[1]
+        loaded: list[BaseMessage] = yield from self._load_records(session_id)
+        return loaded
+
+    def _load_records(self, session_id: str) -> Steps[list[BaseMessage]]:
+        key = (self.tree_id, session_id)
         # the stamp and the records in one statement: one snapshot
         rows = (
             yield Query(

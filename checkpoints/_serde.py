@@ -28,6 +28,7 @@ __all__ = [
     "EventRow",
     "MetaRow",
     "RecordTurn",
+    "SessionRead",
     "decode_message",
     "dumps",
     "encode_message",
@@ -61,6 +62,9 @@ JSON text and its ISO timestamp."""
 
 MetaRow = tuple[str, str, str, str, str, str, str, str]
 """`(id, label, role, status, tags, metadata, created_at, updated_at)` of a session."""
+
+SessionRead = tuple[SessionMeta, tuple[Any, ...], Sequence[BaseMessage]]
+"""What `op_read_session` returns: the meta, the named fields in order, the records (or `()`)."""
 
 
 def dumps(value: Any, *, what: str) -> str:

@@ -34,6 +34,7 @@ from stello_graph.checkpoints._validate import (
     check_optional_text,
     check_text,
     checked_lease,
+    commit_args,
     compression_args,
     copy_args,
     event_args,
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
     from stello_graph.checkpoints.backend import StorageBackend
+    from stello_graph.storage import SessionSnapshot
 
 __all__ = ["FIELDS", "BackendStorage", "tree_order"]
 
@@ -245,6 +247,37 @@ class BackendStorage(BulkReads, AsyncMethods):
         call; everyone else reads `list_records`, which returns copies.
         """
         return self._txn.read(flows.shared_records(check_identifier(session_id)))
+
+    def read_session(self, session_id: str, *, records: bool = True) -> SessionSnapshot | None:
+        """The session's meta, its per-session values and (with `records`) its L3 records,
+        shared as `shared_records` returns them (never change them), read at once: one
+        primitive (`op_read_session`), one statement where the backend can. What a turn reads
+        before its model call; `None` when there is no such session."""
+        return self._txn.read(flows.read_session(check_identifier(session_id), bool(records)))
+
+    def commit_records(
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_turn: bool = False,
+        turn_id: str | None = None,
+        insight: str | None = None,
+        lease: Lease | None = None,
+        release: bool = False,
+    ) -> int:
+        """A turn's commit in one transaction: check that `lease` (if given) still holds the
+        session and that it is not archived, append the records (as `append_records`),
+        clear the insight if it is still `insight`, and with `release` free the lease.
+        Returns the session's user turns afterwards.
+
+        Raises:
+            SessionNotFoundError: no such session.
+            LeaseLostError: `lease` no longer holds the session; nothing is stored.
+            SessionArchivedError: the session is archived; nothing is stored.
+        """
+        args = commit_args(session_id, messages, user_turn, turn_id, insight, lease)
+        return self._txn.write(flows.commit_records(*args, bool(release)))
 
     def count_records(self, session_id: str) -> int:
         """The number of L3 records (0 for a missing session)."""

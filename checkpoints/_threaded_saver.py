@@ -20,7 +20,38 @@ __all__ = ["AsyncInThreads"]
 
 
 class AsyncInThreads:
-    """Async twins of a saver's sync methods (put it before the saver in the bases)."""
+    """Async twins of a saver's sync methods (put it before the saver in the bases).
+
+    A saver that can take a checkpoint, a write or a delete in memory (no I/O: the first
+    steps it holds) says so through the `_in_memory_*` hooks; the async twin then does it on
+    the caller's thread, without the round trip through a worker thread (under many
+    concurrent turns on one event loop, each hop waits for the GIL).
+    """
+
+    def _in_memory_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig | None:
+        """Take the checkpoint without I/O and return `put`'s result, or `None` (and change
+        nothing) when it has to be written."""
+        return None
+
+    def _in_memory_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> bool:
+        """Take the writes without I/O (`True`), or change nothing (`False`)."""
+        return False
+
+    def _in_memory_delete(self, thread_id: str) -> bool:
+        """Delete the thread without I/O (`True`), or change nothing (`False`)."""
+        return False
 
     if TYPE_CHECKING:  # the saver's own sync methods, which these run
 
@@ -77,6 +108,9 @@ class AsyncInThreads:
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        done = self._in_memory_put(config, checkpoint, metadata, new_versions)
+        if done is not None:
+            return done
         return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
@@ -86,7 +120,9 @@ class AsyncInThreads:
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        if not self._in_memory_writes(config, writes, task_id, task_path):
+            await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        if not self._in_memory_delete(str(thread_id)):
+            await asyncio.to_thread(self.delete_thread, thread_id)

@@ -168,6 +168,25 @@ def append_args(
     return sid, records, to_iso(utcnow()), bool(user_turn), turns
 
 
+def commit_args(
+    session_id: object,
+    messages: object,
+    user_turn: object,
+    turn_id: object,
+    insight: object,
+    lease: object,
+) -> tuple[str, list[EncodedMessage], str, bool, list[RecordTurn], str | None, Lease | None]:
+    """`append_args`, the insight to consume (if still the same) and the turn's lease."""
+    sid, records, at, user, turns = append_args(session_id, messages, user_turn, turn_id)
+    held = None if lease is None else checked_lease(lease)
+    if held is not None and held.session_id != sid:
+        raise InvalidInputError(
+            f"The lease is for session {held.session_id!r}, not {sid!r}: a turn commits "
+            "under its own session's lease."
+        )
+    return sid, records, at, user, turns, check_optional_text(insight, "insight"), held
+
+
 def record_turns(messages: Sequence[BaseMessage], turn_id: str | None) -> list[RecordTurn]:
     """The `(turn_id, turn_seq)` of each appended record.
 

@@ -1,7 +1,7 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: twenty-eight primitive operations (`op_*`) and the six
+It implements `StorageBackend`: twenty-nine primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
@@ -46,7 +46,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from stello_graph.checkpoints._serde import EncodedMessage, EventRow, MetaRow, RecordTurn
+from stello_graph.checkpoints._serde import (
+    EncodedMessage,
+    EventRow,
+    MetaRow,
+    RecordTurn,
+    SessionRead,
+)
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
 from stello_graph.digest import DigestRow
@@ -73,6 +79,7 @@ __all__ = [
     "L2Row",
     "MetaRow",
     "RowSink",
+    "SessionRead",
     "StorageBackend",
     "TransactionHooks",
 ]
@@ -146,6 +153,15 @@ class StorageBackend(Protocol):
 
     def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         """Set the given `FIELDS`; raise `SessionNotFoundError` when the session is missing."""
+        ...
+
+    def op_read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> SessionRead | None:
+        """The session's meta and its named `FIELDS` (in that order), read together (one
+        statement where the backend can), and with `records` every L3 record as
+        `op_records` returns it (else `()`); `None` when the session is missing. What a turn
+        reads before its model call, and its commit before it writes."""
         ...
 
     def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
@@ -305,6 +321,12 @@ class AsyncStorageBackend(StorageBackend, Protocol):
 
     async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         """Async twin of `op_set_fields`."""
+        ...
+
+    async def aop_read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> SessionRead | None:
+        """Async twin of `op_read_session`."""
         ...
 
     async def aop_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:

@@ -24,6 +24,7 @@ from stello_graph.checkpoints._serde import (
     EventRow,
     MetaRow,
     RecordTurn,
+    SessionRead,
     decode_message,
     encode_message,
     row_to_meta,
@@ -260,6 +261,15 @@ class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
     def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         session = self._sessions.get(session_id)
         return None if session is None else tuple(getattr(session, name) for name in names)
+
+    def op_read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> SessionRead | None:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        values = tuple(getattr(session, name) for name in names)
+        return row_to_meta(session.row), values, session.records if records else ()
 
     def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         session = self._session(session_id)

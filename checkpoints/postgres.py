@@ -38,6 +38,7 @@ from stello_graph.checkpoints._serde import (
     EncodedMessage,
     MetaRow,
     RecordTurn,
+    SessionRead,
 )
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
@@ -260,6 +261,11 @@ class PostgresMainStorage(BackendStorage):
     def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         return self._link.drive(self._steps.get_fields(session_id, names))
 
+    def op_read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> SessionRead | None:
+        return self._link.drive(self._steps.read_session(session_id, names, records))
+
     def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
         return self._link.drive(self._steps.all_fields(names))
 
@@ -357,6 +363,11 @@ class PostgresMainStorage(BackendStorage):
 
     async def aop_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         return await self._link.adrive(self._steps.get_fields(session_id, names))
+
+    async def aop_read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> SessionRead | None:
+        return await self._link.adrive(self._steps.read_session(session_id, names, records))
 
     async def aop_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
         return await self._link.adrive(self._steps.all_fields(names))

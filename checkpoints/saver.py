@@ -162,13 +162,12 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         held.checkpoints.append(checkpoint_id)
         return True
 
-    def put(
+    def _put_op(
         self,
         config: RunnableConfig,
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
+    ) -> tuple[str, str, str | None, Op]:
         thread = str(config["configurable"]["thread_id"])
         ns = config["configurable"]["checkpoint_ns"]
         parent = config["configurable"].get("checkpoint_id")
@@ -179,26 +178,48 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
             meta = json.dumps(merged, ensure_ascii=False).encode("utf-8", "ignore")
             return _PUT, [(thread, ns, checkpoint["id"], parent, type_, blob, meta)]
 
+        return thread, ns, parent, op
+
+    def _in_memory_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig | None:
+        thread, ns, parent, op = self._put_op(config, checkpoint, metadata)
         with self.lock:
-            held = ns == "" and self._holds(
-                thread, checkpoint["id"], parent, metadata.get("source")
-            )
-            if held:
-                self._held[thread].ops.append(op)
-        if not held:
-            self._write([thread], [op])
-            with self.lock:
-                self._saw(thread, checkpoint["id"])
+            source = metadata.get("source")
+            if ns != "" or not self._holds(thread, checkpoint["id"], parent, source):
+                return None
+            self._held[thread].ops.append(op)
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                  "checkpoint_id": checkpoint["id"]}}  # fmt: skip
 
-    def put_writes(
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        done = self._in_memory_put(config, checkpoint, metadata, new_versions)
+        if done is not None:
+            return done
+        thread, ns, _, op = self._put_op(config, checkpoint, metadata)
+        self._write([thread], [op])
+        with self.lock:
+            self._saw(thread, checkpoint["id"])
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
+                                 "checkpoint_id": checkpoint["id"]}}  # fmt: skip
+
+    def _writes_op(
         self,
         config: RunnableConfig,
         writes: Sequence[tuple[str, Any]],
         task_id: str,
-        task_path: str = "",
-    ) -> None:
+        task_path: str,
+    ) -> tuple[str, str, Op]:
         thread = str(config["configurable"]["thread_id"])
         ns = str(config["configurable"]["checkpoint_ns"])
         checkpoint_id = str(config["configurable"]["checkpoint_id"])
@@ -213,14 +234,42 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
             ]  # fmt: skip
             return _WRITES.format(verb), rows
 
+        return thread, checkpoint_id, op
+
+    def _in_memory_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> bool:
+        thread, checkpoint_id, op = self._writes_op(config, writes, task_id, task_path)
         with self.lock:
             held = self._held.get(thread)
             # the writes of the held run's first two steps (START, the first node) are held
-            keep = held is not None and checkpoint_id in held.checkpoints[: HELD_CHECKPOINTS - 1]
-            if keep and held is not None:
-                held.ops.append(op)
-        if not keep:
+            if held is None or checkpoint_id not in held.checkpoints[: HELD_CHECKPOINTS - 1]:
+                return False
+            held.ops.append(op)
+        return True
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        if not self._in_memory_writes(config, writes, task_id, task_path):
+            thread, _, op = self._writes_op(config, writes, task_id, task_path)
             self._write([thread], [op])
+
+    def unwritten(self, thread_id: str) -> bool:
+        """Whether nothing of the thread is on disk and a run's first steps are held in
+        memory (those already asked for, and those still on their way from LangGraph's
+        background writer): pruning the thread after a turn committed in its first step
+        then writes nothing."""
+        with self.lock:
+            return self.hold_first_steps and not self._known.get(thread_id)
 
     def flush(self) -> None:
         """Write everything held, and delete the deleted threads' rows, now."""
@@ -274,20 +323,22 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
             if thread is None or not self._hidden(thread, checkpoint_id):
                 yield found
 
+    def _in_memory_delete(self, thread_id: str) -> bool:
+        thread = str(thread_id)
+        with self.lock:
+            if thread not in self._held and thread not in self._known:
+                return False  # rows this saver never saw: they are deleted now
+            self._held.pop(thread, None)
+            known = self._known.pop(thread, None)
+            if known:
+                self._deleted[thread] = max(known, self._deleted.get(thread, ""))
+        return True
+
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of `thread_id` (see the class): at once what
         is held of it, with the next write what is on disk."""
         thread = str(thread_id)
-        with self.lock:
-            held = self._held.pop(thread, None)
-            known = self._known.pop(thread, None)
-            if known is None and held is None:
-                now = True  # rows this saver never saw: delete them now
-            else:
-                now = False
-                if known:
-                    self._deleted[thread] = max(known, self._deleted.get(thread, ""))
-        if now:
+        if not self._in_memory_delete(thread):
             with self.cursor() as cur:
                 cur.execute("DELETE FROM checkpoints WHERE thread_id = ?", (thread,))
                 cur.execute("DELETE FROM writes WHERE thread_id = ?", (thread,))

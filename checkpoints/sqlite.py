@@ -26,6 +26,7 @@ from stello_graph.checkpoints._serde import (
     EventRow,
     MetaRow,
     RecordTurn,
+    SessionRead,
     decode_message,
     from_iso,
     row_to_meta,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = ["SqliteMainStorage"]
 
 _META = "id, label, role, status, tags, metadata, created_at, updated_at"
+_META_COUNT = 8
 
 
 class SqliteMainStorage(BackendStorage):
@@ -278,6 +280,18 @@ class SqliteMainStorage(BackendStorage):
         sql = f"SELECT {', '.join(names)} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         row = self._q(sql, (self.tree_id, session_id)).fetchone()
         return None if row is None else tuple(row)
+
+    def op_read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> SessionRead | None:
+        assert FIELDS.issuperset(names)
+        columns = "".join(f", {name}" for name in names)
+        sql = f"SELECT {_META}{columns} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        row = self._q(sql, (self.tree_id, session_id)).fetchone()
+        if row is None:
+            return None
+        meta, values = row_to_meta(row[:_META_COUNT]), tuple(row[_META_COUNT:])
+        return meta, values, self.op_records(session_id) if records else ()
 
     def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         assert FIELDS.issuperset(values)

@@ -19,8 +19,9 @@ from typing import Any
 
 from typing_extensions import TypedDict
 
-from stello_graph.lease import SessionLeases
+from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease
+from stello_graph.storage import SessionSnapshot
 
 __all__ = [
     "LEASE_KEY",
@@ -54,11 +55,31 @@ class TurnLease:
     Attributes:
         lease: the lease.
         owned: whether the turn itself holds it (else the caller lent it for this run and
-            releases it).
+            releases it, unless its `handback` let the commit do it).
     """
 
     lease: Lease
     owned: bool
+    handback: Handback | None = None
+    """For a lent lease: the lender's leave to free it in the commit's transaction."""
+
+    def releases(self, lent: bool = True) -> bool:
+        """Whether the turn's commit frees the lease: its own, or (with `lent`) one lent
+        with the lender's leave."""
+        if self.owned:
+            return True
+        return lent and self.handback is not None and self.handback.allowed()
+
+    def prefetched(self) -> SessionSnapshot | None:
+        """The session as the lender read it under this lease for the run's opening step
+        (once; `None` when it read nothing)."""
+        found = None if self.handback is None else self.handback.take_prefetched()
+        return found if isinstance(found, SessionSnapshot) else None
+
+    def released(self) -> None:
+        """Tell the lender the commit freed its lease."""
+        if not self.owned and self.handback is not None:
+            self.handback.released = True
 
     def update(self) -> LeaseUpdate:
         """The state update that hands the lease to the turn's next node."""
@@ -111,7 +132,7 @@ def turn_lease(
     """
     lent = leases.held(session_id)
     if lent is not None:
-        yield TurnLease(lent, owned=False)
+        yield TurnLease(lent, owned=False, handback=leases.handback(session_id))
         return
     lease = _take(leases, session_id, _stored(session_id, state, fresh))
     try:
@@ -136,7 +157,7 @@ async def aturn_lease(
     """Async twin of `turn_lease`."""
     lent = leases.held(session_id)
     if lent is not None:
-        yield TurnLease(lent, owned=False)
+        yield TurnLease(lent, owned=False, handback=leases.handback(session_id))
         return
     lease = await _atake(leases, session_id, _stored(session_id, state, fresh))
     try:

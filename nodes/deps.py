@@ -44,7 +44,7 @@ from stello_graph.profiles import ForkProfile, SplitGuard, UnknownProfileError
 from stello_graph.schedule import Schedule, Scheduler, StorageFailureLog
 from stello_graph.session import Session
 from stello_graph.skills import Skill
-from stello_graph.storage import MainStorage
+from stello_graph.storage import MainStorage, SessionSnapshot
 
 __all__ = ["BUILTIN_TOOLS", "StelloDeps", "StelloRuntime", "tool_error_message"]
 
@@ -365,31 +365,45 @@ class StelloRuntime:
         settings = await self.storage.aget_settings(sid) if meta is not None else {}
         return self._cached(sid, meta, settings)
 
-    def turn_session(self, session_id: object) -> SessionBase:
+    def turn_session(
+        self, session_id: object, snapshot: SessionSnapshot | None = None
+    ) -> SessionBase:
         """The session object a new turn uses, true to the session's stored settings.
 
-        Reads the settings (one small read) and rebuilds the cached object when its profile
-        or skills allow-list changed since it was made, whoever changed them (another agent
-        on the same storage, another process), so the turn offers exactly what is stored.
+        Reads the settings (one small read; none when the turn's `snapshot` of the session,
+        `read_session`, is given) and rebuilds the cached object when its profile or skills
+        allow-list changed since it was made, whoever changed them (another agent on the
+        same storage, another process), so the turn offers exactly what is stored.
         """
         sid = check_id(session_id)
+        if snapshot is not None:
+            return self._for_turn(sid, snapshot.meta, snapshot.settings)
         settings = self.storage.get_settings(sid)
         found = self._lookup(sid, settings)
         if found is not None:
             return found.session
-        stale = self._lookup(sid)
-        meta = self.storage.get_session(sid)
-        return self._cached(sid, meta, settings, stale=stale.session if stale else None)
+        return self._for_turn(sid, self.storage.get_session(sid), settings)
 
-    async def aturn_session(self, session_id: object) -> SessionBase:
+    async def aturn_session(
+        self, session_id: object, snapshot: SessionSnapshot | None = None
+    ) -> SessionBase:
         """Async twin of `turn_session`."""
         sid = check_id(session_id)
+        if snapshot is not None:
+            return self._for_turn(sid, snapshot.meta, snapshot.settings)
         settings = await self.storage.aget_settings(sid)
         found = self._lookup(sid, settings)
         if found is not None:
             return found.session
+        return self._for_turn(sid, await self.storage.aget_session(sid), settings)
+
+    def _for_turn(
+        self, sid: str, meta: SessionMeta | None, settings: Mapping[str, Any]
+    ) -> SessionBase:
+        found = self._lookup(sid, settings)
+        if found is not None:
+            return found.session
         stale = self._lookup(sid)
-        meta = await self.storage.aget_session(sid)
         return self._cached(sid, meta, settings, stale=stale.session if stale else None)
 
     def refresh(self, session_id: str) -> None:

@@ -254,12 +254,13 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
     def model(state: State, config: RunnableConfig) -> State:
         opens, sid = _begin(state)
         with turn_lease(deps.leases, sid, state, fresh=opens, park=False) as held:
-            session = deps.turn_session(sid) if opens else deps.session(sid)
+            snap = (held.prefetched() or deps.storage.read_session(sid)) if opens else None
+            session = deps.turn_session(sid, snap) if opens else deps.session(sid)
             turn = _turn_of(state, opens, config)
             if turn is not None and _rerun(config, opens) and deps.storage.has_turn(sid, turn):
                 counts = _commit(deps, session, held, None)
                 return _done(deps, session, state, _stored_turn(session, turn), counts, True)
-            ctx = session.turn_context(turn_id=turn, **_shown(state, opens))
+            ctx = session.turn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
             view, opened, records = _round(deps, state, opens, turn, ctx)
             cancel = run_cancel(config)
             prompt, choice = ctx.prompt(records), _tool_choice(view)
@@ -268,13 +269,15 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             if _asks_for_tools(reply):
                 park(deps.leases, held)
                 return {**update, **_handed(state, held)}
-            counts = _commit(deps, session, held, (records, view.get("insight"), turn))
+            commit = (records, view.get("insight"), turn)
+            counts = _commit(deps, session, held, commit, lent=opens)
             return {**update, **_done(deps, session, view, records, counts)}
 
     async def amodel(state: State, config: RunnableConfig) -> State:
         opens, sid = _begin(state)
         async with aturn_lease(deps.leases, sid, state, fresh=opens, park=False) as held:
-            session = await (deps.aturn_session(sid) if opens else deps.asession(sid))
+            snap = (held.prefetched() or await deps.storage.aread_session(sid)) if opens else None
+            session = await (deps.aturn_session(sid, snap) if opens else deps.asession(sid))
             turn = _turn_of(state, opens, config)
             if (
                 turn is not None
@@ -284,7 +287,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
                 counts = await _acommit(deps, session, held, None)
                 done = await _astored_turn(session, turn)
                 return _done(deps, session, state, done, counts, True)
-            ctx = await session.aturn_context(turn_id=turn, **_shown(state, opens))
+            ctx = await session.aturn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
             view, opened, records = _round(deps, state, opens, turn, ctx)
             prompt, choice = ctx.prompt(records), _tool_choice(view)
             reply = await ainvoke_model(session, prompt, deps.model_timeout, choice)
@@ -292,7 +295,8 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             if _asks_for_tools(reply):
                 await apark(deps.leases, held)
                 return {**update, **_handed(state, held)}
-            counts = await _acommit(deps, session, held, (records, view.get("insight"), turn))
+            commit = (records, view.get("insight"), turn)
+            counts = await _acommit(deps, session, held, commit, lent=opens)
             return {**update, **_done(deps, session, view, records, counts)}
 
     return StelloNode("model", model, amodel)
@@ -401,50 +405,88 @@ def _counts_tree(deps: StelloDeps) -> bool:
 
 
 def _commit(
-    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None
+    deps: StelloDeps,
+    session: SessionBase,
+    held: TurnLease,
+    turn: Commit | None,
+    *,
+    lent: bool = False,
 ) -> tuple[int, int]:
     """Write `turn` (unless `None`: already stored) in one transaction under the turn's lease
-    and release the lease there; `(user turns of the session, turns of the tree)`.
+    and release the lease there (the turn's own, or one lent with leave to); `(user turns of
+    the session, turns of the tree)`.
 
     The caller checked, under the same lease, that the turn is not in L3 yet (`has_turn`):
     only a run of the same step could store it, and that one would have to hold the lease.
+    A lent lease is freed here only with `lent` (the round that opened the turn commits it:
+    no step of the run came before it whose checkpoint could still be on its way to disk)
+    and the lender's leave.
+    A turn to commit whose tree turns are not counted is one storage call
+    (`commit_records`: one read, the append, one write).
     """
-    s, tree = deps.storage, 0
-    with s.transaction():
-        s.check_lease(held.lease)  # a turn that lost its lease commits nothing
-        if turn is not None:
-            records, insight, turn_id = turn
-            session.commit_turn(records, insight=insight, turn_id=turn_id)
-            if _counts_tree(deps):
+    s, tree, release = deps.storage, 0, held.releases(lent)
+    if turn is not None and not _counts_tree(deps):
+        records, insight, turn_id = turn
+        turns = session.commit_turn(
+            records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
+        )
+    else:
+        with s.transaction():
+            if turn is not None:
+                records, insight, turn_id = turn
+                turns = session.commit_turn(
+                    records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
+                )
                 tree = int(s.get_global(TREE_TURNS_KEY) or 0) + 1
                 s.put_global(TREE_TURNS_KEY, tree)
-        turns = s.get_turn_count(session.id)
-        if held.owned:
-            s.release_lease(held.lease)
-    if held.owned:
-        deps.leases.forget(held.lease)
+            else:
+                s.check_lease(held.lease)  # a turn that lost its lease commits nothing
+                turns = s.get_turn_count(session.id)
+                if release:
+                    s.release_lease(held.lease)
+    _freed(deps, held, release)
     return turns, tree
 
 
 async def _acommit(
-    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None
+    deps: StelloDeps,
+    session: SessionBase,
+    held: TurnLease,
+    turn: Commit | None,
+    *,
+    lent: bool = False,
 ) -> tuple[int, int]:
     """Async twin of `_commit`."""
-    s, tree = deps.storage, 0
-    async with s.atransaction():
-        await s.acheck_lease(held.lease)
-        if turn is not None:
-            records, insight, turn_id = turn
-            await session.acommit_turn(records, insight=insight, turn_id=turn_id)
-            if _counts_tree(deps):
+    s, tree, release = deps.storage, 0, held.releases(lent)
+    if turn is not None and not _counts_tree(deps):
+        records, insight, turn_id = turn
+        turns = await session.acommit_turn(
+            records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
+        )
+    else:
+        async with s.atransaction():
+            if turn is not None:
+                records, insight, turn_id = turn
+                turns = await session.acommit_turn(
+                    records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
+                )
                 tree = int(await s.aget_global(TREE_TURNS_KEY) or 0) + 1
                 await s.aput_global(TREE_TURNS_KEY, tree)
-        turns = await s.aget_turn_count(session.id)
-        if held.owned:
-            await s.arelease_lease(held.lease)
+            else:
+                await s.acheck_lease(held.lease)
+                turns = await s.aget_turn_count(session.id)
+                if release:
+                    await s.arelease_lease(held.lease)
+    _freed(deps, held, release)
+    return turns, tree
+
+
+def _freed(deps: StelloDeps, held: TurnLease, release: bool) -> None:
+    """After a commit that freed the lease: wake local waiters, tell a lender."""
     if held.owned:
         deps.leases.forget(held.lease)
-    return turns, tree
+    elif release:
+        held.released()
 
 
 def _done(

@@ -29,13 +29,13 @@ from stello_graph.errors import (
     SessionArchivedError,
     SessionNotFoundError,
 )
-from stello_graph.lease import SessionLeases
+from stello_graph.lease import Handback, SessionLeases
 from stello_graph.main_session import MainSession
 from stello_graph.models import SessionMeta
 from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.scheduling import on_switch
-from stello_graph.storage import MainStorage
+from stello_graph.storage import MainStorage, SessionSnapshot
 
 __all__ = ["TurnResult"]
 
@@ -189,12 +189,18 @@ class _Turns:
         one of the session's tools raises `InvalidInputError` before anything is written.
         """
         sid, payload = self._begin(session_id, text, tool_choice)
-        self._target(sid, tool_choice)
+        self._target(sid, tool_choice)  # a read: refused before anything is written
         self._threads.resolve(sid)
-        with run_held(self._leases, sid), self._threads.running():
-            self._switch(sid)
-            out = self._turn_graph.invoke(payload, self.config(sid), durability=self._durability)
-            return self._finished(sid, self._result(sid, out))
+        back = self._handback(sid)
+        with run_held(self._leases, sid, back):
+            # the turn's one read of its session, under the lease: the run's first step
+            # reads nothing again (and it is refused if archived meanwhile)
+            back.prefetched = self._checked(sid, self.storage.read_session(sid))
+            with self._threads.running():
+                self._switch(sid)
+                config = self.config(sid)
+                out = self._turn_graph.invoke(payload, config, durability=self._durability)
+                return self._finished(sid, self._result(sid, out))
 
     async def aturn(
         self, session_id: str, text: str, *, tool_choice: ToolChoice = None
@@ -203,12 +209,27 @@ class _Turns:
         sid, payload = self._begin(session_id, text, tool_choice)
         await self._atarget(sid, tool_choice)
         await self._threads.aresolve(sid)
-        async with arun_held(self._leases, sid), self._threads.arunning():
-            self._switch(sid)
-            out = await self._turn_graph.ainvoke(
-                payload, self.config(sid), durability=self._durability
-            )
-            return await self._afinished(sid, self._result(sid, out))
+        back = self._handback(sid)
+        async with arun_held(self._leases, sid, back):
+            back.prefetched = self._checked(sid, await self.storage.aread_session(sid))
+            async with self._threads.arunning():
+                self._switch(sid)
+                out = await self._turn_graph.ainvoke(
+                    payload, self.config(sid), durability=self._durability
+                )
+                return await self._afinished(sid, self._result(sid, out))
+
+    def _checked(self, sid: str, snapshot: SessionSnapshot | None) -> SessionSnapshot:
+        """The session read for a turn, refused when missing or archived."""
+        self._check_target(sid, None if snapshot is None else snapshot.meta)
+        assert snapshot is not None
+        return snapshot
+
+    def _handback(self, sid: str) -> Handback:
+        """The turn's commit frees the session's lease itself (one write transaction fewer)
+        when ending the run will touch no checkpoint row: a turn whose steps the saver still
+        holds in memory, pruned without a statement."""
+        return Handback(lambda: self._threads.prunes_in_memory(sid))
 
     def resume(self, session_id: str, value: Any = None) -> TurnResult:
         """Continue a turn that waits on an interrupt (with `value`) or that crashed.

@@ -59,7 +59,7 @@ from stello_graph.errors import (
     ModelNotConfiguredError,
     StelloError,
 )
-from stello_graph.lease import SessionLeases
+from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease, SendResult
 
 __all__ = [
@@ -72,6 +72,11 @@ __all__ = [
     "new_meta",
     "to_send_result",
 ]
+
+
+def _freed_by_commit() -> Handback:
+    """A turn's hold whose commit frees the lease in its own transaction."""
+    return Handback(lambda: True)
 
 
 class SessionBase(SessionContext):
@@ -159,8 +164,10 @@ class SessionBase(SessionContext):
         insight: str | None = None,
         lease: Lease | None = None,
         turn_id: str | None = None,
-    ) -> None:
-        """Append a turn's records in one transaction, then consume the insight it showed.
+        release: bool = False,
+    ) -> int:
+        """Append a turn's records in one transaction, then consume the insight it showed;
+        return the session's user turns afterwards.
 
         A turn that starts with a user message counts as one user turn. The insight is
         cleared only if it is still the one shown (a newer one is kept for the next turn).
@@ -168,11 +175,14 @@ class SessionBase(SessionContext):
         the records with `SessionArchivedError`. Records the user did not write (replies,
         tool results) are stored with U+FFFD in place of any lone surrogate; a user message
         holding one is refused with `InvalidInputError`. With the turn's `lease`, a turn that
-        lost it commits nothing (`LeaseLostError`). The records are stored as the turn
-        `turn_id` (a new id by default; see `messages`).
+        lost it commits nothing (`LeaseLostError`), and with `release` the lease is freed in
+        the same transaction. The records are stored as the turn `turn_id` (a new id by
+        default; see `messages`).
+
+        The whole commit is one storage call (`SessionStorage.commit_records`): one read of
+        the session, the append, one write of what changes.
         """
-        with self._storage.transaction():
-            run(self._commit_flow(records, insight, lease, turn_id), self._storage)
+        return run(self._commit_flow(records, insight, lease, turn_id, release), self._storage)
 
     async def acommit_turn(
         self,
@@ -181,10 +191,11 @@ class SessionBase(SessionContext):
         insight: str | None = None,
         lease: Lease | None = None,
         turn_id: str | None = None,
-    ) -> None:
+        release: bool = False,
+    ) -> int:
         """Async twin of `commit_turn`."""
-        async with self._storage.atransaction():
-            await arun(self._commit_flow(records, insight, lease, turn_id), self._storage)
+        flow = self._commit_flow(records, insight, lease, turn_id, release)
+        return await arun(flow, self._storage)
 
     def _commit_flow(
         self,
@@ -192,16 +203,20 @@ class SessionBase(SessionContext):
         insight: str | None,
         lease: Lease | None,
         turn_id: str | None,
-    ) -> Flow[None]:
-        sid, stored = self._id, _storable_records(records)
-        if lease is not None:
-            yield Storage("check_lease", lease)
-        self._active((yield from self._meta_flow()), "a turn's records")
-        yield Storage(
-            "append_records", sid, stored, user_turn=_is_user_turn(stored), turn_id=turn_id
+        release: bool,
+    ) -> Flow[int]:
+        stored = _storable_records(records)
+        turns: int = yield Storage(
+            "commit_records",
+            self._id,
+            stored,
+            user_turn=_is_user_turn(stored),
+            turn_id=turn_id,
+            insight=insight,
+            lease=lease,
+            release=release,
         )
-        if insight is not None:
-            yield Storage("clear_insight", sid, expected=insight)
+        return turns
 
     # -- send -------------------------------------------------------------------------------
     def send(self, content: str, *, tool_choice: ToolChoice = None) -> SendResult:
@@ -214,19 +229,23 @@ class SessionBase(SessionContext):
         here, other threads, agents or processes, run one at a time.
         """
         human = HumanMessage(content=check_text(content))
-        with self._leases().hold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        with self._leases().hold(self._id, handback=back) as lease:
             ctx = self.turn_context()
             reply = self.invoke(ctx.prompt([human]), tool_choice=tool_choice)
-            self.commit_turn([human, reply], insight=ctx.insight, lease=lease)
+            self.commit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
+            back.released = True
         return to_send_result(reply)
 
     async def asend(self, content: str, *, tool_choice: ToolChoice = None) -> SendResult:
         """Async twin of `send`."""
         human = HumanMessage(content=check_text(content))
-        async with self._leases().ahold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        async with self._leases().ahold(self._id, handback=back) as lease:
             ctx = await self.aturn_context()
             reply = await self.ainvoke(ctx.prompt([human]), tool_choice=tool_choice)
-            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease)
+            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
+            back.released = True
         return to_send_result(reply)
 
     def _leases(self) -> SessionLeases:
@@ -243,12 +262,16 @@ class SessionBase(SessionContext):
         tool_messages = _check_tool_results(results)
         self._active(self._load_meta(), "a turn")  # refused before the lease is taken
         _continue_history(self._id, shared_records(self._storage, self._id), tool_messages)
-        with self._leases().hold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        with self._leases().hold(self._id, handback=back) as lease:
             ctx = self.turn_context()
             raw = shared_records(self._storage, self._id)[_through(ctx) :]
             history = _continue_history(self._id, raw, tool_messages)
             reply = self.invoke(replace(ctx, history=history).prompt())
-            self.commit_turn([*tool_messages, reply], insight=ctx.insight, lease=lease)
+            self.commit_turn(
+                [*tool_messages, reply], insight=ctx.insight, lease=lease, release=True
+            )
+            back.released = True
         return to_send_result(reply)
 
     async def asend_tool_results(self, results: Sequence[ToolMessage] | ToolMessage) -> SendResult:
@@ -256,12 +279,16 @@ class SessionBase(SessionContext):
         tool_messages = _check_tool_results(results)
         self._active(await self._aload_meta(), "a turn")  # refused before the lease is taken
         _continue_history(self._id, await ashared_records(self._storage, self._id), tool_messages)
-        async with self._leases().ahold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        async with self._leases().ahold(self._id, handback=back) as lease:
             ctx = await self.aturn_context()
             raw = (await ashared_records(self._storage, self._id))[_through(ctx) :]
             history = _continue_history(self._id, raw, tool_messages)
             reply = await self.ainvoke(replace(ctx, history=history).prompt())
-            await self.acommit_turn([*tool_messages, reply], insight=ctx.insight, lease=lease)
+            await self.acommit_turn(
+                [*tool_messages, reply], insight=ctx.insight, lease=lease, release=True
+            )
+            back.released = True
         return to_send_result(reply)
 
     # -- stream -----------------------------------------------------------------------------
@@ -278,7 +305,8 @@ class SessionBase(SessionContext):
         return SessionStream(self._stream_turn(human))
 
     def _stream_turn(self, human: HumanMessage) -> Iterator[str | SendResult]:
-        with self._leases().hold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        with self._leases().hold(self._id, handback=back) as lease:
             ctx = self.turn_context()
             runnable = self._runnable()
             total: AIMessageChunk | None = None
@@ -296,7 +324,8 @@ class SessionBase(SessionContext):
             except Exception as exc:
                 raise self._model_error(exc) from exc
             reply = _chunk_to_message(total)
-            self.commit_turn([human, reply], insight=ctx.insight, lease=lease)
+            self.commit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
+            back.released = True
         yield to_send_result(reply)
 
     def astream(self, content: str) -> AsyncSessionStream:
@@ -305,7 +334,8 @@ class SessionBase(SessionContext):
         return AsyncSessionStream(self._astream_turn(human))
 
     async def _astream_turn(self, human: HumanMessage) -> AsyncIterator[str | SendResult]:
-        async with self._leases().ahold(self._id) as lease:
+        back = _freed_by_commit()  # the commit frees the lease
+        async with self._leases().ahold(self._id, handback=back) as lease:
             ctx = await self.aturn_context()
             runnable = self._runnable()
             total: AIMessageChunk | None = None
@@ -323,7 +353,8 @@ class SessionBase(SessionContext):
             except Exception as exc:
                 raise self._model_error(exc) from exc
             reply = _chunk_to_message(total)
-            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease)
+            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
+            back.released = True
         yield to_send_result(reply)
 
     # -- records and prompt -----------------------------------------------------------------

@@ -8,7 +8,7 @@ from langchain_core.messages import (
 )
 
 from stello_graph._calls import call_async, call_sync
-from stello_graph._copies import ashared_records, detached_all, shared_records
+from stello_graph._copies import detached_all
 from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._session_core import SessionCore
 from stello_graph._text import storable
@@ -22,6 +22,7 @@ from stello_graph.errors import (
 )
 from stello_graph.memory import CompressFn, llm_compressor
 from stello_graph.models import Compression, SessionMeta
+from stello_graph.storage import SessionSnapshot
 
 __all__ = ["SessionContext"]
 
@@ -54,7 +55,12 @@ class SessionContext(SessionCore):
         return meta
 
     def turn_context(
-        self, *, operation: str = "a turn", insight: object = _READ, turn_id: str | None = None
+        self,
+        *,
+        operation: str = "a turn",
+        insight: object = _READ,
+        turn_id: str | None = None,
+        snapshot: SessionSnapshot | None = None,
     ) -> TurnContext:
         """Read everything a turn shows the model; refuse if the session is archived.
 
@@ -66,34 +72,50 @@ class SessionContext(SessionCore):
         With the `turn_id` of a turn of several model calls, its later calls get the context
         its first one read (L3 changes only when a turn commits), unless the session's L3
         changed meanwhile: a turn reads its context once.
+
+        The session is read in one storage read (`SessionStorage.read_session`), or not at
+        all when the caller already read it under the turn's lease and passes its `snapshot`.
         """
-        return run(self._context_flow(operation, insight, turn_id), self._storage)
+        flow = self._context_flow(operation, insight, turn_id, snapshot)
+        return run(flow, self._storage)
 
     async def aturn_context(
-        self, *, operation: str = "a turn", insight: object = _READ, turn_id: str | None = None
+        self,
+        *,
+        operation: str = "a turn",
+        insight: object = _READ,
+        turn_id: str | None = None,
+        snapshot: SessionSnapshot | None = None,
     ) -> TurnContext:
         """Async twin of `turn_context`."""
-        return await arun(self._context_flow(operation, insight, turn_id), self._storage)
+        flow = self._context_flow(operation, insight, turn_id, snapshot)
+        return await arun(flow, self._storage)
 
     def _context_flow(
-        self, operation: str, insight: object, turn_id: str | None
+        self,
+        operation: str,
+        insight: object,
+        turn_id: str | None,
+        snapshot: SessionSnapshot | None = None,
     ) -> Flow[TurnContext]:
-        s, sid, kept = self._storage, self._id, self._turn
+        sid, kept = self._id, self._turn
         held = turn_id is not None and kept is not None and kept[0] == turn_id
         if held and kept is not None and (yield Storage("count_records", sid)) == kept[1]:
             return kept[2]
-        meta = self._active((yield from self._meta_flow()), operation)
-        parts = ContextParts(prompt=(yield Storage("get_system_prompt", sid)))
+        snap: SessionSnapshot | None = snapshot or (yield Storage("read_session", sid))
+        if snap is None:
+            raise SessionNotFoundError(sid)
+        meta = self._active(snap.meta, operation)
+        parts = ContextParts(prompt=snap.system_prompt)
         if self._memory_part():
-            parts.extra = yield Storage("get_memory", sid)
+            parts.extra = snap.memory
         else:
-            read = insight is _READ
-            parts.extra = (yield Storage("get_insight", sid)) if read else _opt_str(insight)
-            parts.branch = yield Storage("get_subtree_synthesis", sid)
+            parts.extra = snap.insight if insight is _READ else _opt_str(insight)
+            parts.branch = snap.subtree_synthesis
             if self._topology_slot is not None:
                 parts.topology = yield from self._topology_slot.flow(sid)
-        records: list[BaseMessage] = yield Call(shared_records, ashared_records, (s, sid))
-        parts.compression = yield Storage("get_compression", sid)
+        records = list(snap.records)
+        parts.compression = snap.compression
         cut = self._plan(meta, parts, records)
         if cut is not None:
             parts.compression = yield from self._compress_flow(parts.compression, records, cut)

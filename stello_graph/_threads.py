@@ -17,7 +17,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
 from stello_graph._ids import legacy_thread_id, thread_id
-from stello_graph.lease import SessionLeases
+from stello_graph.lease import Handback, SessionLeases
 
 __all__ = ["CheckpointThreads", "arun_held", "run_held"]
 
@@ -87,6 +87,18 @@ class CheckpointThreads:
         ):
             found = legacy_thread_id(self.tree_id, sid)
         self._found[sid] = found
+
+    def prunes_in_memory(self, sid: str) -> bool:
+        """Whether ending a turn of `sid` now (`finished`) would touch no checkpoint row on
+        disk: no checkpointer, no pruning, or a saver that holds the whole run so far in
+        memory (`unwritten`). Then the session need not stay held while the run is pruned."""
+        saver = self.checkpointer
+        if saver is None or not self.prune:
+            return True
+        unwritten = getattr(saver, "unwritten", None)
+        if not callable(unwritten):
+            return False
+        return bool(unwritten(self.config(sid)["configurable"]["thread_id"]))
 
     def finished(self, sid: str, interrupted: bool) -> None:
         """A turn of `sid` ended: prune its thread (if asked); next turns use the new id.
@@ -163,16 +175,20 @@ class CheckpointThreads:
 
 
 @contextmanager
-def run_held(leases: SessionLeases, sid: str) -> Iterator[None]:
+def run_held(leases: SessionLeases, sid: str, handback: Handback | None = None) -> Iterator[None]:
     """Hold the session for a whole run (its checkpoint thread included: pruning it must not
-    race another agent's run), lending the lease to the graph's nodes."""
-    with leases.hold(sid) as lease, leases.lending(lease):
+    race another agent's run), lending the lease to the graph's nodes. With `handback`, the
+    turn's commit may free the lease in its own transaction when the handback allows it
+    (pruning the run will touch nothing on disk)."""
+    with leases.hold(sid, handback=handback) as lease, leases.lending(lease, handback):
         yield
 
 
 @asynccontextmanager
-async def arun_held(leases: SessionLeases, sid: str) -> AsyncIterator[None]:
+async def arun_held(
+    leases: SessionLeases, sid: str, handback: Handback | None = None
+) -> AsyncIterator[None]:
     """Async twin of `run_held`."""
-    async with leases.ahold(sid) as lease:
-        with leases.lending(lease):
+    async with leases.ahold(sid, handback=handback) as lease:
+        with leases.lending(lease, handback):
             yield

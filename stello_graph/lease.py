@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -47,6 +47,7 @@ from stello_graph.storage import SessionStorage
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
+    "Handback",
     "SessionLeases",
     "check_lease_ttl",
     "new_owner",
@@ -67,12 +68,32 @@ _live_lock = threading.Lock()
 _released = threading.Condition()
 
 
+@dataclass(slots=True)
+class Handback:
+    """A lender's leave for the graph run it lends its lease to: the run's commit may free
+    the lease in its own transaction (one write transaction fewer per turn) while `allowed()`
+    says nothing the lender does after the run needs the session held. `released` tells the
+    lender it was freed, so it does not release it again."""
+
+    allowed: Callable[[], bool]
+    released: bool = False
+    prefetched: Any = None
+    """What the lender read of the session under the lease for the run's opening step
+    (`SessionStorage.read_session`): that step takes it (once) instead of reading again."""
+
+    def take_prefetched(self) -> Any:
+        """The prefetched read, once (`None` after, or when there is none)."""
+        found, self.prefetched = self.prefetched, None
+        return found
+
+
 @dataclass(frozen=True, slots=True)
 class _Hold:
     lease: Lease
     busy: bool
     """The code running now is part of the holder's work (a tool of its turn, a block inside
     `hold`): waiting for the session here would wait for itself."""
+    handback: Handback | None = None
 
 
 _HELD: ContextVar[Mapping[tuple[str, str], _Hold] | None] = ContextVar(
@@ -230,17 +251,25 @@ class SessionLeases:
             _HELD.reset(reset)
 
     @contextmanager
-    def lending(self, lease: Lease) -> Iterator[None]:
-        """Let the graph run inside use `lease` (the agent holds it for the whole run)."""
-        reset = self._mark(lease, busy=False)
+    def lending(self, lease: Lease, handback: Handback | None = None) -> Iterator[None]:
+        """Let the graph run inside use `lease` (the agent holds it for the whole run); with
+        `handback`, its commit may also free it (see `Handback`)."""
+        reset = self._mark(lease, busy=False, handback=handback)
         try:
             yield
         finally:
             _HELD.reset(reset)
 
-    def _mark(self, lease: Lease, *, busy: bool) -> Any:
+    def handback(self, session_id: str) -> Handback | None:
+        """The lender's `Handback` of the lease this call chain was lent, if it gave one
+        (the commit asks its `allowed()` when it commits)."""
+        hold = _held().get((self.scope, session_id))
+        back = None if hold is None or hold.busy else hold.handback
+        return back if back is not None and not back.released else None
+
+    def _mark(self, lease: Lease, *, busy: bool, handback: Handback | None = None) -> Any:
         held = dict(_held())
-        held[(self.scope, lease.session_id)] = _Hold(lease, busy)
+        held[(self.scope, lease.session_id)] = _Hold(lease, busy, handback)
         return _HELD.set(held)
 
     def _refuse_reentry(self, session_id: str) -> None:
@@ -350,28 +379,37 @@ class SessionLeases:
             _keeper.drop(key)
 
     @contextmanager
-    def hold(self, session_id: str) -> Iterator[Lease]:
+    def hold(self, session_id: str, *, handback: Handback | None = None) -> Iterator[Lease]:
         """Hold the session for the block: acquired (waiting), renewed, released.
 
         The block counts as the holder's own work: taking the session again inside it fails
         with `SessionBusyError`, except for a graph run it lends the lease to (`lending`).
+        A lease the run freed itself (`handback.released`) is not released again.
         """
         lease = self.acquire(session_id)
         try:
             with self.keep(lease), self.busy(lease):
                 yield lease
         finally:
-            self.release(lease)
+            if handback is not None and handback.released:
+                _released_by(lease.owner)
+            else:
+                self.release(lease)
 
     @asynccontextmanager
-    async def ahold(self, session_id: str) -> AsyncIterator[Lease]:
+    async def ahold(
+        self, session_id: str, *, handback: Handback | None = None
+    ) -> AsyncIterator[Lease]:
         """Async twin of `hold`."""
         lease = await self.aacquire(session_id)
         try:
             with self.keep(lease), self.busy(lease):
                 yield lease
         finally:
-            await self.arelease(lease)
+            if handback is not None and handback.released:
+                _released_by(lease.owner)
+            else:
+                await self.arelease(lease)
 
 
 def _add_live(owner: str) -> None:

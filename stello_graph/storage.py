@@ -9,7 +9,7 @@ method the library calls is here (it never probes a storage for optional ones). 
 has an async twin prefixed with `a` (`get_session` / `aget_session`). The reference
 implementations live in `stello_graph.checkpoints`: `SqliteMainStorage` and
 `InMemoryMainStorage`. A new storage does not implement these protocols by hand: it
-implements the twenty-eight primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
+implements the twenty-nine primitives of `stello_graph.checkpoints.backend.StorageBackend`, and
 `BackendStorage(backend)` builds all of this on them.
 
 Rules every implementation follows (the test suite holds both reference implementations to
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -53,10 +54,39 @@ if TYPE_CHECKING:
 
     from stello_graph.digest import SessionDigest
 
-__all__ = ["MainStorage", "RecordRole", "SessionStorage", "normalize_role"]
+__all__ = ["MainStorage", "RecordRole", "SessionSnapshot", "SessionStorage", "normalize_role"]
 
 RecordRole = Literal["human", "ai", "tool", "system", "user", "assistant"]
 """Role filter of `list_records`: LangChain message types, with `user` / `assistant` aliases."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSnapshot:
+    """Everything a turn reads of its session, read at once (`SessionStorage.read_session`).
+
+    Attributes:
+        meta: the session's meta.
+        settings: its orchestration settings (empty when none).
+        system_prompt: its own system prompt.
+        insight: the pending insight.
+        memory: the L2 (the synthesis, for the main session).
+        subtree_synthesis: what tree integration last made of the node's children.
+        compression: the summary that replaces the oldest records in prompts.
+        turn_count: user turns committed.
+        records: every L3 record in order, shared as `shared_records` returns them (never
+            change them); empty when the read did not ask for them.
+    """
+
+    meta: SessionMeta
+    settings: Mapping[str, Any]
+    system_prompt: str | None
+    insight: str | None
+    memory: str | None
+    subtree_synthesis: str | None
+    compression: Compression | None
+    turn_count: int
+    records: Sequence[BaseMessage]
+
 
 _ROLE_ALIASES = {"user": "human", "assistant": "ai"}
 _ROLES = frozenset({"human", "ai", "tool", "system"})
@@ -149,6 +179,35 @@ class SessionStorage(Protocol):
 
     def count_records(self, session_id: str) -> int:
         """The number of L3 records of the session (0 when there is no such session)."""
+        ...
+
+    def read_session(self, session_id: str, *, records: bool = True) -> SessionSnapshot | None:
+        """The session's meta, its per-session values and (with `records`) its L3 records as
+        `shared_records` returns them, read at once (one statement where the storage can):
+        what a turn needs before its model call. `None` when there is no such session."""
+        ...
+
+    def commit_records(
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_turn: bool = False,
+        turn_id: str | None = None,
+        insight: str | None = None,
+        lease: Lease | None = None,
+        release: bool = False,
+    ) -> int:
+        """A turn's commit, in one transaction: check that `lease` (if given) still holds
+        the session and that the session is not archived, append the records (as
+        `append_records`), clear the insight if it is still `insight`, and with `release`
+        free the lease; return the session's user turns afterwards.
+
+        Raises:
+            SessionNotFoundError: no such session.
+            LeaseLostError: `lease` no longer holds the session.
+            SessionArchivedError: the session is archived.
+        """
         ...
 
     def get_turn_count(self, session_id: str) -> int:
@@ -303,6 +362,20 @@ class SessionStorage(Protocol):
     ) -> list[BaseMessage]: ...
     async def ashared_records(self, session_id: str) -> list[BaseMessage]: ...
     async def acount_records(self, session_id: str) -> int: ...
+    async def aread_session(
+        self, session_id: str, *, records: bool = True
+    ) -> SessionSnapshot | None: ...
+    async def acommit_records(
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_turn: bool = False,
+        turn_id: str | None = None,
+        insight: str | None = None,
+        lease: Lease | None = None,
+        release: bool = False,
+    ) -> int: ...
     async def aget_turn_count(self, session_id: str) -> int: ...
     async def atrim_records(self, session_id: str, keep_last: int) -> int: ...
     async def aget_system_prompt(self, session_id: str) -> str | None: ...

@@ -13,13 +13,13 @@ from tests.benchmarks.suite import GROUPS, run_suite
 EXPECTED = {
     "overhead": ["1a", "1b", "1c", "1d", "2a", "2b", "3a", "3b", "3c", "3d"],
     "scale": ["4a", "4b", "4c", "4d", "4e", "4f", "4g", "4h", "4i", "4j", "4k", "4l", "4m"],
-    "concurrency": ["5a", "5b", "5c"],
+    "concurrency": ["5a", "5b", "5c", "5d", "5e"],
     "context": ["6a", "6b", "6c", "6d", "6e", "6f"],
     "background": ["7"],
     "startup": ["8c"],  # the quick scale starts no timed processes
     "inspector": ["9a", "9b", "9c"],  # 9b (Chromium) is skipped at the quick scale
     "branching": ["10a", "10b", "10c", "10d"],
-    # the quick scale starts no processes (11e, 11f); skipped without PostgreSQL
+    # the quick scale starts no processes (11e, 11f, 11k); skipped without PostgreSQL
     "postgres": ["11a", "11b", "11c", "11d", "11g", "11h", "11i", "11j"],
 }
 

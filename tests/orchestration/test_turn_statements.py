@@ -1,0 +1,111 @@
+"""What one turn without tools sends to its storage and its checkpointer, counted.
+
+The fixed cost of a turn is its statements (on PostgreSQL each is a round trip): take the
+lease, read the session once (`read_session`), commit and free the lease in one
+transaction (`commit_records`). The counts are the figure BENCHMARKS.md records; a change
+that adds a statement to every turn fails here.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.tools import tool
+
+from stello_graph import StelloAgent
+from stello_graph.testing import ScriptedChatModel
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look a fact up."""
+    return f"fact about {query}"
+
+
+def _warm(agent: StelloAgent) -> str:
+    sid = agent.fork(agent.main_session_id, "Topic").id
+    for n in range(5):
+        agent.turn(sid, f"question {n}")
+    return sid
+
+
+def _trace(conn: sqlite3.Connection, seen: list[str]) -> None:
+    conn.set_trace_callback(lambda sql: seen.append(" ".join(sql.split())))
+
+
+def _own(statements: list[str]) -> list[str]:
+    """The statements the code sent (a trigger's body is traced too: left out)."""
+    return [s for s in statements if not s.startswith("INSERT INTO stello_changes")]
+
+
+def test_a_sqlite_turn_takes_two_write_transactions(tmp_path: Path) -> None:
+    agent = StelloAgent(model=ScriptedChatModel(default="ok"), storage=tmp_path / "a.db")
+    try:
+        sid = _warm(agent)
+        storage: list[str] = []
+        saver: list[str] = []
+        _trace(agent.storage._conn, storage)  # type: ignore[attr-defined]
+        _trace(agent.checkpointer.conn, saver)  # type: ignore[union-attr]
+        agent.turn(sid, "counted")
+        _trace(agent.storage._conn, [])  # type: ignore[attr-defined]
+    finally:
+        agent.close()
+    begins = [s for s in storage if s.startswith("BEGIN")]
+    assert len(begins) == 2  # the lease taken; the commit, which frees it
+    reads = [s for s in storage if s.startswith("SELECT") and "FROM stello_sessions" in s]
+    # the check before anything is written, the lease, the session read once (under the
+    # lease), the commit's read, next_seq
+    assert len(reads) <= 5, reads
+    assert len(_own(storage)) <= 23, storage
+    assert len(saver) == 1 and saver[0].startswith("SELECT")  # LangGraph's first read only
+
+
+def test_a_tool_turn_still_prunes_its_checkpoints(tmp_path: Path) -> None:
+    model = ScriptedChatModel(default="done")
+    agent = StelloAgent(model=model, storage=tmp_path / "a.db", tools=[lookup])
+    try:
+        sid = _warm(agent)
+        model.extend([ScriptedChatModel.tool_call("lookup", {"query": "x"}), "found"])
+        result = agent.turn(sid, "look it up")
+        assert result.content == "found" and result.tool_rounds == 1
+        assert agent.storage.get_lease(sid) is None
+    finally:
+        agent.close()
+    with sqlite3.connect(tmp_path / "a.db") as conn:
+        assert conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 0
+
+
+def test_a_postgres_turn_is_ten_round_trips(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str] = []
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+    on = [False]
+
+    def traced(method: Any) -> Any:
+        def call(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if on[0]:
+                seen.append(" ".join(str(query).split()))
+            return method(self, query, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", traced(execute))
+    monkeypatch.setattr(psycopg.Cursor, "executemany", traced(executemany))
+    with StelloAgent(model=ScriptedChatModel(default="ok"), storage=postgres_dsn) as agent:
+        sid = _warm(agent)
+        on[0] = True
+        agent.turn(sid, "counted")
+        on[0] = False
+    checkpoints = [s for s in seen if "checkpoint" in s]
+    assert len(checkpoints) == 1 and checkpoints[0].lower().startswith("select")
+    storage = [s for s in seen if "checkpoint" not in s]
+    transactions = [s for s in storage if s.startswith("BEGIN")]
+    assert len(transactions) == 2  # the lease taken (one script); the commit, freeing it
+    # the check before anything is written, the lease (one script), the session read, the
+    # commit (BEGIN, its read, the append's two statements, the values that change, COMMIT)
+    assert len(storage) <= 9, storage

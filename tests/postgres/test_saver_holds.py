@@ -1,0 +1,116 @@
+"""The agent's PostgreSQL checkpointer holds a turn's first steps, as the SQLite one does.
+
+A turn without tools is committed in its one step, so its checkpoints are never written;
+whatever has to survive (a turn waiting on an interrupt, a failed turn, the tool results of
+a turn in flight) is on the database when the agent's call returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.tools import tool
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.types import interrupt
+
+from stello_graph import StelloAgent
+from stello_graph.checkpoints import StelloPostgresSaver
+from stello_graph.checkpoints._postgres_saver import postgres_saver
+from stello_graph.errors import ModelCallError
+from stello_graph.testing import ScriptedChatModel
+
+
+@tool
+def confirm(what: str) -> str:
+    """Ask the user to confirm."""
+    return f"confirmed: {interrupt({'confirm': what})}"
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look a fact up."""
+    return f"fact about {query}"
+
+
+def _rows(dsn: str, table: str = "checkpoints") -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_turn_without_tools_writes_no_checkpoint(postgres_dsn: str) -> None:
+    with StelloAgent(model=ScriptedChatModel(default="ok"), storage=postgres_dsn) as agent:
+        saver = agent.checkpointer
+        assert isinstance(saver, StelloPostgresSaver) and saver.hold_first_steps
+        sid = agent.main_session_id
+        for n in range(3):
+            assert agent.turn(sid, f"question {n}").content == "ok"
+        assert _rows(postgres_dsn) == 0 and _rows(postgres_dsn, "checkpoint_writes") == 0
+        assert agent.storage.get_lease(sid) is None  # freed by the commit
+
+
+async def test_an_async_turn_without_tools_writes_no_checkpoint(postgres_dsn: str) -> None:
+    async with StelloAgent(model=ScriptedChatModel(default="ok"), storage=postgres_dsn) as agent:
+        sid = agent.main_session_id
+        assert (await agent.aturn(sid, "hi")).content == "ok"
+        assert _rows(postgres_dsn) == 0
+        assert await agent.storage.aget_lease(sid) is None
+
+
+def test_a_tool_turn_is_written_from_its_tool_results_then_pruned(postgres_dsn: str) -> None:
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("lookup", {"query": "x"}), "done"])
+    with StelloAgent(model=model, storage=postgres_dsn, tools=[lookup]) as agent:
+        result = agent.turn(agent.main_session_id, "look it up")
+        assert result.content == "done" and result.tool_rounds == 1
+        assert _rows(postgres_dsn) == 0  # the thread is pruned once the turn is committed
+        assert agent.storage.get_lease(agent.main_session_id) is None
+
+
+def test_an_interrupted_turn_is_on_the_database_when_turn_returns(postgres_dsn: str) -> None:
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("confirm", {"what": "x"}), "Done."])
+    with StelloAgent(model=model, storage=postgres_dsn, tools=[confirm]) as first:
+        sid = first.main_session_id
+        assert first.turn(sid, "do it").interrupted
+        assert _rows(postgres_dsn) > 0
+        # another agent (another process, say) on the database resumes it
+        with StelloAgent(model=model, storage=postgres_dsn, tools=[confirm]) as other:
+            assert other.resume(sid, "yes").content == "Done."
+            texts = [m.text for m in other.session(sid).messages()]
+            assert texts[-2:] == ["confirmed: yes", "Done."]
+
+
+def test_a_failed_turn_is_on_the_database_and_resumes(postgres_dsn: str) -> None:
+    model = ScriptedChatModel([RuntimeError("provider down"), "Back."])
+    with StelloAgent(model=model, storage=postgres_dsn) as agent:
+        sid = agent.main_session_id
+        with pytest.raises(ModelCallError, match="provider down"):
+            agent.turn(sid, "hello")
+        assert _rows(postgres_dsn) > 0  # the turn's input, written when the run failed
+        with StelloAgent(model=model, storage=postgres_dsn) as other:
+            assert other.resume(sid).content == "Back."
+            assert [m.text for m in other.session(sid).messages()] == ["hello", "Back."]
+
+
+def _input(saver: StelloPostgresSaver, thread: str) -> None:
+    config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+
+
+def test_held_steps_are_written_when_read_or_closed(postgres_dsn: str) -> None:
+    saver = postgres_saver(postgres_dsn)
+    saver.hold_first_steps = True
+    _input(saver, "a")
+    assert _rows(postgres_dsn) == 0 and saver.unwritten("a")
+    assert saver.get_tuple({"configurable": {"thread_id": "a"}}) is not None  # a read writes
+    assert _rows(postgres_dsn) == 1 and not saver.unwritten("a")
+    _input(saver, "b")
+    saver.delete_thread("b")  # held only: dropped without a statement
+    assert _rows(postgres_dsn) == 1
+    saver.delete_thread("a")  # on the database: deleted there
+    assert _rows(postgres_dsn) == 0
+    _input(saver, "c")
+    saver.close()
+    assert _rows(postgres_dsn) == 1
