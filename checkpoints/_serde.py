@@ -63,7 +63,7 @@ JSON text and its ISO timestamp."""
 MetaRow = tuple[str, str, str, str, str, str, str, str]
 """`(id, label, role, status, tags, metadata, created_at, updated_at)` of a session."""
 
-SessionRead = tuple[SessionMeta, tuple[Any, ...], Sequence[BaseMessage]]
+SessionRead = tuple[SessionMeta, tuple[Any, ...], "Sequence[BaseMessage]"]
 """What `op_read_session` returns: the meta, the named fields in order, the records (or `()`)."""
 
 
