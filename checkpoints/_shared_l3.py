@@ -161,6 +161,31 @@ class SharedPrefixes:
             humans += int(users)
         return total, humans
 
+    def patch(self, rows: list[Any], records: int | None, humans: int) -> Lookup[list[Any]]:
+        """Stats or digest rows (`id` first) with the figures of the sessions that share a
+        prefix counted over their whole L3 (a one-pass query counts their own rows only):
+        the column `records` (the record count; `None`: no such column) and `humans` (the
+        user records after the L2 cursor)."""
+        shared = yield (
+            f"""SELECT id, memory_through FROM {self.sessions}
+            WHERE tree_id = %s AND base_id IS NOT NULL""",
+            (self.tree_id,),
+        )
+        if not shared:
+            return rows
+        through: dict[str, int | None] = dict(shared)
+        patched: list[Any] = []
+        for row in rows:
+            if row[0] in through:
+                total, users = yield from self.humans_from(row[0], through[row[0]] or 0)
+                values = list(row)
+                values[humans] = users
+                if records is not None:
+                    values[records] = total
+                row = tuple(values)
+            patched.append(row)
+        return patched
+
     def dependents(self, session_ids: list[str]) -> Lookup[list[str]]:
         """The sessions, outside `session_ids`, whose shared prefix points at one of them."""
         if not session_ids:

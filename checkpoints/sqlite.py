@@ -186,26 +186,6 @@ class SqliteMainStorage(BackendStorage):
         """Run shared-prefix statements (`_shared_l3`) on the connection."""
         return drive_sqlite(steps, lambda sql, params: self._q(sql, params).fetchall())
 
-    def _patch_shared(self, rows: list[Any], records: int | None, humans: int) -> list[Any]:
-        """Stats or digest rows with the figures of sessions that share a prefix counted
-        over their whole L3 (the one-pass query counts their own rows only)."""
-        sql = f"""SELECT id, memory_through FROM {SESSIONS}
-            WHERE tree_id = ? AND base_id IS NOT NULL"""
-        shared = dict(self._q(sql, (self.tree_id,)).fetchall())
-        if not shared:
-            return rows
-        patched = []
-        for row in rows:
-            if row[0] in shared:
-                total, users = self._run(self._shared.humans_from(row[0], shared[row[0]] or 0))
-                row = list(row)
-                row[humans] = users
-                if records is not None:
-                    row[records] = total
-                row = tuple(row)
-            patched.append(row)
-        return patched
-
     # -- sessions -------------------------------------------------------------------------
     def op_session_exists(self, session_id: str) -> bool:
         sql = f"SELECT 1 FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
@@ -274,7 +254,6 @@ class SqliteMainStorage(BackendStorage):
             WHERE s.tree_id = ? ORDER BY s.created_seq""",
             (self.tree_id,),
         )
-        rows = self._patch_shared(rows.fetchall(), 8, 10)
         return [
             SessionStats(
                 id=row[0],
@@ -292,7 +271,7 @@ class SqliteMainStorage(BackendStorage):
                 has_insight=bool(row[12]),
                 has_subtree_synthesis=bool(row[13]),
             )
-            for row in rows
+            for row in self._run(self._shared.patch(rows.fetchall(), 8, 10))
         ]
 
     def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
@@ -458,7 +437,7 @@ class SqliteMainStorage(BackendStorage):
             WHERE s.tree_id = ? ORDER BY s.created_seq""",
             (self.tree_id,),
         )
-        return self._patch_shared(rows.fetchall(), None, 8)
+        return self._run(self._shared.patch(rows.fetchall(), None, 8))
 
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:
