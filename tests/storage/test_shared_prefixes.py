@@ -137,10 +137,16 @@ async def test_copying_into_a_target_with_records_goes_through_the_prefix(api: A
 async def test_a_shared_fork_rolled_back_leaves_nothing(api: Api) -> None:
     await _session(api, "src", turns=2)
     await _session(api, "kid")
-    with pytest.raises(RuntimeError):
+    await api("list_records", "src")  # the source's records are cached where there is a cache
+
+    async def share_then_fail() -> None:
         async with api.transaction():
             await api("copy_records", "src", "kid", count=4)
+            assert (await _view(api, "kid"))[2] == 4
             raise RuntimeError("undo")
+
+    with pytest.raises(RuntimeError):
+        await share_then_fail()
     assert await _view(api, "kid") == ([], [], 0)
     await _turns(api, "kid", 1, start=7)  # its own records start from the first again
     assert (await _view(api, "kid"))[0] == ["kid-q7", "kid-a7"]
