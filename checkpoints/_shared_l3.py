@@ -165,19 +165,40 @@ class SharedPrefixes:
         """Stats or digest rows (`id` first) with the figures of the sessions that share a
         prefix counted over their whole L3 (a one-pass query counts their own rows only):
         the column `records` (the record count; `None`: no such column) and `humans` (the
-        user records after the L2 cursor)."""
+        user records after the L2 cursor).
+
+        One statement covers every session whose prefix is held by an unshared session (one
+        generation: the usual case, since a cut inside a shared prefix points at its holder);
+        deeper chains are counted segment by segment."""
+        r, s_ = self.records, self.sessions
         shared = yield (
-            f"""SELECT id, memory_through FROM {self.sessions}
-            WHERE tree_id = %s AND base_id IS NOT NULL""",
+            f"""SELECT s.id, b.base_id IS NULL, s.memory_through,
+                s.base_count + (SELECT COUNT(*) FROM {r} o
+                    WHERE o.tree_id = s.tree_id AND o.session_id = s.id),
+                (SELECT COUNT(*) FROM {r} o
+                    WHERE o.tree_id = s.tree_id AND o.session_id = s.id AND o.type = 'human'
+                    AND o.seq >= COALESCE(s.memory_through, 0))
+                + (SELECT COUNT(*) FROM {r} h, (SELECT MIN(f.seq) AS low FROM {r} f
+                        WHERE f.tree_id = s.tree_id AND f.session_id = s.base_id) m
+                    WHERE h.tree_id = s.tree_id AND h.session_id = s.base_id
+                    AND h.type = 'human' AND h.seq >= m.low + COALESCE(s.memory_through, 0)
+                    AND h.seq < m.low + s.base_count)
+            FROM {s_} s LEFT JOIN {s_} b ON b.tree_id = s.tree_id AND b.id = s.base_id
+            WHERE s.tree_id = %s AND s.base_id IS NOT NULL""",
             (self.tree_id,),
         )
         if not shared:
             return rows
-        through: dict[str, int | None] = dict(shared)
+        figures: dict[str, tuple[int, int]] = {}
+        for sid, flat, through, total, users in shared:
+            if flat:
+                figures[sid] = (int(total), int(users))
+            else:
+                figures[sid] = yield from self.humans_from(sid, int(through or 0))
         patched: list[Any] = []
         for row in rows:
-            if row[0] in through:
-                total, users = yield from self.humans_from(row[0], through[row[0]] or 0)
+            if row[0] in figures:
+                total, users = figures[row[0]]
                 values = list(row)
                 values[humans] = users
                 if records is not None:

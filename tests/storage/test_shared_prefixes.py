@@ -95,6 +95,12 @@ async def test_prefixes_through_several_generations(api: Api) -> None:
     expected += [f"b-{k}{n}" for n in (10, 11) for k in "qa"]
     expected += ["c-q20", "c-a20"]
     assert (await _view(api, "d"))[0] == expected
+    await api("put_memory", "d", "d L2", through=3)  # inside a's rows, two generations up
+    stats = {s.id: s for s in await api("list_session_stats")}
+    assert (stats["d"].records, stats["d"].turns_since_memory) == (12, 4)
+    assert (stats["c"].records, stats["c"].turns_since_memory) == (12, 6)
+    digests = {d.id: d for d in await api("list_session_digests")}
+    assert (digests["d"].stale_turns, digests["c"].stale_turns) == (4, 6)
     before = {sid: await _view(api, sid) for sid in "bcd"}
     await api("trim_records", "b", keep_last=2)  # a middle generation trims its own prefix
     await api("trim_records", "a", keep_last=1)
