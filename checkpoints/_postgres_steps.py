@@ -384,7 +384,7 @@ class Statements:
 
     def copy_records(self, source_id: str, target_id: str, count: int) -> Steps[int]:
         tree = self.tree_id
-        sql = f"""SELECT s.id, s.next_seq, s.base_id, EXISTS (SELECT 1 FROM {RECORDS} r
+        sql = f"""SELECT s.id, s.next_seq, s.base_count + (SELECT COUNT(*) FROM {RECORDS} r
                 WHERE r.tree_id = s.tree_id AND r.session_id = s.id)
             FROM {SESSIONS} s WHERE s.tree_id = %s AND s.id = ANY(%s)"""
         rows = (yield Query(sql, (tree, [source_id, target_id]))).rows
@@ -392,8 +392,9 @@ class Statements:
         for session_id in (source_id, target_id):
             if session_id not in present:
                 raise SessionNotFoundError(session_id)
-        first, base_id, has_rows = present[target_id]
-        if count > 0 and base_id is None and not has_rows:
+        count = min(count, int(present[source_id][1]))  # checked by the caller; kept exact
+        first, records = present[target_id]
+        if count > 0 and source_id != target_id and records == 0:
             # a fresh child shares the source's rows: none is written
             yield from self.run(self.shared.share(source_id, target_id, count))
         else:  # copied in the database, stored form and turn kept; seqs continue the target's

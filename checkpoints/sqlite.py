@@ -392,17 +392,18 @@ class SqliteMainStorage(BackendStorage):
     # -- branching (contract B: rows shared or copied inside the database) -----------------
     def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
         tree = self.tree_id
-        sql = f"""SELECT s.next_seq, s.base_id, EXISTS (SELECT 1 FROM {RECORDS} r
+        sql = f"""SELECT s.next_seq, s.base_id, s.base_count + (SELECT COUNT(*) FROM {RECORDS} r
                 WHERE r.tree_id = s.tree_id AND r.session_id = s.id)
             FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"""
         found = [self._q(sql, (tree, sid)).fetchone() for sid in (source_id, target_id)]
         for sid, row in zip((source_id, target_id), found, strict=True):
             if row is None:
                 raise SessionNotFoundError(sid)
+        count = min(count, found[0][2])  # the caller checked it; a prefix must be exact
         source = self._cache.get(source_id)
         target = self._cache.get(target_id)
         self._cache.discard(target_id)  # marks it touched: a rollback forgets it
-        empty = count > 0 and found[1][1] is None and not found[1][2]
+        empty = count > 0 and source_id != target_id and found[1][2] == 0
         if empty:  # a fresh child: it shares the source's rows, none is written
             self._run(self._shared.share(source_id, target_id, count))
         else:  # rows copied inside the database, after the target's own
