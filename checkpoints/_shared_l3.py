@@ -44,6 +44,9 @@ T = TypeVar("T")
 Lookup = Generator[tuple[str, tuple[Any, ...]], list[tuple[Any, ...]], T]
 """A generator of statements: yields `(sql, params)`, is sent the rows, returns a value."""
 
+_CHUNK = 500
+"""Ids per statement when looking for dependents (SQLite binds at most 32,766 parameters)."""
+
 Segment = tuple[str, int | None]
 """`(holder, count)`: the first `count` own rows of session `holder` (`None`: all of them)."""
 
@@ -209,15 +212,17 @@ class SharedPrefixes:
 
     def dependents(self, session_ids: list[str]) -> Lookup[list[str]]:
         """The sessions, outside `session_ids`, whose shared prefix points at one of them."""
-        if not session_ids:
-            return []
-        marks = ", ".join(["%s"] * len(session_ids))
-        rows = yield (
-            f"""SELECT id FROM {self.sessions}
-            WHERE tree_id = %s AND base_id IN ({marks}) AND id NOT IN ({marks})""",
-            (self.tree_id, *session_ids, *session_ids),
-        )
-        return [row[0] for row in rows]
+        wanted, found = set(session_ids), list[str]()
+        for start in range(0, len(session_ids), _CHUNK):  # a bounded number of parameters
+            chunk = session_ids[start : start + _CHUNK]
+            marks = ", ".join(["%s"] * len(chunk))
+            rows = yield (
+                f"""SELECT id FROM {self.sessions}
+                WHERE tree_id = %s AND base_id IN ({marks})""",
+                (self.tree_id, *chunk),
+            )
+            found.extend(row[0] for row in rows if row[0] not in wanted)
+        return found
 
     def copy_rows(self, target_id: str, segments: list[Segment], first: int) -> Lookup[int]:
         """Insert the rows of `segments` into the target, with seqs from `first` on, each

@@ -12,7 +12,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from stello_graph import Session
-from stello_graph.checkpoints import SqliteMainStorage, _schema
+from stello_graph.checkpoints import SqliteMainStorage, _schema, _shared_l3
 from stello_graph.models import SessionMeta, TopologyNode
 from tests.conftest import Api
 
@@ -209,3 +209,19 @@ def test_a_v7_file_keeps_its_copied_forks(tmp_path: Path) -> None:
         storage.trim_records("src", keep_last=0)
         assert [m.content for m in storage.list_records("kid")] == ["q", "a"]
         assert storage.list_record_turns("kid") == [("t1", 0), ("t1", 1)]
+
+
+async def test_a_removal_finds_dependents_in_bounded_statements(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_shared_l3, "_CHUNK", 1)  # one id per statement
+    await _session(api, "top")
+    for sid in ("a", "b"):
+        await api("put_session", SessionMeta(id=sid, label=sid))
+        await api("put_node", TopologyNode(id=sid, parent_id="top", label=sid))
+        await _turns(api, sid, 1)
+    await _fork(api, "b", "kid", 2)  # outside the removed subtree, sharing b's rows
+    await _fork(api, "a", "inside", 2)
+    await api("put_node", TopologyNode(id="inside", parent_id="a", label="inside"))
+    assert sorted(await api("remove_node", "top", cascade=True)) == ["a", "b", "inside", "top"]
+    assert (await _view(api, "kid"))[0] == ["b-q0", "b-a0"]
