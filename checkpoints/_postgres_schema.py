@@ -10,6 +10,9 @@ The tables are those of the SQLite schema (`_schema`), in the connection's curre
   `records_stamp`, a new value of the sequence `stello_record_stamps` at every change to the
   session's records: a storage keeps decoded records while the stamp it read is still there
   (sequences are not rolled back, so a stamp is never seen twice, across processes too).
+  Version 2 adds the shared L3 prefix of forks: `base_id` (the session whose first
+  `base_count` records start this session's L3, `NULL` for none) and `base_count`, with a
+  partial index on `(tree_id, base_id)`; see `_shared_l3`.
 * `stello_records` - L3, one row per record, keyed and ordered by `(tree_id, session_id,
   seq)`, with the turn that wrote it (`turn_id` on the first record of each run of a turn,
   `turn_seq`) and a partial index on `turn_id`.
@@ -135,7 +138,15 @@ _V1 = (
     )""",
 )
 
-MIGRATIONS: tuple[Sequence[str], ...] = (_V1,)
+_V2 = (
+    # The shared L3 prefix of forks (`_shared_l3`): existing forks keep their copied rows.
+    f"ALTER TABLE {SESSIONS} ADD COLUMN base_id text",
+    f"ALTER TABLE {SESSIONS} ADD COLUMN base_count integer NOT NULL DEFAULT 0",
+    f"""CREATE INDEX stello_sessions_bases ON {SESSIONS} (tree_id, base_id)
+        WHERE base_id IS NOT NULL""",
+)
+
+MIGRATIONS: tuple[Sequence[str], ...] = (_V1, _V2)
 """`MIGRATIONS[n - 1]`: the statements that bring a database from version `n - 1` to `n`."""
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -28,6 +28,7 @@ from stello_graph.checkpoints._serde import (
     from_iso,
     row_to_meta,
 )
+from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T
 from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.digest import DigestRow
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
@@ -65,6 +66,18 @@ class Statements:
         self.cache_size = cache_size
         self.cache: OrderedDict[str, tuple[int, list[BaseMessage]]] = OrderedDict()
         """Decoded records by session, with the `records_stamp` they were read at."""
+        self.shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
+        """The statements of shared L3 prefixes (`_shared_l3`)."""
+
+    @staticmethod
+    def run(lookup: Lookup[T]) -> Steps[T]:
+        """The shared-prefix statements of `lookup`, as steps of a primitive."""
+        try:
+            sql, params = next(lookup)
+            while True:
+                sql, params = lookup.send((yield Query(sql, params)).rows)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     def session_exists(self, session_id: str) -> Steps[bool]:
         sql = f"SELECT 1 FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
@@ -158,6 +171,7 @@ class Statements:
                 (self.tree_id,),
             )
         ).rows
+        rows = yield from self.run(self.shared.patch(rows, 8, 10))
         return [
             SessionStats(
                 id=row[0],
@@ -237,6 +251,7 @@ class Statements:
                 (self.tree_id,),
             )
         ).rows
+        rows = yield from self.run(self.shared.patch(rows, None, 8))
         return [cast("DigestRow", tuple(row)) for row in rows]
 
     def set_fields(self, session_id: str, values: dict[str, Any]) -> Steps[None]:
@@ -250,7 +265,9 @@ class Statements:
 
     def delete_sessions(self, session_ids: list[str]) -> Steps[None]:
         # ON DELETE CASCADE removes each session's records and node; one statement, so the
-        # nodes' parent references are checked once every listed node is gone.
+        # nodes' parent references are checked once every listed node is gone. Sessions that
+        # share a prefix of these copy it first (`_shared_l3`).
+        yield from self.run(self.shared.release(list(session_ids)))
         sql = f"DELETE FROM {SESSIONS} WHERE tree_id = %s AND id = ANY(%s)"
         yield Query(sql, (self.tree_id, list(session_ids)))
         for session_id in session_ids:
@@ -310,15 +327,23 @@ class Statements:
         return int(before) + count
 
     def has_turn(self, session_id: str, turn_id: str) -> Steps[bool]:
-        sql = f"""SELECT 1 FROM {RECORDS}
-            WHERE tree_id = %s AND session_id = %s AND turn_id = %s LIMIT 1"""
-        return bool((yield Query(sql, (self.tree_id, session_id, turn_id))).rows)
+        # one statement for the usual case: the session's own rows, and whether it has more
+        sql = f"""SELECT s.base_id, s.base_count, EXISTS (SELECT 1 FROM {RECORDS} r
+                WHERE r.tree_id = s.tree_id AND r.session_id = s.id AND r.turn_id = %s)
+            FROM {SESSIONS} s WHERE s.tree_id = %s AND s.id = %s"""
+        rows = (yield Query(sql, (turn_id, self.tree_id, session_id))).rows
+        if not rows or rows[0][2]:
+            return bool(rows)
+        base_id, base_count, _ = rows[0]
+        if base_id is None:
+            return False
+        prefix = yield from self.run(self.shared.prefix(base_id, base_count))
+        return (yield from self.run(self.shared.has_turn(prefix, turn_id)))
 
     def turns(self, session_id: str) -> Steps[list[RecordTurn]]:
-        sql = f"""SELECT turn_id, turn_seq FROM {RECORDS}
-            WHERE tree_id = %s AND session_id = %s ORDER BY seq"""
+        rows = yield from self.run(self.shared.rows(session_id, "turn_id, turn_seq"))
         turns, turn_id = [], ""
-        for stored, turn_seq in (yield Query(sql, (self.tree_id, session_id))).rows:
+        for stored, turn_seq in rows or ():
             turn_id = stored or turn_id  # the first record of a run carries the turn's id
             turns.append((turn_id, turn_seq))
         return turns
@@ -340,7 +365,7 @@ class Statements:
         # the stamp and the records in one statement: one snapshot
         rows = (
             yield Query(
-                f"""SELECT s.records_stamp, r.data FROM {SESSIONS} s
+                f"""SELECT s.records_stamp, s.base_id, r.data FROM {SESSIONS} s
                 LEFT JOIN {RECORDS} r ON r.tree_id = s.tree_id AND r.session_id = s.id
                 WHERE s.tree_id = %s AND s.id = %s ORDER BY r.seq""",
                 key,
@@ -349,8 +374,14 @@ class Statements:
         if not rows:
             self.cache.pop(session_id, None)
             return []
-        records = [decode_message(data) for _, data in rows if data is not None]
-        self.remember(session_id, rows[0][0], records)
+        stamp = rows[0][0]
+        if rows[0][1] is not None:  # a shared prefix: its rows, then the session's own
+            # the same transaction: the rows a prefix points at do not change (see
+            # `_shared_l3`), and the stamp read above is the session's for these rows
+            shared = yield from self.run(self.shared.rows(session_id, "data"))
+            rows = [(stamp, None, data) for (data,) in shared or ()]
+        records = [decode_message(data) for _, _, data in rows if data is not None]
+        self.remember(session_id, stamp, records)
         return records
 
     def remember(self, session_id: str, stamp: int, records: list[BaseMessage]) -> None:
@@ -363,10 +394,17 @@ class Statements:
             self.cache.popitem(last=False)
 
     def count(self, session_id: str) -> Steps[int]:
-        sql = f"SELECT COUNT(*) FROM {RECORDS} WHERE tree_id = %s AND session_id = %s"
-        return int((yield Query(sql, (self.tree_id, session_id))).rows[0][0])
+        sql = f"""SELECT s.base_count + (SELECT COUNT(*) FROM {RECORDS} r
+                WHERE r.tree_id = s.tree_id AND r.session_id = s.id)
+            FROM {SESSIONS} s WHERE s.tree_id = %s AND s.id = %s"""
+        rows = (yield Query(sql, (self.tree_id, session_id))).rows
+        return int(rows[0][0]) if rows else 0
 
     def drop_oldest(self, session_id: str, count: int) -> Steps[None]:
+        # rows below a child's cut are about to go: the children copy them first, and a
+        # session trimming its own shared prefix holds its rows itself first (`_shared_l3`)
+        yield from self.run(self.shared.release([session_id]))
+        yield from self.run(self.shared.materialise(session_id))
         key = (self.tree_id, session_id)
         kept = f"""SELECT seq FROM {RECORDS} WHERE tree_id = %s AND session_id = %s
             ORDER BY seq LIMIT 1 OFFSET %s"""
@@ -396,29 +434,28 @@ class Statements:
 
     def copy_records(self, source_id: str, target_id: str, count: int) -> Steps[int]:
         tree = self.tree_id
-        sql = f"SELECT id FROM {SESSIONS} WHERE tree_id = %s AND id = ANY(%s)"
-        present = {row[0] for row in (yield Query(sql, (tree, [source_id, target_id]))).rows}
+        sql = f"""SELECT s.id, s.next_seq, s.base_count + (SELECT COUNT(*) FROM {RECORDS} r
+                WHERE r.tree_id = s.tree_id AND r.session_id = s.id)
+            FROM {SESSIONS} s WHERE s.tree_id = %s AND s.id = ANY(%s)"""
+        rows = (yield Query(sql, (tree, [source_id, target_id]))).rows
+        present = {row[0]: row[1:] for row in rows}
         for session_id in (source_id, target_id):
             if session_id not in present:
                 raise SessionNotFoundError(session_id)
-        # copied in the database, stored form and turn kept; seqs continue the target's
+        count = min(count, int(present[source_id][1]))  # checked by the caller; kept exact
+        first, records = present[target_id]
+        if count > 0 and source_id != target_id and records == 0:
+            # a fresh child shares the source's rows: none is written
+            yield from self.run(self.shared.share(source_id, target_id, count))
+        else:  # copied in the database, stored form and turn kept; seqs continue the target's
+            segments = yield from self.run(self.shared.prefix(source_id, count))
+            copied = yield from self.run(self.shared.copy_rows(target_id, segments, first))
+            sql = f"UPDATE {SESSIONS} SET next_seq = %s WHERE tree_id = %s AND id = %s"
+            yield Query(sql, (first + copied, tree, target_id))
         yield Query(
-            f"""WITH src AS (
-                SELECT type, data, created_at, turn_id, turn_seq,
-                    row_number() OVER (ORDER BY seq) - 1 AS i
-                FROM {RECORDS} WHERE tree_id = %s AND session_id = %s
-                ORDER BY seq LIMIT %s),
-            target AS (
-                UPDATE {SESSIONS} SET next_seq = next_seq + (SELECT COUNT(*) FROM src),
-                    records_stamp = nextval('{_schema.STAMPS}')
-                WHERE tree_id = %s AND id = %s
-                RETURNING next_seq - (SELECT COUNT(*) FROM src) AS first)
-            INSERT INTO {RECORDS}
-                (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
-            SELECT %s, %s, target.first + src.i, src.type, src.data, src.created_at,
-                src.turn_id, src.turn_seq
-            FROM src CROSS JOIN target""",
-            (tree, source_id, count, tree, target_id, tree, target_id),
+            f"""UPDATE {SESSIONS} SET records_stamp = nextval('{_schema.STAMPS}')
+            WHERE tree_id = %s AND id = %s""",
+            (tree, target_id),
         )
         self.cache.pop(target_id, None)
         return (yield from self.count(target_id))

@@ -51,6 +51,13 @@ Version 7:
   cursor only grows within a tree, and a reader in any process follows the log with one
   range scan from the last cursor it saw. Not tied to sessions: a removed session's events
   stay in the log.
+
+Version 8 adds to `stello_sessions` the shared L3 prefix of forks (`_shared_l3`): `base_id`
+(the session whose first `base_count` records start this session's L3, `NULL` for none; not a
+foreign key: the rows are kept alive by materialising the child before the source trims or
+is deleted) and `base_count`, with a partial index on `(tree_id, base_id)` (the children that
+depend on a session) and a trigger that counts a change of either as a change of L3. Forks
+made before version 8 keep their copied rows and no base.
 """
 
 from __future__ import annotations
@@ -271,6 +278,22 @@ def _v7_events(db: Database) -> None:
     )
 
 
+def _v8_shared_prefixes(db: Database) -> None:
+    # Existing forks keep their copied rows (no base): they read back as before.
+    db.execute(f"ALTER TABLE {SESSIONS} ADD COLUMN base_id TEXT")
+    db.execute(f"ALTER TABLE {SESSIONS} ADD COLUMN base_count INTEGER NOT NULL DEFAULT 0")
+    db.execute(
+        f"CREATE INDEX stello_sessions_bases ON {SESSIONS} (tree_id, base_id) "
+        "WHERE base_id IS NOT NULL"
+    )
+    # A session's L3 changes when its prefix is set or materialised: cached records of it in
+    # another connection must be checked again, as for a change of its rows.
+    db.execute(
+        f"""CREATE TRIGGER stello_sessions_base AFTER UPDATE OF base_id, base_count
+        ON {SESSIONS} BEGIN {_bump("NEW")} END"""
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_initial,
     _v2_tree_memory,
@@ -279,6 +302,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v5_turn_ids,
     _v6_lineage,
     _v7_events,
+    _v8_shared_prefixes,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -409,7 +409,9 @@ class BackendStorage(BulkReads, AsyncMethods):
     def copy_records(self, source_id: str, target_id: str, *, count: int) -> int:
         """Append the first `count` records of `source_id` after those of `target_id`, as
         stored (no decoding, each keeps its `(turn_id, turn_seq)`); return the target's
-        number of records afterwards. A fork uses it when nothing has to be rewritten.
+        number of records afterwards. A fork uses it when nothing has to be rewritten. The
+        SQL backends give a target without records a shared prefix instead of copies (no
+        row written, the same reads; see `checkpoints/_shared_l3`).
 
         Raises:
             SessionNotFoundError: either session is missing.

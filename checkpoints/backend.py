@@ -233,7 +233,11 @@ class StorageBackend(Protocol):
         Rows are copied inside the database (no decode / re-encode); the target's
         `updated_at` and `turn_count` are left as they are. The caller checked that
         `count` is at most the source's records and that the two ids differ. Raise
-        `SessionNotFoundError` when either session is missing."""
+        `SessionNotFoundError` when either session is missing.
+
+        A backend may share the rows instead of copying them when the target has none
+        (SQLite and PostgreSQL do: a shared prefix, `checkpoints/_shared_l3`); every read of
+        the target must then see them, and no later write to the source may change them."""
         ...
 
     # -- topology -------------------------------------------------------------------------

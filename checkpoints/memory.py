@@ -317,6 +317,9 @@ class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
 
     # -- branching ------------------------------------------------------------------------
     def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        # The decoded messages are shared, never mutated (lists are replaced on every
+        # write): the copy is of references only, the in-memory form of a shared prefix
+        # (`_shared_l3`), and a later trim or removal of the source cannot reach it.
         source, target = self._session(source_id), self._session(target_id)
         # the decoded records are shared, as they are never mutated (reads hand out copies)
         self._set(target, "turns", [*target.turns, *source.turns[:count]])

@@ -31,6 +31,7 @@ from stello_graph.checkpoints._serde import (
     from_iso,
     row_to_meta,
 )
+from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, drive_sqlite
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._sqlite_conn import SqliteHooks, connect
 from stello_graph.checkpoints._txn import TransactionHooks
@@ -114,6 +115,7 @@ class SqliteMainStorage(BackendStorage):
         have the same."""
         busy_ms = max(0, int(busy_timeout * 1000))
         self._hooks = SqliteHooks(self._conn, self._cache, busy_ms, tree_id)
+        self._shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
         super().__init__(self, tree_id=tree_id)  # its own `StorageBackend`
         self._closed = False
         try:
@@ -185,6 +187,10 @@ class SqliteMainStorage(BackendStorage):
 
     def _sync_cache(self) -> None:
         self._hooks.sync()
+
+    def _run(self, steps: Lookup[T]) -> T:
+        """Run shared-prefix statements (`_shared_l3`) on the connection."""
+        return drive_sqlite(steps, lambda sql, params: self._q(sql, params).fetchall())
 
     # -- sessions -------------------------------------------------------------------------
     def op_session_exists(self, session_id: str) -> bool:
@@ -272,7 +278,7 @@ class SqliteMainStorage(BackendStorage):
                 has_insight=bool(row[12]),
                 has_subtree_synthesis=bool(row[13]),
             )
-            for row in rows
+            for row in self._run(self._shared.patch(rows.fetchall(), 8, 10))
         ]
 
     def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
@@ -340,35 +346,47 @@ class SqliteMainStorage(BackendStorage):
         cached = self._cache.get(session_id)
         if cached is not None:
             return cached
-        sql = f"SELECT data FROM {RECORDS} WHERE tree_id = ? AND session_id = ? ORDER BY seq"
-        records = [decode_message(data) for (data,) in self._q(sql, (self.tree_id, session_id))]
+        rows = self._run(self._shared.rows(session_id, "data")) or []
+        records = [decode_message(data) for (data,) in rows]
         self._cache.put(session_id, records)
         return records
 
     def op_turns(self, session_id: str) -> list[RecordTurn]:
-        sql = f"""SELECT turn_id, turn_seq FROM {RECORDS}
-            WHERE tree_id = ? AND session_id = ? ORDER BY seq"""
         turns, turn_id = [], ""
-        for stored, turn_seq in self._q(sql, (self.tree_id, session_id)):
+        for stored, turn_seq in self._run(self._shared.rows(session_id, "turn_id, turn_seq")) or ():
             turn_id = stored or turn_id  # the first record of a run carries the turn's id
             turns.append((turn_id, turn_seq))
         return turns
 
     def op_has_turn(self, session_id: str, turn_id: str) -> bool:
-        sql = f"""SELECT 1 FROM {RECORDS} INDEXED BY stello_records_turns
-            WHERE tree_id = ? AND session_id = ? AND turn_id = ? LIMIT 1"""
-        return self._q(sql, (self.tree_id, session_id, turn_id)).fetchone() is not None
+        # one statement for the usual case: the session's own rows, and whether it has more
+        sql = f"""SELECT base_id, base_count, EXISTS (
+                SELECT 1 FROM {RECORDS} INDEXED BY stello_records_turns
+                WHERE tree_id = s.tree_id AND session_id = s.id AND turn_id = ?)
+            FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"""
+        row = self._q(sql, (turn_id, self.tree_id, session_id)).fetchone()
+        if row is None or row[2]:
+            return row is not None
+        if row[0] is None:
+            return False
+        return self._run(self._shared.has_turn(self._run(self._shared.prefix(*row[:2])), turn_id))
 
     def op_count(self, session_id: str) -> int:
         self._sync_cache()
         cached = self._cache.get(session_id)
         if cached is not None:
             return len(cached)
-        sql = f"SELECT COUNT(*) FROM {RECORDS} WHERE tree_id = ? AND session_id = ?"
-        count: int = self._q(sql, (self.tree_id, session_id)).fetchone()[0]
-        return count
+        sql = f"""SELECT s.base_count + (SELECT COUNT(*) FROM {RECORDS} r
+                WHERE r.tree_id = s.tree_id AND r.session_id = s.id)
+            FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"""
+        row = self._q(sql, (self.tree_id, session_id)).fetchone()
+        return 0 if row is None else int(row[0])
 
     def op_drop_oldest(self, session_id: str, count: int) -> None:
+        # rows below a child's cut are about to go: the children copy them first, and a
+        # session trimming its own shared prefix holds its rows itself first (`_shared_l3`)
+        self._run(self._shared.release([session_id]))
+        self._run(self._shared.materialise(session_id))
         key = (self.tree_id, session_id)
         kept = f"""SELECT seq FROM {RECORDS} WHERE tree_id = ? AND session_id = ?
             ORDER BY seq LIMIT 1 OFFSET ?"""
@@ -390,34 +408,30 @@ class SqliteMainStorage(BackendStorage):
         )
         self._cache.drop_oldest(session_id, count)
 
-    # -- branching (contract B: rows copied inside the database) --------------------------
+    # -- branching (contract B: rows shared or copied inside the database) -----------------
     def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
         tree = self.tree_id
-        next_seq = f"SELECT next_seq FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
-        found = [self._q(next_seq, (tree, sid)).fetchone() for sid in (source_id, target_id)]
+        sql = f"""SELECT s.next_seq, s.base_id, s.base_count + (SELECT COUNT(*) FROM {RECORDS} r
+                WHERE r.tree_id = s.tree_id AND r.session_id = s.id)
+            FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"""
+        found = [self._q(sql, (tree, sid)).fetchone() for sid in (source_id, target_id)]
         for sid, row in zip((source_id, target_id), found, strict=True):
             if row is None:
                 raise SessionNotFoundError(sid)
-        first: int = found[1][0]
-        # A session's seqs are contiguous from its first record (see `op_session_stats`),
-        # and its first record always carries its turn's id (`op_drop_oldest` keeps it so):
-        # the copied prefix reads back with the same turns.
-        copied = self._q(
-            f"""INSERT INTO {RECORDS}
-                (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
-            SELECT r.tree_id, ?, ? + r.seq - m.low, r.type, r.data, r.created_at, r.turn_id,
-                r.turn_seq
-            FROM {RECORDS} r, (SELECT MIN(seq) AS low FROM {RECORDS}
-                WHERE tree_id = ? AND session_id = ?) m
-            WHERE r.tree_id = ? AND r.session_id = ? AND r.seq < m.low + ?""",
-            (target_id, first, tree, source_id, tree, source_id, count),
-        ).rowcount
-        sql = f"UPDATE {SESSIONS} SET next_seq = ? WHERE tree_id = ? AND id = ?"
-        self._q(sql, (first + copied, tree, target_id))
+        count = min(count, found[0][2])  # the caller checked it; a prefix must be exact
         source = self._cache.get(source_id)
         target = self._cache.get(target_id)
         self._cache.discard(target_id)  # marks it touched: a rollback forgets it
-        if source is not None and (target is not None or first == 0):
+        empty = count > 0 and source_id != target_id and found[1][2] == 0
+        if empty:  # a fresh child: it shares the source's rows, none is written
+            self._run(self._shared.share(source_id, target_id, count))
+        else:  # rows copied inside the database, after the target's own
+            first: int = found[1][0]
+            segments = self._run(self._shared.prefix(source_id, count))
+            copied = self._run(self._shared.copy_rows(target_id, segments, first))
+            sql = f"UPDATE {SESSIONS} SET next_seq = ? WHERE tree_id = ? AND id = ?"
+            self._q(sql, (first + copied, tree, target_id))
+        if source is not None and (target is not None or empty):
             self._cache.put(target_id, [*(target or ()), *source[:count]])
         return self.op_count(target_id)
 
@@ -444,7 +458,7 @@ class SqliteMainStorage(BackendStorage):
             WHERE s.tree_id = ? ORDER BY s.created_seq""",
             (self.tree_id,),
         )
-        return rows.fetchall()
+        return self._run(self._shared.patch(rows.fetchall(), None, 8))
 
     def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
         rows = self._q(
@@ -492,7 +506,9 @@ class SqliteMainStorage(BackendStorage):
         return built(stored_node, self._q(sql, (self.tree_id,)))
 
     def op_delete_sessions(self, session_ids: list[str]) -> None:
-        # ON DELETE CASCADE removes the records and the node of each session.
+        # Sessions that share a prefix of these copy it first (`_shared_l3`); then ON DELETE
+        # CASCADE removes the records and the node of each session.
+        self._run(self._shared.release(session_ids))
         sql = f"DELETE FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         self._qmany(sql, [(self.tree_id, session_id) for session_id in session_ids])
         for session_id in session_ids:

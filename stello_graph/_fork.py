@@ -13,9 +13,11 @@ A fork can start from an earlier turn of its source (`at_turn`: 1-based user tur
 negative from the end): the source's L3 is cut before the next user turn, so a turn's
 tool-call groups stay whole. Every fork stores its lineage (`put_lineage`: the source and
 the user turn its context ends at). When the child inherits records unchanged (the cut is
-already clean: no incomplete tool-call group), they are copied as rows inside the database
-(`copy_records`), read, cut and written in one transaction: a fork then costs about the
-same whatever the length of the history.
+already clean: no incomplete tool-call group), they go through `copy_records`, read, cut and
+written in one transaction: the SQL storages then write no record row at all, the child
+shares its source's rows as a copy-on-write prefix (`checkpoints/_shared_l3`: materialised
+in the child before the source trims below the cut or is removed), so a fork costs the same
+whatever the length of the history.
 """
 
 from __future__ import annotations

@@ -161,7 +161,9 @@ def _meta(storage: MainStorage, session_id: str) -> SessionMeta:
 def session_view(storage: MainStorage, session_id: str) -> dict[str, Any]:
     """`GET /api/sessions/{id}`: meta, place in the tree, lineage, L2 (with the records it
     covers and how stale it is), pending insight, system prompt, subtree synthesis; the
-    synthesis for the main session; its stored background failures."""
+    synthesis for the main session; its stored background failures. `turns` is the
+    session's own user-turn count; `fork_turns` the user turns of its whole L3 (inherited
+    ones included), the range a fork's `at_turn` can name."""
     meta = _meta(storage, session_id)
     node = storage.get_node(session_id)
     main = meta.role == "main"
@@ -178,6 +180,7 @@ def session_view(storage: MainStorage, session_id: str) -> dict[str, Any]:
         if node
         else [],
         "turns": storage.get_turn_count(session_id),
+        "fork_turns": _turns_after(storage, session_id, 0),
         "records": storage.count_records(session_id),
         "system_prompt": storage.get_system_prompt(session_id),
         "l2": None if main else memory,

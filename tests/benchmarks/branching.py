@@ -5,8 +5,11 @@ same conversation, and the digests of a large tree.
   written through the storage API; `agent.fork(source, ..., context="inherit")` (all of it)
   and `at_turn=500` (half), on the agent that wrote it (its record cache is warm, as after
   a conversation) and, once, on a freshly opened file (cold: the history is decoded once to
-  find the cut and check its tool-call groups). The rows themselves are copied inside the
-  database (`copy_records`).
+  find the cut and check its tool-call groups). No row is written for the inherited
+  records: the child shares its source's rows (a copy-on-write prefix, `copy_records`,
+  `checkpoints/_shared_l3`), and copies them only if the source later trims below the cut
+  or is removed: 10e times that deferred copy (a trim of the source with one fork sharing
+  all of it).
 * **LangGraph**: the same conversation in a `StateGraph(MessagesState)` thread under
   `SqliteSaver` on a file, written 10 turns per checkpoint (100 checkpoints: a real thread
   has one per superstep, so more). Copied with `get_state` + `update_state` into a new
@@ -150,6 +153,21 @@ def _fork_figures(scale: Scale, tmp: Path) -> list[Figure]:
     ]  # fmt: skip
 
 
+def _trim_figure(scale: Scale, tmp: Path) -> Figure:
+    """10e: the copy a shared prefix defers, paid by the source's first trim below the cut."""
+    turns = 1000 if scale is FULL else 20
+    runs = []
+    for n in range(max(1, scale.repeats // 3)):
+        path = tmp / f"trim-{n}.db"
+        source = _stello_session(path, turns)
+        with StelloAgent(model=ScriptedChatModel(default="ok"), storage=path) as agent:
+            child = agent.fork(source, "Child", context="inherit")
+            runs.append(timed(partial(agent.storage.trim_records, source, keep_last=2)))
+            assert agent.storage.count_records(child.id) == 2 * turns
+    return Figure(key="10e", name=f"trim of a source below a fork's cut ({2 * turns:,} rows "
+                  "copied into the fork then)", unit="ms", value=median(runs) * 1000)  # fmt: skip
+
+
 def _digest_figure(scale: Scale, tmp: Path) -> Figure:
     path = tmp / "tree.db"
     _build(path, scale)
@@ -164,6 +182,10 @@ def _digest_figure(scale: Scale, tmp: Path) -> Figure:
 
 
 def branching_figures(scale: Scale) -> list[Figure]:
-    """Figures 10a-10d."""
+    """Figures 10a-10e."""
     with tempfile.TemporaryDirectory(prefix="stello-bench-") as tmp:
-        return [*_fork_figures(scale, Path(tmp)), _digest_figure(scale, Path(tmp))]
+        return [
+            *_fork_figures(scale, Path(tmp)),
+            _digest_figure(scale, Path(tmp)),
+            _trim_figure(scale, Path(tmp)),
+        ]

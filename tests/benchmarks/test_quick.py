@@ -18,7 +18,7 @@ EXPECTED = {
     "background": ["7"],
     "startup": ["8c"],  # the quick scale starts no timed processes
     "inspector": ["9a", "9b", "9c"],  # 9b (Chromium) is skipped at the quick scale
-    "branching": ["10a", "10b", "10c", "10d"],
+    "branching": ["10a", "10b", "10c", "10d", "10e"],
     # the quick scale starts no processes (11e, 11f, 11k); skipped without PostgreSQL
     "postgres": ["11a", "11b", "11c", "11d", "11g", "11h", "11i", "11j"],
 }

@@ -109,3 +109,20 @@ def test_bad_json_unknown_ids_and_unknown_writes(tree: Tree, writer: TestClient)
     assert unknown.status_code == 404 and "'explode'" in unknown.json()["error"]
     bad_mode = writer.post("/api/integrate", json={"mode": "sideways"})
     assert bad_mode.status_code == 400 and "'sideways'" in bad_mode.json()["error"]
+
+
+def test_fork_form_offers_the_inherited_turns_of_a_forked_session(
+    tree: Tree, writer: TestClient
+) -> None:
+    # The copy inherits Pricing's 3 user turns and has none of its own yet: the fork form
+    # offers the 3 turns at_turn can name, not the session's own turn count (0).
+    body = {"label": "Copy", "context": "inherit"}
+    copy = writer.post(f"/api/sessions/{tree.pricing}/fork", json=body).json()["node"]["id"]
+    view = writer.get(f"/api/sessions/{copy}").json()
+    assert (view["turns"], view["fork_turns"]) == (0, 3)
+    tree.agent.turn(copy, "One more?")
+    view = writer.get(f"/api/sessions/{copy}").json()
+    assert (view["turns"], view["fork_turns"]) == (1, 4)
+    body = {"label": "From turn 4", "at_turn": view["fork_turns"]}
+    node = writer.post(f"/api/sessions/{copy}/fork", json=body).json()["node"]
+    assert sum(r.type == "human" for r in tree.storage.list_records(node["id"])) == 4

@@ -135,7 +135,7 @@ async def test_digests_are_read_for_the_whole_tree(api: Api) -> None:
     assert src.last_activity == (await api("get_session", "src")).updated_at
 
 
-def test_an_inheriting_fork_copies_the_stored_rows(tmp_path: Path) -> None:
+def test_an_inheriting_fork_shares_the_stored_rows(tmp_path: Path) -> None:
     path = tmp_path / "stello.db"
     with SqliteMainStorage(path) as storage:
         source = Session.create(storage, label="Source")
@@ -143,10 +143,12 @@ def test_an_inheriting_fork_copies_the_stored_rows(tmp_path: Path) -> None:
             storage.append_records(source.id, [HumanMessage(f"q{n}"), AIMessage(f"a{n}")])
         child = source.fork("Child", context="inherit", at_turn=2)
     with sqlite3.connect(path) as conn:
-        sql = "SELECT data, created_at FROM stello_records WHERE session_id = ? ORDER BY seq"
-        rows = {sid: conn.execute(sql, (sid,)).fetchall() for sid in (source.id, child.id)}
-    # the same text and the same write time: rows copied, not records written again
-    assert rows[child.id] == rows[source.id][:4]
+        sql = "SELECT COUNT(*) FROM stello_records WHERE session_id = ?"
+        assert conn.execute(sql, (child.id,)).fetchone() == (0,)  # no row written
+        sql = "SELECT base_id, base_count, next_seq FROM stello_sessions WHERE id = ?"
+        assert conn.execute(sql, (child.id,)).fetchone() == (source.id, 4, 4)
+    with SqliteMainStorage(path) as storage:  # read back on a fresh connection
+        assert [m.content for m in storage.list_records(child.id)] == ["q0", "a0", "q1", "a1"]
 
 
 def _v5_file(path: Path) -> None:
@@ -171,7 +173,7 @@ def test_a_v5_file_gets_the_lineage_columns(tmp_path: Path) -> None:
     path = tmp_path / "v5.db"
     _v5_file(path)
     with SqliteMainStorage(path) as storage:
-        assert _schema.read_version(storage._conn) == _schema.SCHEMA_VERSION == 7
+        assert _schema.read_version(storage._conn) == _schema.SCHEMA_VERSION == 8
         assert storage.get_lineage("s1") is None
         storage.put_session(SessionMeta(id="s2", label="New"))
         storage.put_lineage("s2", "s1", None)

@@ -121,9 +121,10 @@ function sessionActions(id, data, ctx) {
     run("Fork…", () => ctx.dialog("Fork", [
       { name: "label", label: "Label" },
       { name: "context", label: "Context", options: ["none", "inherit"] },
-      { name: "at_turn", label: `Start from turn (1–${data.turns}; empty: see Context)`, type: "number" },
+      // the user turns of the whole L3, inherited ones included: what at_turn counts
+      data.fork_turns ? { name: "at_turn", label: `Start from turn (1–${data.fork_turns}; empty: see Context)`, type: "number" } : null,
       { name: "system_prompt", label: "System prompt (optional)", textarea: true },
-    ], (v) => ctx.write_(id, "fork", clean(v)))),
+    ].filter(Boolean), (v) => ctx.write_(id, "fork", clean(v)))),
     main ? null : run("Consolidate", () => ctx.write_(id, "consolidate")),
     main ? null : run("Archive", () => confirm(`Archive “${data.meta.label}”? It will refuse work.`) && ctx.write_(id, "archive")),
     main ? null : run("Edit insight…", () => ctx.dialog("Insight", [

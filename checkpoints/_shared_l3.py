@@ -1,0 +1,280 @@
+"""Shared L3 prefixes: a fork that points at its source's records instead of copying them.
+
+A session's L3 is, in append order, the first `base_count` records of the L3 of session
+`base_id` (itself possibly a shared prefix, through any number of generations), then the
+session's own rows. A fork that inherits its source's records unchanged writes no record
+row: it sets `base_id` / `base_count` on its (still empty) session row, so it costs the same
+whatever the length of the inherited history (`op_copy_records` on SQLite and PostgreSQL).
+The child's own rows start at seq `base_count`, so a record's index in the whole L3 is its
+seq while the prefix is shared.
+
+Invariants (what keeps every read exact):
+
+* The rows a prefix points at never change while it points at them. Appends to the source
+  land after the cut and are not seen. The two writes that would change rows below a cut
+  materialise the dependent children first (copy the inherited rows into them, seqs
+  `0..base_count-1`, then clear `base_id`): dropping the oldest records of a session (a trim)
+  and deleting a session. So trims, compressions and removals of a source cost a copy per
+  dependent child once, and a fork costs nothing in rows; a session that trims its own
+  shared prefix is materialised first too.
+* A child never points at a session through a prefix the session itself only borrows: a cut
+  inside the source's own shared prefix points at the source's base instead (`plan`), so a
+  chain is as long as the number of generations that added records of their own.
+* `base_id` is not a foreign key: the rows it points at are kept alive by materialising, not
+  by the database.
+
+The statements are written once for both SQL backends: the functions here are generators
+that yield `(sql, params)` with `%s` placeholders and are sent the rows of each, driven by
+SQLite's storage (placeholders turned to `?`) and PostgreSQL's steps alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, TypeVar
+
+__all__ = [
+    "Lookup",
+    "Segment",
+    "SharedPrefixes",
+]
+
+T = TypeVar("T")
+
+Lookup = Generator[tuple[str, tuple[Any, ...]], list[tuple[Any, ...]], T]
+"""A generator of statements: yields `(sql, params)`, is sent the rows, returns a value."""
+
+_CHUNK = 500
+"""Ids per statement when looking for dependents (SQLite binds at most 32,766 parameters)."""
+
+Segment = tuple[str, int | None]
+"""`(holder, count)`: the first `count` own rows of session `holder` (`None`: all of them)."""
+
+
+class SharedPrefixes:
+    """The shared-prefix statements of one tree, for a `sessions` and a `records` table."""
+
+    def __init__(self, tree_id: str, sessions: str, records: str) -> None:
+        self.tree_id = tree_id
+        self.sessions = sessions
+        self.records = records
+
+    def base(self, session_id: str) -> Lookup[tuple[str | None, int] | None]:
+        """`(base_id, base_count)` of the session, or `None` when it is missing."""
+        sql = f"SELECT base_id, base_count FROM {self.sessions} WHERE tree_id = %s AND id = %s"
+        rows = yield sql, (self.tree_id, session_id)
+        return None if not rows else (rows[0][0], int(rows[0][1] or 0))
+
+    def prefix(self, holder: str, count: int) -> Lookup[list[Segment]]:
+        """The segments that make the first `count` records of `holder`'s L3."""
+        segments: list[Segment] = []  # built from the end
+        while count > 0:
+            found = yield from self.base(holder)
+            if found is None:  # cannot happen while the invariants hold
+                break
+            base_id, base_count = found
+            if base_id is not None and count <= base_count:
+                holder = base_id  # the cut is inside the holder's own shared prefix
+                continue
+            segments.append((holder, count - base_count if base_id is not None else count))
+            if base_id is None:
+                break
+            holder, count = base_id, base_count
+        segments.reverse()
+        return segments
+
+    def plan(self, session_id: str, base: tuple[str | None, int]) -> Lookup[list[Segment]]:
+        """Every segment of the session's L3 (`base`: its `(base_id, base_count)`), the
+        session's own rows last."""
+        base_id, base_count = base
+        segments = [] if base_id is None else (yield from self.prefix(base_id, base_count))
+        segments.append((session_id, None))
+        return segments
+
+    def share(self, source_id: str, target_id: str, count: int) -> Lookup[None]:
+        """Make the first `count` records of the source the (empty) target's L3; the cut
+        points at the deepest session that holds those rows itself."""
+        holder = source_id
+        while True:
+            found = yield from self.base(holder)
+            if found is None or found[0] is None or count > found[1]:
+                break
+            holder = found[0]
+        yield (
+            f"""UPDATE {self.sessions} SET base_id = %s, base_count = %s, next_seq = %s
+            WHERE tree_id = %s AND id = %s""",
+            (holder, count, count, self.tree_id, target_id),
+        )
+
+    def segment_rows(self, segment: Segment, columns: str) -> Lookup[list[tuple[Any, ...]]]:
+        """The columns of a segment's rows, in append order."""
+        holder, count = segment
+        sql = f"""SELECT {columns} FROM {self.records}
+            WHERE tree_id = %s AND session_id = %s ORDER BY seq"""
+        params: tuple[Any, ...] = (self.tree_id, holder)
+        if count is not None:
+            sql += " LIMIT %s"
+            params = (*params, count)
+        rows = yield sql, params
+        return rows
+
+    def rows(self, session_id: str, columns: str) -> Lookup[list[tuple[Any, ...]] | None]:
+        """The columns of every record of the session's L3, in order (`None`: missing)."""
+        found = yield from self.base(session_id)
+        if found is None:
+            return None
+        rows: list[tuple[Any, ...]] = []
+        for segment in (yield from self.plan(session_id, found)):
+            rows.extend((yield from self.segment_rows(segment, columns)))
+        return rows
+
+    def has_turn(self, prefix: list[Segment], turn_id: str) -> Lookup[bool]:
+        """Whether a record of the shared segments was written by the turn `turn_id`."""
+        for holder, count in prefix:
+            rows = yield (
+                f"""SELECT 1 FROM {self.records} r
+                WHERE r.tree_id = %s AND r.session_id = %s AND r.turn_id = %s
+                    AND r.seq < %s + (SELECT MIN(f.seq) FROM {self.records} f
+                        WHERE f.tree_id = r.tree_id AND f.session_id = r.session_id)
+                LIMIT 1""",
+                (self.tree_id, holder, turn_id, count),
+            )
+            if rows:
+                return True
+        return False
+
+    def humans_from(self, session_id: str, start: int) -> Lookup[tuple[int, int]]:
+        """`(records, user records at index >= start)` of the session's whole L3."""
+        found = yield from self.base(session_id)
+        if found is None:
+            return 0, 0
+        total = humans = 0
+        for holder, count in (yield from self.plan(session_id, found)):
+            cut, bound = ("", ()) if count is None else (" AND r.seq < m.low + %s", (count,))
+            rows = yield (
+                f"""SELECT COUNT(*), COALESCE(SUM(CASE WHEN r.type = 'human'
+                    AND r.seq >= m.low + %s THEN 1 ELSE 0 END), 0)
+                FROM {self.records} r, (SELECT MIN(seq) AS low FROM {self.records}
+                    WHERE tree_id = %s AND session_id = %s) m
+                WHERE r.tree_id = %s AND r.session_id = %s{cut}""",
+                (max(0, start - total), self.tree_id, holder, self.tree_id, holder, *bound),
+            )
+            size, users = rows[0]
+            total += int(size)
+            humans += int(users)
+        return total, humans
+
+    def patch(self, rows: list[Any], records: int | None, humans: int) -> Lookup[list[Any]]:
+        """Stats or digest rows (`id` first) with the figures of the sessions that share a
+        prefix counted over their whole L3 (a one-pass query counts their own rows only):
+        the column `records` (the record count; `None`: no such column) and `humans` (the
+        user records after the L2 cursor).
+
+        One statement covers every session whose prefix is held by an unshared session (one
+        generation: the usual case, since a cut inside a shared prefix points at its holder);
+        deeper chains are counted segment by segment."""
+        r, s_ = self.records, self.sessions
+        shared = yield (
+            f"""SELECT s.id, b.base_id IS NULL, s.memory_through,
+                s.base_count + (SELECT COUNT(*) FROM {r} o
+                    WHERE o.tree_id = s.tree_id AND o.session_id = s.id),
+                (SELECT COUNT(*) FROM {r} o
+                    WHERE o.tree_id = s.tree_id AND o.session_id = s.id AND o.type = 'human'
+                    AND o.seq >= COALESCE(s.memory_through, 0))
+                + (SELECT COUNT(*) FROM {r} h, (SELECT MIN(f.seq) AS low FROM {r} f
+                        WHERE f.tree_id = s.tree_id AND f.session_id = s.base_id) m
+                    WHERE h.tree_id = s.tree_id AND h.session_id = s.base_id
+                    AND h.type = 'human' AND h.seq >= m.low + COALESCE(s.memory_through, 0)
+                    AND h.seq < m.low + s.base_count)
+            FROM {s_} s LEFT JOIN {s_} b ON b.tree_id = s.tree_id AND b.id = s.base_id
+            WHERE s.tree_id = %s AND s.base_id IS NOT NULL""",
+            (self.tree_id,),
+        )
+        if not shared:
+            return rows
+        figures: dict[str, tuple[int, int]] = {}
+        for sid, flat, through, total, users in shared:
+            if flat:
+                figures[sid] = (int(total), int(users))
+            else:
+                figures[sid] = yield from self.humans_from(sid, int(through or 0))
+        patched: list[Any] = []
+        for row in rows:
+            if row[0] in figures:
+                total, users = figures[row[0]]
+                values = list(row)
+                values[humans] = users
+                if records is not None:
+                    values[records] = total
+                row = tuple(values)
+            patched.append(row)
+        return patched
+
+    def dependents(self, session_ids: list[str]) -> Lookup[list[str]]:
+        """The sessions, outside `session_ids`, whose shared prefix points at one of them."""
+        wanted, found = set(session_ids), list[str]()
+        for start in range(0, len(session_ids), _CHUNK):  # a bounded number of parameters
+            chunk = session_ids[start : start + _CHUNK]
+            marks = ", ".join(["%s"] * len(chunk))
+            rows = yield (
+                f"""SELECT id FROM {self.sessions}
+                WHERE tree_id = %s AND base_id IN ({marks})""",
+                (self.tree_id, *chunk),
+            )
+            found.extend(row[0] for row in rows if row[0] not in wanted)
+        return found
+
+    def copy_rows(self, target_id: str, segments: list[Segment], first: int) -> Lookup[int]:
+        """Insert the rows of `segments` into the target, with seqs from `first` on, each
+        keeping its stored form and turn; return how many."""
+        offset = first
+        for holder, count in segments:
+            cut, bound = ("", ()) if count is None else (" AND r.seq < m.low + %s", (count,))
+            yield (
+                f"""INSERT INTO {self.records}
+                    (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
+                SELECT r.tree_id, %s, %s + r.seq - m.low, r.type, r.data, r.created_at,
+                    r.turn_id, r.turn_seq
+                FROM {self.records} r, (SELECT MIN(seq) AS low FROM {self.records}
+                    WHERE tree_id = %s AND session_id = %s) m
+                WHERE r.tree_id = %s AND r.session_id = %s{cut}""",
+                (target_id, offset, self.tree_id, holder, self.tree_id, holder, *bound),
+            )
+            counted = yield (
+                f"SELECT COUNT(*) FROM {self.records} WHERE tree_id = %s AND session_id = %s",
+                (self.tree_id, holder),
+            )
+            offset += int(counted[0][0]) if count is None else count
+        return offset - first
+
+    def materialise(self, session_id: str) -> Lookup[bool]:
+        """Copy the session's shared prefix into rows of its own (seqs `0..base_count-1`,
+        stored form and turns kept) and clear its `base_id`; whether it had one."""
+        base_id, base_count = (yield from self.base(session_id)) or (None, 0)
+        if base_id is None:
+            return False
+        yield from self.copy_rows(session_id, (yield from self.prefix(base_id, base_count)), 0)
+        yield (
+            f"""UPDATE {self.sessions} SET base_id = NULL, base_count = 0
+            WHERE tree_id = %s AND id = %s""",
+            (self.tree_id, session_id),
+        )
+        return True
+
+    def release(self, session_ids: list[str]) -> Lookup[list[str]]:
+        """Before the rows of `session_ids` change below a cut (a trim) or go (a deletion):
+        materialise every other session whose prefix points at them; return those."""
+        moved = yield from self.dependents(session_ids)
+        for dependent in moved:
+            yield from self.materialise(dependent)
+        return moved
+
+
+def drive_sqlite(steps: Lookup[T], run: Any) -> T:
+    """Run `steps` with `run(sql, params) -> rows` (placeholders turned to SQLite's `?`)."""
+    try:
+        sql, params = next(steps)
+        while True:
+            sql, params = steps.send(run(sql.replace("%s", "?"), params))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
