@@ -28,7 +28,7 @@ from stello_graph.checkpoints._serde import (
     from_iso,
     row_to_meta,
 )
-from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T
+from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, export_with_prefixes
 from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.digest import DigestRow
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
@@ -144,8 +144,14 @@ class Statements:
     def export_rows(self, part: str) -> Steps[list[tuple[Any, ...]]]:
         sql = _WALK + _EXPORT[part]
         # every placeholder of the walk and of the part is the tree's id
-        rows = (yield Query(sql, (self.tree_id,) * sql.count("%s"))).rows
-        return [tuple(row) for row in rows]
+        rows = [tuple(row) for row in (yield Query(sql, (self.tree_id,) * sql.count("%s"))).rows]
+        bases = (yield from self.run(self.shared.bases())) if part != "nodes" else {}
+        inherited: dict[str, list[tuple[Any, ...]]] = {}
+        if part == "records":  # read here: the rows are handed over after the steps end
+            for sid, base in bases.items():
+                inherited[sid] = yield from self.run(self.shared.inherited(base, "data"))
+        by_base = {base: inherited.get(sid, []) for sid, base in bases.items()}
+        return list(export_with_prefixes(part, rows, bases, lambda base: by_base[base]))
 
     def session_stats(self) -> Steps[list[SessionStats]]:
         # As SQLite's: a session's seqs are contiguous, so the records after the L2 cursor

@@ -30,11 +30,12 @@ SQLite's storage (placeholders turned to `?`) and PostgreSQL's steps alike.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
 __all__ = [
     "Lookup",
+    "export_with_prefixes",
     "Segment",
     "SharedPrefixes",
 ]
@@ -125,6 +126,22 @@ class SharedPrefixes:
             return None
         rows: list[tuple[Any, ...]] = []
         for segment in (yield from self.plan(session_id, found)):
+            rows.extend((yield from self.segment_rows(segment, columns)))
+        return rows
+
+    def bases(self) -> Lookup[dict[str, tuple[str, int]]]:
+        """`(base_id, base_count)` of every session of the tree that shares a prefix."""
+        rows = yield (
+            f"""SELECT id, base_id, base_count FROM {self.sessions}
+            WHERE tree_id = %s AND base_id IS NOT NULL""",
+            (self.tree_id,),
+        )
+        return {row[0]: (row[1], int(row[2] or 0)) for row in rows}
+
+    def inherited(self, base: tuple[str, int], columns: str) -> Lookup[list[tuple[Any, ...]]]:
+        """The columns of the records a session with `base` inherits, in append order."""
+        rows: list[tuple[Any, ...]] = []
+        for segment in (yield from self.prefix(*base)):
             rows.extend((yield from self.segment_rows(segment, columns)))
         return rows
 
@@ -268,6 +285,46 @@ class SharedPrefixes:
         for dependent in moved:
             yield from self.materialise(dependent)
         return moved
+
+
+EXPORT_RECORD_COUNT = 10
+"""The column of an export row (`sessions` and `records` parts) holding the record count."""
+EXPORT_DATA = 14
+"""The column of a `records` export row holding a record's stored form (NULL: no record)."""
+
+
+def export_with_prefixes(
+    part: str,
+    rows: Iterable[tuple[Any, ...]],
+    bases: dict[str, tuple[str, int]],
+    inherited: Callable[[tuple[str, int]], list[tuple[Any, ...]]],
+) -> Iterator[tuple[Any, ...]]:
+    """Export rows (`_EXPORT` of either SQL backend, the session id first) with the shared
+    prefixes resolved: a sharing session's record count includes what it inherits, and in the
+    `records` part its inherited records (`inherited(base)`, rows of one column: the stored
+    form) come before its own rows, in place of the NULL row of a session without own rows."""
+    if not bases or part == "nodes":
+        yield from rows
+        return
+    current: str | None = None
+    for row in rows:
+        base = bases.get(row[0])
+        if base is None:
+            yield row
+            continue
+        patched = list(row)
+        patched[EXPORT_RECORD_COUNT] = int(row[EXPORT_RECORD_COUNT]) + base[1]
+        if part != "records":
+            yield tuple(patched)
+            continue
+        if row[0] != current:  # the session's first row: its inherited records come first
+            current = row[0]
+            found = inherited(base)
+            for (data,) in found:
+                yield (*patched[:EXPORT_DATA], data)
+            if found and row[EXPORT_DATA] is None:
+                continue
+        yield tuple(patched)
 
 
 def drive_sqlite(steps: Lookup[T], run: Any) -> T:

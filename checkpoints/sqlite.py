@@ -31,7 +31,13 @@ from stello_graph.checkpoints._serde import (
     from_iso,
     row_to_meta,
 )
-from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, drive_sqlite
+from stello_graph.checkpoints._shared_l3 import (
+    Lookup,
+    SharedPrefixes,
+    T,
+    drive_sqlite,
+    export_with_prefixes,
+)
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._sqlite_conn import SqliteHooks, connect
 from stello_graph.checkpoints._txn import TransactionHooks
@@ -473,11 +479,16 @@ class SqliteMainStorage(BackendStorage):
     def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
         # The cursor steps through the rows as the sink takes them: one statement, and only
         # SQLite's sorter (bounded, spilling to a temporary file) holds the whole order.
+        bases = self._run(self._shared.bases()) if part != "nodes" else {}
+        rows = self._q(_WALK + _EXPORT[part], {"tree": self.tree_id})
         count = 0
-        for row in self._q(_WALK + _EXPORT[part], {"tree": self.tree_id}):
+        for row in export_with_prefixes(part, rows, bases, self._inherited_data):
             sink(row)
             count += 1
         return count
+
+    def _inherited_data(self, base: tuple[str, int]) -> list[tuple[Any, ...]]:
+        return self._run(self._shared.inherited(base, "data"))
 
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:

@@ -62,6 +62,42 @@ def test_the_streamed_export_is_the_export_read_session_by_session(
     assert out.getvalue() == json.dumps(reference, indent=2, ensure_ascii=False)
 
 
+def _forks(storage: MainStorage) -> None:
+    """`a` with two turns; `f` shares all of it and adds a turn; `g` shares two of `f`'s
+    records (a cut inside `f`'s own shared prefix) and adds none; `h` shares all of `f`."""
+    storage.put_session(SessionMeta(id="main", label="Main", role="main"))
+    storage.put_node(TopologyNode(id="main", label="Main"))
+    for sid, parent in [("a", "main"), ("f", "a"), ("g", "f"), ("h", "f")]:
+        storage.put_session(SessionMeta(id=sid, label=sid.upper()))
+        storage.put_node(TopologyNode(id=sid, parent_id=parent, label=sid.upper()))
+    for text in ("one", "two"):
+        storage.append_records("a", [HumanMessage(text), AIMessage(f"re {text}")], user_turn=True)
+    storage.copy_records("a", "f", count=4)
+    storage.append_records("f", [HumanMessage("three"), AIMessage("re three")], user_turn=True)
+    storage.copy_records("f", "g", count=2)
+    storage.copy_records("f", "h", count=6)
+
+
+@pytest.mark.parametrize("records", [False, True], ids=["meta", "records"])
+def test_forks_sharing_their_source_rows_export_their_whole_history(
+    main_storage: MainStorage, records: bool
+) -> None:
+    _forks(main_storage)
+    reference = _export_by_session(main_storage, records)
+    counts = {s["id"]: s["record_count"] for s in reference["sessions"]}
+    assert counts == {"main": 0, "a": 4, "f": 6, "g": 2, "h": 6}
+    if records:
+        texts = {
+            s["id"]: [r["data"]["content"] for r in s["records"]] for s in reference["sessions"]
+        }
+        assert texts["h"] == ["one", "re one", "two", "re two", "three", "re three"]
+        assert texts["g"] == ["one", "re one"]
+    assert export_tree(main_storage, records=records) == reference
+    out = io.StringIO()
+    write_export(main_storage, out, records=records)
+    assert out.getvalue() == json.dumps(reference, indent=2, ensure_ascii=False)
+
+
 def test_an_empty_tree_exports_as_before(main_storage: MainStorage) -> None:
     out = io.StringIO()
     write_export(main_storage, out, records=True)
