@@ -92,7 +92,7 @@ class _Memory:
     """Consolidation, integration, profiles and skills of a `StelloAgent` (a part of it)."""
 
     storage: MainStorage
-    deps: StelloRuntime
+    _runtime: StelloRuntime
     _leases: SessionLeases
     _mux: EventMux
     _recorder: EventRecorder
@@ -104,7 +104,7 @@ class _Memory:
         """
         sid = check_id(session_id)
         with self._mux.quiet():
-            l2 = consolidate_now(self.deps, sid)
+            l2 = consolidate_now(self._runtime, sid)
         self._recorder.settle()
         return l2
 
@@ -112,7 +112,7 @@ class _Memory:
         """Async twin of `consolidate`."""
         sid = check_id(session_id)
         with self._mux.quiet():
-            return await aconsolidate_now(self.deps, sid)
+            return await aconsolidate_now(self._runtime, sid)
 
     def consolidate_many(
         self, session_ids: Iterable[str], *, concurrency: int = 8
@@ -140,7 +140,7 @@ class _Memory:
         if not ids:
             return {}
         with ThreadPoolExecutor(min(workers, len(ids)), thread_name_prefix="stello") as pool:
-            futures = [pool.submit(consolidate_now, self.deps, sid) for sid in ids]
+            futures = [pool.submit(consolidate_now, self._runtime, sid) for sid in ids]
         return _batch_result(ids, [f.exception() or f.result() for f in futures])
 
     async def aconsolidate_many(
@@ -154,7 +154,7 @@ class _Memory:
 
         async def one(sid: str) -> str | None:
             async with gate:
-                return await aconsolidate_now(self.deps, sid)
+                return await aconsolidate_now(self._runtime, sid)
 
         done = await asyncio.gather(*(one(sid) for sid in ids), return_exceptions=True)
         return _batch_result(ids, list(done))
@@ -178,7 +178,7 @@ class _Memory:
         """
         run = run_tree if _check_mode(mode) == "tree" else run_integrate
         with self._mux.quiet():
-            done = _integration(run(self.deps)["integration"])
+            done = _integration(run(self._runtime)["integration"])
         self._recorder.settle()
         return done
 
@@ -193,12 +193,12 @@ class _Memory:
         """Async twin of `integrate`."""
         run = arun_tree if _check_mode(mode) == "tree" else arun_integrate
         with self._mux.quiet():
-            return _integration((await run(self.deps))["integration"])
+            return _integration((await run(self._runtime))["integration"])
 
     # -- profiles and skills ----------------------------------------------------------------
     def register_profile(self, profile: ForkProfile) -> None:
         """Register (or replace) a fork profile; models see it in `create_session`."""
-        self.deps.register_profile(profile)
+        self._runtime.register_profile(profile)
 
     async def aregister_profile(self, profile: ForkProfile) -> None:
         """Async twin of `register_profile` (profiles live in memory: nothing is awaited)."""
@@ -215,7 +215,7 @@ class _Memory:
         if self.storage.get_session(sid) is None:
             raise SessionNotFoundError(sid)
         allowed = self.storage.get_settings(sid).get(SKILLS_KEY)
-        return list(self.deps.skill_map) if allowed is None else list(allowed)
+        return list(self._runtime.skill_map) if allowed is None else list(allowed)
 
     async def askills_of(self, session_id: str) -> list[str]:
         """Async twin of `skills_of`."""
@@ -223,22 +223,26 @@ class _Memory:
         if await self.storage.aget_session(sid) is None:
             raise SessionNotFoundError(sid)
         allowed = (await self.storage.aget_settings(sid)).get(SKILLS_KEY)
-        return list(self.deps.skill_map) if allowed is None else list(allowed)
+        return list(self._runtime.skill_map) if allowed is None else list(allowed)
 
     def set_skills(self, session_id: str, skills: Sequence[str] | None) -> None:
         """Replace a session's skills allow-list (`None`: every skill; `[]`: none)."""
         sid = check_id(session_id)
-        allowed = None if skills is None else check_allow_list(skills, list(self.deps.skill_map))
+        allowed = (
+            None if skills is None else check_allow_list(skills, list(self._runtime.skill_map))
+        )
         with self.storage.transaction():
             settings = self.storage.get_settings(sid)
             self.storage.put_settings(sid, {**settings, SKILLS_KEY: allowed})
-        self.deps.refresh(sid)
+        self._runtime.refresh(sid)
 
     async def aset_skills(self, session_id: str, skills: Sequence[str] | None) -> None:
         """Async twin of `set_skills`."""
         sid = check_id(session_id)
-        allowed = None if skills is None else check_allow_list(skills, list(self.deps.skill_map))
+        allowed = (
+            None if skills is None else check_allow_list(skills, list(self._runtime.skill_map))
+        )
         async with self.storage.atransaction():
             settings = await self.storage.aget_settings(sid)
             await self.storage.aput_settings(sid, {**settings, SKILLS_KEY: allowed})
-        self.deps.refresh(sid)
+        self._runtime.refresh(sid)

@@ -30,7 +30,7 @@ class _Tree:
     """The tree of a `StelloAgent` (a part of it; see `stello_graph.agent`)."""
 
     storage: MainStorage
-    deps: StelloRuntime
+    _runtime: StelloRuntime
     _leases: SessionLeases
     main: MainSession
     _threads: CheckpointThreads
@@ -160,9 +160,9 @@ class _Tree:
             removed = self.storage.remove_node(sid, cascade=cascade)
             for gone in removed:
                 self._threads.drop(gone)
-                unpublish(self.deps, gone)
+                unpublish(self._runtime, gone)
         for gone in removed:
-            self.deps.forget(gone)
+            self._runtime.forget(gone)
         return removed
 
     async def aremove(self, session_id: str, *, cascade: bool = False) -> list[str]:
@@ -176,9 +176,9 @@ class _Tree:
             removed = await self.storage.aremove_node(sid, cascade=cascade)
             for gone in removed:
                 await self._threads.adrop(gone)
-                await aunpublish(self.deps, gone)
+                await aunpublish(self._runtime, gone)
         for gone in removed:
-            self.deps.forget(gone)
+            self._runtime.forget(gone)
         return removed
 
     # -- lineage and digests ------------------------------------------------------------------

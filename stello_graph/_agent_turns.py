@@ -84,7 +84,7 @@ class _Turns:
     """The turns of a `StelloAgent` (a part of it; see `stello_graph.agent`)."""
 
     storage: MainStorage
-    deps: StelloRuntime
+    _runtime: StelloRuntime
     _leases: SessionLeases
     main: MainSession
     graph: CompiledStateGraph[Any, Any, Any, Any]
@@ -131,13 +131,13 @@ class _Turns:
     def _target(self, sid: str, tool_choice: ToolChoice = None) -> str:
         self._check_target(sid, self.storage.get_session(sid))
         if tool_choice is not None:  # the session's tools, before the graph checkpoints
-            check_tool_choice(tool_choice, self.deps.session(sid).tools, session_id=sid)
+            check_tool_choice(tool_choice, self._runtime.session(sid).tools, session_id=sid)
         return sid
 
     async def _atarget(self, sid: str, tool_choice: ToolChoice = None) -> str:
         self._check_target(sid, await self.storage.aget_session(sid))
         if tool_choice is not None:
-            session = await self.deps.asession(sid)
+            session = await self._runtime.asession(sid)
             check_tool_choice(tool_choice, session.tools, session_id=sid)
         return sid
 
@@ -149,7 +149,7 @@ class _Turns:
         return None
 
     def _switch(self, sid: str) -> None:
-        on_switch(self.deps, self._last_session, sid)
+        on_switch(self._runtime, self._last_session, sid)
         self._last_session = sid
 
     def _result(self, sid: str, out: dict[str, Any]) -> TurnResult:

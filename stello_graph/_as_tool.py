@@ -59,7 +59,7 @@ def _subgraph(agent: StelloAgent) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The agent's graph compiled without a checkpointer: it takes the caller's."""
     found = agent._tool_graph
     if found is None:
-        found = build_graph(agent.deps).compile(name="stello", store=agent.settings.store)
+        found = build_graph(agent._runtime).compile(name="stello", store=agent.settings.store)
         agent._tool_graph = found
     return found
 

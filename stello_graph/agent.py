@@ -162,7 +162,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
         self._owns_storage = not hasattr(storage, "get_tree")
         self.storage: MainStorage = _open_storage(storage, cfg.tree_id)
         try:
-            self.deps = StelloRuntime(self.storage, cfg)
+            self._runtime = StelloRuntime(self.storage, cfg)
             """The runtime the graph's nodes share (read it; configure through `config`)."""
             found = self.storage.get_main_session()
             main_id = (
@@ -172,7 +172,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
                 if found is None
                 else found.id
             )
-            main = self.deps.session(main_id)
+            main = self._runtime.session(main_id)
             assert isinstance(main, MainSession)
             self.main: MainSession = main
             """The main session, with the agent's model, tools and integrate function."""
@@ -182,36 +182,36 @@ class StelloAgent(_Turns, _Memory, _Tree):
             prune = cfg.prune_checkpoints
             self._prune = self._owns_saver if prune is None else prune
             self._durability: Durability = cfg.durability
-            self.graph: CompiledStateGraph[Any, Any, Any, Any] = build_graph(self.deps).compile(
+            self.graph: CompiledStateGraph[Any, Any, Any, Any] = build_graph(self._runtime).compile(
                 checkpointer=self.checkpointer, store=cfg.store
             )
             """The compiled graph of every operation (the agent runs fork, consolidate and
             integrate without it, and its turns on the same nodes without the operations'
             state: `build_turn_graph`)."""
             self._turn_graph: CompiledStateGraph[Any, Any, Any, Any] = build_turn_graph(
-                self.deps
+                self._runtime
             ).compile(checkpointer=self.checkpointer, store=cfg.store)
             self._tool_graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         except BaseException:
             if self._owns_storage:  # a bad argument must not leave the file open
                 getattr(self.storage, "close", lambda: None)()
             raise
-        self._leases = self.deps.leases
+        self._leases = self._runtime.leases
         self._threads = CheckpointThreads(
             self._turn_graph, self.checkpointer, self.storage.tree_id, prune=self._prune,
             hold=self._owns_saver and self._prune and self._durability != "sync",
         )  # fmt: skip
         self._last_session: str | None = None
         self._mux = EventMux()
-        self.deps.bus.subscribe(self._mux.forward)
+        self._runtime.bus.subscribe(self._mux.forward)
         self._recorder = EventRecorder(self.storage)
-        self.deps.bus.subscribe(self._recorder.record)
+        self._runtime.bus.subscribe(self._recorder.record)
 
     # -- basics -----------------------------------------------------------------------------
     @property
     def settings(self) -> StelloConfig:
         """The agent's settings (frozen: make a new agent to change them)."""
-        return self.deps.config
+        return self._runtime.config
 
     @property
     def main_session_id(self) -> str:
@@ -220,7 +220,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
 
     def session(self, session_id: str) -> Session | MainSession:
         """The `Session` (or `MainSession`) object of a session, with the agent's model."""
-        found = self.deps.session(session_id)
+        found = self._runtime.session(session_id)
         assert isinstance(found, Session | MainSession)
         return found
 
@@ -241,7 +241,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
 
     async def asession(self, session_id: str) -> Session | MainSession:
         """Async twin of `session`."""
-        found = await self.deps.asession(session_id)
+        found = await self._runtime.asession(session_id)
         assert isinstance(found, Session | MainSession)
         return found
 
@@ -255,7 +255,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
 
     def subscribe(self, listener: Callable[[StelloEvent], None]) -> Callable[[], None]:
         """Call `listener` with every stello event (background ones included)."""
-        return self.deps.bus.subscribe(listener)
+        return self._runtime.bus.subscribe(listener)
 
     def follow_events(self, cursor: int = 0, *, interval: float = 0.25) -> StoredEvents:
         """A reader of the tree's stored events after `cursor` (`STORED_EVENT_TYPES`: forks,
@@ -276,28 +276,28 @@ class StelloAgent(_Turns, _Memory, _Tree):
         They are stored with the tree (the newest 200), so an agent opened later, or in
         another process, still reads them; `clear_failures` forgets them.
         """
-        scheduler = self.deps.scheduler
+        scheduler = self._runtime.scheduler
         if scheduler is not None:
             return scheduler.failures(session_id)
         return StorageFailureLog(self.storage).read(session_id)
 
     async def afailures(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Async twin of `failures`."""
-        scheduler = self.deps.scheduler
+        scheduler = self._runtime.scheduler
         if scheduler is not None:
             return await scheduler.afailures(session_id)
         return await StorageFailureLog(self.storage).aread(session_id)
 
     def clear_failures(self, session_id: str | None = None) -> int:
         """Forget the kept background failures (of one session, when given); return how many."""
-        scheduler = self.deps.scheduler
+        scheduler = self._runtime.scheduler
         if scheduler is not None:
             return scheduler.clear_failures(session_id)
         return StorageFailureLog(self.storage).clear(session_id)
 
     async def aclear_failures(self, session_id: str | None = None) -> int:
         """Async twin of `clear_failures`."""
-        scheduler = self.deps.scheduler
+        scheduler = self._runtime.scheduler
         if scheduler is not None:
             return await scheduler.aclear_failures(session_id)
         return await StorageFailureLog(self.storage).aclear(session_id)
@@ -305,20 +305,20 @@ class StelloAgent(_Turns, _Memory, _Tree):
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for background work and for its events to be stored; False on timeout.
         Never raises the kept failures."""
-        scheduler = self.deps.scheduler
+        scheduler = self._runtime.scheduler
         drained = scheduler.drain(timeout) if scheduler is not None else True
         return self._recorder.flush(timeout) and drained
 
     async def adrain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
         """Async twin of `drain`."""
-        scheduler = self.deps.scheduler
+        scheduler = self._runtime.scheduler
         drained = await scheduler.adrain(timeout) if scheduler is not None else True
         return await self._recorder.aflush(timeout) and drained
 
     def close(self) -> None:
         """Finish background work and close what the agent opened."""
-        if self.deps.scheduler is not None:
-            self.deps.scheduler.close(wait=True)
+        if self._runtime.scheduler is not None:
+            self._runtime.scheduler.close(wait=True)
         self._recorder.close()  # the events of the work just finished, before the storage
         close_saver = getattr(self.checkpointer, "close", None)
         if self._owns_saver and close_saver is not None:
@@ -362,7 +362,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
     def _forked(self, out: ForkState, options: ForkOptions) -> TopologyNode:
         forked = out["forked"]
         if options.get("model") is not None or options.get("tools") is not None:
-            self.deps.override(
+            self._runtime.override(
                 forked["session_id"], model=options.get("model"), tools=options.get("tools")
             )
         return TopologyNode(id=forked["session_id"], parent_id=forked["parent_id"],
@@ -393,7 +393,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
         """
         state = self._fork_state(source_id, label, options)
         with self._mux.quiet():
-            forked = self._forked(run_fork(self.deps, state), options)
+            forked = self._forked(run_fork(self._runtime, state), options)
         self._recorder.settle()
         return forked
 
@@ -403,7 +403,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
         """Async twin of `fork`."""
         state = self._fork_state(source_id, label, options)
         with self._mux.quiet():
-            return self._forked(await arun_fork(self.deps, state), options)
+            return self._forked(await arun_fork(self._runtime, state), options)
 
     def _archivable(self, session_id: object) -> str:
         sid = check_id(session_id)
@@ -426,8 +426,8 @@ class StelloAgent(_Turns, _Memory, _Tree):
             session = self.session(sid)
             assert isinstance(session, Session)
             meta = session.archive()
-        emit(self.deps.bus, "session_archived", sid)
-        on_archive(self.deps, sid)
+        emit(self._runtime.bus, "session_archived", sid)
+        on_archive(self._runtime, sid)
         self._recorder.settle()
         return meta
 
@@ -443,8 +443,8 @@ class StelloAgent(_Turns, _Memory, _Tree):
             session = self.session(sid)
             assert isinstance(session, Session)
             meta = await session.aarchive()
-        emit(self.deps.bus, "session_archived", sid)
-        on_archive(self.deps, sid)
+        emit(self._runtime.bus, "session_archived", sid)
+        on_archive(self._runtime, sid)
         return meta
 
     # -- composition ------------------------------------------------------------------------

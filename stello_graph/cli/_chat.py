@@ -144,7 +144,7 @@ class ChatRepl:
 
     # -- background work --------------------------------------------------------------------
     def _busy(self) -> bool:
-        scheduler = self.agent.deps.scheduler
+        scheduler = self.agent._runtime.scheduler
         return scheduler is not None and scheduler.busy
 
     def _on_event(self, event: StelloEvent) -> None:
