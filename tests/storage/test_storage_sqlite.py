@@ -8,7 +8,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -462,16 +461,7 @@ def test_every_query_uses_an_index(db_path: Path) -> None:
     conn.close()
 
 
-def best_of(runs: int, fn: Callable[[], object]) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def test_reads_stay_fast_on_big_trees(db_path: Path) -> None:
+def test_reads_stay_one_statement_on_big_trees(db_path: Path) -> None:
     with SqliteMainStorage(db_path) as storage:
         with storage.transaction():
             storage.put_session(SessionMeta(id="main", label="", role="main"))
@@ -483,11 +473,24 @@ def test_reads_stay_fast_on_big_trees(db_path: Path) -> None:
                     storage.put_node(TopologyNode(id=f"s{n}", parent_id="main"))
             storage.put_session(SessionMeta(id="long", label=""))
             storage.append_records("long", [HumanMessage(f"m{n}") for n in range(600)])
+        # How fast is the benchmarks' business (group scale: 4a, 4b, 4d); what keeps them fast
+        # is checked here: each read is one statement whatever the tree's size (their plans use
+        # indexes: the test above), and a history read again comes from the record cache.
+        seen: list[str] = []
+        storage._conn.set_trace_callback(seen.append)
+
+        def statements(read: Callable[[], object]) -> int:
+            seen.clear()
+            read()
+            return len([sql for sql in seen if not sql.lstrip().upper().startswith("PRAGMA")])
+
         assert len(storage.get_all_session_l2s()) == 10_000
-        assert best_of(3, storage.get_all_session_l2s) < 0.100
-        assert best_of(3, lambda: storage.get_children("main")) < 0.020
-        storage.list_records("long")
-        assert best_of(3, lambda: storage.list_records("long")) < 0.005
+        assert statements(storage.get_all_session_l2s) == 1
+        assert len(storage.get_children("main")) == 1_000
+        assert statements(lambda: storage.get_children("main")) == 1
+        assert len(storage.list_records("long")) == 600
+        assert statements(lambda: storage.list_records("long")) == 0
+        storage._conn.set_trace_callback(None)
 
 
 # -- sharing one file -----------------------------------------------------------------------------
