@@ -418,7 +418,7 @@ def test_usage_can_be_turned_off() -> None:
 
 
 async def test_async_calls_with_latency_overlap() -> None:
-    model = ScriptedChatModel(default="done", latency=0.2)
+    model = ScriptedChatModel(default="done", latency=0.3)
 
     started = time.perf_counter()
     replies = await asyncio.gather(
@@ -427,11 +427,11 @@ async def test_async_calls_with_latency_overlap() -> None:
     elapsed = time.perf_counter() - started
 
     assert [reply.content for reply in replies] == ["done"] * 4
-    assert 0.2 <= elapsed < 0.6
+    assert 0.3 <= elapsed < 0.9  # one after another: 1.2 s
 
 
 def test_sync_calls_with_latency_overlap_in_threads() -> None:
-    model = ScriptedChatModel(default="done", latency=0.2)
+    model = ScriptedChatModel(default="done", latency=0.3)
 
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -439,7 +439,7 @@ def test_sync_calls_with_latency_overlap_in_threads() -> None:
     elapsed = time.perf_counter() - started
 
     assert contents == ["done"] * 4
-    assert 0.2 <= elapsed < 0.6
+    assert 0.3 <= elapsed < 0.9  # one after another: 1.2 s
 
 
 def test_each_reply_is_consumed_exactly_once_across_threads() -> None:
