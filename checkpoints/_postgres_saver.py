@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -36,8 +35,11 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
 
 from stello_graph.checkpoints._postgres_conn import describe
-from stello_graph.checkpoints._threaded_saver import AsyncInThreads
-from stello_graph.checkpoints.saver import HELD_CHECKPOINTS
+from stello_graph.checkpoints._threaded_saver import (
+    AsyncInThreads,
+    HeldRuns,
+    thread_of,
+)
 from stello_graph.errors import StorageUnavailableError
 
 __all__ = ["StelloPostgresSaver", "postgres_saver"]
@@ -45,20 +47,6 @@ __all__ = ["StelloPostgresSaver", "postgres_saver"]
 SETUP_LOCK = 0x5374_656C_6C6F_0002
 """The advisory lock held while LangGraph's checkpoint tables are set up: its migrations do
 not guard against two processes running them at once."""
-
-
-@dataclass(slots=True)
-class _Held:
-    """The first steps of one thread's run, not written yet: checkpoint ids in order and the
-    calls that write them, in the order they were asked for."""
-
-    checkpoints: list[str]
-    ops: list[Callable[[], object]] = field(default_factory=list)
-
-
-def _thread(config: RunnableConfig | None) -> str | None:
-    found = ((config or {}).get("configurable") or {}).get("thread_id")
-    return None if found is None else str(found)
 
 
 class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
@@ -80,24 +68,10 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         self.hold_first_steps = hold_first_steps
         """Hold each run's first steps in memory (see the class)."""
         self._hold_lock = threading.RLock()
-        self._held: dict[str, _Held] = {}
+        self._held = HeldRuns()
         self._disk: set[str] = set()  # threads that may have rows on disk
 
     # -- holding ------------------------------------------------------------------------------
-    def _holds(self, thread: str, checkpoint_id: str, parent: str | None, source: Any) -> bool:
-        held = self._held.get(thread)
-        if source == "input" and self.hold_first_steps:
-            if held is not None:  # an earlier run that nobody ended: it is written first
-                return False
-            self._held[thread] = _Held([checkpoint_id])
-            return True
-        if held is None or len(held.checkpoints) >= HELD_CHECKPOINTS:
-            return False
-        if held.checkpoints[-1] != parent:
-            return False
-        held.checkpoints.append(checkpoint_id)
-        return True
-
     def _write_held(self, thread: str) -> None:
         """Write what is held of `thread` (under the hold lock)."""
         held = self._held.pop(thread, None)
@@ -125,11 +99,18 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         ns = config["configurable"]["checkpoint_ns"]
         parent = config["configurable"].get("checkpoint_id")
         with self._hold_lock:
-            source = metadata.get("source")
-            if ns != "" or not self._holds(thread, checkpoint["id"], parent, source):
+            source, on = metadata.get("source"), self.hold_first_steps
+            held = (
+                None
+                if ns != ""
+                else self._held.hold_checkpoint(
+                    thread, checkpoint["id"], parent, source, enabled=on
+                )
+            )
+            if held is None:
                 return None
             args = (config, checkpoint, metadata, new_versions)
-            self._held[thread].ops.append(partial(PostgresSaver.put, self, *args))
+            held.ops.append(partial(PostgresSaver.put, self, *args))
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                  "checkpoint_id": checkpoint["id"]}}  # fmt: skip
 
@@ -159,9 +140,8 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         thread = str(config["configurable"]["thread_id"])
         checkpoint_id = str(config["configurable"]["checkpoint_id"])
         with self._hold_lock:
-            held = self._held.get(thread)
-            # the writes of the held run's first two steps (START, the first node) are held
-            if held is None or checkpoint_id not in held.checkpoints[: HELD_CHECKPOINTS - 1]:
+            held = self._held.holding_writes(thread, checkpoint_id)
+            if held is None:
                 return False
             args = (config, list(writes), task_id, task_path)
             held.ops.append(partial(PostgresSaver.put_writes, self, *args))
@@ -193,7 +173,7 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         await asyncio.to_thread(self.flush)
 
     def _flush_read(self, config: RunnableConfig | None) -> None:
-        thread = _thread(config)
+        thread = thread_of(config)
         with self._hold_lock:
             if thread is None:
                 for held in list(self._held):
@@ -204,7 +184,7 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._flush_read(config)
         found = super().get_tuple(config)
-        thread = _thread(config)
+        thread = thread_of(config)
         if found is not None and thread is not None:
             with self._hold_lock:
                 self._disk.add(thread)

@@ -1,4 +1,5 @@
-"""`AsyncInThreads`: the async methods of a sync checkpoint saver, each run in a thread.
+"""What stello's two checkpoint savers share: `AsyncInThreads` (the async methods of a sync
+saver, each run in a thread) and `HeldRuns` (the first steps of runs kept in memory).
 
 LangGraph's `SqliteSaver` and `PostgresSaver` are sync savers whose async methods raise. The
 agent drives them from both sides (`turn` and `aturn` on one thread), so its savers take this
@@ -10,13 +11,63 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 
-__all__ = ["AsyncInThreads"]
+__all__ = ["HELD_CHECKPOINTS", "AsyncInThreads", "HeldRun", "HeldRuns", "thread_of"]
+
+HELD_CHECKPOINTS = 3
+"""Checkpoints of a run `hold_first_steps` keeps in memory: the run's input, the one after
+its START step and the one after its first node step (a stello turn's first model call)."""
+
+
+def thread_of(config: RunnableConfig | None) -> str | None:
+    """The thread id of `config`, if it names one."""
+    found = ((config or {}).get("configurable") or {}).get("thread_id")
+    return None if found is None else str(found)
+
+
+@dataclass(slots=True)
+class HeldRun:
+    """The first steps of one thread's run, not written yet: checkpoint ids in order and the
+    operations that write them, in the order they were asked for."""
+
+    checkpoints: list[str]
+    ops: list[Any] = field(default_factory=list)
+
+
+class HeldRuns(dict[str, HeldRun]):
+    """The held runs of a saver with `hold_first_steps`, by thread (used under its lock)."""
+
+    def hold_checkpoint(
+        self, thread: str, checkpoint_id: str, parent: str | None, source: Any, *, enabled: bool
+    ) -> HeldRun | None:
+        """The held run a checkpoint joins (a run's input starts one, when `enabled`), or
+        `None` when the checkpoint has to be written."""
+        held = self.get(thread)
+        if source == "input" and enabled:
+            if held is not None:  # an earlier run that nobody ended: it is written first
+                return None
+            self[thread] = held = HeldRun([checkpoint_id])
+            return held
+        if held is None or len(held.checkpoints) >= HELD_CHECKPOINTS:
+            return None
+        if held.checkpoints[-1] != parent:
+            return None
+        held.checkpoints.append(checkpoint_id)
+        return held
+
+    def holding_writes(self, thread: str, checkpoint_id: str) -> HeldRun | None:
+        """The held run that takes the writes of a step after `checkpoint_id`: those of its
+        first two steps (START, the first node), else `None`."""
+        held = self.get(thread)
+        if held is None or checkpoint_id not in held.checkpoints[: HELD_CHECKPOINTS - 1]:
+            return None
+        return held
 
 
 class AsyncInThreads:

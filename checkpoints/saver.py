@@ -19,7 +19,6 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -33,16 +32,17 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from stello_graph.checkpoints._threaded_saver import AsyncInThreads
+from stello_graph.checkpoints._threaded_saver import (
+    HELD_CHECKPOINTS,
+    AsyncInThreads,
+    HeldRuns,
+    thread_of,
+)
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
 
 __all__ = ["HELD_CHECKPOINTS", "StelloSqliteSaver", "open_sqlite", "sqlite_saver"]
 
 BUSY_TIMEOUT_MS = 30_000
-
-HELD_CHECKPOINTS = 3
-"""Checkpoints of a run `hold_first_steps` keeps in memory: the run's input, the one after
-its START step and the one after its first node step (a stello turn's first model call)."""
 
 _PUT = (
     "INSERT OR REPLACE INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
@@ -57,20 +57,6 @@ Rows = list[tuple[Any, ...]]
 Op = Callable[[], tuple[str, Rows]]
 """A statement and its rows, made when it is written: what is held and then dropped is never
 serialised."""
-
-
-@dataclass(slots=True)
-class _Held:
-    """The first steps of one thread's run, not written yet: checkpoint ids in order and the
-    statements that write them, in the order they were asked for."""
-
-    checkpoints: list[str]
-    ops: list[Op] = field(default_factory=list)
-
-
-def _thread(config: RunnableConfig | None) -> str | None:
-    found = ((config or {}).get("configurable") or {}).get("thread_id")
-    return None if found is None else str(found)
 
 
 class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
@@ -103,7 +89,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         super().__init__(conn, *args, **kwargs)
         self.hold_first_steps = hold_first_steps
         """Hold each run's first steps in memory (see the class)."""
-        self._held: dict[str, _Held] = {}
+        self._held = HeldRuns()
         self._deleted: dict[str, str] = {}  # thread -> greatest checkpoint id deleted
         self._known: dict[str, str] = {}  # thread -> greatest checkpoint id it has on disk
 
@@ -146,22 +132,6 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         if checkpoint_id > self._known.get(thread, ""):
             self._known[thread] = checkpoint_id
 
-    def _holds(self, thread: str, checkpoint_id: str, parent: str | None, source: Any) -> bool:
-        """Whether a checkpoint is held (under the lock): a run's input, or one of the next
-        checkpoints of a held run."""
-        held = self._held.get(thread)
-        if source == "input" and self.hold_first_steps:
-            if held is not None:  # an earlier run that nobody ended: it is written first
-                return False
-            self._held[thread] = _Held([checkpoint_id])
-            return True
-        if held is None or len(held.checkpoints) >= HELD_CHECKPOINTS:
-            return False
-        if held.checkpoints[-1] != parent:
-            return False
-        held.checkpoints.append(checkpoint_id)
-        return True
-
     def _put_op(
         self,
         config: RunnableConfig,
@@ -189,10 +159,17 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
     ) -> RunnableConfig | None:
         thread, ns, parent, op = self._put_op(config, checkpoint, metadata)
         with self.lock:
-            source = metadata.get("source")
-            if ns != "" or not self._holds(thread, checkpoint["id"], parent, source):
+            source, on = metadata.get("source"), self.hold_first_steps
+            held = (
+                None
+                if ns != ""
+                else self._held.hold_checkpoint(
+                    thread, checkpoint["id"], parent, source, enabled=on
+                )
+            )
+            if held is None:
                 return None
-            self._held[thread].ops.append(op)
+            held.ops.append(op)
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                  "checkpoint_id": checkpoint["id"]}}  # fmt: skip
 
@@ -245,9 +222,8 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
     ) -> bool:
         thread, checkpoint_id, op = self._writes_op(config, writes, task_id, task_path)
         with self.lock:
-            held = self._held.get(thread)
-            # the writes of the held run's first two steps (START, the first node) are held
-            if held is None or checkpoint_id not in held.checkpoints[: HELD_CHECKPOINTS - 1]:
+            held = self._held.holding_writes(thread, checkpoint_id)
+            if held is None:
                 return False
             held.ops.append(op)
         return True
@@ -279,7 +255,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
             self._write(list(self._held))
 
     def _flush_read(self, config: RunnableConfig | None) -> None:
-        thread = _thread(config)
+        thread = thread_of(config)
         if thread is None:
             self.flush()
         elif thread in self._held:
@@ -293,7 +269,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
     def get_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
         self._flush_read(config)
         found = super().get_tuple(config)
-        thread = _thread(config)
+        thread = thread_of(config)
         if thread is None:
             return found
         if found is None:
@@ -318,7 +294,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
     ) -> Iterator[_CheckpointTuple]:
         self._flush_read(config)
         for found in super().list(config, filter=filter, before=before, limit=limit):
-            thread = _thread(found.config)
+            thread = thread_of(found.config)
             checkpoint_id = str(found.config["configurable"]["checkpoint_id"])
             if thread is None or not self._hidden(thread, checkpoint_id):
                 yield found
