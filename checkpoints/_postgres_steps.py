@@ -11,32 +11,29 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from langchain_core.messages import BaseMessage
 
 import stello_graph.checkpoints._postgres_schema as _schema
 from stello_graph.checkpoints._postgres_conn import Query, Steps
 from stello_graph.checkpoints._postgres_schema import EVENTS, GLOBALS, NODES, RECORDS, SESSIONS
-from stello_graph.checkpoints._rows import built, stored_l2, stored_meta, stored_node
+from stello_graph.checkpoints._postgres_tree import _META, _META_COUNT, TreeStatements
+from stello_graph.checkpoints._rows import built, stored_meta, stored_node
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     MetaRow,
     RecordTurn,
     SessionRead,
     decode_message,
-    from_iso,
     row_to_meta,
 )
-from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, export_with_prefixes
+from stello_graph.checkpoints._shared_l3 import SharedPrefixes
 from stello_graph.checkpoints._shell import FIELDS
-from stello_graph.digest import DigestRow
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import (
-    ChildL2,
     SessionMeta,
     SessionRole,
-    SessionStats,
     SessionStatus,
     TopologyNode,
 )
@@ -54,11 +51,8 @@ COLUMNS = FIELDS
 """The per-session columns `op_get_fields` / `op_set_fields` accept (names are checked before
 they are put in SQL)."""
 
-_META = "id, label, role, status, tags, metadata, created_at, updated_at"
-_META_COUNT = 8
 
-
-class Statements:
+class Statements(TreeStatements):
     """The primitives of one tree, as statements; and the tree's record cache."""
 
     def __init__(self, tree_id: str, cache_size: int) -> None:
@@ -68,16 +62,6 @@ class Statements:
         """Decoded records by session, with the `records_stamp` they were read at."""
         self.shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
         """The statements of shared L3 prefixes (`_shared_l3`)."""
-
-    @staticmethod
-    def run(lookup: Lookup[T]) -> Steps[T]:
-        """The shared-prefix statements of `lookup`, as steps of a primitive."""
-        try:
-            sql, params = next(lookup)
-            while True:
-                sql, params = lookup.send((yield Query(sql, params)).rows)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
 
     def session_exists(self, session_id: str) -> Steps[bool]:
         sql = f"SELECT 1 FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
@@ -116,88 +100,6 @@ class Statements:
         sql = f"SELECT {_META} FROM {SESSIONS} WHERE {' AND '.join(where)} ORDER BY created_seq"
         return built(stored_meta, (yield Query(sql, params)).rows)
 
-    def l2s(self) -> Steps[list[ChildL2]]:
-        rows = (
-            yield Query(
-                f"""SELECT id, label, memory FROM {SESSIONS}
-                WHERE tree_id = %s AND role = 'standard' AND status = 'active'
-                    AND memory IS NOT NULL
-                ORDER BY created_seq""",
-                (self.tree_id,),
-            )
-        ).rows
-        # rows the storage wrote: built without validating each again (`_rows`)
-        return built(lambda row: stored_l2(*row), rows)
-
-    def l2s_after(self, after: int, limit: int) -> Steps[list[tuple[Any, ...]]]:
-        rows = (
-            yield Query(
-                f"""SELECT created_seq, id, label, memory FROM {SESSIONS}
-                WHERE tree_id = %s AND role = 'standard' AND status = 'active'
-                    AND memory IS NOT NULL AND created_seq > %s
-                ORDER BY created_seq LIMIT %s""",
-                (self.tree_id, after, limit),
-            )
-        ).rows
-        return [tuple(row) for row in rows]
-
-    def export_rows(self, part: str) -> Steps[list[tuple[Any, ...]]]:
-        sql = _WALK + _EXPORT[part]
-        # every placeholder of the walk and of the part is the tree's id
-        rows = [tuple(row) for row in (yield Query(sql, (self.tree_id,) * sql.count("%s"))).rows]
-        bases = (yield from self.run(self.shared.bases())) if part != "nodes" else {}
-        inherited: dict[str, list[tuple[Any, ...]]] = {}
-        if part == "records":  # read here: the rows are handed over after the steps end
-            for sid, base in bases.items():
-                inherited[sid] = yield from self.run(self.shared.inherited(base, "data"))
-        by_base = {base: inherited.get(sid, []) for sid, base in bases.items()}
-        return list(export_with_prefixes(part, rows, bases, lambda base: by_base[base]))
-
-    def session_stats(self) -> Steps[list[SessionStats]]:
-        # As SQLite's: a session's seqs are contiguous, so the records after the L2 cursor
-        # are those from MIN(seq) + memory_through on.
-        rows = (
-            yield Query(
-                f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
-                    n.id IS NOT NULL, s.turn_count,
-                    (SELECT COUNT(*) FROM {RECORDS} r
-                        WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
-                    s.memory_through,
-                    CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
-                    ELSE (SELECT COUNT(*) FROM {RECORDS} r
-                        WHERE r.tree_id = s.tree_id AND r.session_id = s.id
-                        AND r.type = 'human'
-                        AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
-                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END,
-                    s.memory IS NOT NULL, s.insight IS NOT NULL,
-                    s.subtree_synthesis IS NOT NULL
-                FROM {SESSIONS} s
-                LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
-                WHERE s.tree_id = %s ORDER BY s.created_seq""",
-                (self.tree_id,),
-            )
-        ).rows
-        rows = yield from self.run(self.shared.patch(rows, 8, 10))
-        return [
-            SessionStats(
-                id=row[0],
-                label=row[1],
-                role=row[2],
-                status=row[3],
-                updated_at=from_iso(row[4]),
-                parent_id=row[5],
-                in_tree=bool(row[6]),
-                turns=row[7],
-                records=row[8],
-                memory_through=row[9] or 0,
-                turns_since_memory=row[10],
-                has_memory=bool(row[11]),
-                has_insight=bool(row[12]),
-                has_subtree_synthesis=bool(row[13]),
-            )
-            for row in rows
-        ]
-
     def get_fields(self, session_id: str, names: Sequence[str]) -> Steps[tuple[Any, ...] | None]:
         if not COLUMNS.issuperset(names):
             raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - COLUMNS)}.")
@@ -228,37 +130,6 @@ class Statements:
             return meta, values, cached[1]
         found: list[BaseMessage] = yield from self._load_records(session_id)
         return meta, values, found
-
-    def all_fields(self, names: Sequence[str]) -> Steps[list[tuple[Any, ...]]]:
-        if not COLUMNS.issuperset(names):
-            raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - COLUMNS)}.")
-        columns = "".join(f", {name}" for name in names)
-        sql = f"SELECT id{columns} FROM {SESSIONS} WHERE tree_id = %s ORDER BY created_seq"
-        rows = (yield Query(sql, (self.tree_id,))).rows
-        return [tuple(row) for row in rows]
-
-    def digests(self) -> Steps[list[DigestRow]]:
-        # As SQLite's: the user records after the L2 cursor are those from MIN(seq) +
-        # memory_through on.
-        rows = (
-            yield Query(
-                f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
-                    s.turn_count, s.memory,
-                    CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
-                    ELSE (SELECT COUNT(*) FROM {RECORDS} r
-                        WHERE r.tree_id = s.tree_id AND r.session_id = s.id
-                        AND r.type = 'human'
-                        AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
-                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END,
-                    s.insight
-                FROM {SESSIONS} s
-                LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
-                WHERE s.tree_id = %s ORDER BY s.created_seq""",
-                (self.tree_id,),
-            )
-        ).rows
-        rows = yield from self.run(self.shared.patch(rows, None, 8))
-        return [cast("DigestRow", tuple(row)) for row in rows]
 
     def set_fields(self, session_id: str, values: dict[str, Any]) -> Steps[None]:
         if not COLUMNS.issuperset(values):
@@ -562,10 +433,6 @@ class Statements:
             WHERE tree_id = %s AND parent_id = %s ORDER BY position"""
         return [stored_node(row) for row in (yield Query(sql, (self.tree_id, parent_id))).rows]
 
-    def all_nodes(self) -> Steps[list[TopologyNode]]:
-        sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = %s ORDER BY position"
-        return built(stored_node, (yield Query(sql, (self.tree_id,))).rows)
-
     def get_global(self, key: str) -> Steps[str | None]:
         sql = f"SELECT value FROM {GLOBALS} WHERE tree_id = %s AND key = %s"
         rows = (yield Query(sql, (self.tree_id, key))).rows
@@ -577,36 +444,6 @@ class Statements:
             ON CONFLICT (tree_id, key) DO UPDATE SET value = excluded.value""",
             (self.tree_id, key, value),
         )
-
-
-_WALK = f"""WITH RECURSIVE walk(id, path) AS (
-    SELECT n.id, lpad(n.position::text, 12, '0') FROM {NODES} n
-    WHERE n.tree_id = %s AND (n.parent_id IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {NODES} p WHERE p.tree_id = n.tree_id AND p.id = n.parent_id))
-    UNION ALL
-    SELECT c.id, w.path || lpad(c.position::text, 12, '0')
-    FROM walk w JOIN {NODES} c ON c.tree_id = %s AND c.parent_id = w.id)
-"""
-"""As SQLite's: ordered by `path`, the nodes in the tree's depth-first pre-order."""
-
-_EXPORT: dict[str, str] = {
-    "nodes": f"""SELECT n.id, n.parent_id, n.label
-        FROM walk w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id ORDER BY w.path""",
-    "sessions": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
-            s.updated_at, n.parent_id, s.turn_count,
-            (SELECT COUNT(*) FROM {RECORDS} r WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
-            s.system_prompt, s.memory, s.insight
-        FROM walk w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
-        JOIN {SESSIONS} s ON s.tree_id = %s AND s.id = w.id ORDER BY w.path""",
-    "records": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
-            s.updated_at, n.parent_id, s.turn_count,
-            (SELECT COUNT(*) FROM {RECORDS} c WHERE c.tree_id = s.tree_id AND c.session_id = s.id),
-            s.system_prompt, s.memory, s.insight, r.data
-        FROM walk w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
-        JOIN {SESSIONS} s ON s.tree_id = %s AND s.id = w.id
-        LEFT JOIN {RECORDS} r ON r.tree_id = %s AND r.session_id = w.id
-        ORDER BY w.path, r.seq""",
-}
 
 
 def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
