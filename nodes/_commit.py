@@ -1,0 +1,188 @@
+"""Committing a turn: its records to L3 in one transaction, the insight it showed consumed,
+the lease freed when the run leaves nothing to write (`commit` node, and the model round that
+commits a turn in `stello_graph.nodes.turn`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from langchain_core.messages import (
+    BaseMessage,
+    RemoveMessage,
+)
+from langgraph.types import Overwrite
+
+from stello_graph._base import SessionBase
+from stello_graph._context import message_text
+from stello_graph.events import emit
+from stello_graph.nodes._lease import TurnLease, aturn_lease, turn_lease
+from stello_graph.nodes._runnable import StelloNode
+from stello_graph.nodes.deps import StelloDeps
+from stello_graph.nodes.entry import turn_output
+from stello_graph.nodes.scheduling import TREE_TURNS_KEY, after_turn, forget_insight
+from stello_graph.nodes.state import TurnState
+
+__all__ = ["Commit", "make_commit_node"]
+
+State = TurnState
+
+
+def _turn_id(records: Sequence[BaseMessage]) -> str | None:
+    """A graph turn's id: its user message's, the same when the step runs again (`_human_id`)."""
+    return records[0].id if records else None
+
+
+def _records(state: State) -> list[BaseMessage]:
+    return [m for m in state.get("pending") or [] if not isinstance(m, RemoveMessage)]
+
+
+Commit = tuple[list[BaseMessage], str | None, str | None]
+"""What a turn commits: its records, the insight it showed, its id."""
+
+
+def _counts_tree(deps: StelloDeps) -> bool:
+    return deps.schedule is not None and deps.schedule.integrate_every_n_turns is not None
+
+
+def _commit(
+    deps: StelloDeps,
+    session: SessionBase,
+    held: TurnLease,
+    turn: Commit | None,
+    *,
+    lent: bool = False,
+) -> tuple[int, int]:
+    """Write `turn` (unless `None`: already stored) in one transaction under the turn's lease
+    and release the lease there (the turn's own, or one lent with leave to); `(user turns of
+    the session, turns of the tree)`.
+
+    The caller checked, under the same lease, that the turn is not in L3 yet (`has_turn`):
+    only a run of the same step could store it, and that one would have to hold the lease.
+    A lent lease is freed here only with `lent` (the round that opened the turn commits it:
+    no step of the run came before it whose checkpoint could still be on its way to disk)
+    and the lender's leave.
+    A turn to commit whose tree turns are not counted is one storage call
+    (`commit_records`: one read, the append, one write).
+    """
+    s, tree, release = deps.storage, 0, held.releases(lent)
+    if turn is not None and not _counts_tree(deps):
+        records, insight, turn_id = turn
+        turns = session.commit_turn(
+            records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
+        )
+    else:
+        with s.transaction():
+            if turn is not None:
+                records, insight, turn_id = turn
+                turns = session.commit_turn(
+                    records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
+                )
+                tree = int(s.get_global(TREE_TURNS_KEY) or 0) + 1
+                s.put_global(TREE_TURNS_KEY, tree)
+            else:
+                s.check_lease(held.lease)  # a turn that lost its lease commits nothing
+                turns = s.get_turn_count(session.id)
+                if release:
+                    s.release_lease(held.lease)
+    _freed(deps, held, release)
+    return turns, tree
+
+
+async def _acommit(
+    deps: StelloDeps,
+    session: SessionBase,
+    held: TurnLease,
+    turn: Commit | None,
+    *,
+    lent: bool = False,
+) -> tuple[int, int]:
+    """Async twin of `_commit`."""
+    s, tree, release = deps.storage, 0, held.releases(lent)
+    if turn is not None and not _counts_tree(deps):
+        records, insight, turn_id = turn
+        turns = await session.acommit_turn(
+            records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
+        )
+    else:
+        async with s.atransaction():
+            if turn is not None:
+                records, insight, turn_id = turn
+                turns = await session.acommit_turn(
+                    records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
+                )
+                tree = int(await s.aget_global(TREE_TURNS_KEY) or 0) + 1
+                await s.aput_global(TREE_TURNS_KEY, tree)
+            else:
+                await s.acheck_lease(held.lease)
+                turns = await s.aget_turn_count(session.id)
+                if release:
+                    await s.arelease_lease(held.lease)
+    _freed(deps, held, release)
+    return turns, tree
+
+
+def _freed(deps: StelloDeps, held: TurnLease, release: bool) -> None:
+    """After a commit that freed the lease: wake local waiters, tell a lender."""
+    if held.owned:
+        deps.leases.forget(held.lease)
+    elif release:
+        held.released()
+
+
+def _done(
+    deps: StelloDeps,
+    session: SessionBase,
+    state: State,
+    records: Sequence[BaseMessage],
+    counts: tuple[int, int],
+    replace: bool = False,
+) -> State:
+    """The state of a committed turn; its events and the schedule's reaction. `replace`: the
+    turn's records become `pending` (a step that found its turn already in L3)."""
+    turns, tree = counts
+    insight = state.get("insight")
+    if insight:
+        emit(deps.bus, "insight_delivered", session.id, insight=insight)
+        forget_insight(deps, session.id, insight)
+    emit(deps.bus, "turn_committed", session.id, turn_count=turns)
+    after_turn(deps, session.id, session.role, turns, tree)
+    final = records[-1] if records else None
+    update: State = {
+        "content": message_text(final.content) if final is not None else "",
+        "turn_count": turns,
+        **turn_output({**state, "pending": list(records)}),
+    }
+    if state.get("lease") is not None:
+        update["lease"] = None
+    if replace:
+        update["pending"] = Overwrite(list(records))  # type: ignore[typeddict-item]
+    return update
+
+
+def make_commit_node(deps: StelloDeps) -> StelloNode:
+    """Node `commit`: write the turn's records in one transaction, consume the insight.
+
+    The `model` node commits the turn itself when its reply asks for no tools; this node is
+    for graphs of your own that end a turn elsewhere (it commits nothing a second time: a
+    turn already in L3 is only reported).
+    """
+
+    def commit(state: State) -> State:
+        session, records = deps.session(state["session_id"]), _records(state)
+        turn = _turn_id(records)
+        with turn_lease(deps.leases, session.id, state, park=False) as held:
+            stored = turn is not None and deps.storage.has_turn(session.id, turn)
+            todo = None if stored else (records, state.get("insight"), turn)
+            counts = _commit(deps, session, held, todo)
+        return _done(deps, session, state, records, counts)
+
+    async def acommit(state: State) -> State:
+        session, records = await deps.asession(state["session_id"]), _records(state)
+        turn = _turn_id(records)
+        async with aturn_lease(deps.leases, session.id, state, park=False) as held:
+            stored = turn is not None and await deps.storage.ahas_turn(session.id, turn)
+            todo = None if stored else (records, state.get("insight"), turn)
+            counts = await _acommit(deps, session, held, todo)
+        return _done(deps, session, state, records, counts)
+
+    return StelloNode("commit", commit, acommit)
