@@ -95,24 +95,10 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig | None:
-        thread = str(config["configurable"]["thread_id"])
-        ns = config["configurable"]["checkpoint_ns"]
-        parent = config["configurable"].get("checkpoint_id")
+        op = partial(PostgresSaver.put, self, config, checkpoint, metadata, new_versions)
         with self._hold_lock:
-            source, on = metadata.get("source"), self.hold_first_steps
-            held = (
-                None
-                if ns != ""
-                else self._held.hold_checkpoint(
-                    thread, checkpoint["id"], parent, source, enabled=on
-                )
-            )
-            if held is None:
-                return None
-            args = (config, checkpoint, metadata, new_versions)
-            held.ops.append(partial(PostgresSaver.put, self, *args))
-        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
-                                 "checkpoint_id": checkpoint["id"]}}  # fmt: skip
+            on = self.hold_first_steps
+            return self._held.hold_put(config, checkpoint["id"], metadata, op, enabled=on)
 
     def put(
         self,
@@ -137,15 +123,10 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         task_id: str,
         task_path: str,
     ) -> bool:
-        thread = str(config["configurable"]["thread_id"])
-        checkpoint_id = str(config["configurable"]["checkpoint_id"])
+        args = (config, list(writes), task_id, task_path)
+        op = partial(PostgresSaver.put_writes, self, *args)
         with self._hold_lock:
-            held = self._held.holding_writes(thread, checkpoint_id)
-            if held is None:
-                return False
-            args = (config, list(writes), task_id, task_path)
-            held.ops.append(partial(PostgresSaver.put_writes, self, *args))
-        return True
+            return self._held.hold_writes(config, op)
 
     def put_writes(
         self,

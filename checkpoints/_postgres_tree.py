@@ -9,10 +9,7 @@ from typing import Any, cast
 
 from stello_graph.checkpoints._postgres_conn import Query, Steps
 from stello_graph.checkpoints._postgres_schema import NODES, RECORDS, SESSIONS
-from stello_graph.checkpoints._rows import built, stored_l2, stored_node
-from stello_graph.checkpoints._serde import (
-    from_iso,
-)
+from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, stored_node
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, export_with_prefixes
 from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.digest import DigestRow
@@ -107,25 +104,7 @@ class TreeStatements:
             )
         ).rows
         rows = yield from self.run(self.shared.patch(rows, 8, 10))
-        return [
-            SessionStats(
-                id=row[0],
-                label=row[1],
-                role=row[2],
-                status=row[3],
-                updated_at=from_iso(row[4]),
-                parent_id=row[5],
-                in_tree=bool(row[6]),
-                turns=row[7],
-                records=row[8],
-                memory_through=row[9] or 0,
-                turns_since_memory=row[10],
-                has_memory=bool(row[11]),
-                has_insight=bool(row[12]),
-                has_subtree_synthesis=bool(row[13]),
-            )
-            for row in rows
-        ]
+        return [stats_from_row(row) for row in rows]
 
     def all_fields(self, names: Sequence[str]) -> Steps[list[tuple[Any, ...]]]:
         if not FIELDS.issuperset(names):

@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from stello_graph.checkpoints._serde import from_iso
-from stello_graph.models import ChildL2, SessionMeta, TopologyNode
+from stello_graph.models import ChildL2, SessionMeta, SessionStats, TopologyNode
 
-__all__ = ["built", "stored_l2", "stored_meta", "stored_model", "stored_node"]
+__all__ = ["built", "stats_from_row", "stored_l2", "stored_meta", "stored_model", "stored_node"]
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
@@ -96,4 +96,26 @@ def stored_meta(row: Sequence[Any]) -> SessionMeta:
             "created_at": from_iso(created_at),
             "updated_at": from_iso(updated_at),
         },
+    )
+
+
+def stats_from_row(row: Sequence[Any]) -> SessionStats:
+    """The `SessionStats` of a row of the SQL backends' session-stats statement: `(id,
+    label, role, status, updated_at, parent_id, in_tree, turns, records, memory_through,
+    turns_since_memory, has_memory, has_insight, has_subtree_synthesis)`."""
+    return SessionStats(
+        id=row[0],
+        label=row[1],
+        role=row[2],
+        status=row[3],
+        updated_at=from_iso(row[4]),
+        parent_id=row[5],
+        in_tree=bool(row[6]),
+        turns=row[7],
+        records=row[8],
+        memory_through=row[9] or 0,
+        turns_since_memory=row[10],
+        has_memory=bool(row[11]),
+        has_insight=bool(row[12]),
+        has_subtree_synthesis=bool(row[13]),
     )

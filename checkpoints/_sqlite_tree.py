@@ -8,11 +8,8 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from stello_graph.checkpoints._rows import built, stored_l2, stored_node
+from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, stored_node
 from stello_graph.checkpoints._schema import NODES, RECORDS, SESSIONS
-from stello_graph.checkpoints._serde import (
-    from_iso,
-)
 from stello_graph.checkpoints._shared_l3 import (
     Lookup,
     SharedPrefixes,
@@ -79,25 +76,8 @@ class SqliteTreeReads:
             WHERE s.tree_id = ? ORDER BY s.created_seq""",
             (self.tree_id,),
         )
-        return [
-            SessionStats(
-                id=row[0],
-                label=row[1],
-                role=row[2],
-                status=row[3],
-                updated_at=from_iso(row[4]),
-                parent_id=row[5],
-                in_tree=bool(row[6]),
-                turns=row[7],
-                records=row[8],
-                memory_through=row[9] or 0,
-                turns_since_memory=row[10],
-                has_memory=bool(row[11]),
-                has_insight=bool(row[12]),
-                has_subtree_synthesis=bool(row[13]),
-            )
-            for row in self._run(self._shared.patch(rows.fetchall(), 8, 10))
-        ]
+        patched = self._run(self._shared.patch(rows.fetchall(), 8, 10))
+        return [stats_from_row(row) for row in patched]
 
     def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
         assert FIELDS.issuperset(names)

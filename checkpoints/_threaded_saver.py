@@ -43,31 +43,51 @@ class HeldRun:
 class HeldRuns(dict[str, HeldRun]):
     """The held runs of a saver with `hold_first_steps`, by thread (used under its lock)."""
 
-    def hold_checkpoint(
-        self, thread: str, checkpoint_id: str, parent: str | None, source: Any, *, enabled: bool
-    ) -> HeldRun | None:
-        """The held run a checkpoint joins (a run's input starts one, when `enabled`), or
-        `None` when the checkpoint has to be written."""
+    def hold_put(
+        self,
+        config: RunnableConfig,
+        checkpoint_id: str,
+        metadata: CheckpointMetadata,
+        op: Any,
+        *,
+        enabled: bool,
+    ) -> RunnableConfig | None:
+        """Hold `op`, the write of checkpoint `checkpoint_id` (`put(config, ...)`), and return
+        `put`'s result, when the checkpoint joins a held run (a run's input starts one, when
+        `enabled`); `None`, holding nothing, when it has to be written."""
+        conf = config["configurable"]
+        thread, ns = str(conf["thread_id"]), conf["checkpoint_ns"]
+        if ns != "":
+            return None
         held = self.get(thread)
-        if source == "input" and enabled:
+        if metadata.get("source") == "input" and enabled:
             if held is not None:  # an earlier run that nobody ended: it is written first
                 return None
             self[thread] = held = HeldRun([checkpoint_id])
-            return held
-        if held is None or len(held.checkpoints) >= HELD_CHECKPOINTS:
+        elif (
+            held is None
+            or len(held.checkpoints) >= HELD_CHECKPOINTS
+            or held.checkpoints[-1] != conf.get("checkpoint_id")
+        ):
             return None
-        if held.checkpoints[-1] != parent:
-            return None
-        held.checkpoints.append(checkpoint_id)
-        return held
+        else:
+            held.checkpoints.append(checkpoint_id)
+        held.ops.append(op)
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
+                                 "checkpoint_id": checkpoint_id}}  # fmt: skip
 
-    def holding_writes(self, thread: str, checkpoint_id: str) -> HeldRun | None:
-        """The held run that takes the writes of a step after `checkpoint_id`: those of its
-        first two steps (START, the first node), else `None`."""
-        held = self.get(thread)
-        if held is None or checkpoint_id not in held.checkpoints[: HELD_CHECKPOINTS - 1]:
-            return None
-        return held
+    def hold_writes(self, config: RunnableConfig, op: Any) -> bool:
+        """Hold `op`, the writes of a step after the checkpoint `config` names, when they
+        belong to a held run's first two steps (START, the first node); else hold nothing."""
+        conf = config["configurable"]
+        held = self.get(str(conf["thread_id"]))
+        if (
+            held is None
+            or str(conf["checkpoint_id"]) not in held.checkpoints[: HELD_CHECKPOINTS - 1]
+        ):
+            return False
+        held.ops.append(op)
+        return True
 
 
 class AsyncInThreads:

@@ -157,21 +157,10 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig | None:
-        thread, ns, parent, op = self._put_op(config, checkpoint, metadata)
+        op = self._put_op(config, checkpoint, metadata)[3]
         with self.lock:
-            source, on = metadata.get("source"), self.hold_first_steps
-            held = (
-                None
-                if ns != ""
-                else self._held.hold_checkpoint(
-                    thread, checkpoint["id"], parent, source, enabled=on
-                )
-            )
-            if held is None:
-                return None
-            held.ops.append(op)
-        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
-                                 "checkpoint_id": checkpoint["id"]}}  # fmt: skip
+            on = self.hold_first_steps
+            return self._held.hold_put(config, checkpoint["id"], metadata, op, enabled=on)
 
     def put(
         self,
@@ -220,13 +209,9 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         task_id: str,
         task_path: str,
     ) -> bool:
-        thread, checkpoint_id, op = self._writes_op(config, writes, task_id, task_path)
+        op = self._writes_op(config, writes, task_id, task_path)[2]
         with self.lock:
-            held = self._held.holding_writes(thread, checkpoint_id)
-            if held is None:
-                return False
-            held.ops.append(op)
-        return True
+            return self._held.hold_writes(config, op)
 
     def put_writes(
         self,
