@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
@@ -72,6 +73,10 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         self._disk: set[str] = set()  # threads that may have rows on disk
 
     # -- holding ------------------------------------------------------------------------------
+    @property
+    def _memory_lock(self) -> AbstractContextManager[bool]:
+        return self._hold_lock  # also held while held steps are written
+
     def _write_held(self, thread: str) -> None:
         """Write what is held of `thread` (under the hold lock)."""
         held = self._held.pop(thread, None)
@@ -96,9 +101,8 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig | None:
         op = partial(PostgresSaver.put, self, config, checkpoint, metadata, new_versions)
-        with self._hold_lock:
-            on = self.hold_first_steps
-            return self._held.hold_put(config, checkpoint["id"], metadata, op, enabled=on)
+        on = self.hold_first_steps
+        return self._held.hold_put(config, checkpoint["id"], metadata, op, enabled=on)
 
     def put(
         self,
@@ -107,7 +111,8 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        done = self._in_memory_put(config, checkpoint, metadata, new_versions)
+        args = (config, checkpoint, metadata, new_versions)
+        done = self._in_memory(self._in_memory_put, *args, wait=True)
         if done is not None:
             return done
         thread = str(config["configurable"]["thread_id"])
@@ -124,9 +129,7 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         task_path: str,
     ) -> bool:
         args = (config, list(writes), task_id, task_path)
-        op = partial(PostgresSaver.put_writes, self, *args)
-        with self._hold_lock:
-            return self._held.hold_writes(config, op)
+        return self._held.hold_writes(config, partial(PostgresSaver.put_writes, self, *args))
 
     def put_writes(
         self,
@@ -135,7 +138,7 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        if self._in_memory_writes(config, writes, task_id, task_path):
+        if self._in_memory(self._in_memory_writes, config, writes, task_id, task_path, wait=True):
             return
         thread = str(config["configurable"]["thread_id"])
         with self._hold_lock:
@@ -184,17 +187,16 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
 
     def _in_memory_delete(self, thread_id: str) -> bool:
         thread = str(thread_id)
-        with self._hold_lock:
-            if thread not in self._held or thread in self._disk:
-                return False
-            del self._held[thread]
+        if thread not in self._held or thread in self._disk:
+            return False
+        del self._held[thread]
         return True
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of `thread_id`: what is held of it at once, and
         its rows unless the held run is all there is of it."""
         thread = str(thread_id)
-        if self._in_memory_delete(thread):
+        if self._in_memory(self._in_memory_delete, thread, wait=True):
             return
         with self._hold_lock:
             self._held.pop(thread, None)

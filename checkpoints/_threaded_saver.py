@@ -10,15 +10,18 @@ on the event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 
 __all__ = ["HELD_CHECKPOINTS", "AsyncInThreads", "HeldRun", "HeldRuns", "thread_of"]
+
+T = TypeVar("T")
 
 HELD_CHECKPOINTS = 3
 """Checkpoints of a run `hold_first_steps` keeps in memory: the run's input, the one after
@@ -99,6 +102,24 @@ class AsyncInThreads:
     concurrent turns on one event loop, each hop waits for the GIL).
     """
 
+    @property
+    def _memory_lock(self) -> AbstractContextManager[bool]:
+        """The lock the `_in_memory_*` hooks run under (`_in_memory`). The saver also holds
+        it while it writes, so an async caller never waits for it on the event loop."""
+        raise NotImplementedError
+
+    def _in_memory(self, hook: Callable[..., T], *args: Any, wait: bool) -> T | None:
+        """`hook(*args)` under `_memory_lock`; with `wait=False`, `None` at once when the
+        lock is taken (its holder may be writing, waiting for a database lock that a task
+        of this very event loop holds: waiting here would stall the loop until a timeout)."""
+        lock = cast("Any", self._memory_lock)
+        if not lock.acquire(blocking=wait):
+            return None
+        try:
+            return hook(*args)
+        finally:
+            lock.release()
+
     def _in_memory_put(
         self,
         config: RunnableConfig,
@@ -107,7 +128,7 @@ class AsyncInThreads:
         new_versions: ChannelVersions,
     ) -> RunnableConfig | None:
         """Take the checkpoint without I/O and return `put`'s result, or `None` (and change
-        nothing) when it has to be written."""
+        nothing) when it has to be written. Called under `_memory_lock`."""
         return None
 
     def _in_memory_writes(
@@ -117,11 +138,13 @@ class AsyncInThreads:
         task_id: str,
         task_path: str,
     ) -> bool:
-        """Take the writes without I/O (`True`), or change nothing (`False`)."""
+        """Take the writes without I/O (`True`), or change nothing (`False`). Called under
+        `_memory_lock`."""
         return False
 
     def _in_memory_delete(self, thread_id: str) -> bool:
-        """Delete the thread without I/O (`True`), or change nothing (`False`)."""
+        """Delete the thread without I/O (`True`), or change nothing (`False`). Called
+        under `_memory_lock`."""
         return False
 
     if TYPE_CHECKING:  # the saver's own sync methods, which these run
@@ -179,10 +202,11 @@ class AsyncInThreads:
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        done = self._in_memory_put(config, checkpoint, metadata, new_versions)
+        args = (config, checkpoint, metadata, new_versions)
+        done = self._in_memory(self._in_memory_put, *args, wait=False)
         if done is not None:
             return done
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await asyncio.to_thread(self.put, *args)
 
     async def aput_writes(
         self,
@@ -191,9 +215,10 @@ class AsyncInThreads:
         task_id: str,
         task_path: str = "",
     ) -> None:
-        if not self._in_memory_writes(config, writes, task_id, task_path):
-            await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        args = (config, writes, task_id, task_path)
+        if not self._in_memory(self._in_memory_writes, *args, wait=False):
+            await asyncio.to_thread(self.put_writes, *args)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        if not self._in_memory_delete(str(thread_id)):
+        if not self._in_memory(self._in_memory_delete, str(thread_id), wait=False):
             await asyncio.to_thread(self.delete_thread, thread_id)

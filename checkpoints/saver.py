@@ -18,7 +18,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -93,6 +93,10 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         self._deleted: dict[str, str] = {}  # thread -> greatest checkpoint id deleted
         self._known: dict[str, str] = {}  # thread -> greatest checkpoint id it has on disk
 
+    @property
+    def _memory_lock(self) -> AbstractContextManager[bool]:
+        return self.lock  # SqliteSaver's: held by `cursor()` while it writes
+
     # -- writing ----------------------------------------------------------------------------
     @contextmanager
     def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
@@ -157,10 +161,8 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig | None:
-        op = self._put_op(config, checkpoint, metadata)[3]
-        with self.lock:
-            on = self.hold_first_steps
-            return self._held.hold_put(config, checkpoint["id"], metadata, op, enabled=on)
+        op, on = self._put_op(config, checkpoint, metadata)[3], self.hold_first_steps
+        return self._held.hold_put(config, checkpoint["id"], metadata, op, enabled=on)
 
     def put(
         self,
@@ -169,7 +171,8 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        done = self._in_memory_put(config, checkpoint, metadata, new_versions)
+        args = (config, checkpoint, metadata, new_versions)
+        done = self._in_memory(self._in_memory_put, *args, wait=True)
         if done is not None:
             return done
         thread, ns, _, op = self._put_op(config, checkpoint, metadata)
@@ -210,8 +213,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         task_path: str,
     ) -> bool:
         op = self._writes_op(config, writes, task_id, task_path)[2]
-        with self.lock:
-            return self._held.hold_writes(config, op)
+        return self._held.hold_writes(config, op)
 
     def put_writes(
         self,
@@ -220,7 +222,9 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        if not self._in_memory_writes(config, writes, task_id, task_path):
+        if not self._in_memory(
+            self._in_memory_writes, config, writes, task_id, task_path, wait=True
+        ):
             thread, _, op = self._writes_op(config, writes, task_id, task_path)
             self._write([thread], [op])
 
@@ -286,20 +290,19 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
 
     def _in_memory_delete(self, thread_id: str) -> bool:
         thread = str(thread_id)
-        with self.lock:
-            if thread not in self._held and thread not in self._known:
-                return False  # rows this saver never saw: they are deleted now
-            self._held.pop(thread, None)
-            known = self._known.pop(thread, None)
-            if known:
-                self._deleted[thread] = max(known, self._deleted.get(thread, ""))
+        if thread not in self._held and thread not in self._known:
+            return False  # rows this saver never saw: they are deleted now
+        self._held.pop(thread, None)
+        known = self._known.pop(thread, None)
+        if known:
+            self._deleted[thread] = max(known, self._deleted.get(thread, ""))
         return True
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of `thread_id` (see the class): at once what
         is held of it, with the next write what is on disk."""
         thread = str(thread_id)
-        if not self._in_memory_delete(thread):
+        if not self._in_memory(self._in_memory_delete, thread, wait=True):
             with self.cursor() as cur:
                 cur.execute("DELETE FROM checkpoints WHERE thread_id = ?", (thread,))
                 cur.execute("DELETE FROM writes WHERE thread_id = ?", (thread,))

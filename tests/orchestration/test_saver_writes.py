@@ -8,7 +8,9 @@ tool results of a turn in flight) is on disk when the agent's call returns.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -190,3 +192,32 @@ def test_closing_writes_what_is_held(db: Path) -> None:
     assert _rows(db, "checkpoints") == 0  # held
     saver.close()
     assert _rows(db, "checkpoints") == 1
+
+
+async def test_an_async_put_never_waits_on_the_event_loop_for_the_saver_lock(db: Path) -> None:
+    """While a thread holds the saver's lock (as `cursor()` does while it writes, possibly
+    waiting for a database lock that a task of this very loop holds), an async put that the
+    saver would hold in memory goes through a worker thread instead of waiting on the loop."""
+    saver = sqlite_saver(db, hold_first_steps=True)
+    saver.setup()
+    holding, loop_ran, seen = threading.Event(), threading.Event(), list[bool]()
+
+    def hold() -> None:
+        with saver.lock:
+            holding.set()
+            seen.append(loop_ran.wait(10))  # released once the loop has run on (a guard)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    config: Any = {"configurable": {"thread_id": "h", "checkpoint_ns": ""}}
+    put = asyncio.create_task(saver.aput(config, empty_checkpoint(), {"source": "input"}, {}))
+    for _ in range(3):  # the put's task runs first; a blocked loop would not come back here
+        await asyncio.sleep(0)
+    loop_ran.set()
+    done = await put
+    holder.join()
+    assert seen == [True]
+    assert done["configurable"]["thread_id"] == "h"
+    assert _rows(db, "checkpoints") == 0  # held all the same, by the worker thread
+    saver.close()
