@@ -85,13 +85,8 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
             for op in held.ops:
                 op()
 
-    def unwritten(self, thread_id: str) -> bool:
-        """Whether nothing of the thread is on the database and a run's first steps are
-        held in memory (those already asked for, and those still on their way from
-        LangGraph's background writer): pruning the thread after a turn committed in its
-        first step then sends no statement."""
-        with self._hold_lock:
-            return self.hold_first_steps and thread_id not in self._disk
+    def _unwritten(self, thread_id: str) -> bool:
+        return self.hold_first_steps and thread_id not in self._disk
 
     def _in_memory_put(
         self,

@@ -120,6 +120,23 @@ class AsyncInThreads:
         finally:
             lock.release()
 
+    def unwritten(self, thread_id: str) -> bool:
+        """Whether nothing of the thread is stored and a run's first steps are held in
+        memory (those already asked for, and those still on their way from LangGraph's
+        background writer): pruning the thread after a turn committed in its first step
+        then touches the database not at all.
+
+        Never waits: while the saver writes (its lock taken) the answer is `False`, the safe
+        one (the caller keeps the session held while it prunes). It is asked as a turn
+        commits, on the event loop of an async turn, where waiting for a writer that waits
+        for a database lock held by a task of that loop would stall the loop until the
+        database's busy timeout."""
+        return bool(self._in_memory(self._unwritten, str(thread_id), wait=False))
+
+    def _unwritten(self, thread_id: str) -> bool:
+        """`unwritten`, called under `_memory_lock`."""
+        return False
+
     def _in_memory_put(
         self,
         config: RunnableConfig,

@@ -228,13 +228,8 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
             thread, _, op = self._writes_op(config, writes, task_id, task_path)
             self._write([thread], [op])
 
-    def unwritten(self, thread_id: str) -> bool:
-        """Whether nothing of the thread is on disk and a run's first steps are held in
-        memory (those already asked for, and those still on their way from LangGraph's
-        background writer): pruning the thread after a turn committed in its first step
-        then writes nothing."""
-        with self.lock:
-            return self.hold_first_steps and not self._known.get(thread_id)
+    def _unwritten(self, thread_id: str) -> bool:
+        return self.hold_first_steps and not self._known.get(thread_id)
 
     def flush(self) -> None:
         """Write everything held, and delete the deleted threads' rows, now."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from stello_graph.errors import InvalidInputError, NothingToIntegrateError
 from stello_graph.events import emit
 from stello_graph.main_session import MainSession
-from stello_graph.models import IntegrationResult
+from stello_graph.models import IntegrationResult, SessionMeta
 from stello_graph.nodes._store import (
     DeleteIf,
     StoreWrite,
@@ -51,6 +51,7 @@ __all__ = [
     "aconsolidate_now",
     "after_turn",
     "aintegrate_flat",
+    "aon_switch",
     "aunpublish",
     "consolidate_now",
     "forget_insight",
@@ -306,15 +307,31 @@ def recover(deps: StelloDeps) -> None:
         _queue_integration(deps)
 
 
+def _left(deps: StelloDeps, previous: str | None, current: str) -> str | None:
+    """The session the user left for `current`, when the schedule consolidates it."""
+    schedule = deps.schedule
+    if schedule is None or not schedule.consolidate_on_switch or previous == current:
+        return None
+    return previous
+
+
+def _queue_left(deps: StelloDeps, meta: SessionMeta | None) -> None:
+    if meta is not None and meta.role == "standard" and meta.status == "active":
+        _queue_consolidation(deps, meta.id)
+
+
 def on_switch(deps: StelloDeps, previous: str | None, current: str) -> None:
     """The user moved from `previous` to `current`: consolidate `previous` if scheduled."""
-    schedule = deps.schedule
-    if schedule is None or not schedule.consolidate_on_switch:
-        return
-    if previous is not None and previous != current:
-        meta = deps.storage.get_session(previous)
-        if meta is not None and meta.role == "standard" and meta.status == "active":
-            _queue_consolidation(deps, previous)
+    left = _left(deps, previous, current)
+    if left is not None:
+        _queue_left(deps, deps.storage.get_session(left))
+
+
+async def aon_switch(deps: StelloDeps, previous: str | None, current: str) -> None:
+    """Async twin of `on_switch` (its read never runs on the event loop)."""
+    left = _left(deps, previous, current)
+    if left is not None:
+        _queue_left(deps, await deps.storage.aget_session(left))
 
 
 def on_archive(deps: StelloDeps, session_id: str) -> None:

@@ -34,7 +34,7 @@ from stello_graph.main_session import MainSession
 from stello_graph.models import SessionMeta
 from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloRuntime
-from stello_graph.nodes.scheduling import on_switch
+from stello_graph.nodes.scheduling import aon_switch, on_switch
 from stello_graph.storage import MainStorage, SessionSnapshot
 
 __all__ = ["TurnResult"]
@@ -152,6 +152,10 @@ class _Turns:
         on_switch(self._runtime, self._last_session, sid)
         self._last_session = sid
 
+    async def _aswitch(self, sid: str) -> None:
+        previous, self._last_session = self._last_session, sid
+        await aon_switch(self._runtime, previous, sid)
+
     def _result(self, sid: str, out: dict[str, Any]) -> TurnResult:
         interrupts = tuple(out.get("__interrupt__", ()))
         pending = out.get("pending") or []
@@ -213,7 +217,7 @@ class _Turns:
         async with arun_held(self._leases, sid, back):
             back.prefetched = self._checked(sid, await self.storage.aread_session(sid))
             async with self._threads.arunning():
-                self._switch(sid)
+                await self._aswitch(sid)
                 out = await self._turn_graph.ainvoke(
                     payload, self.config(sid), durability=self._durability
                 )
@@ -336,7 +340,7 @@ class _Turns:
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         async with arun_held(self._leases, sid), self._threads.arunning():
-            self._switch(sid)
+            await self._aswitch(sid)
             q = self._mux.open()
             try:
                 async for item in self._turn_graph.astream(

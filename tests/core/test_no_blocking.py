@@ -8,8 +8,11 @@ streams, forks and memory, and the compiled graph with the agent's checkpointer.
 
 from __future__ import annotations
 
+import asyncio
+import traceback
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
@@ -48,8 +51,6 @@ def test_the_checker_catches_a_blocking_call(tmp_path: Path) -> None:
 
     async def blocks() -> None:
         storage.put_session(SessionMeta(id="s1", label="One"))  # sync SQLite on the loop
-
-    import asyncio
 
     from blockbuster import BlockingError
 
@@ -173,4 +174,66 @@ async def test_tool_rounds_and_a_model_fork(tmp_path: Path, blockbuster: BlockBu
     assert (await agent.aturn(parent.id, "add, then branch")).content == "done"
     (child,) = await agent.achildren(parent.id)
     assert child.label == "Deep"
+    await agent.aclose()
+
+
+class _LoopStrictLock:
+    """A lock that records every blocking wait for it on an event loop, contended or not.
+
+    blockbuster sees a wait only when the lock happens to be taken; a saver's lock is held by
+    writers that may themselves wait for a database lock a task of the loop holds, so any
+    wait for it on the loop can stall the loop (until the database's busy timeout)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.waits: list[str] = []
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if blocking and timeout != 0 and _on_loop():
+            self.waits.append("".join(traceback.format_stack(limit=6)))
+        return bool(self.inner.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def locked(self) -> bool:
+        return bool(self.inner.locked())
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def test_no_async_path_waits_for_the_savers_lock_on_the_loop(
+    tmp_path: Path, blockbuster: BlockBuster
+) -> None:
+    blockbuster.deactivate()  # the constructor is sync
+    agent = StelloAgent(
+        storage=str(tmp_path / "strict.db"),
+        model=ScriptedChatModel(default="ok"),
+        consolidate_fn=lambda l2, records: f"{len(records)} records",
+        schedule=Schedule(consolidate_on_switch=True),
+    )
+    blockbuster.activate()
+    saver: Any = agent.checkpointer
+    strict = saver.lock = _LoopStrictLock(saver.lock)
+    one = await agent.afork(agent.main_session_id, "One")
+    two = await agent.afork(agent.main_session_id, "Two")
+    for sid in (one.id, two.id, one.id):  # each switch consolidates the session left
+        assert (await agent.aturn(sid, "hello")).content == "ok"
+    assert "".join([c.content async for c, _ in agent.astream(two.id, "again")]) == "ok"
+    await agent.afork(two.id, "Inherits", context="inherit", at_turn=1)
+    assert await agent.adrain(10)
+    assert await agent.afailures() == []
+    assert strict.waits == [], strict.waits[0]
     await agent.aclose()

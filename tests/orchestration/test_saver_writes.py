@@ -221,3 +221,30 @@ async def test_an_async_put_never_waits_on_the_event_loop_for_the_saver_lock(db:
     assert done["configurable"]["thread_id"] == "h"
     assert _rows(db, "checkpoints") == 0  # held all the same, by the worker thread
     saver.close()
+
+
+def test_asking_whether_a_thread_is_unwritten_never_waits_for_the_saver_lock(db: Path) -> None:
+    """`unwritten` is asked as a turn commits, on the event loop of an async turn: while
+    another thread holds the saver's lock (writing, possibly waiting for a database lock a
+    task of that loop holds) it answers `False` (keep the session held) at once."""
+    saver = sqlite_saver(db, hold_first_steps=True)
+    saver.setup()
+    config: Any = {"configurable": {"thread_id": "u", "checkpoint_ns": ""}}
+    saver.put(config, empty_checkpoint(), {"source": "input"}, {})
+    assert saver.unwritten("u")  # its first step, held in memory
+    holding, answered, seen = threading.Event(), threading.Event(), list[bool]()
+
+    def hold() -> None:
+        with saver.lock:
+            holding.set()
+            seen.append(answered.wait(10))  # released once `unwritten` answered (a guard)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    busy = saver.unwritten("u")
+    answered.set()
+    holder.join()
+    assert seen == [True] and busy is False
+    assert saver.unwritten("u")  # the lock free again: the real answer
+    saver.close()
