@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from stello_graph.checkpoints._serde import stored_id
@@ -305,6 +305,39 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v8_shared_prefixes,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+_RELEASED = MIGRATIONS
+
+
+def _fresh_applies() -> bool:
+    """Whether `_fresh_schema` creates this schema version (tests swap the migrations)."""
+    from stello_graph.checkpoints import _fresh_schema
+
+    return MIGRATIONS is _RELEASED and _fresh_schema.VERSION == SCHEMA_VERSION
+
+
+def _create_fresh(conn: sqlite3.Connection) -> None:
+    from stello_graph.checkpoints import _fresh_schema
+
+    for sql in _fresh_schema.STATEMENTS:
+        conn.execute(sql)
+    _record_versions(conn, range(1, SCHEMA_VERSION + 1))
+
+
+def _apply_migrations(conn: sqlite3.Connection, version: int) -> None:
+    from sqlite_utils import Database
+
+    db = Database(conn, recursive_triggers=False, execute_plugins=False)
+    db.table(SCHEMA).create({"version": int, "applied_at": str}, pk="version", ignore=True)
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        MIGRATIONS[target - 1](db)
+        _record_versions(conn, [target])
+
+
+def _record_versions(conn: sqlite3.Connection, versions: Iterable[int]) -> None:
+    at = utcnow().isoformat()
+    conn.executemany(
+        f"INSERT INTO {SCHEMA} (version, applied_at) VALUES (?, ?)", [(v, at) for v in versions]
+    )
 
 
 def read_version(conn: sqlite3.Connection) -> int:
@@ -362,11 +395,15 @@ def check_not_foreign(conn: sqlite3.Connection, version: int, where: str) -> Non
         )
 
 
-def migrate(conn: sqlite3.Connection, where: str, *, begin: Callable[[], object]) -> int:
+def migrate(
+    conn: sqlite3.Connection, where: str, *, begin: Callable[[], object], fresh: bool = True
+) -> int:
     """Apply the missing migrations in one transaction; return the version reached.
 
     `begin` opens the write transaction (`BEGIN IMMEDIATE`, retried when busy); the version is
-    read again inside it, since another process may have migrated the file meanwhile.
+    read again inside it, since another process may have migrated the file meanwhile. A file
+    without stello's schema gets it in one step (`_fresh_schema`, no sqlite-utils) unless
+    `fresh` is false.
     """
     if read_version(conn) == SCHEMA_VERSION:
         return SCHEMA_VERSION
@@ -374,16 +411,10 @@ def migrate(conn: sqlite3.Connection, where: str, *, begin: Callable[[], object]
     try:
         version = read_version(conn)
         check_version(version, where)
-        from sqlite_utils import Database
-
-        db = Database(conn, recursive_triggers=False, execute_plugins=False)
-        db.table(SCHEMA).create({"version": int, "applied_at": str}, pk="version", ignore=True)
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            MIGRATIONS[target - 1](db)
-            conn.execute(
-                f"INSERT INTO {SCHEMA} (version, applied_at) VALUES (?, ?)",
-                (target, utcnow().isoformat()),
-            )
+        if fresh and version == 0 and _fresh_applies():
+            _create_fresh(conn)
+        else:
+            _apply_migrations(conn, version)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:

@@ -1,0 +1,156 @@
+"""The schema of a new stello SQLite database as plain SQL, written without sqlite-utils.
+
+The migrations (`_schema.MIGRATIONS`) are the schema's history and bring any older file up to
+date through sqlite-utils. A file that has no stello schema yet needs none of that history:
+`_schema.migrate` runs `STATEMENTS` instead, the text the migrations leave in `sqlite_master`,
+copied exactly, so a file made either way has the same schema byte for byte, and a new file's
+process never imports sqlite-utils.
+
+`tests/storage/test_fresh_schema.py` checks that `STATEMENTS` is what the migrations make;
+after a migration is added, regenerate this file's `VERSION` and `STATEMENTS` with
+`python -m stello_graph.checkpoints._fresh_schema`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+
+__all__ = ["STATEMENTS", "VERSION", "from_migrations"]
+
+VERSION = 8
+"""The schema version `STATEMENTS` creates."""
+
+# fmt: off
+STATEMENTS: tuple[str, ...] = (
+    """CREATE TABLE "stello_changes" (
+   "tree_id" TEXT PRIMARY KEY NOT NULL,
+   "version" INTEGER NOT NULL
+)""",
+    """CREATE TABLE "stello_events" (
+   "tree_id" TEXT NOT NULL,
+   "cursor" INTEGER NOT NULL,
+   "kind" TEXT NOT NULL,
+   "session_id" TEXT,
+   "payload" TEXT NOT NULL,
+   "at" TEXT NOT NULL,
+   PRIMARY KEY ("tree_id", "cursor")
+)""",
+    """CREATE TABLE "stello_globals" (
+   "tree_id" TEXT NOT NULL,
+   "key" TEXT NOT NULL,
+   "value" TEXT NOT NULL,
+   PRIMARY KEY ("tree_id", "key")
+)""",
+    """CREATE TABLE "stello_nodes" (
+   "tree_id" TEXT NOT NULL,
+   "id" TEXT NOT NULL,
+   "parent_id" TEXT,
+   "label" TEXT NOT NULL,
+   "position" INTEGER NOT NULL,
+   FOREIGN KEY ("tree_id", "id") REFERENCES "stello_sessions"("tree_id", "id") ON DELETE CASCADE,
+   FOREIGN KEY ("tree_id", "parent_id") REFERENCES "stello_nodes"("tree_id", "id"),
+   PRIMARY KEY ("tree_id", "id")
+)""",
+    """CREATE TABLE "stello_records" (
+   "tree_id" TEXT NOT NULL,
+   "session_id" TEXT NOT NULL,
+   "seq" INTEGER NOT NULL,
+   "type" TEXT NOT NULL,
+   "data" TEXT NOT NULL,
+   "created_at" TEXT NOT NULL, "turn_id" TEXT, "turn_seq" INTEGER NOT NULL DEFAULT 0,
+   FOREIGN KEY ("tree_id", "session_id") REFERENCES "stello_sessions"("tree_id", "id") ON DELETE CASCADE,
+   PRIMARY KEY ("tree_id", "session_id", "seq")
+)""",
+    """CREATE TABLE "stello_schema" (
+   "version" INTEGER PRIMARY KEY,
+   "applied_at" TEXT
+)""",
+    """CREATE TABLE "stello_sessions" (
+   "tree_id" TEXT NOT NULL,
+   "id" TEXT NOT NULL,
+   "label" TEXT NOT NULL,
+   "role" TEXT NOT NULL,
+   "status" TEXT NOT NULL,
+   "tags" TEXT NOT NULL DEFAULT '[]',
+   "metadata" TEXT NOT NULL DEFAULT '{}',
+   "created_at" TEXT NOT NULL,
+   "updated_at" TEXT NOT NULL,
+   "created_seq" INTEGER NOT NULL,
+   "system_prompt" TEXT,
+   "insight" TEXT,
+   "memory" TEXT,
+   "memory_through" INTEGER NOT NULL DEFAULT 0,
+   "turn_count" INTEGER NOT NULL DEFAULT 0,
+   "next_seq" INTEGER NOT NULL DEFAULT 0, "subtree_synthesis" TEXT, "compression" TEXT, "compression_through" INTEGER NOT NULL DEFAULT 0, "settings" TEXT NOT NULL DEFAULT '{}', "lease_owner" TEXT, "lease_token" INTEGER NOT NULL DEFAULT 0, "lease_expires" REAL NOT NULL DEFAULT 0.0, "lease_waiter" TEXT, "lease_wait_until" REAL NOT NULL DEFAULT 0.0, "forked_from" TEXT, "forked_at_turn" INTEGER, base_id TEXT, base_count INTEGER NOT NULL DEFAULT 0,
+   PRIMARY KEY ("tree_id", "id")
+)""",
+    """CREATE INDEX "stello_nodes_children"
+    ON "stello_nodes" ("tree_id", "parent_id", "position")""",
+    """CREATE UNIQUE INDEX "stello_nodes_order"
+    ON "stello_nodes" ("tree_id", "position")""",
+    """CREATE INDEX stello_records_turns ON stello_records (tree_id, session_id, turn_id) WHERE turn_id IS NOT NULL""",
+    """CREATE INDEX stello_sessions_bases ON stello_sessions (tree_id, base_id) WHERE base_id IS NOT NULL""",
+    """CREATE INDEX "stello_sessions_by_kind"
+    ON "stello_sessions" ("tree_id", "role", "status", "created_seq")""",
+    """CREATE UNIQUE INDEX "stello_sessions_order"
+    ON "stello_sessions" ("tree_id", "created_seq")""",
+    """CREATE TRIGGER stello_records_delete AFTER DELETE ON stello_records
+            BEGIN INSERT INTO stello_changes (tree_id, version) VALUES (OLD.tree_id, 1)
+        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
+    """CREATE TRIGGER stello_records_insert AFTER INSERT ON stello_records
+            BEGIN INSERT INTO stello_changes (tree_id, version) VALUES (NEW.tree_id, 1)
+        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
+    """CREATE TRIGGER stello_records_update AFTER UPDATE ON stello_records
+            BEGIN INSERT INTO stello_changes (tree_id, version) VALUES (OLD.tree_id, 1)
+        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; INSERT INTO stello_changes (tree_id, version) VALUES (NEW.tree_id, 1)
+        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
+    """CREATE TRIGGER stello_sessions_base AFTER UPDATE OF base_id, base_count
+        ON stello_sessions BEGIN INSERT INTO stello_changes (tree_id, version) VALUES (NEW.tree_id, 1)
+        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
+)
+# fmt: on
+
+
+def from_migrations() -> tuple[str, ...]:
+    """What the migrations leave in `sqlite_master` on an empty database (tables first,
+    then indexes, then triggers, each by name): what `STATEMENTS` must be."""
+    from stello_graph.checkpoints import _schema
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        _schema.migrate(conn, ":memory:", begin=lambda: conn.execute("BEGIN IMMEDIATE"),
+                        fresh=False)  # fmt: skip
+        rows = conn.execute(
+            """SELECT sql FROM sqlite_master WHERE sql IS NOT NULL
+            ORDER BY CASE type WHEN 'table' THEN 0 WHEN 'index' THEN 1 ELSE 2 END, name"""
+        )
+        return tuple(sql for (sql,) in rows)
+    finally:
+        conn.close()
+
+
+def _source(text: str, version: int, statements: tuple[str, ...]) -> str:
+    """This module's `text` with `version` and `statements` in place of its own."""
+    head, rest = text.split("STATEMENTS: tuple[str, ...] = (\n", 1)
+    tail = rest.split(")\n# fmt: on\n", 1)[1]
+    head = head.replace(f"VERSION = {VERSION}\n", f"VERSION = {version}\n", 1)
+    body = "".join(f"    {_literal(sql)},\n" for sql in statements)
+    return f"{head}STATEMENTS: tuple[str, ...] = (\n{body})\n# fmt: on\n{tail}"
+
+
+def _literal(sql: str) -> str:
+    """`sql` as a Python literal, its lines kept (a triple-quoted string where it can be)."""
+    if '"""' in sql or "\\" in sql or sql.endswith('"'):
+        return repr(sql)
+    return f'"""{sql}"""'
+
+
+if __name__ == "__main__":  # regenerate from the migrations
+    from stello_graph.checkpoints._schema import SCHEMA_VERSION
+
+    with open(__file__, encoding="utf-8") as f:
+        text = _source(f.read(), SCHEMA_VERSION, from_migrations())
+    with open(__file__, "w", encoding="utf-8") as f:
+        f.write(text)
+    sys.stdout.write(f"regenerated: schema version {SCHEMA_VERSION}\n")
