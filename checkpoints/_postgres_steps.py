@@ -32,6 +32,7 @@ from stello_graph.checkpoints._shared_l3 import SharedPrefixes
 from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import (
+    Lease,
     SessionMeta,
     SessionRole,
     SessionStatus,
@@ -382,6 +383,73 @@ class Statements(TreeStatements):
             "waiter_ttl": waiter_ttl, "tree": self.tree_id, "sid": session_id,
         }  # fmt: skip
         return sql, params
+
+    def commit_records(
+        self,
+        session_id: str,
+        records: list[EncodedMessage],
+        at: str,
+        user_turn: bool,
+        turns: list[RecordTurn],
+        insight: str | None,
+        lease: Lease | None,
+        release: bool,
+    ) -> tuple[str, dict[str, Any]]:
+        """A turn's commit (`_flows.commit_records`) as one statement, for
+        `PostgresMainStorage.commit_records`: the session as it was (`lease_owner, lease_token,
+        turn_count, records_stamp`) and, when it committed, the first seq and
+        the new stamp; no row when the session is missing. Nothing is written unless the
+        lease (if given) still holds the session and the session is not archived."""
+        heads = _run_heads(turns)
+        sql = f"""WITH s AS (
+            SELECT id, status, lease_owner, lease_token, turn_count, records_stamp
+            FROM {SESSIONS} WHERE tree_id = %(tree)s AND id = %(sid)s
+        ), ok AS (
+            SELECT id FROM s WHERE status <> 'archived' AND (NOT %(checked)s
+                OR (lease_owner IS NOT DISTINCT FROM %(owner)s AND lease_token = %(token)s))
+        ), up AS (
+            UPDATE {SESSIONS} AS t SET next_seq = t.next_seq + %(count)s,
+                turn_count = t.turn_count + %(user)s,
+                updated_at = COALESCE(%(updated)s, t.updated_at),
+                records_stamp = CASE WHEN %(count)s > 0 THEN nextval('{_schema.STAMPS}')
+                    ELSE t.records_stamp END,
+                insight = CASE WHEN t.insight = %(insight)s THEN NULL ELSE t.insight END,
+                lease_owner = CASE WHEN %(release)s THEN NULL ELSE t.lease_owner END,
+                lease_expires = CASE WHEN %(release)s THEN 0 ELSE t.lease_expires END
+            FROM ok WHERE t.tree_id = %(tree)s AND t.id = ok.id
+            RETURNING t.next_seq - %(count)s AS first, t.records_stamp AS stamp
+        ), ins AS (
+            INSERT INTO {RECORDS}
+                (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
+            SELECT %(tree)s, %(sid)s, up.first + r.i - 1, r.type, r.data, %(at)s, r.turn_id,
+                r.turn_seq
+            FROM up, unnest(%(types)s::text[], %(data)s::text[], %(turn_ids)s::text[],
+                %(turn_seqs)s::int[]) WITH ORDINALITY AS r(type, data, turn_id, turn_seq, i)
+        )
+        SELECT s.lease_owner, s.lease_token, s.turn_count, s.records_stamp, up.first, up.stamp
+        FROM s LEFT JOIN up ON TRUE"""
+        params = {
+            "tree": self.tree_id, "sid": session_id, "checked": lease is not None,
+            "owner": None if lease is None else lease.owner,
+            "token": None if lease is None else lease.token,
+            "count": len(records), "user": int(user_turn), "updated": at if records else None,
+            "insight": insight, "release": release and lease is not None, "at": at,
+            "types": [role for role, _ in records], "data": [data for _, data in records],
+            "turn_ids": [turn_id for turn_id, _ in heads],
+            "turn_seqs": [turn_seq for _, turn_seq in heads],
+        }  # fmt: skip
+        return sql, params
+
+    def committed(
+        self, session_id: str, records: list[EncodedMessage], old_stamp: int, stamp: int
+    ) -> None:
+        """Keep the record cache exact after `commit_records` appended `records`."""
+        if not records:
+            return
+        cached = self.cache.pop(session_id, None)
+        if cached is not None and cached[0] == old_stamp:
+            added = [decode_message(data) for _, data in records]
+            self.remember(session_id, stamp, [*cached[1], *added])
 
     def release_lease(self, session_id: str, owner: str, token: int) -> tuple[str, list[Any]]:
         """Free the session if `(owner, token)` still holds it: `RETURNING 1` when it did."""
