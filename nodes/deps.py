@@ -291,7 +291,14 @@ class StelloRuntime:
 
     def tool_node(self, session_id: str) -> ToolNode:
         """A `ToolNode` running the tools of `session_id` (cached per tool set)."""
-        tools = self.session(session_id).tools
+        return self._tool_node(self.session(session_id).tools)
+
+    async def atool_node(self, session_id: str) -> ToolNode:
+        """Async twin of `tool_node` (a session not cached yet is read without blocking the
+        event loop: a resumed turn starts at its tools)."""
+        return self._tool_node((await self.asession(session_id)).tools)
+
+    def _tool_node(self, tools: list[Any]) -> ToolNode:
         key = tuple(id(t) for t in tools)
         with self._lock:
             node = self._tool_nodes.get(key)

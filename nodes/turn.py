@@ -385,7 +385,7 @@ def make_tools_node(deps: StelloDeps) -> StelloNode:
         async with aturn_lease(deps.leases, sid, state) as held:
             with deps.leases.busy(held.lease):
                 calls = _announce(deps, state)
-                node = deps.tool_node(sid)
+                node = await deps.atool_node(sid)
                 out = await node.ainvoke(state, config) if calls else _NONE
                 return {**_tool_update(deps, state, calls, out), **held.update()}
 

@@ -440,7 +440,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
         if found.status == "archived":
             return found
         async with self._leases.ahold(sid):
-            session = self.session(sid)
+            session = await self._runtime.asession(sid)
             assert isinstance(session, Session)
             meta = await session.aarchive()
         emit(self._runtime.bus, "session_archived", sid)

@@ -237,3 +237,33 @@ async def test_no_async_path_waits_for_the_savers_lock_on_the_loop(
     assert await agent.afailures() == []
     assert strict.waits == [], strict.waits[0]
     await agent.aclose()
+
+
+async def test_a_fresh_agent_resumes_at_the_tools_and_archives_without_blocking(
+    tmp_path: Path, blockbuster: BlockBuster
+) -> None:
+    """A session the agent has not cached yet is read through the async storage API: a
+    turn resumed at its tools (in a new process) and an archive."""
+    from langchain_core.tools import tool
+    from langgraph.types import interrupt
+
+    @tool
+    def ask(question: str) -> str:
+        """Ask the user."""
+        return str(interrupt(question))
+
+    db = tmp_path / "fresh.db"
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("ask", {"question": "which?"}), "ok"])
+    blockbuster.deactivate()  # the constructor is sync
+    first = StelloAgent(storage=str(db), model=model, tools=[ask])
+    blockbuster.activate()
+    asks = await first.afork(first.main_session_id, "Asks")
+    other = await first.afork(first.main_session_id, "Other")
+    assert (await first.aturn(asks.id, "go")).interrupted
+    await first.aclose()
+    blockbuster.deactivate()
+    second = StelloAgent(storage=str(db), model=model, tools=[ask])  # nothing cached
+    blockbuster.activate()
+    assert (await second.aresume(asks.id, "this one")).content == "ok"
+    assert (await second.aarchive(other.id)).status == "archived"
+    await second.aclose()
