@@ -1,11 +1,12 @@
-"""Deploy the stello graph on LangGraph Server: `make_graph`, the factory `langgraph.json` names.
+"""Deploy the stello graph on LangGraph Server: `amake_graph`, the factory `langgraph.json` names.
 
 ```json
-{"dependencies": ["."], "graphs": {"stello": "stello_graph.server:make_graph"}}
+{"dependencies": ["."], "graphs": {"stello": "stello_graph.server:amake_graph"}}
 ```
 
-The server calls `make_graph(config)` for each run and compiles what it returns with its
-own checkpointer and store. The factory reads its environment once per process:
+The server calls `amake_graph(config)` for each run (`make_graph` is its sync twin) and
+compiles what it returns with its own checkpointer and store. The factory reads its
+environment once per process:
 
 * `STELLO_DATABASE_URI`: where the trees live, a SQLite path (default `stello.db`) or a
   `postgresql://` DSN, opened as `StelloAgent(storage=...)` opens such a string.
@@ -32,8 +33,9 @@ its main session is created on first use. `configurable.session_id` is the sessi
 names its own.
 
 Each tree is opened once per process and kept open (`close_trees` closes them). Opening one
-is blocking I/O; inside a running event loop (the server's) it runs in a worker thread,
-so the loop never runs a database call itself.
+is blocking I/O, which `amake_graph` runs in a worker thread it awaits: the server's event
+loop runs no database call and keeps serving other runs meanwhile (a sync `make_graph`
+called on a running loop also opens the tree in a worker thread, but waits for it there).
 
 Example:
     >>> import os, tempfile
@@ -82,6 +84,7 @@ __all__ = [
     "MODEL_ENV",
     "TOOLS_ENV",
     "close_trees",
+    "amake_graph",
     "make_graph",
     "open_tree",
     "scripted_model",
@@ -297,6 +300,26 @@ def make_graph(config: RunnableConfig) -> StelloGraph:
     """
     tree_id = _tree_id(config)
     open_tree(tree_id)
+    return _trees[(_env_settings().uri, tree_id)].graph
+
+
+async def aopen_tree(tree_id: str, uri: str | None = None) -> StelloRuntime:
+    """Async twin of `open_tree`: a tree not open yet (and the environment, on the first
+    call) is opened in a worker thread, awaited."""
+    settings = _settings
+    if settings is not None:
+        found = _trees.get((uri or settings.uri, check_id(tree_id, "tree_id")))
+        if found is not None:
+            return found.runtime
+    return await asyncio.to_thread(open_tree, tree_id, uri)
+
+
+async def amake_graph(config: RunnableConfig) -> StelloGraph:
+    """Async twin of `make_graph`, the factory `langgraph.json` names: opening a tree for
+    its first run never holds up the server's event loop (another tree's transaction, owned
+    by a task of that loop, may hold the database's write lock the opening waits for)."""
+    tree_id = _tree_id(config)
+    await aopen_tree(tree_id)
     return _trees[(_env_settings().uri, tree_id)].graph
 
 

@@ -1,4 +1,5 @@
-"""`stello_graph.server.make_graph` in process: the environment, trees, the offline model."""
+"""`stello_graph.server.make_graph` / `amake_graph` in process: the environment, trees, the
+offline model."""
 
 from __future__ import annotations
 
@@ -82,6 +83,37 @@ async def test_first_open_inside_an_event_loop_runs_off_the_loop(
     assert out["content"] == "(scripted) You said: hello"
     assert opened_in and opened_in[0] != threading.current_thread().name
     assert asyncio.get_running_loop().is_running()
+
+
+async def test_the_async_factory_opens_a_tree_while_the_loop_runs_on(
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`amake_graph` (what `langgraph.json` names) awaits the opening: other tasks of the
+    server's loop run meanwhile (a transaction of another tree may hold the file's write
+    lock the opening waits for); an open tree is returned without a thread."""
+    real, ticks, seen = server._open, [0], list[int]()
+
+    def slow(*args: Any) -> Any:
+        for _ in range(200):  # up to 2 s for the loop to tick three times meanwhile
+            if ticks[0] >= 3:
+                break
+            threading.Event().wait(0.01)
+        seen.append(ticks[0])
+        return real(*args)
+
+    async def ticker() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0.005)
+            ticks[0] += 1
+
+    monkeypatch.setattr(server, "_open", slow)
+    tick = asyncio.create_task(ticker())
+    graph = (await server.amake_graph(tree("async"))).compile()
+    await tick
+    assert seen == [3]  # the loop ran on while the tree opened
+    out = await graph.ainvoke(ask("hello"), tree("async"))
+    assert out["content"] == "(scripted) You said: hello"
+    assert await server.amake_graph(tree("async")) is server.make_graph(tree("async"))
 
 
 def test_the_environment_is_checked(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
