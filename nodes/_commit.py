@@ -19,7 +19,12 @@ from stello_graph.nodes._lease import TurnLease, aturn_lease, turn_lease
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.entry import turn_output
-from stello_graph.nodes.scheduling import TREE_TURNS_KEY, after_turn, forget_insight
+from stello_graph.nodes.scheduling import (
+    TREE_TURNS_KEY,
+    aforget_insight,
+    after_turn,
+    forget_insight,
+)
 from stello_graph.nodes.state import TurnState
 
 __all__ = ["Commit", "make_commit_node"]
@@ -136,14 +141,18 @@ def _done(
     records: Sequence[BaseMessage],
     counts: tuple[int, int],
     replace: bool = False,
+    *,
+    forget: bool = True,
 ) -> State:
     """The state of a committed turn; its events and the schedule's reaction. `replace`: the
-    turn's records become `pending` (a step that found its turn already in L3)."""
+    turn's records become `pending` (a step that found its turn already in L3). `forget`:
+    delete the insight shown from the store (`_adone` does it with the store's async API)."""
     turns, tree = counts
     insight = state.get("insight")
     if insight:
         emit(deps.bus, "insight_delivered", session.id, insight=insight)
-        forget_insight(deps, session.id, insight)
+        if forget:
+            forget_insight(deps, session.id, insight)
     emit(deps.bus, "turn_committed", session.id, turn_count=turns)
     after_turn(deps, session.id, session.role, turns, tree)
     final = records[-1] if records else None
@@ -156,6 +165,20 @@ def _done(
         update["lease"] = None
     if replace:
         update["pending"] = Overwrite(list(records))  # type: ignore[typeddict-item]
+    return update
+
+
+async def _adone(
+    deps: StelloDeps,
+    session: SessionBase,
+    state: State,
+    records: Sequence[BaseMessage],
+    counts: tuple[int, int],
+    replace: bool = False,
+) -> State:
+    """Async twin of `_done`: no store call runs on the event loop."""
+    update = _done(deps, session, state, records, counts, replace, forget=False)
+    await aforget_insight(deps, session.id, state.get("insight"))
     return update
 
 
@@ -183,6 +206,6 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
             stored = turn is not None and await deps.storage.ahas_turn(session.id, turn)
             todo = None if stored else (records, state.get("insight"), turn)
             counts = await _acommit(deps, session, held, todo)
-        return _done(deps, session, state, records, counts)
+        return await _adone(deps, session, state, records, counts)
 
     return StelloNode("commit", commit, acommit)

@@ -122,6 +122,13 @@ def _apply(store: BaseStore, writes: Sequence[StoreWrite]) -> None:
 
 
 async def _aapply(store: BaseStore, writes: Sequence[StoreWrite]) -> None:
+    try:
+        await _aapply_async(store, writes)
+    except NotImplementedError:  # a sync-only store (`SqliteStore`): its own API, off the loop
+        await asyncio.to_thread(_apply, store, writes)
+
+
+async def _aapply_async(store: BaseStore, writes: Sequence[StoreWrite]) -> None:
     for ns, key, value in writes:
         if isinstance(value, DeleteIf):
             if value.holds(await store.aget(ns, key)):

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "aconsolidate_now",
+    "aforget_insight",
     "after_turn",
     "aintegrate_flat",
     "aon_switch",
@@ -60,6 +61,7 @@ __all__ = [
     "on_archive",
     "on_switch",
     "publish",
+    "published",
     "recover",
     "unpublish",
 ]
@@ -74,7 +76,7 @@ def publish(
     deps: StelloDeps, namespace: tuple[str, ...], key: str, value: dict[str, object]
 ) -> None:
     """Mirror a memory write to the LangGraph store, if there is one (`nodes._store`)."""
-    write_store(deps, [(store_namespace(deps, *namespace), key, dict(value))], key)
+    write_store(deps, [published(deps, namespace, key, value)], key)
 
 
 _PUBLISHED = ("l2", "synthesis", "subtree", "insights")
@@ -95,12 +97,28 @@ async def aunpublish(deps: StelloDeps, session_id: str) -> None:
     await awrite_store(deps, _unpublished(deps, session_id), session_id)
 
 
+def _forgotten(deps: StelloDeps, session_id: str, insight: str) -> list[StoreWrite]:
+    return [(store_namespace(deps, "insights"), session_id, DeleteIf("insight", insight))]
+
+
 def forget_insight(deps: StelloDeps, session_id: str, insight: str | None) -> None:
     """A turn consumed `insight`: delete it from the store, unless a newer one replaced it
-    meanwhile. Called as the turn commits (on an event loop, as the loop's task)."""
+    meanwhile."""
     if insight:
-        gone = DeleteIf("insight", insight)
-        write_store(deps, [(store_namespace(deps, "insights"), session_id, gone)], session_id)
+        write_store(deps, _forgotten(deps, session_id, insight), session_id)
+
+
+async def aforget_insight(deps: StelloDeps, session_id: str, insight: str | None) -> None:
+    """Async twin of `forget_insight` (a sync-only store runs in a worker thread)."""
+    if insight:
+        await awrite_store(deps, _forgotten(deps, session_id, insight), session_id)
+
+
+def published(
+    deps: StelloDeps, namespace: tuple[str, ...], key: str, value: dict[str, object]
+) -> StoreWrite:
+    """The store write `publish` makes."""
+    return (store_namespace(deps, *namespace), key, dict(value))
 
 
 def consolidate_now(deps: StelloDeps, session_id: str, *, archived_ok: bool = False) -> str | None:

@@ -32,8 +32,9 @@ from stello_graph._tree import (
 from stello_graph.events import emit
 from stello_graph.models import IntegrationResult
 from stello_graph.nodes._runnable import StelloNode
+from stello_graph.nodes._store import StoreWrite, awrite_store, write_store
 from stello_graph.nodes.deps import StelloRuntime
-from stello_graph.nodes.scheduling import publish
+from stello_graph.nodes.scheduling import published
 from stello_graph.nodes.state import IntegrateState, SubtreeTask, TreeState, merge_results
 
 __all__ = [
@@ -101,17 +102,21 @@ def route_level(state: TreeState) -> list[Send] | Literal["finish_tree"]:
     ]
 
 
-def _announce(deps: StelloRuntime, plan: TreePlan, node_id: str, result: IntegrationResult) -> None:
+def _announce(
+    deps: StelloRuntime, plan: TreePlan, node_id: str, result: IntegrationResult
+) -> list[tuple[StoreWrite, str]]:
+    """Emit a node's events; the store writes that mirror its result, each with the session
+    a failure of it is reported for."""
     root = node_id == plan.root_id
     emit(deps.bus, "integrated", node_id, synthesis=result.synthesis,
          insights=len(result.insights), mode="tree")  # fmt: skip
-    if root:
-        publish(deps, ("synthesis",), node_id, {"synthesis": result.synthesis})
-    else:
-        publish(deps, ("subtree",), node_id, {"synthesis": result.synthesis})
+    kind = "synthesis" if root else "subtree"
+    writes = [(published(deps, (kind,), node_id, {"synthesis": result.synthesis}), node_id)]
     for session_id, insight in result.insights.items():
         emit(deps.bus, "insight_pushed", session_id, insight=insight, by=node_id)
-        publish(deps, ("insights",), session_id, {"insight": insight})
+        mirrored = published(deps, ("insights",), session_id, {"insight": insight})
+        writes.append((mirrored, session_id))
+    return writes
 
 
 def _result(node_id: str, result: IntegrationResult | None) -> TreeState:
@@ -149,13 +154,19 @@ def _results(state: TreeState) -> dict[str, IntegrationResult]:
     return {node_id: IntegrationResult.model_validate(r) for node_id, r in raw.items()}
 
 
-def _finished(
+def _announced(
     deps: StelloRuntime, plan: TreePlan, results: dict[str, IntegrationResult]
-) -> IntegrateState:
-    for level in plan.levels:  # announced bottom-up, as they were made
+) -> list[tuple[StoreWrite, str]]:
+    """Every node's events, bottom-up as the results were made; their store writes."""
+    writes: list[tuple[StoreWrite, str]] = []
+    for level in plan.levels:
         for node_id in level:
             if node_id in results:
-                _announce(deps, plan, node_id, results[node_id])
+                writes += _announce(deps, plan, node_id, results[node_id])
+    return writes
+
+
+def _integration(plan: TreePlan, results: dict[str, IntegrationResult]) -> IntegrateState:
     levels = sum(1 for level in plan.levels if any(n in results for n in level))
     return {
         "integration": {
@@ -165,6 +176,23 @@ def _finished(
             "results": {node_id: r.model_dump() for node_id, r in results.items()},
         }
     }
+
+
+def _finished(
+    deps: StelloRuntime, plan: TreePlan, results: dict[str, IntegrationResult]
+) -> IntegrateState:
+    for write, key in _announced(deps, plan, results):
+        write_store(deps, [write], key)
+    return _integration(plan, results)
+
+
+async def _afinished(
+    deps: StelloRuntime, plan: TreePlan, results: dict[str, IntegrationResult]
+) -> IntegrateState:
+    """Async twin of `_finished` (no store call runs on the event loop)."""
+    for write, key in _announced(deps, plan, results):
+        await awrite_store(deps, [write], key)
+    return _integration(plan, results)
 
 
 def make_finish_tree_node(deps: StelloRuntime) -> StelloNode:
@@ -179,7 +207,7 @@ def make_finish_tree_node(deps: StelloRuntime) -> StelloNode:
     async def afinish(state: TreeState) -> IntegrateState:
         results, plan = _results(state), _as_plan(state["tree_plan"])
         await awrite_tree(deps.storage, plan, results)
-        return _finished(deps, plan, results)
+        return await _afinished(deps, plan, results)
 
     return StelloNode("finish_tree", finish, afinish)
 
@@ -239,4 +267,4 @@ async def arun_tree(deps: StelloRuntime) -> IntegrateState:
         found = await asyncio.gather(*(one(n, made) for n in level))
         results.update({n: r for n, r in zip(level, found, strict=True) if r is not None})
     await awrite_tree(deps.storage, plan, results)
-    return _finished(deps, plan, results)
+    return await _afinished(deps, plan, results)

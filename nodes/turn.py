@@ -38,6 +38,7 @@ from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
 from stello_graph.nodes._commit import (
     _acommit,
+    _adone,
     _commit,
     _done,
     _records,
@@ -292,7 +293,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             ):
                 counts = await _acommit(deps, session, held, None)
                 done = await _astored_turn(session, turn)
-                return _done(deps, session, state, done, counts, True)
+                return await _adone(deps, session, state, done, counts, True)
             ctx = await session.aturn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
             view, opened, records = _round(deps, state, opens, turn, ctx)
             prompt, choice = ctx.prompt(records), _tool_choice(view)
@@ -303,7 +304,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
                 return {**update, **_handed(state, held)}
             commit = (records, view.get("insight"), turn)
             counts = await _acommit(deps, session, held, commit, lent=opens)
-            return {**update, **_done(deps, session, view, records, counts)}
+            return {**update, **(await _adone(deps, session, view, records, counts))}
 
     return StelloNode("model", model, amodel)
 

@@ -267,3 +267,47 @@ async def test_a_fresh_agent_resumes_at_the_tools_and_archives_without_blocking(
     assert (await second.aresume(asks.id, "this one")).content == "ok"
     assert (await second.aarchive(other.id)).status == "archived"
     await second.aclose()
+
+
+async def test_a_sync_only_store_is_written_off_the_loop(
+    tmp_path: Path, blockbuster: BlockBuster
+) -> None:
+    """A `SqliteStore` has no async API: the insights a tree integration pushes and the one
+    a turn consumes are mirrored through its sync API in a worker thread."""
+    import sqlite3
+
+    from langgraph.store.sqlite import SqliteStore
+
+    blockbuster.deactivate()  # the constructors are sync
+    conn = sqlite3.connect(tmp_path / "store.db", check_same_thread=False, isolation_level=None)
+    store = SqliteStore(conn)
+    store.setup()
+    pushed: dict[str, str] = {}
+
+    def integrate(children: Any, synthesis: Any) -> IntegrationResult:
+        pushed.update({child.session_id: "look here" for child in children})
+        return IntegrationResult(synthesis="s", insights=dict(pushed))
+
+    agent = StelloAgent(
+        storage=str(tmp_path / "s.db"),
+        model=ScriptedChatModel(default="ok"),
+        consolidate_fn=lambda l2, records: f"{len(records)} records",
+        integrate_fn=integrate,
+        store=store,
+    )
+    blockbuster.activate()
+    node = await agent.afork(agent.main_session_id, "Child")
+    await agent.aturn(node.id, "hi")
+    await agent.aconsolidate(node.id)
+    await agent.aintegrate(mode="tree")
+    blockbuster.deactivate()
+    insights = ("stello", "default", "insights")
+    assert pushed == {node.id: "look here"}
+    assert store.get(insights, node.id) is not None
+    blockbuster.activate()
+    await agent.aturn(node.id, "again")  # shows the insight, which is consumed
+    blockbuster.deactivate()
+    assert store.get(insights, node.id) is None
+    assert agent.failures() == []
+    agent.close()
+    conn.close()
