@@ -306,12 +306,7 @@ class Link:
         assert self.txn is None and self.atxn is None, "atomic() inside a transaction"
         conn = self.acquire()
         try:
-            script = f"{self.begin_sql(key, wait=True)}; {sql}; COMMIT"
-            bound: Any = (
-                {name: _param(value) for name, value in params.items()}
-                if isinstance(params, Mapping)
-                else _params(params)
-            )
+            script, bound = self._script(key, sql, params)
             cur = psycopg.ClientCursor(conn)
             try:
                 cur.execute(script, bound)
@@ -328,6 +323,57 @@ class Link:
                 cur.close()
         finally:
             self.release(conn)
+
+    async def aatomic(
+        self, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]
+    ) -> Result:
+        """The async twin of `atomic`, on the running loop's connection."""
+        assert self.txn is None and self.atxn is None, "aatomic() inside a transaction"
+        if self._closed:  # a call after `close()`: on a connection of its own
+            try:
+                own = await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
+            except psycopg.Error as exc:
+                raise self._unavailable(exc) from exc
+            try:
+                return await self._aatomic(own, key, sql, params)
+            finally:
+                await own.close()
+        return await self._aatomic(await self.aacquire(), key, sql, params)
+
+    async def _aatomic(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        key: int,
+        sql: str,
+        params: Mapping[str, Any] | Sequence[Any],
+    ) -> Result:
+        script, bound = self._script(key, sql, params)
+        cur = psycopg.AsyncClientCursor(conn)
+        try:
+            await cur.execute(script, bound)
+            for _ in range(3):  # BEGIN, SET LOCAL, the lock: then the statement's result
+                cur.nextset()
+            rows = _rows(await cur.fetchall()) if cur.description else []
+            return Result(rows, cur.rowcount)
+        except psycopg.Error as exc:
+            if not (conn.broken or conn.closed):
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")
+            raise self.error(conn, exc) from exc
+        finally:
+            await cur.close()
+
+    def _script(
+        self, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]
+    ) -> tuple[str, Any]:
+        """`sql` in a write transaction of its own as one script, and its bound parameters."""
+        script = f"{self.begin_sql(key, wait=True)}; {sql}; COMMIT"
+        bound: Any = (
+            {name: _param(value) for name, value in params.items()}
+            if isinstance(params, Mapping)
+            else _params(params)
+        )
+        return script, bound
 
     # -- transactions ---------------------------------------------------------------------
     def begin_sql(self, key: int, *, wait: bool) -> str:

@@ -18,8 +18,8 @@ Needs the `postgres` extra: `pip install "stello-graph[postgres]"`.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 import psycopg_pool
@@ -74,6 +74,10 @@ if TYPE_CHECKING:
     from stello_graph.checkpoints.backend import ExportPart, L2Row, RowSink
 
 __all__ = ["EVENTS_CHANNEL", "PostgresMainStorage", "open_postgres"]
+
+T = TypeVar("T")
+_AtOnce = tuple[str, Any, Callable[[list[tuple[Any, ...]]], T]]
+"""A statement, its parameters, and what makes the primitive's value of its rows."""
 
 
 class PostgresMainStorage(BackendStorage):
@@ -200,7 +204,7 @@ class PostgresMainStorage(BackendStorage):
         """The async twins of `transaction_hooks`, on the running loop's connection."""
         return self._ahooks
 
-    # -- the session lease, in one round trip --------------------------------------------
+    # -- the lease and a turn's commit, each in one round trip ------------------------------
     def acquire_lease(
         self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
     ) -> Lease | None:
@@ -216,20 +220,33 @@ class PostgresMainStorage(BackendStorage):
         """
         if self._txn.owns():
             return super().acquire_lease(session_id, owner, ttl, replace=replace)
-        sid, owner, ttl, replace = lease_args(session_id, owner, ttl, replace)
-        lease: Lease | None = self._txn.read(one("acquire_at_once", sid, owner, ttl, replace))
+        args = lease_args(session_id, owner, ttl, replace)
+        lease: Lease | None = self._txn.read(one("acquire_at_once", *args))
         return lease
 
-    def op_acquire_at_once(
-        self, session_id: str, owner: str, ttl: float, replace: str | None
+    async def aacquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
     ) -> Lease | None:
+        """Async twin of `acquire_lease` (one round trip too)."""
+        if self._txn.owns():
+            return await super().aacquire_lease(session_id, owner, ttl, replace=replace)
+        args = lease_args(session_id, owner, ttl, replace)
+        lease: Lease | None = await self._txn.aread(one("acquire_at_once", *args))
+        return lease
+
+    def _acquire_at_once(
+        self, session_id: str, owner: str, ttl: float, replace: str | None
+    ) -> _AtOnce[Lease | None]:
         now = time.time()
         sql, params = self._steps.acquire_lease(session_id, owner, now, ttl, replace, _WAITER_TTL)
-        rows = self._link.atomic(self._key, sql, params).rows
-        if not rows:
-            raise SessionNotFoundError(session_id)
-        taken, token = rows[0]
-        return Lease(session_id, owner, int(token), now + ttl) if taken else None
+
+        def done(rows: list[tuple[Any, ...]]) -> Lease | None:
+            if not rows:
+                raise SessionNotFoundError(session_id)
+            taken, token = rows[0]
+            return Lease(session_id, owner, int(token), now + ttl) if taken else None
+
+        return sql, params, done
 
     def release_lease(self, lease: Lease) -> bool:
         """Free the session if `lease` still holds it; `True` if it did (one round trip,
@@ -239,11 +256,17 @@ class PostgresMainStorage(BackendStorage):
         released: bool = self._txn.read(one("release_at_once", checked_lease(lease)))
         return released
 
-    def op_release_at_once(self, lease: Lease) -> bool:
-        sql, params = self._steps.release_lease(lease.session_id, lease.owner, lease.token)
-        return bool(self._link.atomic(self._key, sql, params).rows)
+    async def arelease_lease(self, lease: Lease) -> bool:
+        """Async twin of `release_lease`."""
+        if self._txn.owns():
+            return await super().arelease_lease(lease)
+        released: bool = await self._txn.aread(one("release_at_once", checked_lease(lease)))
+        return released
 
-    # -- a turn's commit, in one round trip ---------------------------------------------
+    def _release_at_once(self, lease: Lease) -> _AtOnce[bool]:
+        sql, params = self._steps.release_lease(lease.session_id, lease.owner, lease.token)
+        return sql, params, bool
+
     def commit_records(
         self,
         session_id: str,
@@ -267,7 +290,28 @@ class PostgresMainStorage(BackendStorage):
         turns: int = self._txn.read(one("commit_at_once", *args, bool(release)))
         return turns
 
-    def op_commit_at_once(
+    async def acommit_records(
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_turn: bool = False,
+        turn_id: str | None = None,
+        insight: str | None = None,
+        lease: Lease | None = None,
+        release: bool = False,
+    ) -> int:
+        """Async twin of `commit_records` (one round trip too)."""
+        if self._txn.owns():
+            return await super().acommit_records(
+                session_id, messages, user_turn=user_turn, turn_id=turn_id, insight=insight,
+                lease=lease, release=release,
+            )  # fmt: skip
+        args = commit_args(session_id, messages, user_turn, turn_id, insight, lease)
+        turns: int = await self._txn.aread(one("commit_at_once", *args, bool(release)))
+        return turns
+
+    def _commit_at_once(
         self,
         session_id: str,
         records: list[EncodedMessage],
@@ -277,19 +321,50 @@ class PostgresMainStorage(BackendStorage):
         insight: str | None,
         lease: Lease | None,
         release: bool,
-    ) -> int:
+    ) -> _AtOnce[int]:
         args = (session_id, records, at, user_turn, turns, insight, lease, release)
         sql, params = self._steps.commit_records(*args)
-        rows = self._link.atomic(self._key, sql, params).rows
-        if not rows:
-            raise SessionNotFoundError(session_id)
-        owner, token, turn_count, old_stamp, first, stamp = rows[0]
-        if first is None:  # nothing written: say why, as the shell's flow would
-            if lease is not None and (owner != lease.owner or token != lease.token):
-                raise LeaseLostError(session_id)
-            raise SessionArchivedError(session_id, "a turn's records")
-        self._steps.committed(session_id, records, old_stamp, stamp)
-        return int(turn_count or 0) + int(user_turn)
+
+        def done(rows: list[tuple[Any, ...]]) -> int:
+            if not rows:
+                raise SessionNotFoundError(session_id)
+            owner, token, turn_count, old_stamp, first, stamp = rows[0]
+            if first is None:  # nothing written: say why, as the shell's flow would
+                if lease is not None and (owner != lease.owner or token != lease.token):
+                    raise LeaseLostError(session_id)
+                raise SessionArchivedError(session_id, "a turn's records")
+            self._steps.committed(session_id, records, old_stamp, stamp)
+            return int(turn_count or 0) + int(user_turn)
+
+        return sql, params, done
+
+    # the primitives the three run as (`one(...)` flows): a statement in its own
+    # transaction, one round trip, on either side
+    def op_acquire_at_once(self, *args: Any) -> Lease | None:
+        return self._at_once(self._acquire_at_once(*args))
+
+    async def aop_acquire_at_once(self, *args: Any) -> Lease | None:
+        return await self._aat_once(self._acquire_at_once(*args))
+
+    def op_release_at_once(self, lease: Lease) -> bool:
+        return self._at_once(self._release_at_once(lease))
+
+    async def aop_release_at_once(self, lease: Lease) -> bool:
+        return await self._aat_once(self._release_at_once(lease))
+
+    def op_commit_at_once(self, *args: Any) -> int:
+        return self._at_once(self._commit_at_once(*args))
+
+    async def aop_commit_at_once(self, *args: Any) -> int:
+        return await self._aat_once(self._commit_at_once(*args))
+
+    def _at_once(self, call: _AtOnce[T]) -> T:
+        sql, params, done = call
+        return done(self._link.atomic(self._key, sql, params).rows)
+
+    async def _aat_once(self, call: _AtOnce[T]) -> T:
+        sql, params, done = call
+        return done((await self._link.aatomic(self._key, sql, params)).rows)
 
     # -- sync primitives ------------------------------------------------------------------
     def op_session_exists(self, session_id: str) -> bool:

@@ -108,3 +108,35 @@ def test_a_postgres_turn_is_five_round_trips(
     assert len(transactions) == 2  # the lease taken; the commit, freeing it (one script each)
     # the check before anything is written, the lease, the session read, the commit
     assert len(storage) == 4, storage
+
+
+async def test_an_async_postgres_turn_is_five_round_trips(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str] = []
+    on = [False]
+
+    def traced(method: Any) -> Any:
+        async def call(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if on[0]:
+                seen.append(" ".join(str(query).split()))
+            return await method(self, query, *args, **kwargs)
+
+        return call
+
+    for name in ("execute", "executemany"):
+        monkeypatch.setattr(psycopg.AsyncCursor, name, traced(getattr(psycopg.AsyncCursor, name)))
+    agent = StelloAgent(model=ScriptedChatModel(default="ok"), storage=postgres_dsn)
+    try:
+        sid = (await agent.afork(agent.main_session_id, "Topic")).id
+        for n in range(5):
+            await agent.aturn(sid, f"question {n}")
+        on[0] = True
+        await agent.aturn(sid, "counted")
+        on[0] = False
+    finally:
+        await agent.aclose()
+    storage = [s for s in seen if "checkpoint" not in s]
+    assert len([s for s in storage if s.startswith("BEGIN")]) == 2, storage
+    # the check before anything is written, the lease, the session read, the commit
+    assert len(storage) == 4, storage
