@@ -7,16 +7,13 @@ copied exactly, so a file made either way has the same schema byte for byte, and
 process never imports sqlite-utils.
 
 `tests/storage/test_fresh_schema.py` checks that `STATEMENTS` is what the migrations make;
-after a migration is added, regenerate this file's `VERSION` and `STATEMENTS` with
-`python -m stello_graph.checkpoints._fresh_schema`.
+after a migration is added, regenerate this file with
+`python -m tests.storage.test_fresh_schema`.
 """
 
 from __future__ import annotations
 
-import sqlite3
-import sys
-
-__all__ = ["STATEMENTS", "VERSION", "from_migrations"]
+__all__ = ["STATEMENTS", "VERSION"]
 
 VERSION = 8
 """The schema version `STATEMENTS` creates."""
@@ -110,47 +107,3 @@ STATEMENTS: tuple[str, ...] = (
         ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
 )
 # fmt: on
-
-
-def from_migrations() -> tuple[str, ...]:
-    """What the migrations leave in `sqlite_master` on an empty database (tables first,
-    then indexes, then triggers, each by name): what `STATEMENTS` must be."""
-    from stello_graph.checkpoints import _schema
-
-    conn = sqlite3.connect(":memory:", isolation_level=None)
-    try:
-        _schema.migrate(conn, ":memory:", begin=lambda: conn.execute("BEGIN IMMEDIATE"),
-                        fresh=False)  # fmt: skip
-        rows = conn.execute(
-            """SELECT sql FROM sqlite_master WHERE sql IS NOT NULL
-            ORDER BY CASE type WHEN 'table' THEN 0 WHEN 'index' THEN 1 ELSE 2 END, name"""
-        )
-        return tuple(sql for (sql,) in rows)
-    finally:
-        conn.close()
-
-
-def _source(text: str, version: int, statements: tuple[str, ...]) -> str:
-    """This module's `text` with `version` and `statements` in place of its own."""
-    head, rest = text.split("STATEMENTS: tuple[str, ...] = (\n", 1)
-    tail = rest.split(")\n# fmt: on\n", 1)[1]
-    head = head.replace(f"VERSION = {VERSION}\n", f"VERSION = {version}\n", 1)
-    body = "".join(f"    {_literal(sql)},\n" for sql in statements)
-    return f"{head}STATEMENTS: tuple[str, ...] = (\n{body})\n# fmt: on\n{tail}"
-
-
-def _literal(sql: str) -> str:
-    """`sql` as a Python literal, its lines kept (a triple-quoted string where it can be)."""
-    if '"""' in sql or "\\" in sql or sql.endswith('"'):
-        return repr(sql)
-    return f'"""{sql}"""'
-
-
-if __name__ == "__main__":  # regenerate from the migrations
-    from stello_graph.checkpoints._schema import SCHEMA_VERSION
-
-    with open(__file__, encoding="utf-8") as f:
-        text = _source(f.read(), SCHEMA_VERSION, from_migrations())
-    with open(__file__, "w", encoding="utf-8") as f:
-        f.write(text)
-    sys.stdout.write(f"regenerated: schema version {SCHEMA_VERSION}\n")

@@ -3,6 +3,7 @@ very schema the migrations build step by step, without importing sqlite-utils.""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -14,7 +15,23 @@ from stello_graph.checkpoints import SqliteMainStorage, _fresh_schema, _schema
 from stello_graph.models import SessionMeta
 
 ROOT = Path(__file__).resolve().parents[2]
-REGENERATE = "python -m stello_graph.checkpoints._fresh_schema"
+REGENERATE = "python -m tests.storage.test_fresh_schema"
+
+
+def fresh_statements() -> tuple[str, ...]:
+    """What the migrations leave in `sqlite_master` on an empty database (tables first,
+    then indexes, then triggers, each by name): what `_fresh_schema.STATEMENTS` must be."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        begin = lambda: conn.execute("BEGIN IMMEDIATE")  # noqa: E731
+        _schema.migrate(conn, ":memory:", begin=begin, fresh=False)
+        rows = conn.execute(
+            """SELECT sql FROM sqlite_master WHERE sql IS NOT NULL
+            ORDER BY CASE type WHEN 'table' THEN 0 WHEN 'index' THEN 1 ELSE 2 END, name"""
+        )
+        return tuple(sql for (sql,) in rows)
+    finally:
+        conn.close()
 
 
 def _master(path: Path) -> list[tuple[str, str, str, str | None]]:
@@ -36,7 +53,7 @@ def _versions(path: Path) -> list[int]:
 
 def test_the_fresh_statements_are_what_the_migrations_make() -> None:
     assert _fresh_schema.VERSION == _schema.SCHEMA_VERSION, f"regenerate: {REGENERATE}"
-    assert _fresh_schema.from_migrations() == _fresh_schema.STATEMENTS, f"regenerate: {REGENERATE}"
+    assert fresh_statements() == _fresh_schema.STATEMENTS, f"regenerate: {REGENERATE}"
 
 
 def test_a_new_file_has_the_schema_the_migrations_build(
@@ -87,3 +104,24 @@ def test_a_new_file_is_created_without_sqlite_utils(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     assert done.stdout.strip() == "False"
+
+
+def _literal(sql: str) -> str:
+    """`sql` as a Python literal, its lines kept (a triple-quoted string where it can be)."""
+    if '"""' in sql or "\\" in sql or sql.endswith('"'):
+        return repr(sql)
+    return f'"""{sql}"""'
+
+
+def regenerate() -> None:
+    """Write `_fresh_schema.VERSION` and `STATEMENTS` anew from the migrations."""
+    path = Path(_fresh_schema.__file__)
+    head, rest = path.read_text(encoding="utf-8").split("STATEMENTS: tuple[str, ...] = (\n", 1)
+    tail = rest.split(")\n# fmt: on\n", 1)[1]
+    head = re.sub(r"\nVERSION = \d+\n", f"\nVERSION = {_schema.SCHEMA_VERSION}\n", head, count=1)
+    body = "".join(f"    {_literal(sql)},\n" for sql in fresh_statements())
+    path.write_text(f"{head}STATEMENTS: tuple[str, ...] = (\n{body})\n# fmt: on\n{tail}", "utf-8")
+
+
+if __name__ == "__main__":
+    regenerate()
