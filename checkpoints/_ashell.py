@@ -16,6 +16,7 @@ from stello_graph.checkpoints._flows import one
 from stello_graph.checkpoints._serde import dumps, meta_to_row
 from stello_graph.checkpoints._txn import Transactions
 from stello_graph.checkpoints._validate import (
+    CommitArgs,
     append_args,
     check_identifier,
     check_mapping,
@@ -157,7 +158,11 @@ class AsyncMethods:
     ) -> int:
         """Async twin of `commit_records`."""
         args = commit_args(session_id, messages, user_turn, turn_id, insight, lease)
-        return await self._txn.awrite(flows.commit_records(*args, bool(release)))
+        return await self._acommit_records(args, bool(release))
+
+    async def _acommit_records(self, args: CommitArgs, release: bool) -> int:
+        """Async twin of `_commit_records`."""
+        return await self._txn.awrite(flows.commit_records(*args, release))
 
     async def acount_records(self, session_id: str) -> int:
         """Async twin of `count_records`."""

@@ -30,9 +30,9 @@ from stello_graph.checkpoints._serde import (
 )
 from stello_graph.checkpoints._shared_l3 import SharedPrefixes
 from stello_graph.checkpoints._shell import FIELDS
+from stello_graph.checkpoints._validate import CommitArgs
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import (
-    Lease,
     SessionMeta,
     SessionRole,
     SessionStatus,
@@ -384,22 +384,13 @@ class Statements(TreeStatements):
         }  # fmt: skip
         return sql, params
 
-    def commit_records(
-        self,
-        session_id: str,
-        records: list[EncodedMessage],
-        at: str,
-        user_turn: bool,
-        turns: list[RecordTurn],
-        insight: str | None,
-        lease: Lease | None,
-        release: bool,
-    ) -> tuple[str, dict[str, Any]]:
+    def commit_records(self, args: CommitArgs, release: bool) -> tuple[str, dict[str, Any]]:
         """A turn's commit (`_flows.commit_records`) as one statement, for
         `PostgresMainStorage.commit_records`: the session as it was (`lease_owner, lease_token,
         turn_count, records_stamp`) and, when it committed, the first seq and
         the new stamp; no row when the session is missing. Nothing is written unless the
         lease (if given) still holds the session and the session is not archived."""
+        session_id, records, at, user_turn, turns, insight, lease = args
         heads = _run_heads(turns)
         sql = f"""WITH s AS (
             SELECT id, status, lease_owner, lease_token, turn_count, records_stamp

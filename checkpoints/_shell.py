@@ -25,6 +25,7 @@ from stello_graph.checkpoints._flows import one, tree_order
 from stello_graph.checkpoints._serde import dumps, meta_to_row
 from stello_graph.checkpoints._txn import Transactions
 from stello_graph.checkpoints._validate import (
+    CommitArgs,
     append_args,
     check_identifier,
     check_mapping,
@@ -277,7 +278,11 @@ class BackendStorage(BulkReads, AsyncMethods):
             SessionArchivedError: the session is archived; nothing is stored.
         """
         args = commit_args(session_id, messages, user_turn, turn_id, insight, lease)
-        return self._txn.write(flows.commit_records(*args, bool(release)))
+        return self._commit_records(args, bool(release))
+
+    def _commit_records(self, args: CommitArgs, release: bool) -> int:
+        """The commit of validated `args`, as one flow (a backend may send it its own way)."""
+        return self._txn.write(flows.commit_records(*args, release))
 
     def count_records(self, session_id: str) -> int:
         """The number of L3 records (0 for a missing session)."""

@@ -168,6 +168,11 @@ def append_args(
     return sid, records, to_iso(utcnow()), bool(user_turn), turns
 
 
+CommitArgs = tuple[str, list[EncodedMessage], str, bool, list[RecordTurn], str | None, Lease | None]
+"""A turn's commit, validated (`commit_args`): session, records, time, user turn, turns,
+insight to consume, lease."""
+
+
 def commit_args(
     session_id: object,
     messages: object,
@@ -175,7 +180,7 @@ def commit_args(
     turn_id: object,
     insight: object,
     lease: object,
-) -> tuple[str, list[EncodedMessage], str, bool, list[RecordTurn], str | None, Lease | None]:
+) -> CommitArgs:
     """`append_args`, the insight to consume (if still the same) and the turn's lease."""
     sid, records, at, user, turns = append_args(session_id, messages, user_turn, turn_id)
     held = None if lease is None else checked_lease(lease)

@@ -43,10 +43,10 @@ from stello_graph.checkpoints._serde import (
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.checkpoints._validate import (
+    CommitArgs,
     check_identifier,
     check_non_negative,
     checked_lease,
-    commit_args,
     lease_args,
 )
 from stello_graph.digest import DigestRow
@@ -267,63 +267,24 @@ class PostgresMainStorage(BackendStorage):
         sql, params = self._steps.release_lease(lease.session_id, lease.owner, lease.token)
         return sql, params, bool
 
-    def commit_records(
-        self,
-        session_id: str,
-        messages: Sequence[BaseMessage],
-        *,
-        user_turn: bool = False,
-        turn_id: str | None = None,
-        insight: str | None = None,
-        lease: Lease | None = None,
-        release: bool = False,
-    ) -> int:
-        """As `BackendStorage.commit_records`, sent as one statement with its transaction in
-        one round trip (the shell's flow takes six). Inside a transaction of the caller, the
-        shell's own path runs."""
+    def _commit_records(self, args: CommitArgs, release: bool) -> int:
+        """A turn's commit as one statement sent with its transaction in one round trip (the
+        shell's flow takes six); inside a transaction of the caller, the shell's flow."""
         if self._txn.owns():
-            return super().commit_records(
-                session_id, messages, user_turn=user_turn, turn_id=turn_id, insight=insight,
-                lease=lease, release=release,
-            )  # fmt: skip
-        args = commit_args(session_id, messages, user_turn, turn_id, insight, lease)
-        turns: int = self._txn.read(one("commit_at_once", *args, bool(release)))
+            return super()._commit_records(args, release)
+        turns: int = self._txn.read(one("commit_at_once", args, release))
         return turns
 
-    async def acommit_records(
-        self,
-        session_id: str,
-        messages: Sequence[BaseMessage],
-        *,
-        user_turn: bool = False,
-        turn_id: str | None = None,
-        insight: str | None = None,
-        lease: Lease | None = None,
-        release: bool = False,
-    ) -> int:
-        """Async twin of `commit_records` (one round trip too)."""
+    async def _acommit_records(self, args: CommitArgs, release: bool) -> int:
+        """Async twin of `_commit_records` (one round trip too)."""
         if self._txn.owns():
-            return await super().acommit_records(
-                session_id, messages, user_turn=user_turn, turn_id=turn_id, insight=insight,
-                lease=lease, release=release,
-            )  # fmt: skip
-        args = commit_args(session_id, messages, user_turn, turn_id, insight, lease)
-        turns: int = await self._txn.aread(one("commit_at_once", *args, bool(release)))
+            return await super()._acommit_records(args, release)
+        turns: int = await self._txn.aread(one("commit_at_once", args, release))
         return turns
 
-    def _commit_at_once(
-        self,
-        session_id: str,
-        records: list[EncodedMessage],
-        at: str,
-        user_turn: bool,
-        turns: list[RecordTurn],
-        insight: str | None,
-        lease: Lease | None,
-        release: bool,
-    ) -> _AtOnce[int]:
-        args = (session_id, records, at, user_turn, turns, insight, lease, release)
-        sql, params = self._steps.commit_records(*args)
+    def _commit_at_once(self, args: CommitArgs, release: bool) -> _AtOnce[int]:
+        session_id, records, _, user_turn, _, _, lease = args
+        sql, params = self._steps.commit_records(args, release)
 
         def done(rows: list[tuple[Any, ...]]) -> int:
             if not rows:
@@ -352,11 +313,11 @@ class PostgresMainStorage(BackendStorage):
     async def aop_release_at_once(self, lease: Lease) -> bool:
         return await self._aat_once(self._release_at_once(lease))
 
-    def op_commit_at_once(self, *args: Any) -> int:
-        return self._at_once(self._commit_at_once(*args))
+    def op_commit_at_once(self, args: CommitArgs, release: bool) -> int:
+        return self._at_once(self._commit_at_once(args, release))
 
-    async def aop_commit_at_once(self, *args: Any) -> int:
-        return await self._aat_once(self._commit_at_once(*args))
+    async def aop_commit_at_once(self, args: CommitArgs, release: bool) -> int:
+        return await self._aat_once(self._commit_at_once(args, release))
 
     def _at_once(self, call: _AtOnce[T]) -> T:
         sql, params, done = call
