@@ -14,6 +14,7 @@ from langgraph.types import Overwrite
 
 from stello_graph._base import SessionBase
 from stello_graph._context import message_text
+from stello_graph._flow import Atomic, Flow, Storage, arun, run
 from stello_graph.events import emit
 from stello_graph.nodes._lease import TurnLease, aturn_lease, turn_lease
 from stello_graph.nodes._runnable import StelloNode
@@ -66,31 +67,11 @@ def _commit(
     A lent lease is freed here only with `lent` (the round that opened the turn commits it:
     no step of the run came before it whose checkpoint could still be on its way to disk)
     and the lender's leave.
-    A turn to commit whose tree turns are not counted is one storage call
-    (`commit_records`: one read, the append, one write).
     """
-    s, tree, release = deps.storage, 0, held.releases(lent)
-    if turn is not None and not _counts_tree(deps):
-        records, insight, turn_id = turn
-        turns = session.commit_turn(
-            records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
-        )
-    else:
-        with s.transaction():
-            if turn is not None:
-                records, insight, turn_id = turn
-                turns = session.commit_turn(
-                    records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
-                )
-                tree = int(s.get_global(TREE_TURNS_KEY) or 0) + 1
-                s.put_global(TREE_TURNS_KEY, tree)
-            else:
-                s.check_lease(held.lease)  # a turn that lost its lease commits nothing
-                turns = s.get_turn_count(session.id)
-                if release:
-                    s.release_lease(held.lease)
+    release = held.releases(lent)
+    counts = run(_commit_steps(deps, session, held, turn, release), deps.storage)
     _freed(deps, held, release)
-    return turns, tree
+    return counts
 
 
 async def _acommit(
@@ -102,27 +83,39 @@ async def _acommit(
     lent: bool = False,
 ) -> tuple[int, int]:
     """Async twin of `_commit`."""
-    s, tree, release = deps.storage, 0, held.releases(lent)
+    release = held.releases(lent)
+    counts = await arun(_commit_steps(deps, session, held, turn, release), deps.storage)
+    _freed(deps, held, release)
+    return counts
+
+
+def _commit_steps(
+    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None, release: bool
+) -> Flow[tuple[int, int]]:
+    """`_commit`'s steps, written once for both drivers. A turn to commit whose tree turns
+    are not counted is one storage call (`commit_records`: one read, the append, one
+    write); otherwise the commit and the tree's count share one transaction."""
     if turn is not None and not _counts_tree(deps):
         records, insight, turn_id = turn
-        turns = await session.acommit_turn(
-            records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
-        )
-    else:
-        async with s.atransaction():
-            if turn is not None:
-                records, insight, turn_id = turn
-                turns = await session.acommit_turn(
-                    records, insight=insight, lease=held.lease, turn_id=turn_id, release=release
-                )
-                tree = int(await s.aget_global(TREE_TURNS_KEY) or 0) + 1
-                await s.aput_global(TREE_TURNS_KEY, tree)
-            else:
-                await s.acheck_lease(held.lease)
-                turns = await s.aget_turn_count(session.id)
-                if release:
-                    await s.arelease_lease(held.lease)
-    _freed(deps, held, release)
+        turns = yield from session.commit_flow(records, insight, held.lease, turn_id, release)
+        return turns, 0
+    counts: tuple[int, int] = yield Atomic(_counted_commit(session, held, turn, release))
+    return counts
+
+
+def _counted_commit(
+    session: SessionBase, held: TurnLease, turn: Commit | None, release: bool
+) -> Flow[tuple[int, int]]:
+    if turn is None:
+        yield Storage("check_lease", held.lease)  # a turn that lost its lease commits nothing
+        turns: int = yield Storage("get_turn_count", session.id)
+        if release:
+            yield Storage("release_lease", held.lease)
+        return turns, 0
+    records, insight, turn_id = turn
+    turns = yield from session.commit_flow(records, insight, held.lease, turn_id, release)
+    tree = int((yield Storage("get_global", TREE_TURNS_KEY)) or 0) + 1
+    yield Storage("put_global", TREE_TURNS_KEY, tree)
     return turns, tree
 
 

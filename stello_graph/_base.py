@@ -182,7 +182,7 @@ class SessionBase(SessionContext):
         The whole commit is one storage call (`SessionStorage.commit_records`): one read of
         the session, the append, one write of what changes.
         """
-        return run(self._commit_flow(records, insight, lease, turn_id, release), self._storage)
+        return run(self.commit_flow(records, insight, lease, turn_id, release), self._storage)
 
     async def acommit_turn(
         self,
@@ -194,10 +194,10 @@ class SessionBase(SessionContext):
         release: bool = False,
     ) -> int:
         """Async twin of `commit_turn`."""
-        flow = self._commit_flow(records, insight, lease, turn_id, release)
+        flow = self.commit_flow(records, insight, lease, turn_id, release)
         return await arun(flow, self._storage)
 
-    def _commit_flow(
+    def commit_flow(
         self,
         records: Sequence[BaseMessage],
         insight: str | None,
@@ -205,6 +205,8 @@ class SessionBase(SessionContext):
         turn_id: str | None,
         release: bool,
     ) -> Flow[int]:
+        """The steps of `commit_turn` (`stello_graph._flow`), for a caller that commits the
+        turn inside a flow of its own (the turn graph's commit)."""
         stored = _storable_records(records)
         turns: int = yield Storage(
             "commit_records",
