@@ -319,6 +319,25 @@ class AsyncMethods:
         args = lease_args(session_id, owner, ttl, replace)
         return await self._txn.awrite(flows.acquire_lease(*args))
 
+    async def alease_session(
+        self,
+        session_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        replace: str | None = None,
+        operation: str = "a turn",
+    ) -> tuple[Lease, SessionSnapshot] | None:
+        """Async twin of `lease_session`."""
+        args = lease_args(session_id, owner, ttl, replace)
+        return await self._alease_session(args, str(operation))
+
+    async def _alease_session(
+        self, args: tuple[str, str, float, str | None], operation: str
+    ) -> tuple[Lease, SessionSnapshot] | None:
+        """Async twin of `_lease_session`."""
+        return await self._txn.awrite(flows.lease_session(*args, operation))
+
     async def arenew_lease(self, lease: Lease, ttl: float) -> Lease | None:
         """Async twin of `renew_lease`."""
         args = lease_args(lease.session_id, lease.owner, ttl, None)

@@ -199,9 +199,10 @@ _SNAPSHOT = (
 def read_session(session_id: str, records: bool) -> Flow[SessionSnapshot | None]:
     """Everything a turn reads of its session, in one read (`op_read_session`)."""
     found = yield Op("read_session", session_id, _SNAPSHOT, records)
-    if found is None:
-        return None
-    meta, values, stored = found
+    return None if found is None else _snapshot(found[0], found[1], found[2])
+
+
+def _snapshot(meta: SessionMeta, values: Any, stored: Any) -> SessionSnapshot:
     settings_text, prompt, insight, memory, synthesis, summary, through, turns = values
     settings = loads(settings_text)
     return SessionSnapshot(
@@ -433,6 +434,31 @@ def acquire_lease(
     row = yield Op("get_fields", session_id, _QUEUE)
     if row is None:
         raise SessionNotFoundError(session_id)
+    return (yield from _decide_lease(session_id, owner, ttl, replace, row))
+
+
+def lease_session(
+    session_id: str, owner: str, ttl: float, replace: str | None, operation: str
+) -> Flow[tuple[Lease, SessionSnapshot] | None]:
+    """`acquire_lease` of an active session and, when taken, its `read_session`, in one
+    transaction: a missing or archived session is refused before anything is written (the
+    session is read with its lease fields, records included: they come from the record
+    cache, and a refused asker is rare)."""
+    found = yield Op("read_session", session_id, (*_SNAPSHOT, *_QUEUE), True)
+    if found is None:
+        raise SessionNotFoundError(session_id)
+    meta, values, stored = found
+    if meta.status == "archived":
+        raise SessionArchivedError(session_id, operation)
+    split = len(_SNAPSHOT)
+    lease = yield from _decide_lease(session_id, owner, ttl, replace, values[split:])
+    return None if lease is None else (lease, _snapshot(meta, values[:split], stored))
+
+
+def _decide_lease(
+    session_id: str, owner: str, ttl: float, replace: str | None, row: Any
+) -> Flow[Lease | None]:
+    """The lease decision on the session's `_QUEUE` fields (see `acquire_lease`)."""
     holder, token, expires, waiter, wait_until = row
     now, token = time.time(), int(token or 0)
     free = holder is None or holder in (owner, replace) or (expires or 0.0) <= now
@@ -445,9 +471,10 @@ def acquire_lease(
             yield Op("set_fields", session_id, values)
         return None
     lease = Lease(session_id, owner, token if holder == owner else token + 1, now + ttl)
-    yield _write_lease(lease)
-    if waiter == owner:
-        yield Op("set_fields", session_id, {"lease_waiter": None, "lease_wait_until": 0.0})
+    values = dict(zip(_LEASE, (lease.owner, lease.token, lease.expires_at), strict=True))
+    if waiter == owner:  # its wait is over
+        values |= {"lease_waiter": None, "lease_wait_until": 0.0}
+    yield Op("set_fields", session_id, values)
     return lease
 
 

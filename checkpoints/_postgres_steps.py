@@ -346,9 +346,12 @@ class Statements(TreeStatements):
         ttl: float,
         replace: str | None,
         waiter_ttl: float,
+        *,
+        active: bool = False,
     ) -> tuple[str, dict[str, Any]]:
         """The shell's `acquire_lease` decision as one `UPDATE` (see `PostgresMainStorage.
-        acquire_lease`): `RETURNING (taken, token)`; no row when the session is missing."""
+        acquire_lease`): `RETURNING (taken, token, archived)`; no row when the session is
+        missing. With `active`, an archived session is left as it was (`archived` true)."""
         # refused: another holds it (not free), or another waits first (queued); a refused
         # owner takes the waiter's place when it is empty, its own, or lapsed
         refused = """(s.lease_owner IS DISTINCT FROM %(owner)s AND (
@@ -359,27 +362,31 @@ class Statements(TreeStatements):
                 AND s.lease_wait_until > %(now)s)))"""
         enqueue = """(s.lease_waiter IS NULL OR s.lease_waiter = %(owner)s
             OR s.lease_wait_until <= %(now)s)"""
+        archived = "(%(active)s AND s.status = 'archived')"
         sql = f"""UPDATE {SESSIONS} AS t SET
-            lease_owner = CASE WHEN d.refused THEN t.lease_owner ELSE %(owner)s END,
-            lease_token = CASE WHEN d.refused THEN t.lease_token
+            lease_owner = CASE WHEN d.kept THEN t.lease_owner ELSE %(owner)s END,
+            lease_token = CASE WHEN d.kept THEN t.lease_token
                 WHEN t.lease_owner = %(owner)s THEN t.lease_token
                 ELSE t.lease_token + 1 END,
-            lease_expires = CASE WHEN d.refused THEN t.lease_expires
+            lease_expires = CASE WHEN d.kept THEN t.lease_expires
                 ELSE %(now)s + %(ttl)s END,
             lease_waiter = CASE
+                WHEN d.archived THEN t.lease_waiter
                 WHEN d.refused AND d.enqueue THEN %(owner)s
                 WHEN NOT d.refused AND t.lease_waiter = %(owner)s THEN NULL
                 ELSE t.lease_waiter END,
             lease_wait_until = CASE
+                WHEN d.archived THEN t.lease_wait_until
                 WHEN d.refused AND d.enqueue THEN %(now)s + %(waiter_ttl)s
                 WHEN NOT d.refused AND t.lease_waiter = %(owner)s THEN 0
                 ELSE t.lease_wait_until END
-        FROM (SELECT s.id, {refused} AS refused, {enqueue} AS enqueue
+        FROM (SELECT s.id, {refused} AS refused, {enqueue} AS enqueue,
+                {archived} AS archived, {refused} OR {archived} AS kept
             FROM {SESSIONS} s WHERE s.tree_id = %(tree)s AND s.id = %(sid)s) AS d
         WHERE t.tree_id = %(tree)s AND t.id = d.id
-        RETURNING NOT d.refused, t.lease_token"""
+        RETURNING NOT d.kept, t.lease_token, d.archived"""
         params = {
-            "owner": owner, "replace": replace, "now": now, "ttl": ttl,
+            "owner": owner, "replace": replace, "now": now, "ttl": ttl, "active": active,
             "waiter_ttl": waiter_ttl, "tree": self.tree_id, "sid": session_id,
         }  # fmt: skip
         return sql, params

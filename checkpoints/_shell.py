@@ -479,6 +479,34 @@ class BackendStorage(BulkReads, AsyncMethods):
         args = lease_args(session_id, owner, ttl, replace)
         return self._txn.write(flows.acquire_lease(*args))
 
+    def lease_session(
+        self,
+        session_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        replace: str | None = None,
+        operation: str = "a turn",
+    ) -> tuple[Lease, SessionSnapshot] | None:
+        """`acquire_lease` of an active session and, when taken, its `read_session`, in one
+        transaction: what a turn does before it runs (one transaction instead of three).
+        `None` while another holds the lease (the asker waits in line, as `acquire_lease`).
+
+        Not part of the `MainStorage` protocol: `SessionLeases` falls back to a read, the
+        lease and another read on a storage without it.
+
+        Raises:
+            SessionNotFoundError / SessionArchivedError: no such session, or it is archived
+                (refusing `operation`); nothing is written.
+        """
+        return self._lease_session(lease_args(session_id, owner, ttl, replace), str(operation))
+
+    def _lease_session(
+        self, args: tuple[str, str, float, str | None], operation: str
+    ) -> tuple[Lease, SessionSnapshot] | None:
+        """`lease_session` on validated arguments (a backend may send it its own way)."""
+        return self._txn.write(flows.lease_session(*args, operation))
+
     def renew_lease(self, lease: Lease, ttl: float) -> Lease | None:
         """Extend a lease still held with its token; `None` if it was lost."""
         args = lease_args(lease.session_id, lease.owner, ttl, None)

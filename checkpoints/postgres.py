@@ -54,6 +54,7 @@ from stello_graph.errors import (
     InvalidInputError,
     LeaseLostError,
     SessionArchivedError,
+    SessionError,
     SessionNotFoundError,
 )
 from stello_graph.models import (
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
 
     from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
     from stello_graph.checkpoints.backend import ExportPart, L2Row, RowSink
+    from stello_graph.storage import SessionSnapshot
 
 __all__ = ["EVENTS_CHANNEL", "PostgresMainStorage", "open_postgres"]
 
@@ -234,16 +236,64 @@ class PostgresMainStorage(BackendStorage):
         lease: Lease | None = await self._txn.aread(one("acquire_at_once", *args))
         return lease
 
+    def _lease_session(
+        self, args: tuple[str, str, float, str | None], operation: str
+    ) -> tuple[Lease, SessionSnapshot] | None:
+        """`lease_session` in two round trips: the lease's `UPDATE`, which refuses an
+        archived session without taking it, then the session's read under the lease (the
+        shell's flow takes five). Inside a transaction of the caller, the shell's flow."""
+        if self._txn.owns():
+            return super()._lease_session(args, operation)
+        lease: Lease | None = self._txn.read(one("acquire_at_once", *args, operation))
+        if lease is None:
+            return None
+        snapshot = self.read_session(lease.session_id)
+        refused = _unleasable(lease, snapshot, operation)
+        if refused is not None:
+            self.release_lease(lease)
+            raise refused
+        assert snapshot is not None
+        return lease, snapshot
+
+    async def _alease_session(
+        self, args: tuple[str, str, float, str | None], operation: str
+    ) -> tuple[Lease, SessionSnapshot] | None:
+        """Async twin of `_lease_session` (two round trips too)."""
+        if self._txn.owns():
+            return await super()._alease_session(args, operation)
+        lease: Lease | None = await self._txn.aread(one("acquire_at_once", *args, operation))
+        if lease is None:
+            return None
+        snapshot = await self.aread_session(lease.session_id)
+        refused = _unleasable(lease, snapshot, operation)
+        if refused is not None:
+            await self.arelease_lease(lease)
+            raise refused
+        assert snapshot is not None
+        return lease, snapshot
+
     def _acquire_at_once(
-        self, session_id: str, owner: str, ttl: float, replace: str | None
+        self,
+        session_id: str,
+        owner: str,
+        ttl: float,
+        replace: str | None,
+        refuse_archived: str | None = None,
     ) -> _AtOnce[Lease | None]:
+        """The lease's one `UPDATE`; with `refuse_archived` (the operation refused), an
+        archived session raises `SessionArchivedError` and is left as it was."""
         now = time.time()
-        sql, params = self._steps.acquire_lease(session_id, owner, now, ttl, replace, _WAITER_TTL)
+        active = refuse_archived is not None
+        sql, params = self._steps.acquire_lease(
+            session_id, owner, now, ttl, replace, _WAITER_TTL, active=active
+        )
 
         def done(rows: list[tuple[Any, ...]]) -> Lease | None:
             if not rows:
                 raise SessionNotFoundError(session_id)
-            taken, token = rows[0]
+            taken, token, archived = rows[0]
+            if archived:
+                raise SessionArchivedError(session_id, refuse_archived or "this operation")
             return Lease(session_id, owner, int(token), now + ttl) if taken else None
 
         return sql, params, done
@@ -564,3 +614,16 @@ def open_postgres(
     except BaseException:
         storage.close()
         raise
+
+
+def _unleasable(
+    lease: Lease, snapshot: SessionSnapshot | None, operation: str
+) -> SessionError | None:
+    """What refuses the read under a lease just taken (to be raised once the lease is given
+    back); only a storage call that bypassed the lease can have removed or archived the
+    session in between."""
+    if snapshot is None:
+        return SessionNotFoundError(lease.session_id)
+    if snapshot.meta.status == "archived":
+        return SessionArchivedError(lease.session_id, operation)
+    return None

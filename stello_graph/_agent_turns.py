@@ -35,7 +35,7 @@ from stello_graph.models import SessionMeta
 from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.scheduling import aon_switch, on_switch
-from stello_graph.storage import MainStorage, SessionSnapshot
+from stello_graph.storage import MainStorage
 
 __all__ = ["TurnResult"]
 
@@ -193,41 +193,35 @@ class _Turns:
         one of the session's tools raises `InvalidInputError` before anything is written.
         """
         sid, payload = self._begin(session_id, text, tool_choice)
-        self._target(sid, tool_choice)  # a read: refused before anything is written
+        if tool_choice is not None:  # the session's tools, before anything is written
+            self._target(sid, tool_choice)
         self._threads.resolve(sid)
         back = self._handback(sid)
-        with run_held(self._leases, sid, back):
-            # the turn's one read of its session, under the lease: the run's first step
-            # reads nothing again (and it is refused if archived meanwhile)
-            back.prefetched = self._checked(sid, self.storage.read_session(sid))
-            with self._threads.running():
-                self._switch(sid)
-                config = self.config(sid)
-                out = self._turn_graph.invoke(payload, config, durability=self._durability)
-                return self._finished(sid, self._result(sid, out))
+        # the lease of an active session and the turn's one read of it, in one transaction
+        # (a missing or archived session is refused before anything is written): the run's
+        # first step reads nothing again
+        with run_held(self._leases, sid, back, prefetch=True), self._threads.running():
+            self._switch(sid)
+            config = self.config(sid)
+            out = self._turn_graph.invoke(payload, config, durability=self._durability)
+            return self._finished(sid, self._result(sid, out))
 
     async def aturn(
         self, session_id: str, text: str, *, tool_choice: ToolChoice = None
     ) -> TurnResult:
         """Async twin of `turn`."""
         sid, payload = self._begin(session_id, text, tool_choice)
-        await self._atarget(sid, tool_choice)
+        if tool_choice is not None:
+            await self._atarget(sid, tool_choice)
         await self._threads.aresolve(sid)
         back = self._handback(sid)
-        async with arun_held(self._leases, sid, back):
-            back.prefetched = self._checked(sid, await self.storage.aread_session(sid))
-            async with self._threads.arunning():
-                await self._aswitch(sid)
-                out = await self._turn_graph.ainvoke(
-                    payload, self.config(sid), durability=self._durability
-                )
-                return await self._afinished(sid, self._result(sid, out))
-
-    def _checked(self, sid: str, snapshot: SessionSnapshot | None) -> SessionSnapshot:
-        """The session read for a turn, refused when missing or archived."""
-        self._check_target(sid, None if snapshot is None else snapshot.meta)
-        assert snapshot is not None
-        return snapshot
+        held = arun_held(self._leases, sid, back, prefetch=True)
+        async with held, self._threads.arunning():
+            await self._aswitch(sid)
+            out = await self._turn_graph.ainvoke(
+                payload, self.config(sid), durability=self._durability
+            )
+            return await self._afinished(sid, self._result(sid, out))
 
     def _handback(self, sid: str) -> Handback:
         """The turn's commit frees the session's lease itself (one write transaction fewer)
@@ -293,14 +287,15 @@ class _Turns:
         tells).
         """
         sid, payload = self._begin(session_id, text, tool_choice)
-        self._target(sid, tool_choice)
+        if tool_choice is not None:
+            self._target(sid, tool_choice)
         self._threads.resolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
         config = self.config(sid)
         config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
-        with run_held(self._leases, sid), self._threads.running():
+        with run_held(self._leases, sid, _kept(), prefetch=True), self._threads.running():
             self._switch(sid)
             q = self._mux.open()
             run = stoppable(
@@ -335,11 +330,13 @@ class _Turns:
     ) -> AsyncIterator[Any]:
         """Async twin of `stream`."""
         sid, payload = self._begin(session_id, text, tool_choice)
-        await self._atarget(sid, tool_choice)
+        if tool_choice is not None:
+            await self._atarget(sid, tool_choice)
         await self._threads.aresolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        async with arun_held(self._leases, sid), self._threads.arunning():
+        held = arun_held(self._leases, sid, _kept(), prefetch=True)
+        async with held, self._threads.arunning():
             await self._aswitch(sid)
             q = self._mux.open()
             try:
@@ -362,3 +359,9 @@ class _Turns:
             )
             if state is None or not state.interrupts:
                 await self._afinished(sid, TurnResult(session_id=sid, content=""))
+
+
+def _kept() -> Handback:
+    """A run's handback that only carries the session read with the lease: the lease stays
+    held until the lender ends (a stream reads the run's state under it)."""
+    return Handback(lambda: False)

@@ -175,20 +175,24 @@ class CheckpointThreads:
 
 
 @contextmanager
-def run_held(leases: SessionLeases, sid: str, handback: Handback | None = None) -> Iterator[None]:
+def run_held(
+    leases: SessionLeases, sid: str, handback: Handback | None = None, *, prefetch: bool = False
+) -> Iterator[None]:
     """Hold the session for a whole run (its checkpoint thread included: pruning it must not
     race another agent's run), lending the lease to the graph's nodes. With `handback`, the
     turn's commit may free the lease in its own transaction when the handback allows it
-    (pruning the run will touch nothing on disk)."""
-    with leases.hold(sid, handback=handback) as lease, leases.lending(lease, handback):
+    (pruning the run will touch nothing on disk); with `prefetch` too, the session is read
+    with its lease for the run's opening step, and refused if missing or archived."""
+    hold = leases.hold(sid, handback=handback, prefetch=prefetch)
+    with hold as lease, leases.lending(lease, handback):
         yield
 
 
 @asynccontextmanager
 async def arun_held(
-    leases: SessionLeases, sid: str, handback: Handback | None = None
+    leases: SessionLeases, sid: str, handback: Handback | None = None, *, prefetch: bool = False
 ) -> AsyncIterator[None]:
     """Async twin of `run_held`."""
-    async with leases.ahold(sid, handback=handback) as lease:
+    async with leases.ahold(sid, handback=handback, prefetch=prefetch) as lease:
         with leases.lending(lease, handback):
             yield

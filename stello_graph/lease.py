@@ -41,9 +41,14 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from stello_graph.errors import InvalidInputError, SessionBusyError
+from stello_graph.errors import (
+    InvalidInputError,
+    SessionArchivedError,
+    SessionBusyError,
+    SessionNotFoundError,
+)
 from stello_graph.models import Lease
-from stello_graph.storage import SessionStorage
+from stello_graph.storage import SessionSnapshot, SessionStorage
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -286,24 +291,44 @@ class SessionLeases:
         )
 
     # -- acquire and release ----------------------------------------------------------------
-    def _try(self, session_id: str, owner: str) -> Lease | None:
-        lease = self.storage.acquire_lease(session_id, owner, self.ttl)
+    def _take(
+        self, session_id: str, owner: str, replace: str | None, into: Handback | None
+    ) -> Lease | None:
+        if into is None:
+            return self.storage.acquire_lease(session_id, owner, self.ttl, replace=replace)
+        taken = _lease_session(self.storage, session_id, owner, self.ttl, replace)
+        if taken is None:
+            return None
+        into.prefetched = taken[1]
+        return taken[0]
+
+    async def _atake(
+        self, session_id: str, owner: str, replace: str | None, into: Handback | None
+    ) -> Lease | None:
+        if into is None:
+            return await self.storage.aacquire_lease(session_id, owner, self.ttl, replace=replace)
+        taken = await _alease_session(self.storage, session_id, owner, self.ttl, replace)
+        if taken is None:
+            return None
+        into.prefetched = taken[1]
+        return taken[0]
+
+    def _try(self, session_id: str, owner: str, into: Handback | None = None) -> Lease | None:
+        lease = self._take(session_id, owner, None, into)
         if lease is None:
             current = self.storage.get_lease(session_id)
             if current is not None and owner_is_dead(current.owner):
-                lease = self.storage.acquire_lease(
-                    session_id, owner, self.ttl, replace=current.owner
-                )
+                lease = self._take(session_id, owner, current.owner, into)
         return lease
 
-    async def _atry(self, session_id: str, owner: str) -> Lease | None:
-        lease = await self.storage.aacquire_lease(session_id, owner, self.ttl)
+    async def _atry(
+        self, session_id: str, owner: str, into: Handback | None = None
+    ) -> Lease | None:
+        lease = await self._atake(session_id, owner, None, into)
         if lease is None:
             current = await self.storage.aget_lease(session_id)
             if current is not None and owner_is_dead(current.owner):
-                lease = await self.storage.aacquire_lease(
-                    session_id, owner, self.ttl, replace=current.owner
-                )
+                lease = await self._atake(session_id, owner, current.owner, into)
         return lease
 
     def _deadline(self) -> float | None:
@@ -315,17 +340,23 @@ class SessionLeases:
                 session_id, f"another turn held it for longer than {self.wait:g} s."
             )
 
-    def acquire(self, session_id: str, *, owner: str | None = None) -> Lease:
+    def acquire(
+        self, session_id: str, *, owner: str | None = None, into: Handback | None = None
+    ) -> Lease:
         """Take the session's lease, waiting while another turn holds it.
 
         With the `owner` of a lease held before, renew it (or take it again if it lapsed).
+        With `into`, the session must be active: a missing or archived one is refused
+        (`SessionNotFoundError` / `SessionArchivedError`) before anything is written, and
+        its `read_session`, read with the lease (one transaction where the storage has
+        `lease_session`), is left in `into.prefetched` for the run's opening step.
         """
         self._refuse_reentry(session_id)
         owner = owner or new_owner()
         _add_live(owner)
         deadline, pause = self._deadline(), 0.001
         try:
-            while (lease := self._try(session_id, owner)) is None:
+            while (lease := self._try(session_id, owner, into)) is None:
                 self._check_deadline(session_id, deadline)
                 with _released:
                     _released.wait(pause)
@@ -335,14 +366,16 @@ class SessionLeases:
             raise
         return lease
 
-    async def aacquire(self, session_id: str, *, owner: str | None = None) -> Lease:
+    async def aacquire(
+        self, session_id: str, *, owner: str | None = None, into: Handback | None = None
+    ) -> Lease:
         """Async twin of `acquire`: waiting never blocks the event loop."""
         self._refuse_reentry(session_id)
         owner = owner or new_owner()
         _add_live(owner)
         deadline, pause = self._deadline(), 0.001
         try:
-            while (lease := await self._atry(session_id, owner)) is None:
+            while (lease := await self._atry(session_id, owner, into)) is None:
                 self._check_deadline(session_id, deadline)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _MAX_PAUSE)
@@ -379,14 +412,18 @@ class SessionLeases:
             _keeper.drop(key)
 
     @contextmanager
-    def hold(self, session_id: str, *, handback: Handback | None = None) -> Iterator[Lease]:
+    def hold(
+        self, session_id: str, *, handback: Handback | None = None, prefetch: bool = False
+    ) -> Iterator[Lease]:
         """Hold the session for the block: acquired (waiting), renewed, released.
 
         The block counts as the holder's own work: taking the session again inside it fails
         with `SessionBusyError`, except for a graph run it lends the lease to (`lending`).
-        A lease the run freed itself (`handback.released`) is not released again.
+        A lease the run freed itself (`handback.released`) is not released again. With
+        `prefetch` (and a `handback`), the session is read with its lease into
+        `handback.prefetched`, and refused when missing or archived (see `acquire`).
         """
-        lease = self.acquire(session_id)
+        lease = self.acquire(session_id, into=_prefetch_into(handback, prefetch))
         try:
             with self.keep(lease), self.busy(lease):
                 yield lease
@@ -398,10 +435,10 @@ class SessionLeases:
 
     @asynccontextmanager
     async def ahold(
-        self, session_id: str, *, handback: Handback | None = None
+        self, session_id: str, *, handback: Handback | None = None, prefetch: bool = False
     ) -> AsyncIterator[Lease]:
         """Async twin of `hold`."""
-        lease = await self.aacquire(session_id)
+        lease = await self.aacquire(session_id, into=_prefetch_into(handback, prefetch))
         try:
             with self.keep(lease), self.busy(lease):
                 yield lease
@@ -410,6 +447,65 @@ class SessionLeases:
                 _released_by(lease.owner)
             else:
                 await self.arelease(lease)
+
+
+def _prefetch_into(handback: Handback | None, prefetch: bool) -> Handback | None:
+    if prefetch and handback is None:
+        raise InvalidInputError("prefetch needs a handback to leave the session's read in.")
+    return handback if prefetch else None
+
+
+_TURN = "a turn"
+
+
+def _active(session_id: str, snapshot: SessionSnapshot | None) -> SessionSnapshot:
+    if snapshot is None:
+        raise SessionNotFoundError(session_id)
+    if snapshot.meta.status == "archived":
+        raise SessionArchivedError(session_id, _TURN)
+    return snapshot
+
+
+def _lease_session(
+    storage: SessionStorage, session_id: str, owner: str, ttl: float, replace: str | None
+) -> tuple[Lease, SessionSnapshot] | None:
+    """The storage's `lease_session`; without one, a check, the lease and the read."""
+    method = getattr(storage, "lease_session", None)
+    if callable(method):
+        found: tuple[Lease, SessionSnapshot] | None = method(
+            session_id, owner, ttl, replace=replace, operation=_TURN
+        )
+        return found
+    _active(session_id, storage.read_session(session_id, records=False))
+    lease = storage.acquire_lease(session_id, owner, ttl, replace=replace)
+    if lease is None:
+        return None
+    try:
+        return lease, _active(session_id, storage.read_session(session_id))
+    except BaseException:  # archived (or removed) between the check and the lease
+        storage.release_lease(lease)
+        raise
+
+
+async def _alease_session(
+    storage: SessionStorage, session_id: str, owner: str, ttl: float, replace: str | None
+) -> tuple[Lease, SessionSnapshot] | None:
+    """Async twin of `_lease_session`."""
+    method = getattr(storage, "alease_session", None)
+    if callable(method):
+        found: tuple[Lease, SessionSnapshot] | None = await method(
+            session_id, owner, ttl, replace=replace, operation=_TURN
+        )
+        return found
+    _active(session_id, await storage.aread_session(session_id, records=False))
+    lease = await storage.aacquire_lease(session_id, owner, ttl, replace=replace)
+    if lease is None:
+        return None
+    try:
+        return lease, _active(session_id, await storage.aread_session(session_id))
+    except BaseException:
+        await storage.arelease_lease(lease)
+        raise
 
 
 def _add_live(owner: str) -> None:

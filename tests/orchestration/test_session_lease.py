@@ -25,14 +25,17 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command, interrupt
 
 from stello_graph import (
+    InvalidInputError,
     LeaseLostError,
     MainSession,
     ModelCallError,
+    SessionArchivedError,
     SessionBusyError,
     SessionNotFoundError,
     StelloAgent,
     build_stello_graph,
 )
+from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease, SessionMeta
 from stello_graph.storage import MainStorage
 from stello_graph.testing import ScriptedChatModel
@@ -98,6 +101,46 @@ def test_lease_primitives(storage: MainStorage) -> None:
     assert storage.get_lease("s") == stolen
     with pytest.raises(SessionNotFoundError):
         storage.acquire_lease("missing", "a", 30)
+
+
+class _WithoutLeaseSession:
+    """A storage without the optional `lease_session` (as one written by a user may be)."""
+
+    def __init__(self, storage: MainStorage) -> None:
+        self._storage = storage
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("lease_session", "alease_session"):
+            raise AttributeError(name)
+        return getattr(self._storage, name)
+
+
+@pytest.mark.parametrize("optional", [True, False], ids=["lease_session", "fallback"])
+async def test_hold_with_prefetch_reads_an_active_session_with_its_lease(
+    storage: MainStorage, optional: bool
+) -> None:
+    storage.put_session(SessionMeta(id="s1", label="One"))
+    storage.put_insight("s1", INSIGHT)
+    leases = SessionLeases(storage if optional else _WithoutLeaseSession(storage))
+    back = Handback(lambda: False)
+    with leases.hold("s1", handback=back, prefetch=True) as lease:
+        assert storage.get_lease("s1") == lease
+        assert back.prefetched == storage.read_session("s1")
+    async with leases.ahold("s1", handback=back, prefetch=True):
+        assert back.take_prefetched().insight == INSIGHT
+    assert storage.get_lease("s1") is None
+    storage.put_session(SessionMeta(id="s1", label="One", status="archived"))
+    with (
+        pytest.raises(SessionArchivedError, match="refuses a turn"),
+        leases.hold("s1", handback=back, prefetch=True),
+    ):
+        pass
+    with pytest.raises(SessionNotFoundError):
+        async with leases.ahold("missing", handback=back, prefetch=True):
+            pass
+    assert storage.get_lease("s1") is None and back.prefetched is None
+    with pytest.raises(InvalidInputError, match="handback"), leases.hold("s1", prefetch=True):
+        pass
 
 
 def test_an_expired_lease_is_free(storage: MainStorage) -> None:

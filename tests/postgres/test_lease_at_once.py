@@ -4,6 +4,7 @@ side on random scripts, and one statement sent per call."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from stello_graph.checkpoints import PostgresMainStorage
 from stello_graph.checkpoints._shell import BackendStorage
-from stello_graph.errors import SessionNotFoundError
+from stello_graph.errors import SessionArchivedError, SessionNotFoundError
 from stello_graph.models import Lease, SessionMeta
 
 OWNERS = ("a", "b", "c")
@@ -112,4 +113,63 @@ def test_inside_a_transaction_the_lease_commits_with_it(storage: PostgresMainSto
 
     with pytest.raises(RuntimeError):
         taken_then_rolled_back()
+    assert storage.get_lease("fast") is None
+
+
+async def test_lease_session_is_two_statements_and_refuses_as_the_shell_does(
+    storage: PostgresMainStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[str] = []
+    original = psycopg.Cursor.execute
+
+    def counting(self: Any, query: Any, *args: Any, **kw: Any) -> Any:
+        sent.append(str(query))
+        return original(self, query, *args, **kw)
+
+    storage.read_session("fast")  # its records cached, as a turn finds them
+    monkeypatch.setattr(psycopg.Cursor, "execute", counting)
+    taken = storage.lease_session("fast", "me", 30.0)
+    assert taken is not None and len(sent) == 2  # the lease's UPDATE, the session's read
+    assert taken[0] == storage.get_lease("fast") and taken[1] == storage.read_session("fast")
+    storage.release_lease(taken[0])
+    for sid in ("fast", "shell"):
+        storage.put_session(SessionMeta(id=sid, label=sid, status="archived"))
+    for lease_session in (storage.lease_session, BackendStorage.lease_session.__get__(storage)):
+        with pytest.raises(SessionArchivedError):
+            lease_session("fast", "me", 30.0)
+    assert storage.op_get_fields("fast", FIELDS) == (None, 1, None)  # token kept, nobody queued
+    sent.clear()
+    with pytest.raises(SessionArchivedError):
+        await storage.alease_session("fast", "me", 30.0)
+    assert storage.get_lease("fast") is None
+
+
+async def test_lease_session_gives_the_lease_back_when_its_read_finds_the_session_archived(
+    storage: PostgresMainStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a storage call that bypassed the lease can archive the session between the
+    lease and the read: the lease taken is freed before the refusal."""
+    archived = SessionMeta(id="fast", label="fast", status="archived")
+
+    def archive_first(read: Any) -> Any:
+        def call(session_id: str, **kw: Any) -> Any:
+            found = read(session_id, **kw)
+            return dataclasses.replace(found, meta=archived)
+
+        return call
+
+    def aarchive_first(read: Any) -> Any:
+        async def call(session_id: str, **kw: Any) -> Any:
+            found = await read(session_id, **kw)
+            return dataclasses.replace(found, meta=archived)
+
+        return call
+
+    monkeypatch.setattr(storage, "read_session", archive_first(storage.read_session))
+    monkeypatch.setattr(storage, "aread_session", aarchive_first(storage.aread_session))
+    with pytest.raises(SessionArchivedError):
+        storage.lease_session("fast", "me", 30.0)
+    assert storage.get_lease("fast") is None
+    with pytest.raises(SessionArchivedError):
+        await storage.alease_session("fast", "me", 30.0)
     assert storage.get_lease("fast") is None

@@ -126,3 +126,58 @@ async def test_commit_records_inside_a_transaction_rolls_back_with_it(api: Api) 
         await commit_then_fail()
     assert await api("count_records", "s1") == 0
     assert (await api("read_session", "s1")).turn_count == 0
+
+
+async def test_lease_session_takes_the_lease_and_reads_the_session(api: Api) -> None:
+    await _session(api)
+    await api("put_insight", "s1", "a hint")
+    await api("append_records", "s1", [HumanMessage("q"), AIMessage("a")], user_turn=True)
+    taken = await api("lease_session", "s1", "me", 30.0)
+    assert taken is not None
+    lease, snap = taken
+    assert await api("get_lease", "s1") == lease and lease.owner == "me"
+    assert snap == await api("read_session", "s1")
+    assert snap.insight == "a hint" and [m.content for m in snap.records] == ["q", "a"]
+    again = await api("lease_session", "s1", "me", 30.0)  # its owner renews it
+    assert again is not None and again[0].token == lease.token
+
+
+async def test_lease_session_refused_while_held_queues_the_asker(api: Api) -> None:
+    await _session(api)
+    held = await api("acquire_lease", "s1", "holder", 30.0)
+    assert await api("lease_session", "s1", "second", 30.0) is None
+    assert await api("acquire_lease", "s1", "third", 30.0) is None
+    await api("release_lease", held)
+    assert await api("acquire_lease", "s1", "third", 30.0) is None  # "second" asked first
+    taken = await api("lease_session", "s1", "second", 30.0)
+    assert taken is not None and taken[0].token == held.token + 1
+
+
+async def test_lease_session_refuses_a_missing_or_archived_session_writing_nothing(
+    api: Api,
+) -> None:
+    await _session(api)
+    held = await api("acquire_lease", "s1", "holder", 30.0)
+    await api("put_session", SessionMeta(id="s1", label="Topic", status="archived"))
+    with pytest.raises(SessionArchivedError, match="refuses a turn"):
+        await api("lease_session", "s1", "asker", 30.0)
+    with pytest.raises(SessionNotFoundError):
+        await api("lease_session", "missing", "asker", 30.0)
+    assert await api("get_lease", "s1") == held
+    await api("release_lease", held)
+    # the refused asker was not queued: the next one takes the (archived) session at once,
+    # as removing it does
+    assert await api("acquire_lease", "s1", "next", 30.0) is not None
+
+
+async def test_lease_session_inside_a_transaction_rolls_back_with_it(api: Api) -> None:
+    await _session(api)
+
+    async def lease_then_fail() -> None:
+        async with api.transaction():
+            assert await api("lease_session", "s1", "me", 30.0) is not None
+            raise RuntimeError("the caller fails after the lease")
+
+    with pytest.raises(RuntimeError):
+        await lease_then_fail()
+    assert await api("get_lease", "s1") is None
