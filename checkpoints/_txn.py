@@ -18,7 +18,11 @@ Each storage call is a flow of primitives (`_flows`), run here in one of three w
   at a time (under the lock), and a call never queues behind callers that wait for the lock.
 
 Async callers wait for the lock on the loop (a future woken when it is released), never in a
-thread: a task holding the lock can always get its work done. A task cancelled while its
+thread: a task holding the lock can always get its work done. The owner's callers running at
+once (tasks of an `asyncio.gather`, worker threads of `asyncio.to_thread`) take turns on the
+inline lock for each call, and for the whole of a nested write (savepoints are a stack); a task
+waits for it on the loop too, since a worker's statement on a native async backend runs on
+that loop. A task cancelled while its
 work runs in the worker waits for that work to end (a thread cannot be interrupted) before
 it unwinds, so the lock is never released under a running statement.
 
@@ -154,7 +158,9 @@ class Transactions:
     def transaction(self) -> Iterator[None]:
         """Atomic block: outermost = lock + begin/commit, nested = a savepoint."""
         if self.owns():
-            with self._savepoint():
+            # savepoints are a stack: a nested block of one of the owner's threads runs
+            # whole before another caller of the owner (a task, a worker thread) opens its own
+            with self._inline, self._savepoint():
                 yield
             return
         self._acquire()
@@ -239,7 +245,9 @@ class Transactions:
             assert owner is not None
             if owner.nested is None:
                 owner.nested = asyncio.Lock()
-            async with owner.nested, self._asavepoint():
+            # the whole nested write holds `_inline`: a worker thread's nested write (a sync
+            # call in `asyncio.to_thread`) must not interleave its savepoint with this one
+            async with owner.nested, self._aheld_inline(), self._asavepoint():
                 return await self._ainline(flow)
         if not self.native:
             await self._alock()  # the worker releases the lock once done
@@ -354,7 +362,7 @@ class Transactions:
             self._release()
 
     def _nested_write(self, flow: Flow[T]) -> T:
-        with self._savepoint(), self._inline:
+        with self._inline, self._savepoint():
             return drive(flow, self._backend)
 
     def _inline_read(self, flow: Flow[T]) -> T:
@@ -438,15 +446,31 @@ class Transactions:
         """Run `flow` for the owner of the lock."""
         if not self.native:
             return await self._in_worker(self._inline_read, flow)
-        with self._inline:
+        async with self._aheld_inline():
             return await adrive(flow, self._abackend)
 
     async def _ahook(self, name: str, depth: int) -> None:
         if self._ahooks is None:
             await self._in_worker(self._hook, name, depth)
             return
-        with self._inline:
+        async with self._aheld_inline():
             await getattr(self._ahooks, name)(depth)
+
+    @asynccontextmanager
+    async def _aheld_inline(self) -> AsyncIterator[None]:
+        """`_inline` for a task of the owner, waited for on the loop: a worker thread of the
+        same transaction (`asyncio.to_thread(storage.some_sync_method)`) may hold it while
+        its statement waits for this very loop to run it, so blocking the loop here would
+        never end. Taken and released on the loop's thread (tasks of one loop share it, as
+        before: the reentrant lock keeps out the other threads only)."""
+        pause = 0.0005
+        while not self._inline.acquire(blocking=False):
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        try:
+            yield
+        finally:
+            self._inline.release()
 
     @asynccontextmanager
     async def _asavepoint(self) -> AsyncIterator[None]:

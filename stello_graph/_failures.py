@@ -4,6 +4,7 @@ the tree sees them)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -129,14 +130,15 @@ class StorageFailureLog:
 
 def _async(log: FailureLog, name: str, sync: str) -> Callable[..., Awaitable[Any]]:
     """The log's async method `name`; a log without one (a `FailureLog` needs only the sync
-    methods) has its sync method `sync` called."""
+    methods) has its sync method `sync` run in a worker thread: its I/O (a file, a database)
+    never blocks the event loop."""
     found = getattr(log, name, None)
     if found is not None:
         return found  # type: ignore[no-any-return]
     method = getattr(log, sync)
 
     async def call(*args: Any) -> Any:
-        return method(*args)
+        return await asyncio.to_thread(method, *args)
 
     return call
 

@@ -420,8 +420,10 @@ def create_app(
         try:
             yield
         finally:
-            inspector.close()
-            await loop
+            inspector.stopping.set()
+            await loop  # the poll's last read ends before the agent closes
+            # closing waits for the agent's background jobs: not on the loop
+            await run_in_threadpool(inspector.close)
 
     app = Starlette(
         routes=routes,

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from starlette.testclient import TestClient
 
+from stello_graph import StelloAgent
+from stello_graph.inspector import create_app
+from stello_graph.testing import ScriptedChatModel
 from tests.inspector.conftest import Tree
 
 WRITES = [
@@ -126,3 +131,28 @@ def test_fork_form_offers_the_inherited_turns_of_a_forked_session(
     body = {"label": "From turn 4", "at_turn": view["fork_turns"]}
     node = writer.post(f"/api/sessions/{copy}/fork", json=body).json()["node"]
     assert sum(r.type == "human" for r in tree.storage.list_records(node["id"])) == 4
+
+
+def test_shutting_down_closes_the_agent_off_the_event_loop(tree: Tree) -> None:
+    """Closing an agent waits for its background jobs: the server's shutdown does it in a
+    worker thread, after the poll's last read, never on the loop."""
+    closed: list[bool] = []
+
+    class Recording(StelloAgent):
+        def close(self) -> None:
+            try:
+                asyncio.get_running_loop()
+                closed.append(False)  # on the loop
+            except RuntimeError:
+                closed.append(True)
+            super().close()
+
+    made: list[StelloAgent] = []
+
+    def agent() -> StelloAgent:
+        made.append(Recording(model=ScriptedChatModel(default="ok"), storage=tree.storage))
+        return made[0]
+
+    with TestClient(create_app(tree.storage, write=True, agent=agent)) as writer:
+        assert writer.post(f"/api/sessions/{tree.pricing}/fork", json={"label": "X"}).is_success
+    assert made and closed == [True]

@@ -158,3 +158,39 @@ def test_the_newest_failures_are_kept() -> None:
     storage.put_global("stello:background_failures", [*storage.get_global(
         "stello:background_failures"), {"not": "a failure"}])  # fmt: skip
     assert len(log.read()) == 200  # what is not a failure is skipped
+
+
+async def test_a_sync_only_failure_log_is_read_off_the_event_loop() -> None:
+    """A `FailureLog` needs only sync methods; the async API runs them in a worker thread,
+    so a log doing I/O never blocks the loop."""
+    threads: list[int] = []
+
+    class SyncOnly:
+        def __init__(self) -> None:
+            self.kept: list[BackgroundFailure] = []
+
+        def append(self, failure: BackgroundFailure) -> None:
+            self.kept.append(failure)
+
+        def read(self, session_id: str | None = None) -> list[BackgroundFailure]:
+            threads.append(threading.get_ident())
+            return [f for f in self.kept if session_id in (None, f.session_id)]
+
+        def clear(self, session_id: str | None = None) -> int:
+            threads.append(threading.get_ident())
+            gone = len(self.kept)
+            self.kept.clear()
+            return gone
+
+    scheduler = Scheduler(Schedule(), log=SyncOnly())
+
+    def job() -> None:
+        raise ValueError("bad")
+
+    scheduler.submit("consolidate", "s1", job)
+    assert scheduler.drain(5)
+    (failure,) = await scheduler.afailures("s1")
+    assert failure.error_type == "ValueError"
+    assert await scheduler.aclear_failures() == 1
+    assert len(threads) == 2 and threading.get_ident() not in threads
+    scheduler.close()

@@ -410,3 +410,40 @@ async def test_sync_call_that_would_block_its_own_loop_raises(main_storage: Main
     done.set()
     await holder
     assert main_storage.get_global("k") == "uncommitted"
+
+
+def test_worker_threads_and_tasks_of_one_async_transaction_never_deadlock(
+    main_storage: MainStorage,
+) -> None:
+    """Inside `atransaction()`, sync calls in worker threads (`asyncio.to_thread`) and awaited
+    calls of other tasks at the same time: on a native async backend the worker's statement
+    runs on the loop, so a task must never block the loop waiting for what the worker holds.
+    Run on a loop of its own thread, so a deadlock fails the test instead of hanging it."""
+    main_storage.put_session(SessionMeta(id="s", label=""))
+    done: list[int] = []
+
+    async def mixed() -> None:
+        async with main_storage.atransaction():
+            for n in range(30):
+                await asyncio.gather(
+                    asyncio.to_thread(main_storage.get_session, "s"),
+                    asyncio.to_thread(main_storage.put_global, f"t{n}", n),
+                    *(main_storage.aget_session("s") for _ in range(3)),
+                    main_storage.aput_global(f"a{n}", n),
+                )
+                done.append(n)
+
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(mixed())
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), f"deadlocked after {len(done)} rounds"
+    assert not failed, failed
+    assert main_storage.get_global("t29") == 29 and main_storage.get_global("a29") == 29
