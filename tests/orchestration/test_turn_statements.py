@@ -1,8 +1,9 @@
 """What one turn without tools sends to its storage and its checkpointer, counted.
 
 The fixed cost of a turn is its statements (on PostgreSQL each is a round trip): take the
-lease, read the session once (`read_session`), commit and free the lease in one
-transaction (`commit_records`). The counts are the figure BENCHMARKS.md records; a change
+lease and read the session in one transaction (`lease_session`, which refuses a missing or
+archived session before writing), commit and free the lease in one transaction
+(`commit_records`). The counts are the figure BENCHMARKS.md records; a change
 that adds a statement to every turn fails here.
 """
 
