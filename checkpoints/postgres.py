@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
@@ -54,7 +55,6 @@ from stello_graph.errors import (
     InvalidInputError,
     LeaseLostError,
     SessionArchivedError,
-    SessionError,
     SessionNotFoundError,
 )
 from stello_graph.models import (
@@ -247,12 +247,12 @@ class PostgresMainStorage(BackendStorage):
         lease: Lease | None = self._txn.read(one("acquire_at_once", *args, operation))
         if lease is None:
             return None
-        snapshot = self.read_session(lease.session_id)
-        refused = _unleasable(lease, snapshot, operation)
-        if refused is not None:
-            self.release_lease(lease)
-            raise refused
-        assert snapshot is not None
+        try:  # whatever ends the read (a refusal, a lost connection, Ctrl-C) frees the lease
+            snapshot = _leasable(lease, self.read_session(lease.session_id), operation)
+        except BaseException:
+            with suppress(Exception):  # else it lapses after its ttl
+                self.release_lease(lease)
+            raise
         return lease, snapshot
 
     async def _alease_session(
@@ -264,12 +264,12 @@ class PostgresMainStorage(BackendStorage):
         lease: Lease | None = await self._txn.aread(one("acquire_at_once", *args, operation))
         if lease is None:
             return None
-        snapshot = await self.aread_session(lease.session_id)
-        refused = _unleasable(lease, snapshot, operation)
-        if refused is not None:
-            await self.arelease_lease(lease)
-            raise refused
-        assert snapshot is not None
+        try:  # as `_lease_session`: a cancellation during the read frees the lease too
+            snapshot = _leasable(lease, await self.aread_session(lease.session_id), operation)
+        except BaseException:
+            with suppress(Exception):
+                await self.arelease_lease(lease)
+            raise
         return lease, snapshot
 
     def _acquire_at_once(
@@ -616,14 +616,11 @@ def open_postgres(
         raise
 
 
-def _unleasable(
-    lease: Lease, snapshot: SessionSnapshot | None, operation: str
-) -> SessionError | None:
-    """What refuses the read under a lease just taken (to be raised once the lease is given
-    back); only a storage call that bypassed the lease can have removed or archived the
-    session in between."""
+def _leasable(lease: Lease, snapshot: SessionSnapshot | None, operation: str) -> SessionSnapshot:
+    """The read under a lease just taken; only a storage call that bypassed the lease can
+    have removed or archived the session in between (the caller then frees the lease)."""
     if snapshot is None:
-        return SessionNotFoundError(lease.session_id)
+        raise SessionNotFoundError(lease.session_id)
     if snapshot.meta.status == "archived":
-        return SessionArchivedError(lease.session_id, operation)
-    return None
+        raise SessionArchivedError(lease.session_id, operation)
+    return snapshot

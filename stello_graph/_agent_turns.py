@@ -8,6 +8,7 @@ session's lease.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,12 +196,9 @@ class _Turns:
         sid, payload = self._begin(session_id, text, tool_choice)
         if tool_choice is not None:  # the session's tools, before anything is written
             self._target(sid, tool_choice)
-        self._threads.resolve(sid)
         back = self._handback(sid)
-        # the lease of an active session and the turn's one read of it, in one transaction
-        # (a missing or archived session is refused before anything is written): the run's
-        # first step reads nothing again
-        with run_held(self._leases, sid, back, prefetch=True), self._threads.running():
+        # the run's first step takes the read made with the lease (see `_held_run`)
+        with self._held_run(sid, back):
             self._switch(sid)
             config = self.config(sid)
             out = self._turn_graph.invoke(payload, config, durability=self._durability)
@@ -213,15 +211,31 @@ class _Turns:
         sid, payload = self._begin(session_id, text, tool_choice)
         if tool_choice is not None:
             await self._atarget(sid, tool_choice)
-        await self._threads.aresolve(sid)
         back = self._handback(sid)
-        held = arun_held(self._leases, sid, back, prefetch=True)
-        async with held, self._threads.arunning():
+        async with self._aheld_run(sid, back):
             await self._aswitch(sid)
             out = await self._turn_graph.ainvoke(
                 payload, self.config(sid), durability=self._durability
             )
             return await self._afinished(sid, self._result(sid, out))
+
+    @contextmanager
+    def _held_run(self, sid: str, back: Handback) -> Iterator[None]:
+        """A turn's run: the lease of an active session, taken with the turn's one read of
+        it (a missing or archived session is refused before anything is written), then its
+        checkpoint thread looked up (only for a session that exists) and the run watched."""
+        with run_held(self._leases, sid, back, prefetch=True):
+            self._threads.resolve(sid)
+            with self._threads.running():
+                yield
+
+    @asynccontextmanager
+    async def _aheld_run(self, sid: str, back: Handback) -> AsyncIterator[None]:
+        """Async twin of `_held_run`."""
+        async with arun_held(self._leases, sid, back, prefetch=True):
+            await self._threads.aresolve(sid)
+            async with self._threads.arunning():
+                yield
 
     def _handback(self, sid: str) -> Handback:
         """The turn's commit frees the session's lease itself (one write transaction fewer)
@@ -289,13 +303,12 @@ class _Turns:
         sid, payload = self._begin(session_id, text, tool_choice)
         if tool_choice is not None:
             self._target(sid, tool_choice)
-        self._threads.resolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
-        config = self.config(sid)
-        config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
-        with run_held(self._leases, sid, _kept(), prefetch=True), self._threads.running():
+        with self._held_run(sid, _kept()):
+            config = self.config(sid)
+            config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
             self._switch(sid)
             q = self._mux.open()
             run = stoppable(
@@ -332,11 +345,9 @@ class _Turns:
         sid, payload = self._begin(session_id, text, tool_choice)
         if tool_choice is not None:
             await self._atarget(sid, tool_choice)
-        await self._threads.aresolve(sid)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        held = arun_held(self._leases, sid, _kept(), prefetch=True)
-        async with held, self._threads.arunning():
+        async with self._aheld_run(sid, _kept()):
             await self._aswitch(sid)
             q = self._mux.open()
             try:

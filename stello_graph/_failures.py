@@ -53,7 +53,12 @@ _TRACEBACK_CHARS = 4000
 
 
 class FailureLog(Protocol):
-    """Where a `Scheduler` keeps the failures of its jobs beyond its own memory."""
+    """Where a `Scheduler` keeps the failures of its jobs beyond its own memory.
+
+    The async API (`afailures`, `aclear_failures`) awaits a log's `aread` / `aclear` when
+    it has them, else runs `read` / `clear` in a worker thread: a log with sync methods only
+    must work from any thread (and from two at once).
+    """
 
     def append(self, failure: BackgroundFailure) -> None: ...
     def read(self, session_id: str | None = None) -> list[BackgroundFailure]: ...

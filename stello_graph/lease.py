@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -482,8 +482,9 @@ def _lease_session(
         return None
     try:
         return lease, _active(session_id, storage.read_session(session_id))
-    except BaseException:  # archived (or removed) between the check and the lease
-        storage.release_lease(lease)
+    except BaseException:  # archived (or removed) since the check, or the read failed
+        with suppress(Exception):  # else it lapses after its ttl
+            storage.release_lease(lease)
         raise
 
 
@@ -504,7 +505,8 @@ async def _alease_session(
     try:
         return lease, _active(session_id, await storage.aread_session(session_id))
     except BaseException:
-        await storage.arelease_lease(lease)
+        with suppress(Exception):
+            await storage.arelease_lease(lease)
         raise
 
 

@@ -421,9 +421,10 @@ def create_app(
             yield
         finally:
             inspector.stopping.set()
-            await loop  # the poll's last read ends before the agent closes
-            # closing waits for the agent's background jobs: not on the loop
-            await run_in_threadpool(inspector.close)
+            try:
+                await loop  # the poll's last read ends before the agent closes
+            finally:  # closing waits for the agent's background jobs: not on the loop
+                await run_in_threadpool(inspector.close)
 
     app = Starlette(
         routes=routes,

@@ -66,6 +66,8 @@ async def test_missing_or_archived_session_writes_nothing(
         with pytest.raises(error, match=sid):
             await _settle(call(agent, sid))
     assert dump(tmp_path / "a.db") == before
+    # nor is a checkpoint thread looked up (and remembered) for an id refused
+    assert "no-such-session" not in agent._threads._found
 
 
 async def test_resume_with_nothing_in_flight(agent: StelloAgent) -> None:

@@ -4,6 +4,7 @@ side on random scripts, and one statement sent per call."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 from collections.abc import Iterator
@@ -171,5 +172,24 @@ async def test_lease_session_gives_the_lease_back_when_its_read_finds_the_sessio
         storage.lease_session("fast", "me", 30.0)
     assert storage.get_lease("fast") is None
     with pytest.raises(SessionArchivedError):
+        await storage.alease_session("fast", "me", 30.0)
+    assert storage.get_lease("fast") is None
+
+
+async def test_lease_session_gives_the_lease_back_when_its_read_fails(
+    storage: PostgresMainStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fails(session_id: str, **kw: Any) -> Any:
+        raise RuntimeError("the connection dropped")
+
+    async def afails(session_id: str, **kw: Any) -> Any:
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(storage, "read_session", fails)
+    monkeypatch.setattr(storage, "aread_session", afails)
+    with pytest.raises(RuntimeError, match="dropped"):
+        storage.lease_session("fast", "me", 30.0)
+    assert storage.get_lease("fast") is None
+    with pytest.raises(asyncio.CancelledError):
         await storage.alease_session("fast", "me", 30.0)
     assert storage.get_lease("fast") is None
