@@ -471,10 +471,8 @@ def _decide_lease(
             yield Op("set_fields", session_id, values)
         return None
     lease = Lease(session_id, owner, token if holder == owner else token + 1, now + ttl)
-    values = dict(zip(_LEASE, (lease.owner, lease.token, lease.expires_at), strict=True))
-    if waiter == owner:  # its wait is over
-        values |= {"lease_waiter": None, "lease_wait_until": 0.0}
-    yield Op("set_fields", session_id, values)
+    wait_over = {"lease_waiter": None, "lease_wait_until": 0.0} if waiter == owner else {}
+    yield _write_lease(lease, wait_over)
     return lease
 
 
@@ -490,9 +488,9 @@ def renew_lease(lease: Lease, ttl: float) -> Flow[Lease | None]:
     return renewed
 
 
-def _write_lease(lease: Lease) -> Op:
+def _write_lease(lease: Lease, more: dict[str, Any] | None = None) -> Op:
     values = dict(zip(_LEASE, (lease.owner, lease.token, lease.expires_at), strict=True))
-    return Op("set_fields", lease.session_id, values)
+    return Op("set_fields", lease.session_id, values | (more or {}))
 
 
 def release_lease(lease: Lease) -> Flow[bool]:

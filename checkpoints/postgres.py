@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
@@ -57,6 +56,7 @@ from stello_graph.errors import (
     SessionArchivedError,
     SessionNotFoundError,
 )
+from stello_graph.lease import aread_leased, read_leased
 from stello_graph.models import (
     ChildL2,
     Lease,
@@ -245,15 +245,7 @@ class PostgresMainStorage(BackendStorage):
         if self._txn.owns():
             return super()._lease_session(args, operation)
         lease: Lease | None = self._txn.read(one("acquire_at_once", *args, operation))
-        if lease is None:
-            return None
-        try:  # whatever ends the read (a refusal, a lost connection, Ctrl-C) frees the lease
-            snapshot = _leasable(lease, self.read_session(lease.session_id), operation)
-        except BaseException:
-            with suppress(Exception):  # else it lapses after its ttl
-                self.release_lease(lease)
-            raise
-        return lease, snapshot
+        return None if lease is None else (lease, read_leased(self, lease, operation))
 
     async def _alease_session(
         self, args: tuple[str, str, float, str | None], operation: str
@@ -262,15 +254,7 @@ class PostgresMainStorage(BackendStorage):
         if self._txn.owns():
             return await super()._alease_session(args, operation)
         lease: Lease | None = await self._txn.aread(one("acquire_at_once", *args, operation))
-        if lease is None:
-            return None
-        try:  # as `_lease_session`: a cancellation during the read frees the lease too
-            snapshot = _leasable(lease, await self.aread_session(lease.session_id), operation)
-        except BaseException:
-            with suppress(Exception):
-                await self.arelease_lease(lease)
-            raise
-        return lease, snapshot
+        return None if lease is None else (lease, await aread_leased(self, lease, operation))
 
     def _acquire_at_once(
         self,
@@ -614,13 +598,3 @@ def open_postgres(
     except BaseException:
         storage.close()
         raise
-
-
-def _leasable(lease: Lease, snapshot: SessionSnapshot | None, operation: str) -> SessionSnapshot:
-    """The read under a lease just taken; only a storage call that bypassed the lease can
-    have removed or archived the session in between (the caller then frees the lease)."""
-    if snapshot is None:
-        raise SessionNotFoundError(lease.session_id)
-    if snapshot.meta.status == "archived":
-        raise SessionArchivedError(lease.session_id, operation)
-    return snapshot

@@ -54,9 +54,11 @@ __all__ = [
     "DEFAULT_LEASE_TTL",
     "Handback",
     "SessionLeases",
+    "aread_leased",
     "check_lease_ttl",
     "new_owner",
     "owner_is_dead",
+    "read_leased",
 ]
 
 DEFAULT_LEASE_TTL = 30.0
@@ -458,12 +460,38 @@ def _prefetch_into(handback: Handback | None, prefetch: bool) -> Handback | None
 _TURN = "a turn"
 
 
-def _active(session_id: str, snapshot: SessionSnapshot | None) -> SessionSnapshot:
+def _active(
+    session_id: str, snapshot: SessionSnapshot | None, operation: str = _TURN
+) -> SessionSnapshot:
     if snapshot is None:
         raise SessionNotFoundError(session_id)
     if snapshot.meta.status == "archived":
-        raise SessionArchivedError(session_id, _TURN)
+        raise SessionArchivedError(session_id, operation)
     return snapshot
+
+
+def read_leased(storage: SessionStorage, lease: Lease, operation: str = _TURN) -> SessionSnapshot:
+    """The session's `read_session` under `lease`, just taken, refused when the session is
+    missing or archived (only a call that bypassed the lease can have changed it since).
+    Whatever ends the read (a refusal, a lost connection, Ctrl-C) frees the lease first."""
+    try:
+        return _active(lease.session_id, storage.read_session(lease.session_id), operation)
+    except BaseException:
+        with suppress(Exception):  # else it lapses after its ttl
+            storage.release_lease(lease)
+        raise
+
+
+async def aread_leased(
+    storage: SessionStorage, lease: Lease, operation: str = _TURN
+) -> SessionSnapshot:
+    """Async twin of `read_leased` (a cancellation during the read frees the lease too)."""
+    try:
+        return _active(lease.session_id, await storage.aread_session(lease.session_id), operation)
+    except BaseException:
+        with suppress(Exception):
+            await storage.arelease_lease(lease)
+        raise
 
 
 def _lease_session(
@@ -478,14 +506,7 @@ def _lease_session(
         return found
     _active(session_id, storage.read_session(session_id, records=False))
     lease = storage.acquire_lease(session_id, owner, ttl, replace=replace)
-    if lease is None:
-        return None
-    try:
-        return lease, _active(session_id, storage.read_session(session_id))
-    except BaseException:  # archived (or removed) since the check, or the read failed
-        with suppress(Exception):  # else it lapses after its ttl
-            storage.release_lease(lease)
-        raise
+    return None if lease is None else (lease, read_leased(storage, lease))
 
 
 async def _alease_session(
@@ -500,14 +521,7 @@ async def _alease_session(
         return found
     _active(session_id, await storage.aread_session(session_id, records=False))
     lease = await storage.aacquire_lease(session_id, owner, ttl, replace=replace)
-    if lease is None:
-        return None
-    try:
-        return lease, _active(session_id, await storage.aread_session(session_id))
-    except BaseException:
-        with suppress(Exception):
-            await storage.arelease_lease(lease)
-        raise
+    return None if lease is None else (lease, await aread_leased(storage, lease))
 
 
 def _add_live(owner: str) -> None:
