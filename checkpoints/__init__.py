@@ -12,6 +12,10 @@
 * `PostgresMainStorage` - the same storage on PostgreSQL, for many worker processes, and
   `open_postgres(conninfo)` - it and a LangGraph `PostgresSaver` (`StelloPostgresSaver`) on the
   same database. They need the `postgres` extra (psycopg) and are imported on first use.
+
+Every name here is imported on first use, so a module of the package loads only what it
+needs: `stello-graph tree` and `export` read a SQLite file without pydantic or LangChain
+(`checkpoints._sqlite_rows`).
 """
 
 from __future__ import annotations
@@ -19,22 +23,33 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from stello_graph.checkpoints.backend import (
-    AsyncStorageBackend,
-    AsyncTransactionHooks,
-    BackendStorage,
-    StorageBackend,
-    TransactionHooks,
-)
-from stello_graph.checkpoints.memory import InMemoryMainStorage
-from stello_graph.checkpoints.sqlite import SqliteMainStorage
-
 if TYPE_CHECKING:
     from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
+    from stello_graph.checkpoints.backend import (
+        AsyncStorageBackend,
+        AsyncTransactionHooks,
+        BackendStorage,
+        StorageBackend,
+        TransactionHooks,
+    )
+    from stello_graph.checkpoints.memory import InMemoryMainStorage
     from stello_graph.checkpoints.postgres import PostgresMainStorage, open_postgres
     from stello_graph.checkpoints.saver import StelloSqliteSaver, open_sqlite, sqlite_saver
+    from stello_graph.checkpoints.sqlite import SqliteMainStorage
 
 _LAZY = {
+    **dict.fromkeys(
+        (
+            "AsyncStorageBackend",
+            "AsyncTransactionHooks",
+            "BackendStorage",
+            "StorageBackend",
+            "TransactionHooks",
+        ),
+        "stello_graph.checkpoints.backend",
+    ),
+    "InMemoryMainStorage": "stello_graph.checkpoints.memory",
+    "SqliteMainStorage": "stello_graph.checkpoints.sqlite",
     "PostgresMainStorage": "stello_graph.checkpoints.postgres",
     "StelloPostgresSaver": "stello_graph.checkpoints._postgres_saver",
     "open_postgres": "stello_graph.checkpoints.postgres",

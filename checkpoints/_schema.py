@@ -65,11 +65,10 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from stello_graph.checkpoints._serde import stored_id
 from stello_graph.errors import ForeignDatabaseError, SchemaVersionError
-from stello_graph.models import utcnow
 
 if TYPE_CHECKING:  # sqlite-utils is loaded only when a migration runs
     from sqlite_utils import Database
@@ -223,6 +222,8 @@ def _derived_turns(db: Database) -> Iterator[tuple[str | None, int, str, str, in
     """`(turn_id or None, turn_seq, tree, session, seq)` of every record written before
     turn ids: a user message starts a turn (its id is the turn's); records before a
     session's first user message form one turn."""
+    from stello_graph.checkpoints._serde import stored_id  # pydantic: only for a migration
+
     rows = db.execute(
         f"SELECT tree_id, session_id, seq, type, data FROM {RECORDS} "
         "ORDER BY tree_id, session_id, seq"
@@ -334,7 +335,7 @@ def _apply_migrations(conn: sqlite3.Connection, version: int) -> None:
 
 
 def _record_versions(conn: sqlite3.Connection, versions: Iterable[int]) -> None:
-    at = utcnow().isoformat()
+    at = datetime.now(UTC).isoformat()
     conn.executemany(
         f"INSERT INTO {SCHEMA} (version, applied_at) VALUES (?, ?)", [(v, at) for v in versions]
     )

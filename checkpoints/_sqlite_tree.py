@@ -10,13 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, stored_node
 from stello_graph.checkpoints._schema import NODES, RECORDS, SESSIONS
-from stello_graph.checkpoints._shared_l3 import (
-    Lookup,
-    SharedPrefixes,
-    T,
-    export_with_prefixes,
-)
+from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T
 from stello_graph.checkpoints._shell import FIELDS
+from stello_graph.checkpoints._sqlite_rows import export_rows
 from stello_graph.digest import DigestRow
 from stello_graph.models import (
     ChildL2,
@@ -115,50 +111,8 @@ class SqliteTreeReads:
         return rows.fetchall()
 
     def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
-        # The cursor steps through the rows as the sink takes them: one statement, and only
-        # SQLite's sorter (bounded, spilling to a temporary file) holds the whole order.
-        bases = self._run(self._shared.bases()) if part != "nodes" else {}
-        rows = self._q(_WALK + _EXPORT[part], {"tree": self.tree_id})
-        count = 0
-        for row in export_with_prefixes(part, rows, bases, self._inherited_data):
-            sink(row)
-            count += 1
-        return count
-
-    def _inherited_data(self, base: tuple[str, int]) -> list[tuple[Any, ...]]:
-        return self._run(self._shared.inherited(base, "data"))
+        return export_rows(self._q, self._run, self._shared, part, sink)
 
     def op_all_nodes(self) -> list[TopologyNode]:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? ORDER BY position"
         return built(stored_node, self._q(sql, (self.tree_id,)))
-
-
-_WALK = f"""WITH RECURSIVE walk(id, path) AS (
-    SELECT n.id, printf('%012d', n.position) FROM {NODES} n
-    WHERE n.tree_id = :tree AND (n.parent_id IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {NODES} p WHERE p.tree_id = n.tree_id AND p.id = n.parent_id))
-    UNION ALL
-    SELECT c.id, w.path || printf('%012d', c.position)
-    FROM walk w JOIN {NODES} c ON c.tree_id = :tree AND c.parent_id = w.id)
-"""
-"""Every node with its path of positions from its root: ordered by path, the tree's
-depth-first pre-order (`_flows.tree_order`: a node whose parent is missing is a root)."""
-
-_EXPORT: dict[str, str] = {
-    "nodes": f"""SELECT n.id, n.parent_id, n.label
-        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id ORDER BY w.path""",
-    "sessions": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
-            s.updated_at, n.parent_id, s.turn_count,
-            (SELECT COUNT(*) FROM {RECORDS} r WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
-            s.system_prompt, s.memory, s.insight
-        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
-        JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id ORDER BY w.path""",
-    "records": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
-            s.updated_at, n.parent_id, s.turn_count,
-            (SELECT COUNT(*) FROM {RECORDS} c WHERE c.tree_id = s.tree_id AND c.session_id = s.id),
-            s.system_prompt, s.memory, s.insight, r.data
-        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
-        JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id
-        LEFT JOIN {RECORDS} r ON r.tree_id = :tree AND r.session_id = w.id
-        ORDER BY w.path, r.seq""",
-}

@@ -33,10 +33,10 @@ from collections.abc import Callable, Iterator
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from stello_graph.storage import MainStorage
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # not at run time: `stello-graph export` writes a tree without pydantic
+    from stello_graph.checkpoints._sqlite_rows import TreeRows
     from stello_graph.checkpoints.backend import ExportPart, RowSink
+    from stello_graph.storage import MainStorage
     from stello_graph.topology import Topology
 
 __all__ = ["EXPORT_FORMAT", "export_tree", "write_export"]
@@ -124,11 +124,16 @@ def _node_entry(row: tuple[Any, ...]) -> dict[str, Any]:
 
 def _head(storage: MainStorage) -> dict[str, Any]:
     main = storage.get_main_session()
+    return _head_of(storage.tree_id, (main.id, storage.get_memory(main.id)) if main else None)
+
+
+def _head_of(tree_id: str, main: tuple[str, str | None] | None) -> dict[str, Any]:
+    """The export's first members, from the main session's id and synthesis."""
     return {
         "format": EXPORT_FORMAT,
-        "tree_id": storage.tree_id,
-        "main_session_id": main.id if main else None,
-        "synthesis": storage.get_memory(main.id) if main else None,
+        "tree_id": tree_id,
+        "main_session_id": main[0] if main else None,
+        "synthesis": main[1] if main else None,
     }
 
 
@@ -175,8 +180,18 @@ def write_export(storage: MainStorage, out: TextIO, *, records: bool = False) ->
     if reader is None:
         out.write(json.dumps(export_tree(storage, records=records), indent=2, ensure_ascii=False))
         return
-    head = json.dumps(_head(storage), indent=2, ensure_ascii=False)
-    out.write(head[:-2] + ',\n  "nodes": ')  # the head's members, without its closing brace
+    _write_rows(reader, _head(storage), out, records)
+
+
+def write_export_rows(rows: TreeRows, out: TextIO, *, records: bool = False) -> None:
+    """What `write_export` writes for the storage of the same SQLite file, read from `rows`
+    (one snapshot, no model built: what `stello-graph export` runs)."""
+    _write_rows(rows, _head_of(rows.tree_id, rows.main_session()), out, records)
+
+
+def _write_rows(reader: _RowReader, head: dict[str, Any], out: TextIO, records: bool) -> None:
+    text = json.dumps(head, indent=2, ensure_ascii=False)
+    out.write(text[:-2] + ',\n  "nodes": ')  # the head's members, without its closing brace
     _write_list(out, lambda emit: reader.export_rows("nodes", lambda r: emit(_node_entry(r))))
     out.write(',\n  "sessions": ')
     _write_list(out, lambda emit: _session_rows(reader, records, emit))

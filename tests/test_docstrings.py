@@ -24,6 +24,7 @@ MODULES = [
     "stello_graph.checkpoints._shell",
     "stello_graph.checkpoints.memory",
     "stello_graph.checkpoints.sqlite",
+    "stello_graph.checkpoints._sqlite_rows",
 ]
 
 

@@ -144,8 +144,8 @@ _NOT_A_TREE = {
 }
 
 
-def open_tree(path: Path, tree_id: str) -> SqliteMainStorage:
-    """Open an existing tree for reading; never creates or converts a file.
+def check_tree(path: Path, tree_id: str) -> None:
+    """Check that `path` is a stello-graph database holding `tree_id`, without changing it.
 
     Raises:
         CliError: the file is missing or is not a stello-graph database holding `tree_id`.
@@ -156,6 +156,15 @@ def open_tree(path: Path, tree_id: str) -> SqliteMainStorage:
     if tree_id not in trees:
         found = ", ".join(map(repr, trees)) or "none"
         raise CliError(f"{str(path)!r} has no tree {tree_id!r} (trees: {found}); use --tree-id.")
+
+
+def open_tree(path: Path, tree_id: str) -> SqliteMainStorage:
+    """Open an existing tree for reading; never creates a file.
+
+    Raises:
+        CliError: the file is missing or is not a stello-graph database holding `tree_id`.
+    """
+    check_tree(path, tree_id)
     from stello_graph.checkpoints import SqliteMainStorage
     from stello_graph.errors import StelloError
 

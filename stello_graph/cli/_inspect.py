@@ -1,32 +1,59 @@
-"""`stello-graph tree` and `stello-graph export`: read a stored tree, never change it."""
+"""`stello-graph tree` and `stello-graph export`: read a stored tree, never change it.
+
+A file at the current schema version is read through `TreeRows` (one read-only snapshot, no
+model built, neither pydantic nor LangChain imported: the process is mostly Python's own
+start); an older file, and the star map, go through `SqliteMainStorage` and `Topology`.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from stello_graph.cli._common import CliError, Console, open_tree
-from stello_graph.export import EXPORT_FORMAT, export_tree, write_export
-from stello_graph.topology import Topology
+from stello_graph.checkpoints._sqlite_rows import TreeRows
+from stello_graph.cli._common import CliError, Console, check_tree, open_tree
+from stello_graph.export import EXPORT_FORMAT, export_tree, write_export, write_export_rows
+from stello_graph.lineage import ForkPoint
+from stello_graph.topology import NodeRow, Topology, tree_text
 
 __all__ = ["EXPORT_FORMAT", "export_tree", "run_export", "run_tree"]
 
 
-def _summary(tree: Topology) -> str:
-    archived = sum(meta.status == "archived" for meta in tree.sessions.values())
-    turns = sum(tree.turns.values())
-    return f"{len(tree)} session(s), {archived} archived, {turns} turn(s)"
+def _summary(sessions: int, archived: int, turns: int) -> str:
+    return f"{sessions} session(s), {archived} archived, {turns} turn(s)"
+
+
+def _printed(rows: TreeRows) -> tuple[str, str]:
+    """The tree's text and summary line, as `Topology.read(storage)` gives them."""
+    nodes: list[NodeRow] = []
+    rows.export_rows("nodes", lambda row: nodes.append(NodeRow(*row)))
+    ids = {node.id for node in nodes}
+    marks = [mark for mark in rows.session_marks() if mark[0] in ids]
+    archived = {sid for sid, status, *_ in marks if status == "archived"}
+    lineage = {sid: ForkPoint(sid, source, at) for sid, _, _, source, at in marks if source}
+    turns = sum(mark[2] for mark in marks)
+    return tree_text(nodes, archived, lineage), _summary(len(nodes), len(archived), turns)
 
 
 def run_tree(args: argparse.Namespace, console: Console) -> int:
     """Print the tree as text; with `--svg OUT`, also write its star map (`-`: stdout only)."""
-    with open_tree(Path(args.db), args.tree_id) as storage:
+    path = Path(args.db)
+    check_tree(path, args.tree_id)
+    rows = None if args.svg else TreeRows.open(path, args.tree_id)
+    if rows is not None:
+        with rows:
+            text, summary = _printed(rows)
+        console.say(text or "(empty tree)")
+        console.say(summary)
+        return 0
+    with open_tree(path, args.tree_id) as storage:
         tree = Topology.read(storage)
     if args.svg == "-":
         console.write(tree.render_svg(size=args.size) + "\n")
         return 0
     console.say(tree.render_text() or "(empty tree)")
-    console.say(_summary(tree))
+    archived = sum(meta.status == "archived" for meta in tree.sessions.values())
+    console.say(_summary(len(tree), archived, sum(tree.turns.values())))
     if args.svg:
         out = Path(args.svg)
         if not out.parent.is_dir():
@@ -38,7 +65,14 @@ def run_tree(args: argparse.Namespace, console: Console) -> int:
 
 def run_export(args: argparse.Namespace, console: Console) -> int:
     """Print the tree as JSON: nodes, sessions (meta, turns, L2, insight), the synthesis."""
-    with open_tree(Path(args.db), args.tree_id) as storage:
-        write_export(storage, console.stdout, records=args.records)  # streamed as it is read
+    path = Path(args.db)
+    check_tree(path, args.tree_id)
+    rows = TreeRows.open(path, args.tree_id)
+    if rows is not None:
+        with rows:
+            write_export_rows(rows, console.stdout, records=args.records)
+    else:
+        with open_tree(path, args.tree_id) as storage:
+            write_export(storage, console.stdout, records=args.records)  # streamed as read
     console.say()
     return 0

@@ -189,19 +189,28 @@ def test_version_starts_without_langchain() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["tree"], ["tree", "--svg", "-"], ["export"]], ids=["tree", "tree-svg", "export"]
+    ("argv", "heavy"),
+    [
+        (["tree"], ("langchain_core", "langgraph", "sqlite_utils", "pydantic")),
+        (["tree", "--svg", "-"], ("langchain_core", "langgraph", "sqlite_utils")),
+        (["export"], ("langchain_core", "langgraph", "sqlite_utils", "pydantic")),
+    ],
+    ids=["tree", "tree-svg", "export"],
 )
-def test_reading_a_tree_starts_without_langchain(demo_db: Path, argv: list[str]) -> None:
+def test_reading_a_tree_starts_without_langchain(
+    demo_db: Path, argv: list[str], heavy: tuple[str, ...]
+) -> None:
     """`tree` and `export` (one fresh process each) read the file without LangChain or
     LangGraph: nothing they print needs a decoded record (`export --records` does decode
-    them, as LangChain message dicts)."""
+    them, as LangChain message dicts). Printed as text, neither builds a model, so neither
+    imports pydantic either (the star map is drawn from a `Topology`, which does)."""
     import subprocess
 
     code = (
         "import json, sys\n"
         "from stello_graph.cli import main\n"
         "code = main(sys.argv[1:])\n"
-        "heavy = ('langchain_core', 'langgraph', 'sqlite_utils')\n"
+        f"heavy = {heavy!r}\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
         "print(json.dumps([code, loaded]), file=sys.stderr)\n"
     )

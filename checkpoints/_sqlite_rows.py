@@ -1,0 +1,187 @@
+"""Whole-tree rows of a SQLite file, read without models: the streamed export's statements,
+and `TreeRows`, a read-only snapshot of one tree for `stello-graph tree` and `export`.
+
+`SqliteMainStorage.export_rows` and `TreeRows.export_rows` run the same statements
+(`export_rows` here), so both give the same rows. This module imports neither pydantic nor
+LangChain: a process that only prints a tree would otherwise spend most of its life importing
+them. `TreeRows` reads only a file at the current schema version; an older one is read
+through `SqliteMainStorage`, which brings it up to date first.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from stello_graph.checkpoints import _schema
+from stello_graph.checkpoints._schema import NODES, RECORDS, SESSIONS, read_version
+from stello_graph.checkpoints._shared_l3 import (
+    Lookup,
+    SharedPrefixes,
+    T,
+    drive_sqlite,
+    export_with_prefixes,
+)
+from stello_graph.errors import StorageError
+
+if TYPE_CHECKING:
+    from stello_graph.checkpoints.backend import ExportPart, RowSink
+
+__all__ = ["SessionMark", "TreeRows", "export_rows"]
+
+Query = Callable[[str, Mapping[str, Any]], Any]
+"""Runs one statement with named parameters and returns its rows (a cursor: iterated once)."""
+Run = Callable[[Lookup[Any]], Any]
+"""Drives shared-prefix statements (`_shared_l3`) on the same connection."""
+
+SessionMark = tuple[str, str, int, str | None, int | None]
+"""What a printed tree shows of a session: id, status, user turns, and its lineage
+(`forked_from`, `forked_at_turn`)."""
+
+WALK = f"""WITH RECURSIVE walk(id, path) AS (
+    SELECT n.id, printf('%012d', n.position) FROM {NODES} n
+    WHERE n.tree_id = :tree AND (n.parent_id IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {NODES} p WHERE p.tree_id = n.tree_id AND p.id = n.parent_id))
+    UNION ALL
+    SELECT c.id, w.path || printf('%012d', c.position)
+    FROM walk w JOIN {NODES} c ON c.tree_id = :tree AND c.parent_id = w.id)
+"""
+"""Every node with its path of positions from its root: ordered by path, the tree's
+depth-first pre-order (`_flows.tree_order`: a node whose parent is missing is a root)."""
+
+EXPORT: dict[str, str] = {
+    "nodes": f"""SELECT n.id, n.parent_id, n.label
+        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id ORDER BY w.path""",
+    "sessions": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
+            s.updated_at, n.parent_id, s.turn_count,
+            (SELECT COUNT(*) FROM {RECORDS} r WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
+            s.system_prompt, s.memory, s.insight
+        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
+        JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id ORDER BY w.path""",
+    "records": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
+            s.updated_at, n.parent_id, s.turn_count,
+            (SELECT COUNT(*) FROM {RECORDS} c WHERE c.tree_id = s.tree_id AND c.session_id = s.id),
+            s.system_prompt, s.memory, s.insight, r.data
+        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
+        JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id
+        LEFT JOIN {RECORDS} r ON r.tree_id = :tree AND r.session_id = w.id
+        ORDER BY w.path, r.seq""",
+}
+"""The rows of each `ExportPart`, in the tree's depth-first pre-order (after `WALK`)."""
+
+
+def export_rows(
+    query: Query, run: Run, shared: SharedPrefixes, part: ExportPart, sink: RowSink
+) -> int:
+    """Hand `sink` every row of `part` of `shared.tree_id`'s tree, as it is read; how many.
+
+    One statement steps through the rows as the sink takes them: only SQLite's sorter
+    (bounded, spilling to a temporary file) holds the whole order. Shared fork prefixes are
+    resolved (`export_with_prefixes`)."""
+    bases = run(shared.bases()) if part != "nodes" else {}
+    rows = query(WALK + EXPORT[part], {"tree": shared.tree_id})
+    count = 0
+    for row in export_with_prefixes(
+        part, rows, bases, lambda base: run(shared.inherited(base, "data"))
+    ):
+        sink(row)
+        count += 1
+    return count
+
+
+class TreeRows:
+    """One tree of a SQLite file, opened read-only in one read transaction, so every read
+    sees the same snapshot of the file (WAL lets writers go on meanwhile).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from stello_graph import StelloAgent
+        >>> from stello_graph.testing import ScriptedChatModel
+        >>> path = Path(tempfile.mkdtemp()) / "tree.db"
+        >>> with StelloAgent(model=ScriptedChatModel(default="ok"), storage=path) as agent:
+        ...     _ = agent.fork(agent.main_session_id, "Pricing")
+        >>> with TreeRows.open(path, "default") as rows:
+        ...     labels = []
+        ...     rows.export_rows("nodes", lambda row: labels.append(row[2]))
+        2
+        >>> labels
+        ['Main Session', 'Pricing']
+    """
+
+    def __init__(self, conn: sqlite3.Connection, tree_id: str, where: str) -> None:
+        self._conn = conn
+        self._shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
+        self._where = where
+
+    @classmethod
+    def open(cls, path: Path, tree_id: str) -> TreeRows | None:
+        """The tree `tree_id` of the file at `path`, or `None` when it cannot be read this way:
+        the file is not at the current schema version, or cannot be opened read-only (read it
+        through `SqliteMainStorage`, which says why or brings it up to date)."""
+        try:
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        except sqlite3.Error:
+            return None
+        try:
+            conn.isolation_level = None  # the transaction is this reader's, explicitly
+            conn.execute("BEGIN")
+            if read_version(conn) == _schema.SCHEMA_VERSION:
+                return cls(conn, tree_id, repr(str(path)))
+        except sqlite3.Error:
+            pass
+        conn.close()
+        return None
+
+    @property
+    def tree_id(self) -> str:
+        return self._shared.tree_id
+
+    def close(self) -> None:
+        """End the read transaction and close the file."""
+        self._conn.close()
+
+    def __enter__(self) -> TreeRows:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQLite failed on {self._where}: {exc}") from exc
+
+    def _run(self, steps: Lookup[T]) -> T:
+        return drive_sqlite(steps, lambda sql, params: self._query(sql, params).fetchall())
+
+    def export_rows(self, part: ExportPart, sink: RowSink) -> int:
+        """What `SqliteMainStorage.export_rows(part, sink)` gives on the same file."""
+        return export_rows(self._query, self._run, self._shared, part, sink)
+
+    def main_session(self) -> tuple[str, str | None] | None:
+        """The id and synthesis of the tree's main session (the first created), if any."""
+        row = self._query(
+            f"""SELECT id, memory FROM {SESSIONS} WHERE tree_id = ? AND role = 'main'
+            ORDER BY created_seq LIMIT 1""",
+            (self.tree_id,),
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def session_marks(self) -> list[SessionMark]:
+        """Every session's `SessionMark`, in creation order."""
+        rows = self._query(
+            f"""SELECT id, status, turn_count, forked_from, forked_at_turn FROM {SESSIONS}
+            WHERE tree_id = ? ORDER BY created_seq""",
+            (self.tree_id,),
+        )
+        return [tuple(row) for row in rows]
