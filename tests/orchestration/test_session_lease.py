@@ -35,6 +35,7 @@ from stello_graph import (
     StelloAgent,
     build_stello_graph,
 )
+from stello_graph.checkpoints import SqliteMainStorage
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease, SessionMeta
 from stello_graph.storage import MainStorage
@@ -502,3 +503,44 @@ def test_a_run_paused_between_nodes_parks_its_lease(storage: MainStorage) -> Non
     out = graph.invoke(None, config)  # continuing takes it again and commits
     assert out["content"] == "ok" and storage.get_lease(sid) is None
     assert storage.count_records(sid) == 4
+
+
+@pytest.mark.parametrize("prefetch", [True, False], ids=["turn", "lease-only"])
+async def test_a_take_cancelled_while_the_storage_runs_frees_what_it_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefetch: bool
+) -> None:
+    """On SQLite the lease is taken in the storage's worker thread, which goes on after its
+    caller is cancelled: the cancelled caller waits for it and frees what it took, so the
+    session is free at once (not held by a gone owner until the ttl lapses)."""
+    storage = SqliteMainStorage(tmp_path / "lease.db")
+    sid = "s"
+    storage.put_session(SessionMeta(id=sid, label="S"))
+    leases = SessionLeases(storage, ttl=60)
+    started, finished = threading.Event(), threading.Event()
+    name = "lease_session" if prefetch else "acquire_lease"
+    sync_take = getattr(storage, name)
+
+    def slow_take(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        time.sleep(0.3)
+        try:
+            return sync_take(*args, **kwargs)
+        finally:
+            finished.set()
+
+    async def take_in_worker(*args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(slow_take, *args, **kwargs)
+
+    monkeypatch.setattr(storage, f"a{name}", take_in_worker)
+    into = Handback(lambda: False) if prefetch else None
+    task = asyncio.create_task(leases.aacquire(sid, into=into))
+    assert await asyncio.to_thread(started.wait, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(finished.wait, 5)
+    assert storage.get_lease(sid) is None
+    monkeypatch.undo()
+    lease = await leases.aacquire(sid)  # free for anyone, at once
+    await leases.arelease(lease)
+    storage.close()
