@@ -15,7 +15,7 @@ from __future__ import annotations
 
 __all__ = ["STATEMENTS", "VERSION"]
 
-VERSION = 8
+VERSION = 9
 """The schema version `STATEMENTS` creates."""
 
 # fmt: off
@@ -86,7 +86,7 @@ STATEMENTS: tuple[str, ...] = (
     ON "stello_nodes" ("tree_id", "parent_id", "position")""",
     """CREATE UNIQUE INDEX "stello_nodes_order"
     ON "stello_nodes" ("tree_id", "position")""",
-    """CREATE INDEX stello_records_turns ON stello_records (tree_id, session_id, turn_id) WHERE turn_id IS NOT NULL""",
+    """CREATE INDEX stello_records_turns ON stello_records (turn_id) WHERE turn_id IS NOT NULL""",
     """CREATE INDEX stello_sessions_bases ON stello_sessions (tree_id, base_id) WHERE base_id IS NOT NULL""",
     """CREATE INDEX "stello_sessions_by_kind"
     ON "stello_sessions" ("tree_id", "role", "status", "created_seq")""",

@@ -205,7 +205,7 @@ def test_a_v7_file_keeps_its_copied_forks(tmp_path: Path) -> None:
             )
     conn.close()
     with SqliteMainStorage(path) as storage:
-        assert _schema.read_version(storage._conn) == 8
+        assert _schema.read_version(storage._conn) == _schema.SCHEMA_VERSION
         storage.trim_records("src", keep_last=0)
         assert [m.content for m in storage.list_records("kid")] == ["q", "a"]
         assert storage.list_record_turns("kid") == [("t1", 0), ("t1", 1)]
