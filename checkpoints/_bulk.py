@@ -3,7 +3,8 @@
 None of these is part of the `MainStorage` protocol: the views that use them fall back to
 per-session reads on a storage without them.
 
-* `list_turn_counts` - every session's user turns, in one read (`Topology.read`).
+* `topology_parts` - what `Topology.read` needs, in one read transaction.
+* `list_turn_counts` - every session's user turns, in one read.
 * `iter_session_l2s(batch=...)` - the L2s of `get_all_session_l2s`, a page at a time: the
   caller holds one page, never 100,000 L2s, and the storage is free between pages.
 * `export_rows(part, sink)` - every node, session or record of the tree handed over one
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from stello_graph.checkpoints._flows import one
+from stello_graph.checkpoints._flows import TopologyParts, one, topology_parts
 from stello_graph.checkpoints._rows import built, stored_l2
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import ChildL2
@@ -54,6 +55,15 @@ class BulkReads:
     """The whole-tree reads of `BackendStorage` (a part of it)."""
 
     _txn: Transactions
+
+    def topology_parts(self) -> TopologyParts:
+        """The nodes in tree order, every session's meta, the lineage and every session's
+        user turns, in one read transaction (`Topology.read`: one state of the tree)."""
+        return self._txn.read(topology_parts())
+
+    async def atopology_parts(self) -> TopologyParts:
+        """Async twin of `topology_parts`."""
+        return await self._txn.aread(topology_parts())
 
     def list_turn_counts(self) -> dict[str, int]:
         """Every session's user turns, by id, in one read: what a view of the tree shows

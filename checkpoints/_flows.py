@@ -415,7 +415,26 @@ def lineage(session_id: str) -> Flow[ForkPoint | None]:
 
 def list_lineage() -> Flow[dict[str, ForkPoint]]:
     rows = yield Op("all_fields", LINEAGE)
+    return _lineage(rows)
+
+
+def _lineage(rows: list[tuple[Any, ...]]) -> dict[str, ForkPoint]:
+    """The fork points of `(id, forked_from, forked_at_turn, ...)` rows."""
     return {row[0]: ForkPoint(row[0], row[1], row[2]) for row in rows if row[1] is not None}
+
+
+TopologyParts = tuple[list[TopologyNode], list[SessionMeta], dict[str, ForkPoint], dict[str, int]]
+"""What `Topology.read` is made of: the nodes in tree order, every session's meta, the
+lineage and every session's user turns."""
+
+
+def topology_parts() -> Flow[TopologyParts]:
+    """The parts of `Topology.read` in three statements, one pass over the sessions for
+    both the lineage and the turn counts (each was a pass of its own)."""
+    nodes = yield from tree()
+    metas: list[SessionMeta] = yield Op("list_sessions", None, None)
+    rows: list[tuple[Any, ...]] = yield Op("all_fields", (*LINEAGE, "turn_count"))
+    return nodes, metas, _lineage(rows), {row[0]: row[3] for row in rows}
 
 
 def digests() -> Flow[list[SessionDigest]]:

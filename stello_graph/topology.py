@@ -107,30 +107,47 @@ class Topology:
 
     @classmethod
     def read(cls, storage: MainStorage) -> Topology:
-        """Read the whole tree of `storage`: four reads whatever its size on a storage with
-        `list_turn_counts` (every stello storage), else one turn count per session."""
-        nodes = tuple(storage.get_tree())
-        metas = {m.id: m for m in storage.list_sessions()}
-        sessions = {n.id: metas[n.id] for n in nodes if n.id in metas}
+        """Read the whole tree of `storage`: one read transaction whatever its size on a
+        stello storage (`topology_parts`), else four reads, or one turn count per session
+        on a storage without `list_turn_counts`."""
+        parts = getattr(storage, "topology_parts", None)
+        if callable(parts):
+            return cls._of(*parts())
+        nodes, metas = storage.get_tree(), storage.list_sessions()
         lineage = storage.list_lineage()
         counts = getattr(storage, "list_turn_counts", None)
         if callable(counts):
-            return cls(nodes, sessions, _turns(sessions, counts()), lineage)
-        turns = {sid: storage.get_turn_count(sid) for sid in sessions}
-        return cls(nodes, sessions, turns, lineage)
+            return cls._of(nodes, metas, lineage, counts())
+        shown = {node.id for node in nodes}
+        turns = {m.id: storage.get_turn_count(m.id) for m in metas if m.id in shown}
+        return cls._of(nodes, metas, lineage, turns)
 
     @classmethod
     async def aread(cls, storage: MainStorage) -> Topology:
         """Async twin of `read`."""
-        nodes = tuple(await storage.aget_tree())
-        metas = {m.id: m for m in await storage.alist_sessions()}
-        sessions = {n.id: metas[n.id] for n in nodes if n.id in metas}
+        aparts = getattr(storage, "atopology_parts", None)
+        if callable(aparts):
+            return cls._of(*(await aparts()))
+        nodes, metas = await storage.aget_tree(), await storage.alist_sessions()
         lineage = await storage.alist_lineage()
         acounts = getattr(storage, "alist_turn_counts", None)
         if callable(acounts):
-            return cls(nodes, sessions, _turns(sessions, await acounts()), lineage)
-        turns = {sid: await storage.aget_turn_count(sid) for sid in sessions}
-        return cls(nodes, sessions, turns, lineage)
+            return cls._of(nodes, metas, lineage, await acounts())
+        shown = {node.id for node in nodes}
+        turns = {m.id: await storage.aget_turn_count(m.id) for m in metas if m.id in shown}
+        return cls._of(nodes, metas, lineage, turns)
+
+    @classmethod
+    def _of(
+        cls,
+        nodes: Sequence[TopologyNode],
+        metas: Sequence[SessionMeta],
+        lineage: Mapping[str, ForkPoint],
+        counts: Mapping[str, int],
+    ) -> Topology:
+        by_id = {meta.id: meta for meta in metas}
+        sessions = {node.id: by_id[node.id] for node in nodes if node.id in by_id}
+        return cls(tuple(nodes), sessions, _turns(sessions, counts), lineage)
 
     @property
     def root(self) -> TopologyNode | None:

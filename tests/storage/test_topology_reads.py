@@ -57,3 +57,36 @@ def test_export_reads_record_counts_at_once(tmp_path: Path) -> None:
         assert counts == {"main": 0, "s0": 0, "s1": 2, "s2": 4, "s3": 0, "s4": 2}
     finally:
         storage.close()
+
+
+class _Without:
+    """`storage` without its `topology_parts`: `Topology.read` falls back to four reads."""
+
+    def __init__(self, storage: SqliteMainStorage) -> None:
+        self._storage = storage
+
+    def __getattr__(self, name: str) -> object:
+        if name in ("topology_parts", "atopology_parts"):
+            raise AttributeError(name)
+        return getattr(self._storage, name)
+
+
+async def test_the_topology_is_one_read_with_one_pass_for_lineage_and_turns(
+    tmp_path: Path,
+) -> None:
+    storage = _tree(tmp_path / "t.db", 5)
+    try:
+        storage.put_lineage("s1", "s0", 1)
+        seen: list[str] = []
+        storage._conn.set_trace_callback(seen.append)
+        tree = Topology.read(storage)
+        storage._conn.set_trace_callback(None)
+        reads = [sql for sql in seen if "stello_sessions" in sql or "stello_nodes" in sql]
+        assert len(reads) == 3, reads  # nodes, metas, lineage and turns together
+        assert sum(sql.lstrip().upper().startswith("BEGIN") for sql in seen) <= 1
+        assert tree == Topology.read(_Without(storage))  # type: ignore[arg-type]
+        assert tree == await Topology.aread(storage)
+        assert tree == await Topology.aread(_Without(storage))  # type: ignore[arg-type]
+        assert tree.lineage["s1"].at_turn == 1 and tree.turns["s2"] == 1
+    finally:
+        storage.close()
