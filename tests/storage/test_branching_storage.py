@@ -17,6 +17,7 @@ from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import SessionMeta
 from stello_graph.storage import MainStorage
 from tests.conftest import Api
+from tests.storage._old_files import file_at_version
 
 
 async def _two(api: Api, turns: int = 3) -> None:
@@ -152,15 +153,7 @@ def test_an_inheriting_fork_shares_the_stored_rows(tmp_path: Path) -> None:
 
 
 def _v5_file(path: Path) -> None:
-    conn = sqlite3.connect(path, isolation_level=None)
-    original = _schema.MIGRATIONS
-    try:
-        _schema.MIGRATIONS = original[:5]
-        _schema.SCHEMA_VERSION = 5
-        _schema.migrate(conn, str(path), begin=lambda: conn.execute("BEGIN IMMEDIATE"))
-    finally:
-        _schema.MIGRATIONS = original
-        _schema.SCHEMA_VERSION = len(original)
+    conn = file_at_version(path, 5)
     conn.execute(
         "INSERT INTO stello_sessions (tree_id, id, label, role, status, created_at, updated_at,"
         " created_seq) VALUES ('default', 's1', 'Old', 'standard', 'active', "

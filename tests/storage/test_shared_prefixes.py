@@ -15,6 +15,7 @@ from stello_graph import Session
 from stello_graph.checkpoints import SqliteMainStorage, _schema, _shared_l3
 from stello_graph.models import SessionMeta, TopologyNode
 from tests.conftest import Api
+from tests.storage._old_files import file_at_version
 
 
 async def _session(api: Api, sid: str, turns: int = 0, start: int = 0) -> None:
@@ -178,15 +179,7 @@ def test_a_session_forked_through_the_api_shares_on_sqlite(tmp_path: Path) -> No
 
 def test_a_v7_file_keeps_its_copied_forks(tmp_path: Path) -> None:
     path = tmp_path / "v7.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    original = _schema.MIGRATIONS
-    try:
-        _schema.MIGRATIONS = original[:7]
-        _schema.SCHEMA_VERSION = 7
-        _schema.migrate(conn, str(path), begin=lambda: conn.execute("BEGIN IMMEDIATE"))
-    finally:
-        _schema.MIGRATIONS = original
-        _schema.SCHEMA_VERSION = len(original)
+    conn = file_at_version(path, 7)
     for sid, seq in (("src", 1), ("kid", 2)):
         conn.execute(
             "INSERT INTO stello_sessions (tree_id, id, label, role, status, tags, metadata, "

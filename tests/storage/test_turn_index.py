@@ -10,6 +10,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from stello_graph.checkpoints import SqliteMainStorage, _schema
 from stello_graph.models import SessionMeta
+from tests.storage._old_files import file_at_version
 
 
 def _index_sql(path: Path) -> str:
@@ -22,16 +23,7 @@ def _index_sql(path: Path) -> str:
 
 def _v8_file(path: Path) -> None:
     """A new file at version 8 (the index keyed by tree, session and turn)."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    original = _schema.MIGRATIONS
-    try:
-        _schema.MIGRATIONS = original[:8]
-        _schema.SCHEMA_VERSION = 8
-        _schema.migrate(conn, str(path), begin=lambda: conn.execute("BEGIN IMMEDIATE"))
-    finally:
-        _schema.MIGRATIONS = original
-        _schema.SCHEMA_VERSION = len(original)
-    conn.close()
+    file_at_version(path, 8).close()
     assert "(tree_id, session_id, turn_id)" in _index_sql(path)
 
 
