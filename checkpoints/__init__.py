@@ -81,6 +81,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        try:  # a submodule (`checkpoints.sqlite`, ...), as once imported with the package
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
         raise AttributeError(f"module 'stello_graph.checkpoints' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

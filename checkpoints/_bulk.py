@@ -3,7 +3,7 @@
 None of these is part of the `MainStorage` protocol: the views that use them fall back to
 per-session reads on a storage without them.
 
-* `topology_parts` - what `Topology.read` needs, in one read transaction.
+* `topology_parts` - what `Topology.read` needs, in one read of three statements.
 * `list_turn_counts` - every session's user turns, in one read.
 * `iter_session_l2s(batch=...)` - the L2s of `get_all_session_l2s`, a page at a time: the
   caller holds one page, never 100,000 L2s, and the storage is free between pages.
@@ -58,7 +58,8 @@ class BulkReads:
 
     def topology_parts(self) -> TopologyParts:
         """The nodes in tree order, every session's meta, the lineage and every session's
-        user turns, in one read transaction (`Topology.read`: one state of the tree)."""
+        user turns, in one read under the storage's lock (`Topology.read`): three
+        statements, the lineage and the turn counts in one pass over the sessions."""
         return self._txn.read(topology_parts())
 
     async def atopology_parts(self) -> TopologyParts:

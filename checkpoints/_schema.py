@@ -302,7 +302,8 @@ def _v8_shared_prefixes(db: Database) -> None:
 def _v9_turn_index(db: Database) -> None:
     # Keyed by the turn id alone: an entry no longer repeats the tree and session ids (two
     # 36-character ids of the ~110 bytes of each). The idempotency check still names the
-    # session; a turn id is one turn's, so the entries it finds are that turn's records.
+    # session, so it finds the same rows; a turn's id is found in its own session and in
+    # the forks that copied its records, so the check reads one entry per such copy.
     db.execute("DROP INDEX stello_records_turns")
     db.execute(
         f"CREATE INDEX stello_records_turns ON {RECORDS} (turn_id) WHERE turn_id IS NOT NULL"

@@ -43,6 +43,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+from stello_graph._cancelled import CallCancelled
 from stello_graph.checkpoints._flows import Flow, adrive, drive
 from stello_graph.errors import StorageError
 
@@ -403,7 +404,8 @@ class Transactions:
             raise
 
     async def _settle(self, done: asyncio.Future[T]) -> T:
-        """The result of `done`; a cancellation meanwhile is raised once `done` is."""
+        """The result of `done`; a cancellation meanwhile is raised once `done` is, as a
+        `CallCancelled` holding its result when it had one."""
         cancelled = False
         while not done.done():
             try:
@@ -413,7 +415,9 @@ class Transactions:
             except BaseException:
                 break  # what `fn` raised: raised again below
         if cancelled:
-            raise asyncio.CancelledError
+            if done.cancelled() or done.exception() is not None:
+                raise asyncio.CancelledError
+            raise CallCancelled(done.result())
         return done.result()
 
     # -- async transaction steps ----------------------------------------------------------

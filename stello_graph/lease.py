@@ -35,12 +35,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from stello_graph._cancelled import CallCancelled
 from stello_graph.errors import (
     InvalidInputError,
     SessionArchivedError,
@@ -307,39 +308,32 @@ class SessionLeases:
     async def _atake(
         self, session_id: str, owner: str, replace: str | None, into: Handback | None
     ) -> Lease | None:
-        # Shielded: a caller cancelled while the storage call runs (on SQLite it goes on in
-        # the storage's worker thread, and may take the lease after the cancellation) waits
-        # for the call and frees what it took before the cancellation goes on, so a cancelled
-        # turn never leaves its session held until the lease's ttl lapses.
-        call = asyncio.ensure_future(self._astored_take(session_id, owner, replace, into))
         try:
-            taken = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            await _settled(self._afree_taken(call))
+            if into is None:
+                return await self.storage.aacquire_lease(
+                    session_id, owner, self.ttl, replace=replace
+                )
+            taken = await _alease_session(self.storage, session_id, owner, self.ttl, replace)
+        except CallCancelled as cancelled:
+            # Cancelled while the take ran in the storage's worker thread, which went on and
+            # may have taken the lease: free it (in the background, so the cancellation goes
+            # on at once), or the session stays held by a gone owner until the ttl lapses.
+            self._free_later(cancelled.result)
             raise
         if taken is None:
             return None
-        if into is not None:
-            into.prefetched = taken[1]
+        into.prefetched = taken[1]
         return taken[0]
 
-    async def _astored_take(
-        self, session_id: str, owner: str, replace: str | None, into: Handback | None
-    ) -> tuple[Lease, SessionSnapshot | None] | None:
-        if into is not None:
-            return await _alease_session(self.storage, session_id, owner, self.ttl, replace)
-        lease = await self.storage.aacquire_lease(session_id, owner, self.ttl, replace=replace)
-        return None if lease is None else (lease, None)
-
-    async def _afree_taken(self, call: asyncio.Future[tuple[Lease, Any] | None]) -> None:
-        """Free the lease a take whose caller was cancelled took, once the take ends."""
-        try:
-            taken = await call
-        except Exception:  # the take failed: it holds nothing
+    def _free_later(self, taken: object) -> None:
+        """Release the lease in `taken` (a take's result: a `Lease`, `(lease, snapshot)` or
+        `None`) in a task of its own."""
+        lease = taken[0] if isinstance(taken, tuple) else taken
+        if not isinstance(lease, Lease):
             return
-        if taken is not None:
-            with suppress(Exception):  # not freed: it lapses with its ttl
-                await self.arelease(taken[0])
+        task = asyncio.get_running_loop().create_task(self.arelease(lease))
+        _freeing.add(task)
+        task.add_done_callback(_freed)
 
     def _try(self, session_id: str, owner: str, into: Handback | None = None) -> Lease | None:
         lease = self._take(session_id, owner, None, into)
@@ -477,13 +471,14 @@ class SessionLeases:
                 await self.arelease(lease)
 
 
-async def _settled(work: Coroutine[Any, Any, None]) -> None:
-    """Run `work` to its end even if the caller is cancelled again meanwhile (the caller then
-    goes on with the cancellation it was already handling)."""
-    task = asyncio.ensure_future(work)
-    while not task.done():
-        with suppress(asyncio.CancelledError):
-            await asyncio.shield(task)
+_freeing: set[asyncio.Task[None]] = set()
+"""Releases of leases taken by cancelled takes, kept alive until they end."""
+
+
+def _freed(task: asyncio.Task[None]) -> None:
+    _freeing.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: a release that failed leaves the lease to its ttl
 
 
 def _prefetch_into(handback: Handback | None, prefetch: bool) -> Handback | None:

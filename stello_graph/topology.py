@@ -7,81 +7,17 @@ its star map.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any
 
-if TYPE_CHECKING:  # not at run time: `stello-graph tree` prints a tree without pydantic
-    from stello_graph.lineage import ForkPoint
-    from stello_graph.models import SessionMeta, TopologyNode
-    from stello_graph.storage import MainStorage
+from stello_graph._tree_text import NodeRow, tree_text
+from stello_graph.lineage import ForkPoint
+from stello_graph.models import SessionMeta, TopologyNode
+from stello_graph.storage import MainStorage
 
 __all__ = ["NodeRow", "Topology", "tree_text"]
-
-
-class _Node(Protocol):
-    """What the text of a tree shows of a node: a `TopologyNode`, or a `NodeRow`."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def parent_id(self) -> str | None: ...
-
-    @property
-    def label(self) -> str: ...
-
-
-class NodeRow(NamedTuple):
-    """A topology node as a stored row (`id, parent_id, label`), without its model."""
-
-    id: str
-    parent_id: str | None
-    label: str
-
-
-def tree_text(
-    nodes: Sequence[_Node], archived: Collection[str], lineage: Mapping[str, ForkPoint]
-) -> str:
-    """The tree as indented text, one session per line (`Topology.render_text`).
-
-    Args:
-        nodes: every node, parents before children, siblings in creation order.
-        archived: the ids of the archived sessions.
-        lineage: the fork point of each forked session, by id.
-    """
-    by_id = {node.id: node for node in nodes}
-    children: dict[str | None, list[_Node]] = {}
-    for node in nodes:
-        children.setdefault(node.parent_id, []).append(node)
-
-    def forked(node: _Node) -> str:
-        """`  <- forked from 'X' at turn N`, when it says more than the tree does: the
-        child inherited turns of its source, or was moved away from it."""
-        point = lineage.get(node.id)
-        if point is None or (point.at_turn is None and point.source_id == node.parent_id):
-            return ""
-        source = by_id.get(point.source_id)
-        name = repr(source.label) if source is not None else f"{point.source_id} (removed)"
-        at = f" at turn {point.at_turn}" if point.at_turn is not None else ""
-        return f"  <- forked from {name}{at}"
-
-    lines: list[str] = []
-
-    def walk(node: _Node, prefix: str, last: bool, top: bool) -> None:
-        branch = "" if top else ("└── " if last else "├── ")
-        status = " [archived]" if node.id in archived else ""
-        label = node.label or "(no label)"
-        lines.append(f"{prefix}{branch}{label}{status}  ({node.id}){forked(node)}")
-        kids = children.get(node.id, [])
-        extension = "" if top else ("    " if last else "│   ")
-        for i, child in enumerate(kids):
-            walk(child, prefix + extension, i == len(kids) - 1, False)
-
-    for root in children.get(None, []):
-        walk(root, "", True, True)
-    return "\n".join(lines)
 
 
 def _turns(sessions: Mapping[str, SessionMeta], counts: Mapping[str, int]) -> dict[str, int]:
@@ -107,9 +43,9 @@ class Topology:
 
     @classmethod
     def read(cls, storage: MainStorage) -> Topology:
-        """Read the whole tree of `storage`: one read transaction whatever its size on a
-        stello storage (`topology_parts`), else four reads, or one turn count per session
-        on a storage without `list_turn_counts`."""
+        """Read the whole tree of `storage`: three statements whatever its size on a stello
+        storage (`topology_parts`), else four reads, or one turn count per session on a
+        storage without `list_turn_counts`."""
         parts = getattr(storage, "topology_parts", None)
         if callable(parts):
             return cls._of(*parts())

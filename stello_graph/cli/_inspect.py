@@ -1,4 +1,5 @@
-"""`stello-graph tree` and `stello-graph export`: read a stored tree, never change it.
+"""`stello-graph tree` and `stello-graph export`: read a stored tree, never change its data
+(a file of an older schema version is brought up to date first, as every open does).
 
 A file at the current schema version is read through `TreeRows` (one read-only snapshot, no
 model built, neither pydantic nor LangChain imported: the process is mostly Python's own
@@ -10,13 +11,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from stello_graph._export_rows import EXPORT_FORMAT, write_export_rows
+from stello_graph._tree_text import NodeRow, tree_text
 from stello_graph.checkpoints._sqlite_rows import TreeRows
 from stello_graph.cli._common import CliError, Console, check_tree, open_tree
-from stello_graph.export import EXPORT_FORMAT, export_tree, write_export, write_export_rows
 from stello_graph.lineage import ForkPoint
-from stello_graph.topology import NodeRow, Topology, tree_text
 
-__all__ = ["EXPORT_FORMAT", "export_tree", "run_export", "run_tree"]
+__all__ = ["EXPORT_FORMAT", "run_export", "run_tree"]
 
 
 def _summary(sessions: int, archived: int, turns: int) -> str:
@@ -46,6 +47,8 @@ def run_tree(args: argparse.Namespace, console: Console) -> int:
         console.say(text or "(empty tree)")
         console.say(summary)
         return 0
+    from stello_graph.topology import Topology  # builds models: pydantic
+
     with open_tree(path, args.tree_id) as storage:
         tree = Topology.read(storage)
     if args.svg == "-":
@@ -72,6 +75,8 @@ def run_export(args: argparse.Namespace, console: Console) -> int:
         with rows:
             write_export_rows(rows, console.stdout, records=args.records)
     else:
+        from stello_graph.export import write_export  # the storage's models: pydantic
+
         with open_tree(path, args.tree_id) as storage:
             write_export(storage, console.stdout, records=args.records)  # streamed as read
     console.say()

@@ -127,3 +127,25 @@ def test_rows_refuse_what_they_cannot_read(tmp_path: Path) -> None:
     plain = tmp_path / "plain.db"
     sqlite3.connect(plain).close()
     assert TreeRows.open(plain, "default") is None  # version 0: no stello schema
+
+
+def test_the_public_modules_keep_their_type_hints() -> None:
+    """The row path lives in modules of its own (`_tree_text`, `_export_rows`), so the
+    public ones still name their models at run time (pydantic and `get_type_hints` resolve
+    them: a `Topology` can be a field of a model)."""
+    import typing
+
+    import pydantic
+
+    from stello_graph.export import export_tree, write_export
+    from stello_graph.topology import Topology
+
+    assert set(typing.get_type_hints(Topology)) >= {"nodes", "sessions", "turns", "lineage"}
+    assert "storage" in typing.get_type_hints(export_tree)
+    assert "storage" in typing.get_type_hints(write_export)
+
+    class Holder(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+        tree: Topology
+
+    assert Holder(tree=Topology(nodes=())).tree.nodes == ()

@@ -505,42 +505,74 @@ def test_a_run_paused_between_nodes_parks_its_lease(storage: MainStorage) -> Non
     assert storage.count_records(sid) == 4
 
 
+def _slow_lease_writes(storage: SqliteMainStorage, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Make the storage's worker pause for 0.3 s after writing a lease it takes, so its
+    async caller can be cancelled while the worker is still on it. Returns the event set
+    when the worker starts its pause."""
+    writing = threading.Event()
+    write = storage.op_set_fields
+
+    def slow(session_id: str, values: dict[str, Any]) -> Any:
+        done = write(session_id, values)
+        if values.get("lease_owner") is not None and not writing.is_set():
+            writing.set()
+            time.sleep(0.3)
+        return done
+
+    monkeypatch.setattr(storage, "op_set_fields", slow)
+    return writing
+
+
 @pytest.mark.parametrize("prefetch", [True, False], ids=["turn", "lease-only"])
 async def test_a_take_cancelled_while_the_storage_runs_frees_what_it_took(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefetch: bool
 ) -> None:
-    """On SQLite the lease is taken in the storage's worker thread, which goes on after its
-    caller is cancelled: the cancelled caller waits for it and frees what it took, so the
-    session is free at once (not held by a gone owner until the ttl lapses)."""
+    """On SQLite the lease is taken in the storage's worker thread, which cannot be stopped:
+    a caller cancelled meanwhile still gets its cancellation, and the lease the worker took
+    is freed (not held by a gone owner until the ttl lapses)."""
     storage = SqliteMainStorage(tmp_path / "lease.db")
-    sid = "s"
-    storage.put_session(SessionMeta(id=sid, label="S"))
+    storage.put_session(SessionMeta(id="s", label="S"))
     leases = SessionLeases(storage, ttl=60)
-    started, finished = threading.Event(), threading.Event()
-    name = "lease_session" if prefetch else "acquire_lease"
-    sync_take = getattr(storage, name)
-
-    def slow_take(*args: Any, **kwargs: Any) -> Any:
-        started.set()
-        time.sleep(0.3)
-        try:
-            return sync_take(*args, **kwargs)
-        finally:
-            finished.set()
-
-    async def take_in_worker(*args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(slow_take, *args, **kwargs)
-
-    monkeypatch.setattr(storage, f"a{name}", take_in_worker)
+    writing = _slow_lease_writes(storage, monkeypatch)
     into = Handback(lambda: False) if prefetch else None
-    task = asyncio.create_task(leases.aacquire(sid, into=into))
-    assert await asyncio.to_thread(started.wait, 5)
+    task = asyncio.create_task(leases.aacquire("s", into=into))
+    assert await asyncio.to_thread(writing.wait, 5)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await asyncio.to_thread(finished.wait, 5)
-    assert storage.get_lease(sid) is None
-    monkeypatch.undo()
-    lease = await leases.aacquire(sid)  # free for anyone, at once
+    for _ in range(200):  # freed in the background, at once
+        if storage.get_lease("s") is None:
+            break
+        await asyncio.sleep(0.01)
+    assert storage.get_lease("s") is None
+    lease = await leases.aacquire("s")  # free for anyone
     await leases.arelease(lease)
+    storage.close()
+
+
+async def test_a_take_cancelled_while_it_waits_for_the_storage_ends_at_once(
+    tmp_path: Path,
+) -> None:
+    """A take waiting for the storage (another task's transaction holds it) is cancelled at
+    once: a timeout around it fires on time, and it took nothing."""
+    storage = SqliteMainStorage(tmp_path / "lease.db")
+    storage.put_session(SessionMeta(id="s", label="S"))
+    leases = SessionLeases(storage, ttl=60)
+    inside, leave = asyncio.Event(), asyncio.Event()
+
+    async def hold_the_storage() -> None:
+        async with storage.atransaction():
+            inside.set()
+            await leave.wait()
+
+    holder = asyncio.create_task(hold_the_storage())
+    await inside.wait()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await leases.aacquire("s")
+    assert time.monotonic() - started < 1.0
+    leave.set()
+    await holder
+    assert storage.get_lease("s") is None
     storage.close()
