@@ -31,7 +31,9 @@ def _printed(rows: TreeRows) -> tuple[str, str]:
     ids = {node.id for node in nodes}
     marks = [mark for mark in rows.session_marks() if mark[0] in ids]
     archived = {sid for sid, status, *_ in marks if status == "archived"}
-    lineage = {sid: ForkPoint(sid, source, at) for sid, _, _, source, at in marks if source}
+    lineage = {
+        sid: ForkPoint(sid, source, at) for sid, _, _, source, at in marks if source is not None
+    }
     turns = sum(mark[2] for mark in marks)
     return tree_text(nodes, archived, lineage), _summary(len(nodes), len(archived), turns)
 
