@@ -15,7 +15,7 @@ from __future__ import annotations
 
 __all__ = ["STATEMENTS", "VERSION"]
 
-VERSION = 9
+VERSION = 10
 """The schema version `STATEMENTS` creates."""
 
 # fmt: off
@@ -49,16 +49,15 @@ STATEMENTS: tuple[str, ...] = (
    FOREIGN KEY ("tree_id", "parent_id") REFERENCES "stello_nodes"("tree_id", "id"),
    PRIMARY KEY ("tree_id", "id")
 )""",
-    """CREATE TABLE "stello_records" (
-   "tree_id" TEXT NOT NULL,
-   "session_id" TEXT NOT NULL,
-   "seq" INTEGER NOT NULL,
-   "type" TEXT NOT NULL,
-   "data" TEXT NOT NULL,
-   "created_at" TEXT NOT NULL, "turn_id" TEXT, "turn_seq" INTEGER NOT NULL DEFAULT 0,
-   FOREIGN KEY ("tree_id", "session_id") REFERENCES "stello_sessions"("tree_id", "id") ON DELETE CASCADE,
-   PRIMARY KEY ("tree_id", "session_id", "seq")
-)""",
+    """CREATE TABLE stello_record_rows (
+            l3_key INTEGER NOT NULL REFERENCES stello_sessions (l3_key) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            turn_id TEXT,
+            turn_seq INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (l3_key, seq))""",
     """CREATE TABLE "stello_schema" (
    "version" INTEGER PRIMARY KEY,
    "applied_at" TEXT
@@ -79,31 +78,50 @@ STATEMENTS: tuple[str, ...] = (
    "memory" TEXT,
    "memory_through" INTEGER NOT NULL DEFAULT 0,
    "turn_count" INTEGER NOT NULL DEFAULT 0,
-   "next_seq" INTEGER NOT NULL DEFAULT 0, "subtree_synthesis" TEXT, "compression" TEXT, "compression_through" INTEGER NOT NULL DEFAULT 0, "settings" TEXT NOT NULL DEFAULT '{}', "lease_owner" TEXT, "lease_token" INTEGER NOT NULL DEFAULT 0, "lease_expires" REAL NOT NULL DEFAULT 0.0, "lease_waiter" TEXT, "lease_wait_until" REAL NOT NULL DEFAULT 0.0, "forked_from" TEXT, "forked_at_turn" INTEGER, base_id TEXT, base_count INTEGER NOT NULL DEFAULT 0,
+   "next_seq" INTEGER NOT NULL DEFAULT 0, "subtree_synthesis" TEXT, "compression" TEXT, "compression_through" INTEGER NOT NULL DEFAULT 0, "settings" TEXT NOT NULL DEFAULT '{}', "lease_owner" TEXT, "lease_token" INTEGER NOT NULL DEFAULT 0, "lease_expires" REAL NOT NULL DEFAULT 0.0, "lease_waiter" TEXT, "lease_wait_until" REAL NOT NULL DEFAULT 0.0, "forked_from" TEXT, "forked_at_turn" INTEGER, base_id TEXT, base_count INTEGER NOT NULL DEFAULT 0, l3_key INTEGER,
    PRIMARY KEY ("tree_id", "id")
 )""",
     """CREATE INDEX "stello_nodes_children"
     ON "stello_nodes" ("tree_id", "parent_id", "position")""",
     """CREATE UNIQUE INDEX "stello_nodes_order"
     ON "stello_nodes" ("tree_id", "position")""",
-    """CREATE INDEX stello_records_turns ON stello_records (turn_id) WHERE turn_id IS NOT NULL""",
+    """CREATE INDEX stello_records_turns ON stello_record_rows (turn_id) WHERE turn_id IS NOT NULL""",
     """CREATE INDEX stello_sessions_bases ON stello_sessions (tree_id, base_id) WHERE base_id IS NOT NULL""",
     """CREATE INDEX "stello_sessions_by_kind"
     ON "stello_sessions" ("tree_id", "role", "status", "created_seq")""",
+    """CREATE UNIQUE INDEX stello_sessions_l3 ON stello_sessions (l3_key)""",
     """CREATE UNIQUE INDEX "stello_sessions_order"
     ON "stello_sessions" ("tree_id", "created_seq")""",
-    """CREATE TRIGGER stello_records_delete AFTER DELETE ON stello_records
-            BEGIN INSERT INTO stello_changes (tree_id, version) VALUES (OLD.tree_id, 1)
+    """CREATE TRIGGER stello_record_rows_delete AFTER DELETE ON stello_record_rows
+            BEGIN INSERT INTO stello_changes (tree_id, version)
+        SELECT tree_id, 1 FROM stello_sessions WHERE l3_key = OLD.l3_key
         ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
-    """CREATE TRIGGER stello_records_insert AFTER INSERT ON stello_records
-            BEGIN INSERT INTO stello_changes (tree_id, version) VALUES (NEW.tree_id, 1)
+    """CREATE TRIGGER stello_record_rows_insert AFTER INSERT ON stello_record_rows
+            BEGIN INSERT INTO stello_changes (tree_id, version)
+        SELECT tree_id, 1 FROM stello_sessions WHERE l3_key = NEW.l3_key
         ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
-    """CREATE TRIGGER stello_records_update AFTER UPDATE ON stello_records
-            BEGIN INSERT INTO stello_changes (tree_id, version) VALUES (OLD.tree_id, 1)
-        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; INSERT INTO stello_changes (tree_id, version) VALUES (NEW.tree_id, 1)
+    """CREATE TRIGGER stello_record_rows_update AFTER UPDATE ON stello_record_rows
+            BEGIN INSERT INTO stello_changes (tree_id, version)
+        SELECT tree_id, 1 FROM stello_sessions WHERE l3_key = OLD.l3_key
+        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; INSERT INTO stello_changes (tree_id, version)
+        SELECT tree_id, 1 FROM stello_sessions WHERE l3_key = NEW.l3_key
         ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
+    """CREATE VIEW stello_records AS
+        SELECT s.tree_id AS tree_id, s.id AS session_id, r.seq AS seq,
+            r.type AS type, r.data AS data, r.created_at AS created_at, r.turn_id AS turn_id, r.turn_seq AS turn_seq
+        FROM stello_record_rows r JOIN stello_sessions s ON s.l3_key = r.l3_key""",
+    """CREATE TRIGGER stello_records_delete INSTEAD OF DELETE ON stello_records BEGIN
+        DELETE FROM stello_record_rows WHERE l3_key = (SELECT l3_key FROM stello_sessions WHERE tree_id = OLD.tree_id AND id = OLD.session_id) AND seq = OLD.seq; END""",
+    """CREATE TRIGGER stello_records_insert INSTEAD OF INSERT ON stello_records BEGIN
+        INSERT INTO stello_record_rows (l3_key, seq, type, data, created_at, turn_id, turn_seq)
+        VALUES ((SELECT l3_key FROM stello_sessions WHERE tree_id = NEW.tree_id AND id = NEW.session_id), NEW.seq, NEW.type, NEW.data, NEW.created_at, NEW.turn_id, COALESCE(NEW.turn_seq, 0)); END""",
+    """CREATE TRIGGER stello_records_update INSTEAD OF UPDATE ON stello_records BEGIN
+        UPDATE stello_record_rows SET seq = NEW.seq, type = NEW.type, data = NEW.data, created_at = NEW.created_at, turn_id = NEW.turn_id, turn_seq = NEW.turn_seq WHERE l3_key = (SELECT l3_key FROM stello_sessions WHERE tree_id = OLD.tree_id AND id = OLD.session_id) AND seq = OLD.seq; END""",
     """CREATE TRIGGER stello_sessions_base AFTER UPDATE OF base_id, base_count
         ON stello_sessions BEGIN INSERT INTO stello_changes (tree_id, version) VALUES (NEW.tree_id, 1)
+        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
+    """CREATE TRIGGER stello_sessions_delete AFTER DELETE ON stello_sessions
+        BEGIN INSERT INTO stello_changes (tree_id, version) VALUES (OLD.tree_id, 1)
         ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
 )
 # fmt: on

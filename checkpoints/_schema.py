@@ -62,6 +62,22 @@ made before version 8 keep their copied rows and no base.
 Version 9 keys the partial index on `stello_records.turn_id` by the turn id alone (it
 repeated the tree and session ids in every entry): the same lookups, in about 40% of the
 space.
+
+Version 10 keys the records by a compact session key instead of the two ids:
+
+* `stello_sessions.l3_key` - an integer, unique in the file, that names the session's L3 rows
+  (assigned when the session is created, never reused while the row lives);
+* `stello_record_rows` - the records, keyed by `(l3_key, seq)`, with the turn-id index; a
+  session's deletion cascades to them;
+* `stello_records` - now a view over the two with the columns the table had (`tree_id`,
+  `session_id`, `seq`, `type`, `data`, `created_at`, `turn_id`, `turn_seq`). Its `INSTEAD OF`
+  triggers write through to `stello_record_rows`, so a statement written for the table still
+  reads and writes the same records.
+
+Each record no longer repeats two 36-character ids in its row and again in the primary-key
+index (~150 bytes of a short turn's ~400). `stello_changes` is kept by triggers on
+`stello_record_rows` and, for the records a deleted session takes with it, on
+`stello_sessions`.
 """
 
 from __future__ import annotations
@@ -91,6 +107,7 @@ __all__ = [
 
 SESSIONS = "stello_sessions"
 RECORDS = "stello_records"
+ROWS = "stello_record_rows"
 NODES = "stello_nodes"
 GLOBALS = "stello_globals"
 CHANGES = "stello_changes"
@@ -310,6 +327,81 @@ def _v9_turn_index(db: Database) -> None:
     )
 
 
+_RECORD_COLUMNS = ("type", "data", "created_at", "turn_id", "turn_seq")
+
+
+def _bump_session(row: str) -> str:
+    """`_bump` for a row of `stello_record_rows`: the tree is its session's."""
+    return f"""INSERT INTO {CHANGES} (tree_id, version)
+        SELECT tree_id, 1 FROM {SESSIONS} WHERE l3_key = {row}.l3_key
+        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1;"""
+
+
+def _v10_record_keys(db: Database) -> None:
+    # the key: a session row's rowid is unique now (it may change on VACUUM: l3_key does not)
+    db.execute(f"ALTER TABLE {SESSIONS} ADD COLUMN l3_key INTEGER")
+    db.execute(f"UPDATE {SESSIONS} SET l3_key = rowid")
+    db.execute(f"CREATE UNIQUE INDEX stello_sessions_l3 ON {SESSIONS} (l3_key)")
+    db.execute(
+        f"""CREATE TABLE {ROWS} (
+            l3_key INTEGER NOT NULL REFERENCES {SESSIONS} (l3_key) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            turn_id TEXT,
+            turn_seq INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (l3_key, seq))"""
+    )
+    columns = ", ".join(_RECORD_COLUMNS)
+    for event in ("insert", "update", "delete"):  # their bumps would count every row moved
+        db.execute(f"DROP TRIGGER stello_records_{event}")
+    db.execute(
+        f"""INSERT INTO {ROWS} (l3_key, seq, {columns})
+        SELECT s.l3_key, r.seq, {", ".join(f"r.{name}" for name in _RECORD_COLUMNS)}
+        FROM {RECORDS} r JOIN {SESSIONS} s ON s.tree_id = r.tree_id AND s.id = r.session_id
+        ORDER BY s.l3_key, r.seq"""
+    )
+    db.execute(f"DROP TABLE {RECORDS}")  # with its indexes
+    db.execute(f"CREATE INDEX stello_records_turns ON {ROWS} (turn_id) WHERE turn_id IS NOT NULL")
+    for event, rows in (("insert", ("NEW",)), ("delete", ("OLD",)), ("update", ("OLD", "NEW"))):
+        db.execute(
+            f"""CREATE TRIGGER stello_record_rows_{event} AFTER {event.upper()} ON {ROWS}
+            BEGIN {" ".join(_bump_session(row) for row in rows)} END"""
+        )
+    # a session's cascade removes its rows after the session row is gone, where the rows'
+    # trigger finds no tree: the session's own deletion counts as the change of its L3
+    db.execute(
+        f"""CREATE TRIGGER stello_sessions_delete AFTER DELETE ON {SESSIONS}
+        BEGIN {_bump("OLD")} END"""
+    )
+    db.execute(
+        f"""CREATE VIEW {RECORDS} AS
+        SELECT s.tree_id AS tree_id, s.id AS session_id, r.seq AS seq,
+            {", ".join(f"r.{name} AS {name}" for name in _RECORD_COLUMNS)}
+        FROM {ROWS} r JOIN {SESSIONS} s ON s.l3_key = r.l3_key"""
+    )
+    key = f"(SELECT l3_key FROM {SESSIONS} WHERE tree_id = {{row}}.tree_id"
+    key += " AND id = {row}.session_id)"
+    new_values = ", ".join(f"NEW.{name}" for name in _RECORD_COLUMNS[:-1])
+    new_values += ", COALESCE(NEW.turn_seq, 0)"  # a view has no defaults: the table's
+    sets = ", ".join(f"{name} = NEW.{name}" for name in ("seq", *_RECORD_COLUMNS))
+    old_row = f"l3_key = {key.format(row='OLD')} AND seq = OLD.seq"
+    db.execute(
+        f"""CREATE TRIGGER stello_records_insert INSTEAD OF INSERT ON {RECORDS} BEGIN
+        INSERT INTO {ROWS} (l3_key, seq, {columns})
+        VALUES ({key.format(row="NEW")}, NEW.seq, {new_values}); END"""
+    )
+    db.execute(
+        f"""CREATE TRIGGER stello_records_update INSTEAD OF UPDATE ON {RECORDS} BEGIN
+        UPDATE {ROWS} SET {sets} WHERE {old_row}; END"""
+    )
+    db.execute(
+        f"""CREATE TRIGGER stello_records_delete INSTEAD OF DELETE ON {RECORDS} BEGIN
+        DELETE FROM {ROWS} WHERE {old_row}; END"""
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_initial,
     _v2_tree_memory,
@@ -320,6 +412,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v7_events,
     _v8_shared_prefixes,
     _v9_turn_index,
+    _v10_record_keys,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 _RELEASED = MIGRATIONS

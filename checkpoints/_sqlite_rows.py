@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints import _schema
-from stello_graph.checkpoints._schema import NODES, RECORDS, SESSIONS, read_version
+from stello_graph.checkpoints._schema import NODES, RECORDS, ROWS, SESSIONS, read_version
 from stello_graph.checkpoints._shared_l3 import (
     Lookup,
     SharedPrefixes,
@@ -57,17 +57,17 @@ EXPORT: dict[str, str] = {
         FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id ORDER BY w.path""",
     "sessions": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
             s.updated_at, n.parent_id, s.turn_count,
-            (SELECT COUNT(*) FROM {RECORDS} r WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
+            (SELECT COUNT(*) FROM {ROWS} r WHERE r.l3_key = s.l3_key),
             s.system_prompt, s.memory, s.insight
         FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
         JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id ORDER BY w.path""",
     "records": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
             s.updated_at, n.parent_id, s.turn_count,
-            (SELECT COUNT(*) FROM {RECORDS} c WHERE c.tree_id = s.tree_id AND c.session_id = s.id),
+            (SELECT COUNT(*) FROM {ROWS} c WHERE c.l3_key = s.l3_key),
             s.system_prompt, s.memory, s.insight, r.data
         FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
         JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id
-        LEFT JOIN {RECORDS} r ON r.tree_id = :tree AND r.session_id = w.id
+        LEFT JOIN {ROWS} r ON r.l3_key = s.l3_key
         ORDER BY w.path, r.seq""",
 }
 """The rows of each `ExportPart`, in the tree's depth-first pre-order (after `WALK`)."""

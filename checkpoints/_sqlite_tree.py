@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, stored_node
-from stello_graph.checkpoints._schema import NODES, RECORDS, SESSIONS
+from stello_graph.checkpoints._schema import NODES, ROWS, SESSIONS
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T
 from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.checkpoints._sqlite_rows import export_rows
@@ -58,14 +58,14 @@ class SqliteTreeReads:
         rows = self._q(
             f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
                 n.id IS NOT NULL, s.turn_count,
-                (SELECT COUNT(*) FROM {RECORDS} r
-                    WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
+                (SELECT COUNT(*) FROM {ROWS} r
+                    WHERE r.l3_key = s.l3_key),
                 s.memory_through,
                 CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
-                ELSE (SELECT COUNT(*) FROM {RECORDS} r
-                    WHERE r.tree_id = s.tree_id AND r.session_id = s.id AND r.type = 'human'
-                    AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
-                        WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END,
+                ELSE (SELECT COUNT(*) FROM {ROWS} r
+                    WHERE r.l3_key = s.l3_key AND r.type = 'human'
+                    AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {ROWS} f
+                        WHERE f.l3_key = s.l3_key)) END,
                 s.memory IS NOT NULL, s.insight IS NOT NULL, s.subtree_synthesis IS NOT NULL
             FROM {SESSIONS} s
             LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
@@ -88,10 +88,10 @@ class SqliteTreeReads:
             f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
                 s.turn_count, s.memory,
                 CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
-                ELSE (SELECT COUNT(*) FROM {RECORDS} r
-                    WHERE r.tree_id = s.tree_id AND r.session_id = s.id AND r.type = 'human'
-                    AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
-                        WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END,
+                ELSE (SELECT COUNT(*) FROM {ROWS} r
+                    WHERE r.l3_key = s.l3_key AND r.type = 'human'
+                    AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {ROWS} f
+                        WHERE f.l3_key = s.l3_key)) END,
                 s.insight
             FROM {SESSIONS} s
             LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id

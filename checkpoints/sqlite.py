@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import stello_graph.checkpoints._schema as _schema
 from stello_graph.checkpoints._cache import RecordCache
 from stello_graph.checkpoints._rows import built, stored_meta, stored_node
-from stello_graph.checkpoints._schema import EVENTS, GLOBALS, NODES, RECORDS, SESSIONS
+from stello_graph.checkpoints._schema import EVENTS, GLOBALS, NODES, RECORDS, ROWS, SESSIONS
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     EventRow,
@@ -206,9 +206,10 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     def op_put_session(self, row: MetaRow) -> None:
         tree = self.tree_id
         self._q(
-            f"""INSERT INTO {SESSIONS} (tree_id, {_META}, created_seq)
+            f"""INSERT INTO {SESSIONS} (tree_id, {_META}, created_seq, l3_key)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?,
-                (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM {SESSIONS} WHERE tree_id = ?))
+                (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM {SESSIONS} WHERE tree_id = ?),
+                (SELECT COALESCE(MAX(l3_key), 0) + 1 FROM {SESSIONS}))
             ON CONFLICT (tree_id, id) DO UPDATE SET
                 label = excluded.label, role = excluded.role, status = excluded.status,
                 tags = excluded.tags, metadata = excluded.metadata,
@@ -266,17 +267,16 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         turns: list[RecordTurn],
     ) -> int:
         tree = self.tree_id
-        sql = f"SELECT next_seq FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        sql = f"SELECT next_seq, l3_key FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         found = self._q(sql, (tree, session_id)).fetchone()
         if found is None:
             raise SessionNotFoundError(session_id)
         first: int = found[0]
         self._qmany(
-            f"""INSERT INTO {RECORDS}
-                (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+            f"""INSERT INTO {ROWS} (l3_key, seq, type, data, created_at, turn_id, turn_seq)
+            VALUES (?, ?, ?, ?, ?, ?, ?)""",
             [
-                (tree, session_id, first + index, role, data, at, stored, turn_seq)
+                (found[1], first + index, role, data, at, stored, turn_seq)
                 for index, ((role, data), (stored, turn_seq)) in enumerate(
                     zip(records, _run_heads(turns), strict=True)
                 )
@@ -311,8 +311,8 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     def op_has_turn(self, session_id: str, turn_id: str) -> bool:
         # one statement for the usual case: the session's own rows, and whether it has more
         sql = f"""SELECT base_id, base_count, EXISTS (
-                SELECT 1 FROM {RECORDS} INDEXED BY stello_records_turns
-                WHERE tree_id = s.tree_id AND session_id = s.id AND turn_id = ?)
+                SELECT 1 FROM {ROWS} INDEXED BY stello_records_turns
+                WHERE l3_key = s.l3_key AND turn_id = ?)
             FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"""
         row = self._q(sql, (turn_id, self.tree_id, session_id)).fetchone()
         if row is None or row[2]:
@@ -326,8 +326,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         cached = self._cache.get(session_id)
         if cached is not None:
             return len(cached)
-        sql = f"""SELECT s.base_count + (SELECT COUNT(*) FROM {RECORDS} r
-                WHERE r.tree_id = s.tree_id AND r.session_id = s.id)
+        sql = f"""SELECT s.base_count + (SELECT COUNT(*) FROM {ROWS} r WHERE r.l3_key = s.l3_key)
             FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"""
         row = self._q(sql, (self.tree_id, session_id)).fetchone()
         return 0 if row is None else int(row[0])
@@ -337,32 +336,31 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         # session trimming its own shared prefix holds its rows itself first (`_shared_l3`)
         self._run(self._shared.release([session_id]))
         self._run(self._shared.materialise(session_id))
-        key = (self.tree_id, session_id)
-        kept = f"""SELECT seq FROM {RECORDS} WHERE tree_id = ? AND session_id = ?
-            ORDER BY seq LIMIT 1 OFFSET ?"""
+        sql = f"SELECT l3_key FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        found = self._q(sql, (self.tree_id, session_id)).fetchone()
+        key = None if found is None else found[0]
+        kept = f"SELECT seq FROM {ROWS} WHERE l3_key = ? ORDER BY seq LIMIT 1 OFFSET ?"
         # the new first record must carry its turn's id, which may be on a dropped one
         self._q(
-            f"""UPDATE {RECORDS} SET turn_id = (
-                SELECT r.turn_id FROM {RECORDS} r
-                WHERE r.tree_id = {RECORDS}.tree_id AND r.session_id = {RECORDS}.session_id
-                    AND r.seq <= {RECORDS}.seq AND r.turn_id IS NOT NULL
+            f"""UPDATE {ROWS} SET turn_id = (
+                SELECT r.turn_id FROM {ROWS} r
+                WHERE r.l3_key = {ROWS}.l3_key AND r.seq <= {ROWS}.seq AND r.turn_id IS NOT NULL
                 ORDER BY r.seq DESC LIMIT 1)
-            WHERE tree_id = ? AND session_id = ? AND turn_id IS NULL AND seq = ({kept})""",
-            (*key, *key, count),
+            WHERE l3_key = ? AND turn_id IS NULL AND seq = ({kept})""",
+            (key, key, count),
         )
         self._q(
-            f"""DELETE FROM {RECORDS} WHERE tree_id = ? AND session_id = ? AND seq IN (
-                SELECT seq FROM {RECORDS} WHERE tree_id = ? AND session_id = ?
-                ORDER BY seq LIMIT ?)""",
-            (*key, *key, count),
+            f"""DELETE FROM {ROWS} WHERE l3_key = ? AND seq IN (
+                SELECT seq FROM {ROWS} WHERE l3_key = ? ORDER BY seq LIMIT ?)""",
+            (key, key, count),
         )
         self._cache.drop_oldest(session_id, count)
 
     # -- branching (contract B: rows shared or copied inside the database) -----------------
     def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
         tree = self.tree_id
-        sql = f"""SELECT s.next_seq, s.base_id, s.base_count + (SELECT COUNT(*) FROM {RECORDS} r
-                WHERE r.tree_id = s.tree_id AND r.session_id = s.id)
+        sql = f"""SELECT s.next_seq, s.base_id,
+                s.base_count + (SELECT COUNT(*) FROM {ROWS} r WHERE r.l3_key = s.l3_key)
             FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"""
         found = [self._q(sql, (tree, sid)).fetchone() for sid in (source_id, target_id)]
         for sid, row in zip((source_id, target_id), found, strict=True):

@@ -51,6 +51,7 @@ def build_big_tree(path: Path, sessions: int, children: int) -> int:
                 "id": "'leaf-' || g.n",
                 "label": "'Topic leaf-' || g.n",
                 "created_seq": "(SELECT MAX(created_seq) FROM stello_sessions) + g.n",
+                "l3_key": "(SELECT MAX(l3_key) FROM stello_sessions) + g.n",
             }
             picked = ", ".join(replaced.get(c, f"t.{c}") for c in columns)
             conn.execute(

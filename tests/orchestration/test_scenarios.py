@@ -400,9 +400,8 @@ def test_open_sqlite_shares_one_file(tmp_path: Path) -> None:
         prune_checkpoints=False,
     )  # fmt: skip
     agent.turn(agent.main_session_id, "hello")
-    tables = {
-        row[0] for row in saver.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-    }
+    sql = "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
+    tables = {row[0] for row in saver.conn.execute(sql)}
     assert {"checkpoints", "writes", "stello_sessions", "stello_records"} <= tables
     assert saver.get_tuple(agent.config(agent.main_session_id)) is not None
     agent.close()

@@ -29,6 +29,7 @@ from stello_graph.errors import (
     StorageError,
 )
 from stello_graph.models import ChildL2, Compression, SessionMeta, TopologyNode
+from tests.storage._old_files import file_at_version, put_old_session
 
 
 @pytest.fixture
@@ -177,7 +178,9 @@ def test_schema_is_recorded_once(db_path: Path, raw: sqlite3.Connection) -> None
     rows = raw.execute("SELECT version FROM stello_schema").fetchall()
     assert rows == [(version,) for version in range(1, _schema.SCHEMA_VERSION + 1)]
     tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"stello_sessions", "stello_records", "stello_nodes", "stello_globals"} <= tables
+    assert {"stello_sessions", "stello_record_rows", "stello_nodes", "stello_globals"} <= tables
+    views = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='view'")}
+    assert views == {"stello_records"}
 
 
 def test_migrations_run_in_order_in_one_transaction(
@@ -403,18 +406,14 @@ async def test_async_writes_keep_the_cache_exact(db_path: Path) -> None:
 def test_a_version_1_database_is_upgraded(
     db_path: Path, raw: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with monkeypatch.context() as patch:
-        patch.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:1])
-        patch.setattr(_schema, "SCHEMA_VERSION", 1)
-        # (without a cache, the storage never reads the table version 3 adds)
-        with SqliteMainStorage(db_path, record_cache_size=0) as old:
-            old.put_session(SessionMeta(id="s1", label="One"))
-        for seq, (role, text) in enumerate([("human", "q"), ("ai", "a")]):
-            raw.execute(  # records as version 1 wrote them (today's add turn columns)
-                "INSERT INTO stello_records VALUES ('default', 's1', ?, ?, ?, '2026-01-01')",
-                (seq, role, json.dumps({"type": role, "data": {"content": text}})),
-            )
-        raw.execute("UPDATE stello_sessions SET next_seq = 2")
+    file_at_version(db_path, 1).close()
+    put_old_session(raw, "s1", "One")
+    for seq, (role, text) in enumerate([("human", "q"), ("ai", "a")]):
+        raw.execute(  # records as version 1 wrote them (today's add turn columns)
+            "INSERT INTO stello_records VALUES ('default', 's1', ?, ?, ?, '2026-01-01')",
+            (seq, role, json.dumps({"type": role, "data": {"content": text}})),
+        )
+    raw.execute("UPDATE stello_sessions SET next_seq = 2")
     with SqliteMainStorage(db_path) as storage, SqliteMainStorage(db_path) as other:
         assert contents(storage.list_records("s1")) == ["q", "a"]
         other.append_records("s1", [HumanMessage("after the upgrade")])

@@ -6,7 +6,6 @@ import sqlite3
 from pathlib import Path
 from typing import cast
 
-import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from stello_graph.checkpoints import SqliteMainStorage, _schema
@@ -15,6 +14,7 @@ from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.models import SessionMeta
 from stello_graph.storage import MainStorage
 from tests.conftest import Api
+from tests.storage._old_files import file_at_version, put_old_session
 
 
 async def test_append_records_numbers_the_turn(api: Api) -> None:
@@ -41,12 +41,7 @@ def test_a_trim_keeps_the_turn_of_the_first_kept_record(main_storage: MainStorag
 
 
 def _v4_file(path: Path) -> None:
-    real = _schema.MIGRATIONS
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_schema, "MIGRATIONS", real[:4])
-        patch.setattr(_schema, "SCHEMA_VERSION", 4)
-        with SqliteMainStorage(path, record_cache_size=0) as old:
-            old.put_session(SessionMeta(id="s1", label=""))
+    file_at_version(path, 4).close()
     rows = [
         AIMessage("a greeting before any user message"),
         HumanMessage("q1", id="h1"),
@@ -57,6 +52,7 @@ def _v4_file(path: Path) -> None:
         AIMessage("a2"),
     ]
     conn = sqlite3.connect(path, isolation_level=None)
+    put_old_session(conn, "s1")
 
     for seq, message in enumerate(rows):
         role, data = encode_message(message)

@@ -31,7 +31,7 @@ def test_a_version_8_file_keeps_its_turns(tmp_path: Path) -> None:
     path = tmp_path / "v8.db"
     _v8_file(path)
     with SqliteMainStorage(path) as storage:
-        assert _schema.read_version(storage._conn) == 9
+        assert _schema.read_version(storage._conn) == _schema.SCHEMA_VERSION
         for sid in ("a", "b"):
             storage.put_session(SessionMeta(id=sid, label=sid))
         reply = [HumanMessage("q", id="m1"), AIMessage("r")]
@@ -48,8 +48,7 @@ def test_the_idempotency_check_uses_the_index(tmp_path: Path) -> None:
     SqliteMainStorage(path).close()
     with sqlite3.connect(path) as conn:
         plan = conn.execute(
-            "EXPLAIN QUERY PLAN SELECT 1 FROM stello_records "
-            "WHERE tree_id = ? AND session_id = ? AND turn_id = ?",
-            ("default", "a", "t-1"),
+            "EXPLAIN QUERY PLAN SELECT 1 FROM stello_record_rows WHERE l3_key = ? AND turn_id = ?",
+            (1, "t-1"),
         ).fetchall()
     assert any("USING INDEX stello_records_turns (turn_id=?)" in row[-1] for row in plan), plan
