@@ -329,12 +329,27 @@ def _inherit_flow(storage: SessionStorage, req: ForkRequest, child_id: str) -> F
     return turn or None
 
 
-def _write_flow(storage: SessionStorage, req: ForkRequest, child: _Child) -> Flow[None]:
-    """The writes of a fork, run in one transaction."""
-    _check_source((yield Storage("get_session", req.source_id)), req.source_id)
+def _checks_flow(req: ForkRequest) -> Flow[tuple[SessionMeta, bool]]:
+    """The source (refused when missing or archived) and whether the child gets a node
+    (refused outside the tree, or for a label a sibling has with `unique_label`)."""
+    source = _check_source((yield Storage("get_session", req.source_id)), req.source_id)
     with_node = yield from _node_flow(req.source_id)
     if with_node and req.unique_label:
         yield from _label_flow(req)
+    return source, with_node
+
+
+def _write_flow(storage: SessionStorage, req: ForkRequest, made: _Child | None) -> Flow[_Child]:
+    """The writes of a fork, run in one transaction, with its checks made again there.
+
+    `made` is the child a context or compress function's result made before the
+    transaction; `None` when no function runs: the child is then made here, from the source
+    as this transaction reads it, so a fork takes one transaction and no read before it."""
+    source, with_node = yield from _checks_flow(req)
+    child = made
+    if child is None:
+        source_prompt = yield Storage("get_system_prompt", req.source_id)
+        child = _child(req, source, source_prompt, [], None, None)
     meta = child.meta
     if (yield Storage("get_session", meta.id)) is not None:
         raise DuplicateSessionError(meta.id)
@@ -355,15 +370,7 @@ def _write_flow(storage: SessionStorage, req: ForkRequest, child: _Child) -> Flo
         yield Storage(
             "put_node", TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label)
         )
-
-
-def _records_flow(storage: SessionStorage, req: ForkRequest) -> Flow[list[BaseMessage]]:
-    """The source's L3 a context or compress function gets (copies); an inheriting fork
-    reads it in its write transaction instead (`_inherit_flow`)."""
-    if req.context in ("none", "inherit"):
-        return []
-    copies: list[BaseMessage] = yield Storage("list_records", req.source_id)
-    return copies
+    return child
 
 
 def _fn_error(exc: Exception, what: str) -> FunctionCallError:
@@ -387,16 +394,16 @@ async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMet
 
 
 def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
-    source = _check_source((yield Storage("get_session", req.source_id)), req.source_id)
+    if req.context in ("none", "inherit"):  # no function runs: all of it in one transaction
+        made: _Child = yield Atomic(_write_flow(storage, req, None))
+        return made.meta
     # refuse early, before any function runs (and again in the write's transaction)
-    if (yield from _node_flow(req.source_id)) and req.unique_label:
-        yield from _label_flow(req)
+    source, _ = yield from _checks_flow(req)
     source_prompt = yield Storage("get_system_prompt", req.source_id)
-    records = yield from _records_flow(storage, req)
-    turn = 0
-    if req.context not in ("none", "inherit"):  # a function gets the history up to at_turn
-        end, turn = turn_cut(records, req.at_turn, req.source_id)
-        records = records[:end]
+    # the source's L3 (copies), up to at_turn, for the function
+    records: list[BaseMessage] = yield Storage("list_records", req.source_id)
+    end, turn = turn_cut(records, req.at_turn, req.source_id)
+    records = records[:end]
     selected: object = []
     compression = None
     try:
