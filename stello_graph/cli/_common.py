@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Literal, TextIO
 if TYPE_CHECKING:
     from stello_graph.checkpoints import SqliteMainStorage
 
-__all__ = ["USAGE_ERROR", "CliError", "Console", "DbKind", "open_tree", "probe_database"]
+__all__ = [
+    "NOT_A_TREE",
+    "USAGE_ERROR",
+    "CliError",
+    "Console",
+    "DbKind",
+    "open_tree",
+    "probe_database",
+]
 
 USAGE_ERROR = 2
 """Exit code of a bad command line or bad input file (as argparse uses)."""
@@ -106,11 +114,14 @@ def _isatty(stream: TextIO) -> bool:
 
 
 # -- databases ------------------------------------------------------------------------------
-DbKind = Literal["missing", "directory", "empty", "not-sqlite", "sqlite", "stello"]
+DbKind = Literal["missing", "directory", "empty", "not-sqlite", "locked", "sqlite", "stello"]
 
 
-def probe_database(path: Path) -> tuple[DbKind, list[str]]:
-    """What `path` is, read without changing it; for a stello database, its tree ids."""
+def probe_database(path: Path, *, timeout: float = 5.0) -> tuple[DbKind, list[str]]:
+    """What `path` is, read without changing it; for a stello database, its tree ids.
+
+    `timeout`: the seconds to wait for another process's lock on the file before it is
+    reported as `"locked"`."""
     if not path.exists():
         return "missing", []
     if path.is_dir():
@@ -120,7 +131,7 @@ def probe_database(path: Path) -> tuple[DbKind, list[str]]:
     from stello_graph.checkpoints._schema import SCHEMA, SESSIONS
 
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout)
     except sqlite3.Error:
         return "not-sqlite", []
     try:
@@ -129,17 +140,27 @@ def probe_database(path: Path) -> tuple[DbKind, list[str]]:
             return "sqlite", []
         rows = conn.execute(f"SELECT DISTINCT tree_id FROM {SESSIONS} ORDER BY tree_id")
         return "stello", [tree for (tree,) in rows]
+    except sqlite3.OperationalError as exc:  # a writer's lock outlasted the wait
+        return ("locked" if _is_locked(exc) else "not-sqlite"), []
     except sqlite3.DatabaseError:
         return "not-sqlite", []
     finally:
         conn.close()
 
 
-_NOT_A_TREE = {
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc)
+
+
+NOT_A_TREE = {
     "missing": "no such file; name the database with --db FILE",
     "directory": "is a directory, not a database file",
     "empty": "is an empty file, not a stello-graph database",
     "not-sqlite": "is not a SQLite database",
+    "locked": "is locked by another process writing to it; try again when it is done",
     "sqlite": "is a SQLite database without stello-graph data",
 }
 
@@ -152,7 +173,7 @@ def check_tree(path: Path, tree_id: str) -> None:
     """
     kind, trees = probe_database(path)
     if kind != "stello":
-        raise CliError(f"{str(path)!r} {_NOT_A_TREE[kind]}.")
+        raise CliError(f"{str(path)!r} {NOT_A_TREE[kind]}.")
     if tree_id not in trees:
         found = ", ".join(map(repr, trees)) or "none"
         raise CliError(f"{str(path)!r} has no tree {tree_id!r} (trees: {found}); use --tree-id.")

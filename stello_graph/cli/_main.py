@@ -14,7 +14,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from stello_graph.cli._common import USAGE_ERROR, CliError, Console, probe_database
+from stello_graph.cli._common import NOT_A_TREE, USAGE_ERROR, CliError, Console, probe_database
 from stello_graph.cli._provider import ProviderSettings, build_chat_model
 from stello_graph.errors import ForeignDatabaseError, InvalidInputError, StelloError
 
@@ -171,6 +171,8 @@ def _writable_db(path: Path) -> None:
     if not path.parent.is_dir():
         raise CliError(f"cannot create {str(path)!r}: no directory {str(path.parent)!r}.")
     kind, _ = probe_database(path)
+    if kind == "locked":
+        raise CliError(f"{str(path)!r} {NOT_A_TREE[kind]}.")
     if kind in ("directory", "not-sqlite"):
         label = "is a directory" if kind == "directory" else "is not a SQLite database"
         raise CliError(f"{str(path)!r} {label}; name another file with --db FILE.")

@@ -7,12 +7,15 @@ import runpy
 import sqlite3
 import sys
 import xml.etree.ElementTree as ET
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from stello_graph import StelloAgent, __version__
 from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.cli import _common
+from stello_graph.cli._common import CliError, check_tree, probe_database
 from stello_graph.cli._inspect import EXPORT_FORMAT
 from stello_graph.testing import ScriptedChatModel
 from tests.cli.conftest import RunCli
@@ -222,3 +225,22 @@ def test_reading_a_tree_starts_without_langchain(
     assert code_returned == 0
     assert loaded == []
     assert "Pricing" in done.stdout
+
+
+def test_a_file_locked_by_a_writer_is_reported_as_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "busy.db"
+    SqliteMainStorage(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+        holder.execute("BEGIN EXCLUSIVE")  # another process writing, as readers see it
+        assert probe_database(path, timeout=0.05) == ("locked", [])
+        monkeypatch.setattr(_common, "probe_database", partial(probe_database, timeout=0.05))
+        with pytest.raises(CliError, match="is locked by another process"):
+            check_tree(path, "default")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert probe_database(path)[0] == "stello"
