@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import stello_graph.checkpoints._flows as flows
 from stello_graph._copies import detached_all
@@ -140,19 +140,29 @@ class BackendStorage(BulkReads, AsyncMethods):
         return f"{type(self).__name__}({self._backend!r}, tree_id={self._tree_id!r})"
 
     # -- transactions ---------------------------------------------------------------------
-    def transaction(self) -> AbstractContextManager[None]:
+    def transaction(self, *, savepoints: bool = True) -> AbstractContextManager[None]:
         """A re-entrant context in which every write is atomic.
 
         The outermost `transaction()` takes the storage's lock until it ends (other threads
         and tasks wait); nested ones are savepoints: an exception leaving a nested block
         undoes that block only. Nested blocks must not run concurrently (in gathered tasks)
         inside one transaction.
-        """
-        return self._txn.transaction()
 
-    def atransaction(self) -> AbstractAsyncContextManager[None]:
+        `savepoints=False` makes the block all or nothing, for code that never goes on
+        after a failed call: the storage calls inside it set no savepoint each (two
+        statements fewer per call: round trips on PostgreSQL), and a failure of any of them
+        undoes the whole block, even when the exception is caught inside it (leaving the
+        block then raises `StorageError`). Nested in another transaction, the block itself
+        is a savepoint of it.
+        """
+        return self._txn.transaction(savepoints=savepoints)
+
+    def atransaction(self, *, savepoints: bool = True) -> AbstractAsyncContextManager[None]:
         """The async twin of `transaction()`; waiting for the lock never blocks the loop."""
-        return self._txn.atransaction()
+        return self._txn.atransaction(savepoints=savepoints)
+
+    _whole_transactions: ClassVar[bool] = True
+    """`transaction(savepoints=False)` is supported (`_flow.Atomic` asks)."""
 
     # -- meta -----------------------------------------------------------------------------
     def get_session(self, session_id: str) -> SessionMeta | None:

@@ -108,6 +108,18 @@ class _Owner:
     """Serialises the owner's concurrent nested writes on a native async backend (created on
     first use, on the owner's loop): savepoints are a stack, so two tasks of one transaction
     (`asyncio.gather` of writes) must not interleave theirs."""
+    whole_at: int | None = None
+    """The depth of the all-or-nothing block the owner is in (`savepoints=False`), if any:
+    the blocks nested in it set no savepoint of their own, since its undo covers them."""
+    broken: bool = False
+    """A block nested in the all-or-nothing one failed: that block is undone as a whole,
+    even if the failure was caught inside it."""
+
+
+_BROKEN = (
+    "A storage call failed inside an all-or-nothing transaction (savepoints=False) and the "
+    "failure was caught: the whole transaction was rolled back."
+)
 
 
 class Transactions:
@@ -156,18 +168,23 @@ class Transactions:
 
     # -- sync -----------------------------------------------------------------------------
     @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """Atomic block: outermost = lock + begin/commit, nested = a savepoint."""
+    def transaction(self, *, savepoints: bool = True) -> Iterator[None]:
+        """Atomic block: outermost = lock + begin/commit, nested = a savepoint.
+
+        With `savepoints=False` the block is all or nothing: the blocks nested in it (every
+        storage call) set no savepoint of their own, and when one fails the whole block is
+        undone, even if the failure is caught inside it (`StorageError` on leaving it then).
+        """
         if self.owns():
             # savepoints are a stack: a nested block of one of the owner's threads runs
             # whole before another caller of the owner (a task, a worker thread) opens its own
-            with self._inline, self._savepoint():
+            with self._inline, self._savepoint(whole=not savepoints):
                 yield
             return
         self._acquire()
         try:
             self._hooks.begin(wait=True)
-            with self._owning(threading.get_ident()), self._committing():
+            with self._owning(threading.get_ident(), whole=not savepoints), self._committing():
                 yield
         finally:
             self._release()
@@ -203,14 +220,14 @@ class Transactions:
 
     # -- async ----------------------------------------------------------------------------
     @asynccontextmanager
-    async def atransaction(self) -> AsyncIterator[None]:
+    async def atransaction(self, *, savepoints: bool = True) -> AsyncIterator[None]:
         """The async twin of `transaction`: waiting and backend I/O never block the loop."""
         if self.owns():
-            async with self._asavepoint():
+            async with self._asavepoint(whole=not savepoints):
                 yield
             return
         await self._alock()
-        reset = self._own(None, asyncio.get_running_loop())
+        reset = self._own(None, asyncio.get_running_loop(), whole=not savepoints)
         try:
             await self._abegin()
             try:
@@ -218,6 +235,9 @@ class Transactions:
             except BaseException:
                 await self._aend(commit=False)
                 raise
+            if self._owner is not None and self._owner.broken:
+                await self._aend(commit=False)
+                raise StorageError(_BROKEN)
             await self._aend(commit=True)
         finally:
             self._disown(reset)
@@ -289,8 +309,10 @@ class Transactions:
         for woken in tuple(self._waiters):
             _wake(woken)
 
-    def _own(self, thread_id: int | None, loop: asyncio.AbstractEventLoop | None) -> Any:
-        owner = _Owner(object(), thread_id, loop)
+    def _own(
+        self, thread_id: int | None, loop: asyncio.AbstractEventLoop | None, whole: bool = False
+    ) -> Any:
+        owner = _Owner(object(), thread_id, loop, whole_at=0 if whole else None)
         self._owner = owner
         return _OWNED.set(_OWNED.get() | {owner.token})
 
@@ -299,8 +321,8 @@ class Transactions:
         self._owner = None
 
     @contextmanager
-    def _owning(self, thread_id: int | None) -> Iterator[None]:
-        reset = self._own(thread_id, None)
+    def _owning(self, thread_id: int | None, whole: bool = False) -> Iterator[None]:
+        reset = self._own(thread_id, None, whole)
         try:
             yield
         finally:
@@ -314,6 +336,9 @@ class Transactions:
         except BaseException:
             self._end(commit=False)
             raise
+        if self._owner is not None and self._owner.broken:
+            self._end(commit=False)
+            raise StorageError(_BROKEN)
         self._end(commit=True)
 
     def _end(self, *, commit: bool) -> None:
@@ -328,11 +353,20 @@ class Transactions:
                 raise
 
     @contextmanager
-    def _savepoint(self) -> Iterator[None]:
+    def _savepoint(self, whole: bool = False) -> Iterator[None]:
         owner = self._owner
         assert owner is not None
+        if owner.whole_at is not None:  # inside an all-or-nothing block: its undo covers this
+            try:
+                yield
+            except BaseException:
+                owner.broken = True
+                raise
+            return
         owner.depth += 1
         depth = owner.depth
+        if whole:
+            owner.whole_at = depth
         try:
             with self._inline:
                 self._hooks.savepoint(depth)
@@ -342,10 +376,16 @@ class Transactions:
                 with self._inline:
                     self._hooks.rollback_to(depth)
                 raise
+            if owner.broken:
+                with self._inline:
+                    self._hooks.rollback_to(depth)
+                raise StorageError(_BROKEN)
             with self._inline:
                 self._hooks.release(depth)
         finally:
             owner.depth -= 1
+            if whole:
+                owner.whole_at, owner.broken = None, False
 
     # -- what the worker thread runs (sync-only backends) ---------------------------------
     def _read_and_release(self, flow: Flow[T]) -> T:
@@ -477,11 +517,20 @@ class Transactions:
             self._inline.release()
 
     @asynccontextmanager
-    async def _asavepoint(self) -> AsyncIterator[None]:
+    async def _asavepoint(self, whole: bool = False) -> AsyncIterator[None]:
         owner = self._owner
         assert owner is not None
+        if owner.whole_at is not None:  # inside an all-or-nothing block: its undo covers this
+            try:
+                yield
+            except BaseException:
+                owner.broken = True
+                raise
+            return
         owner.depth += 1
         depth = owner.depth
+        if whole:
+            owner.whole_at = depth
         try:
             await self._ahook("savepoint", depth)
             try:
@@ -489,9 +538,14 @@ class Transactions:
             except BaseException:
                 await self._ahook("rollback_to", depth)
                 raise
+            if owner.broken:
+                await self._ahook("rollback_to", depth)
+                raise StorageError(_BROKEN)
             await self._ahook("release", depth)
         finally:
             owner.depth -= 1
+            if whole:
+                owner.whole_at, owner.broken = None, False
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -74,17 +74,25 @@ class Call:
 
 @dataclass(frozen=True, slots=True)
 class Atomic:
-    """A nested flow run in one storage transaction (`transaction()` / `atransaction()`)."""
+    """A nested flow run in one storage transaction (`transaction()` / `atransaction()`).
+
+    The flow is all or nothing: a failed step ends it (no flow goes on after one), so on
+    the stello storages the transaction sets no savepoint per step (`savepoints=False`)."""
 
     flow: Generator[Step, Any, Any]
 
     def run(self, storage: Any) -> Any:
-        with storage.transaction():
+        with storage.transaction(**_whole(storage)):
             return run(self.flow, storage)
 
     async def arun(self, storage: Any) -> Any:
-        async with storage.atransaction():
+        async with storage.atransaction(**_whole(storage)):
             return await arun(self.flow, storage)
+
+
+def _whole(storage: object) -> dict[str, bool]:
+    """The arguments of an all-or-nothing transaction, where the storage has them."""
+    return {"savepoints": False} if getattr(type(storage), "_whole_transactions", False) else {}
 
 
 Step = Storage | Call | Atomic

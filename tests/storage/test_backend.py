@@ -46,9 +46,12 @@ def test_the_storage_implements_every_method_of_the_protocol() -> None:
     missing = {name for name in protocol if not callable(getattr(BackendStorage, name, None))}
     assert missing <= {"tree_id"}, missing  # a property
     for name in protocol - {"tree_id"}:
-        ours = inspect.signature(getattr(BackendStorage, name))
-        theirs = inspect.signature(getattr(MainStorage, name))
-        assert list(ours.parameters) == list(theirs.parameters), name
+        ours = inspect.signature(getattr(BackendStorage, name)).parameters
+        theirs = list(inspect.signature(getattr(MainStorage, name)).parameters)
+        assert list(ours)[: len(theirs)] == theirs, name
+        for extra in list(ours)[len(theirs) :]:  # options of its own (`savepoints=`) only
+            assert ours[extra].kind is inspect.Parameter.KEYWORD_ONLY, (name, extra)
+            assert ours[extra].default is not inspect.Parameter.empty, (name, extra)
 
 
 def test_a_backend_object_is_composed_into_a_full_storage(tmp_path: Path) -> None:
