@@ -122,6 +122,6 @@ STATEMENTS: tuple[str, ...] = (
         ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
     """CREATE TRIGGER stello_sessions_delete AFTER DELETE ON stello_sessions
         BEGIN INSERT INTO stello_changes (tree_id, version) VALUES (OLD.tree_id, 1)
-        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; END""",
+        ON CONFLICT (tree_id) DO UPDATE SET version = version + 1; DELETE FROM stello_record_rows WHERE l3_key = OLD.l3_key; END""",
 )
 # fmt: on

@@ -70,14 +70,17 @@ Version 10 keys the records by a compact session key instead of the two ids:
 * `stello_record_rows` - the records, keyed by `(l3_key, seq)`, with the turn-id index; a
   session's deletion cascades to them;
 * `stello_records` - now a view over the two with the columns the table had (`tree_id`,
-  `session_id`, `seq`, `type`, `data`, `created_at`, `turn_id`, `turn_seq`). Its `INSTEAD OF`
-  triggers write through to `stello_record_rows`, so a statement written for the table still
-  reads and writes the same records.
+  `session_id`, `seq`, `type`, `data`, `created_at`, `turn_id`, `turn_seq`), so a statement
+  written for the table reads the same records. Its `INSTEAD OF` triggers write plain
+  `INSERT`, `UPDATE` and `DELETE` through to `stello_record_rows` (their `rowcount` is 0, an
+  upsert is refused, and an update cannot move a record to another session).
 
 Each record no longer repeats two 36-character ids in its row and again in the primary-key
 index (~150 bytes of a short turn's ~400). `stello_changes` is kept by triggers on
 `stello_record_rows` and, for the records a deleted session takes with it, on
-`stello_sessions`.
+`stello_sessions`. The migration copies every record once: the old table's pages stay in
+the file as free pages (new records reuse them; `VACUUM` returns them), and records whose
+session was gone (left by a deletion without foreign keys, never read) are not copied.
 """
 
 from __future__ import annotations
@@ -370,10 +373,12 @@ def _v10_record_keys(db: Database) -> None:
             BEGIN {" ".join(_bump_session(row) for row in rows)} END"""
         )
     # a session's cascade removes its rows after the session row is gone, where the rows'
-    # trigger finds no tree: the session's own deletion counts as the change of its L3
+    # trigger finds no tree: the session's own deletion counts as the change of its L3. Its
+    # rows go with it even on a connection without `foreign_keys` (the sqlite3 shell's
+    # default), so a later session given its key never finds them.
     db.execute(
         f"""CREATE TRIGGER stello_sessions_delete AFTER DELETE ON {SESSIONS}
-        BEGIN {_bump("OLD")} END"""
+        BEGIN {_bump("OLD")} DELETE FROM {ROWS} WHERE l3_key = OLD.l3_key; END"""
     )
     db.execute(
         f"""CREATE VIEW {RECORDS} AS

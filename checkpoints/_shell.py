@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import stello_graph.checkpoints._flows as flows
 from stello_graph._copies import detached_all
@@ -149,11 +149,12 @@ class BackendStorage(BulkReads, AsyncMethods):
         inside one transaction.
 
         `savepoints=False` makes the block all or nothing, for code that never goes on
-        after a failed call: the storage calls inside it set no savepoint each (two
-        statements fewer per call: round trips on PostgreSQL), and a failure of any of them
-        undoes the whole block, even when the exception is caught inside it (leaving the
-        block then raises `StorageError`). Nested in another transaction, the block itself
-        is a savepoint of it.
+        after a failed call: the storage calls and `transaction()` blocks inside it set no
+        savepoint each (two statements fewer per call: round trips on PostgreSQL), and a
+        failure of any of them undoes the whole block, even when the exception is caught
+        inside it: the block then takes no further call, and leaving it raises
+        `StorageError` (its cause: the failure). Nested in a plain transaction, the block
+        is one savepoint of it; nested in an all-or-nothing one, it is part of that one.
         """
         return self._txn.transaction(savepoints=savepoints)
 
@@ -161,8 +162,10 @@ class BackendStorage(BulkReads, AsyncMethods):
         """The async twin of `transaction()`; waiting for the lock never blocks the loop."""
         return self._txn.atransaction(savepoints=savepoints)
 
-    _whole_transactions: ClassVar[bool] = True
-    """`transaction(savepoints=False)` is supported (`_flow.Atomic` asks)."""
+    # `_flow.Atomic` asks for all-or-nothing blocks of these two only: an override (say with
+    # the protocol's own signature) lacks the mark and gets plain transactions
+    transaction.stello_whole_blocks = True  # type: ignore[attr-defined]
+    atransaction.stello_whole_blocks = True  # type: ignore[attr-defined]
 
     # -- meta -----------------------------------------------------------------------------
     def get_session(self, session_id: str) -> SessionMeta | None:

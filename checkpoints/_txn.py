@@ -28,6 +28,11 @@ it unwinds, so the lock is never released under a running statement.
 
 The backend supplies the transaction primitives (`TransactionHooks`, and their async twins):
 SQLite maps them to `BEGIN IMMEDIATE` / `SAVEPOINT`, the in-memory storage to an undo log.
+
+A nested block is a savepoint, except inside an all-or-nothing block (`savepoints=False`):
+there nested blocks set none, and the first failure among them breaks the all-or-nothing
+block, which then refuses every further call (its partial writes are still there: a read
+would see, and a record cache keep, what the rollback is about to undo) and rolls back.
 """
 
 from __future__ import annotations
@@ -111,14 +116,20 @@ class _Owner:
     whole_at: int | None = None
     """The depth of the all-or-nothing block the owner is in (`savepoints=False`), if any:
     the blocks nested in it set no savepoint of their own, since its undo covers them."""
-    broken: bool = False
-    """A block nested in the all-or-nothing one failed: that block is undone as a whole,
-    even if the failure was caught inside it."""
+    broken: BaseException | None = None
+    """What a block nested in the all-or-nothing one raised: that block is then undone as a
+    whole, even if the failure was caught inside it, and takes no further call."""
+
+    def refuse_broken(self) -> None:
+        """Refuse a call in an all-or-nothing block whose nested block failed: its writes
+        are still there (no savepoint undid them) until the block rolls back."""
+        if self.broken is not None:
+            raise StorageError(_BROKEN) from self.broken
 
 
 _BROKEN = (
-    "A storage call failed inside an all-or-nothing transaction (savepoints=False) and the "
-    "failure was caught: the whole transaction was rolled back."
+    "A block inside an all-or-nothing transaction (savepoints=False) failed and the failure "
+    "was caught: the all-or-nothing block is rolled back and takes no further call."
 )
 
 
@@ -192,6 +203,8 @@ class Transactions:
     def read(self, flow: Flow[T]) -> T:
         """Run `flow` under the lock (inline when the caller owns it)."""
         if self.owns():
+            assert self._owner is not None
+            self._owner.refuse_broken()
             with self._inline:
                 return drive(flow, self._backend)
         self._acquire()
@@ -235,9 +248,9 @@ class Transactions:
             except BaseException:
                 await self._aend(commit=False)
                 raise
-            if self._owner is not None and self._owner.broken:
+            if self._owner is not None and self._owner.broken is not None:
                 await self._aend(commit=False)
-                raise StorageError(_BROKEN)
+                raise StorageError(_BROKEN) from self._owner.broken
             await self._aend(commit=True)
         finally:
             self._disown(reset)
@@ -246,6 +259,8 @@ class Transactions:
     async def aread(self, flow: Flow[T]) -> T:
         """`read` without blocking the loop."""
         if self.owns():
+            assert self._owner is not None
+            self._owner.refuse_broken()
             return await self._ainline(flow)
         await self._alock()
         if not self.native:  # the worker releases the lock once done
@@ -336,9 +351,9 @@ class Transactions:
         except BaseException:
             self._end(commit=False)
             raise
-        if self._owner is not None and self._owner.broken:
+        if self._owner is not None and self._owner.broken is not None:
             self._end(commit=False)
-            raise StorageError(_BROKEN)
+            raise StorageError(_BROKEN) from self._owner.broken
         self._end(commit=True)
 
     def _end(self, *, commit: bool) -> None:
@@ -357,11 +372,14 @@ class Transactions:
         owner = self._owner
         assert owner is not None
         if owner.whole_at is not None:  # inside an all-or-nothing block: its undo covers this
+            owner.refuse_broken()
             try:
                 yield
-            except BaseException:
-                owner.broken = True
+            except BaseException as exc:
+                owner.broken = owner.broken or exc
                 raise
+            if whole:  # an all-or-nothing block in another fails as that one does
+                owner.refuse_broken()
             return
         owner.depth += 1
         depth = owner.depth
@@ -376,16 +394,16 @@ class Transactions:
                 with self._inline:
                     self._hooks.rollback_to(depth)
                 raise
-            if owner.broken:
+            if owner.broken is not None:
                 with self._inline:
                     self._hooks.rollback_to(depth)
-                raise StorageError(_BROKEN)
+                owner.refuse_broken()
             with self._inline:
                 self._hooks.release(depth)
         finally:
             owner.depth -= 1
             if whole:
-                owner.whole_at, owner.broken = None, False
+                owner.whole_at, owner.broken = None, None
 
     # -- what the worker thread runs (sync-only backends) ---------------------------------
     def _read_and_release(self, flow: Flow[T]) -> T:
@@ -521,11 +539,14 @@ class Transactions:
         owner = self._owner
         assert owner is not None
         if owner.whole_at is not None:  # inside an all-or-nothing block: its undo covers this
+            owner.refuse_broken()
             try:
                 yield
-            except BaseException:
-                owner.broken = True
+            except BaseException as exc:
+                owner.broken = owner.broken or exc
                 raise
+            if whole:  # an all-or-nothing block in another fails as that one does
+                owner.refuse_broken()
             return
         owner.depth += 1
         depth = owner.depth
@@ -538,14 +559,14 @@ class Transactions:
             except BaseException:
                 await self._ahook("rollback_to", depth)
                 raise
-            if owner.broken:
+            if owner.broken is not None:
                 await self._ahook("rollback_to", depth)
-                raise StorageError(_BROKEN)
+                owner.refuse_broken()
             await self._ahook("release", depth)
         finally:
             owner.depth -= 1
             if whole:
-                owner.whole_at, owner.broken = None, False
+                owner.whole_at, owner.broken = None, None
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

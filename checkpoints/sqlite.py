@@ -213,7 +213,8 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
             ON CONFLICT (tree_id, id) DO UPDATE SET
                 label = excluded.label, role = excluded.role, status = excluded.status,
                 tags = excluded.tags, metadata = excluded.metadata,
-                created_at = excluded.created_at, updated_at = excluded.updated_at""",
+                created_at = excluded.created_at, updated_at = excluded.updated_at,
+                l3_key = COALESCE(l3_key, excluded.l3_key)""",
             (tree, *row, tree),
         )
         sql = f"UPDATE {NODES} SET label = ? WHERE tree_id = ? AND id = ?"

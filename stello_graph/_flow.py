@@ -82,17 +82,19 @@ class Atomic:
     flow: Generator[Step, Any, Any]
 
     def run(self, storage: Any) -> Any:
-        with storage.transaction(**_whole(storage)):
+        with storage.transaction(**_whole(storage, "transaction")):
             return run(self.flow, storage)
 
     async def arun(self, storage: Any) -> Any:
-        async with storage.atransaction(**_whole(storage)):
+        async with storage.atransaction(**_whole(storage, "atransaction")):
             return await arun(self.flow, storage)
 
 
-def _whole(storage: object) -> dict[str, bool]:
-    """The arguments of an all-or-nothing transaction, where the storage has them."""
-    return {"savepoints": False} if getattr(type(storage), "_whole_transactions", False) else {}
+def _whole(storage: object, method: str) -> dict[str, bool]:
+    """The arguments of an all-or-nothing transaction, where the storage's `method` (not
+    overridden by a subclass) takes them."""
+    marked = getattr(getattr(type(storage), method, None), "stello_whole_blocks", False)
+    return {"savepoints": False} if marked else {}
 
 
 Step = Storage | Call | Atomic

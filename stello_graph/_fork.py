@@ -381,7 +381,9 @@ def fork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     """Create the child of `req.source_id` and its TopologyNode atomically; return its meta.
 
     Nothing is written when anything fails: the source is missing, archived or (in a tree)
-    has no node, the id is taken, or a context / compress function raises.
+    has no node, the id is taken, or a context / compress function raises. Without a
+    function (`context="none"` / `"inherit"`) the checks run in the fork's one write
+    transaction, so on SQLite a refused fork waits for another writer's lock as a fork does.
     """
     meta: SessionMeta = run(_fork_flow(storage, req), storage)
     return meta

@@ -155,3 +155,29 @@ def test_a_session_read_goes_through_the_key(tmp_path: Path, session_id: str) ->
     details = [row[-1] for row in plan]
     assert any("sqlite_autoindex_stello_record_rows_1 (l3_key=?)" in d for d in details), plan
     assert not any("SCAN" in d or "TEMP B-TREE" in d for d in details), plan
+
+
+def test_a_session_deleted_without_foreign_keys_takes_its_records(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    with SqliteMainStorage(path, tree_id="alice") as alice:
+        alice.put_session(SessionMeta(id="note", label="N"))
+        alice.append_records("note", [HumanMessage("alice's private note")])
+    conn = sqlite3.connect(path, isolation_level=None)  # the sqlite3 shell's default: no FKs
+    conn.execute("DELETE FROM stello_sessions WHERE tree_id = 'alice'")
+    assert conn.execute("SELECT COUNT(*) FROM stello_record_rows").fetchone() == (0,)
+    conn.close()
+    with SqliteMainStorage(path, tree_id="bob") as bob:  # it gets the freed key
+        bob.put_session(SessionMeta(id="new", label="New"))
+        assert bob.list_records("new") == []
+
+
+def test_a_session_row_without_a_key_gets_one_when_it_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    SqliteMainStorage(path).close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    put_old_session(conn, "outside")  # written by a tool that knows nothing of the key
+    conn.close()
+    with SqliteMainStorage(path) as storage:
+        storage.put_session(SessionMeta(id="outside", label="Outside"))
+        storage.append_records("outside", [HumanMessage("q")])
+        assert [m.content for m in storage.list_records("outside")] == ["q"]

@@ -104,3 +104,51 @@ def test_a_fork_sets_no_savepoint(tmp_path: Path) -> None:
         storage._conn.set_trace_callback(None)
     assert not [sql for sql in seen if sql.startswith(("SAVEPOINT", "RELEASE"))]
     assert sum(sql.startswith("BEGIN") for sql in seen) == 1
+
+
+def _append_then_read(storage: SqliteMainStorage) -> None:
+    with storage.transaction(savepoints=False):
+        with pytest.raises(StorageError):  # the first record is written meanwhile
+            storage.append_records("a", [HumanMessage("small"), HumanMessage("x" * 5000)])
+        storage.list_records("a")  # refused: it would read (and cache) that record
+
+
+def test_a_broken_block_takes_no_further_call_so_no_cache_holds_its_rows(tmp_path: Path) -> None:
+    with SqliteMainStorage(tmp_path / "a.db") as storage:
+        storage.put_session(SessionMeta(id="a", label="A"))
+        storage._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 2000)  # the 2nd record cannot be
+        with pytest.raises(StorageError, match="all-or-nothing") as raised:
+            _append_then_read(storage)
+        assert isinstance(raised.value.__cause__, StorageError)  # what the call raised
+        storage._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000_000)
+        assert storage.list_records("a") == [] and storage.count_records("a") == 0
+
+
+def _whole_in_whole(storage: SqliteMainStorage) -> None:
+    with storage.transaction(savepoints=False):
+        storage.put_session(SessionMeta(id="a", label="A"))
+        with storage.transaction(savepoints=False), pytest.raises(SessionNotFoundError):
+            storage.append_records("missing", [HumanMessage("q")])
+        raise AssertionError("the inner block's exit raises")  # pragma: no cover
+
+
+def test_an_all_or_nothing_block_inside_another_fails_with_it(tmp_path: Path) -> None:
+    with SqliteMainStorage(tmp_path / "a.db") as storage:
+        with pytest.raises(StorageError, match="all-or-nothing"):
+            _whole_in_whole(storage)
+        assert storage.list_sessions() == []
+
+
+def test_an_override_of_transaction_gets_plain_transactions(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    class Instrumented(SqliteMainStorage):
+        def transaction(self):  # type: ignore[no-untyped-def,override]  # the protocol's own
+            calls.append("transaction")
+            return super().transaction()
+
+    with Instrumented(tmp_path / "a.db") as storage:
+        storage.put_session(SessionMeta(id="src", label="S"))
+        child = fork_session(storage, ForkRequest.build("src", "Child"))
+        assert storage.get_session(child.id) is not None
+    assert calls  # the fork ran in the override's transaction
