@@ -372,14 +372,8 @@ class Transactions:
         owner = self._owner
         assert owner is not None
         if owner.whole_at is not None:  # inside an all-or-nothing block: its undo covers this
-            owner.refuse_broken()
-            try:
+            with _part_of_whole(owner, whole):
                 yield
-            except BaseException as exc:
-                owner.broken = owner.broken or exc
-                raise
-            if whole:  # an all-or-nothing block in another fails as that one does
-                owner.refuse_broken()
             return
         owner.depth += 1
         depth = owner.depth
@@ -539,14 +533,8 @@ class Transactions:
         owner = self._owner
         assert owner is not None
         if owner.whole_at is not None:  # inside an all-or-nothing block: its undo covers this
-            owner.refuse_broken()
-            try:
+            with _part_of_whole(owner, whole):
                 yield
-            except BaseException as exc:
-                owner.broken = owner.broken or exc
-                raise
-            if whole:  # an all-or-nothing block in another fails as that one does
-                owner.refuse_broken()
             return
         owner.depth += 1
         depth = owner.depth
@@ -567,6 +555,19 @@ class Transactions:
             owner.depth -= 1
             if whole:
                 owner.whole_at, owner.broken = None, None
+
+
+@contextmanager
+def _part_of_whole(owner: _Owner, whole: bool) -> Iterator[None]:
+    """A block nested in an all-or-nothing one: no savepoint; its failure breaks that one."""
+    owner.refuse_broken()
+    try:
+        yield
+    except BaseException as exc:
+        owner.broken = owner.broken or exc
+        raise
+    if whole:  # an all-or-nothing block in another fails as that one does
+        owner.refuse_broken()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
