@@ -221,16 +221,22 @@ def _bump(row: str) -> str:
         ON CONFLICT (tree_id) DO UPDATE SET version = version + 1;"""
 
 
+def _change_triggers(db: Database, table: str, bump: Callable[[str], str]) -> None:
+    """The triggers that count every insert, delete and update of `table`'s rows in
+    `stello_changes` (`bump(row)`: the statement for the `NEW` or `OLD` row)."""
+    for event, rows in (("insert", ("NEW",)), ("delete", ("OLD",)), ("update", ("OLD", "NEW"))):
+        db.execute(
+            f"""CREATE TRIGGER {table}_{event} AFTER {event.upper()} ON {table}
+            BEGIN {" ".join(bump(row) for row in rows)} END"""
+        )
+
+
 def _v3_record_changes(db: Database) -> None:
     db.table(CHANGES).create(
         {"tree_id": str, "version": int}, pk="tree_id", not_null={"tree_id", "version"}
     )
     # Foreign-key cascades (a session deleted with its records) fire the DELETE trigger too.
-    for event, rows in (("insert", ("NEW",)), ("delete", ("OLD",)), ("update", ("OLD", "NEW"))):
-        db.execute(
-            f"""CREATE TRIGGER stello_records_{event} AFTER {event.upper()} ON {RECORDS}
-            BEGIN {" ".join(_bump(row) for row in rows)} END"""
-        )
+    _change_triggers(db, RECORDS, _bump)
 
 
 def _v4_session_lease(db: Database) -> None:
@@ -367,11 +373,7 @@ def _v10_record_keys(db: Database) -> None:
     )
     db.execute(f"DROP TABLE {RECORDS}")  # with its indexes
     db.execute(f"CREATE INDEX stello_records_turns ON {ROWS} (turn_id) WHERE turn_id IS NOT NULL")
-    for event, rows in (("insert", ("NEW",)), ("delete", ("OLD",)), ("update", ("OLD", "NEW"))):
-        db.execute(
-            f"""CREATE TRIGGER stello_record_rows_{event} AFTER {event.upper()} ON {ROWS}
-            BEGIN {" ".join(_bump_session(row) for row in rows)} END"""
-        )
+    _change_triggers(db, ROWS, _bump_session)
     # a session's cascade removes its rows after the session row is gone, where the rows'
     # trigger finds no tree: the session's own deletion counts as the change of its L3. Its
     # rows go with it even on a connection without `foreign_keys` (the sqlite3 shell's

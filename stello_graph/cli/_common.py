@@ -149,10 +149,7 @@ def probe_database(path: Path, *, timeout: float = 5.0) -> tuple[DbKind, list[st
 
 
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return int(code) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    return "locked" in str(exc)
+    return (exc.sqlite_errorcode & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 NOT_A_TREE = {
