@@ -3,7 +3,8 @@
 None of these is part of the `MainStorage` protocol: the views that use them fall back to
 per-session reads on a storage without them.
 
-* `topology_parts` - what `Topology.read` needs, in one read of three statements.
+* `topology_text` - what `Topology.read` needs as two JSON texts, in one statement (SQLite,
+  PostgreSQL); `topology_parts` - the same as models, in one read of three statements.
 * `list_turn_counts` - every session's user turns, in one read.
 * `iter_session_l2s(batch=...)` - the L2s of `get_all_session_l2s`, a page at a time: the
   caller holds one page, never 100,000 L2s, and the storage is free between pages.
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from stello_graph._tree_text import TopologyText
 from stello_graph.checkpoints._flows import TopologyParts, one, topology_parts
 from stello_graph.checkpoints._rows import built, stored_l2
 from stello_graph.errors import InvalidInputError
@@ -56,10 +58,28 @@ class BulkReads:
 
     _txn: Transactions
 
+    def topology_text(self) -> TopologyText | None:
+        """Every node and every session's meta, lineage and user turns, as the two JSON texts
+        of a `TopologyText`, in one statement (`Topology.read`); `None` on a backend without
+        `op_topology_text`, or when the text would be longer than the database's longest
+        value (`topology_parts` then)."""
+        if not self._txn.has("topology_text"):
+            return None
+        found: TopologyText | None = self._txn.read(one("topology_text"))
+        return found
+
+    async def atopology_text(self) -> TopologyText | None:
+        """Async twin of `topology_text`."""
+        if not self._txn.has("topology_text", in_async=True):
+            return None
+        found: TopologyText | None = await self._txn.aread(one("topology_text"))
+        return found
+
     def topology_parts(self) -> TopologyParts:
         """The nodes in tree order, every session's meta, the lineage and every session's
-        user turns, in one read under the storage's lock (`Topology.read`): three
-        statements, the lineage and the turn counts in one pass over the sessions."""
+        user turns, in one read under the storage's lock (`Topology.read` on a backend
+        without `topology_text`): three statements, the lineage and the turn counts in one
+        pass over the sessions."""
         return self._txn.read(topology_parts())
 
     async def atopology_parts(self) -> TopologyParts:

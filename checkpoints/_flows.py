@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stello_graph._flow import arun, run
+from stello_graph._tree_text import tree_order
 from stello_graph.checkpoints._rows import built
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
@@ -358,22 +359,6 @@ def tree() -> Flow[list[TopologyNode]]:
     return tree_order((yield Op("all_nodes")))
 
 
-def tree_order(nodes: list[TopologyNode]) -> list[TopologyNode]:
-    """`nodes` (in creation order) in depth-first pre-order, siblings in creation order."""
-    ids = {node.id for node in nodes}
-    children: dict[str | None, list[TopologyNode]] = {}
-    for node in nodes:
-        parent = node.parent_id if node.parent_id in ids else None
-        children.setdefault(parent, []).append(node)
-    ordered: list[TopologyNode] = []
-    stack = list(reversed(children.get(None, [])))
-    while stack:
-        node = stack.pop()
-        ordered.append(node)
-        stack.extend(reversed(children.get(node.id, [])))
-    return ordered
-
-
 # -- the event log ---------------------------------------------------------------------------
 def append_event(kind: str, session_id: str | None, payload: str, at: str) -> Flow[int]:
     cursor: int = yield Op("append_event", kind, session_id, payload, at)
@@ -424,8 +409,11 @@ def _lineage(rows: list[tuple[Any, ...]]) -> dict[str, ForkPoint]:
 
 
 TopologyParts = tuple[list[TopologyNode], list[SessionMeta], dict[str, ForkPoint], dict[str, int]]
-"""What `Topology.read` is made of: the nodes in tree order, every session's meta, the
-lineage and every session's user turns."""
+"""What `Topology.read` is made of on a backend without `op_topology_text`: the nodes in tree
+order, every session's meta, the lineage and every session's user turns."""
+
+TOPOLOGY_FIELDS = (*LINEAGE, "turn_count")
+"""The `FIELDS` after the meta in each `TopologyText.sessions` row."""
 
 
 def topology_parts() -> Flow[TopologyParts]:
@@ -433,7 +421,7 @@ def topology_parts() -> Flow[TopologyParts]:
     both the lineage and the turn counts (each was a pass of its own)."""
     nodes = yield from tree()
     metas: list[SessionMeta] = yield Op("list_sessions", None, None)
-    rows: list[tuple[Any, ...]] = yield Op("all_fields", (*LINEAGE, "turn_count"))
+    rows: list[tuple[Any, ...]] = yield Op("all_fields", TOPOLOGY_FIELDS)
     return nodes, metas, _lineage(rows), {row[0]: row[3] for row in rows}
 
 

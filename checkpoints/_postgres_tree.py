@@ -4,10 +4,13 @@ tree's size, with the shared fork prefixes resolved (`_shared_l3`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, cast
 
-from stello_graph.checkpoints._postgres_conn import Query, Steps
+from stello_graph._tree_text import TopologyText
+from stello_graph.checkpoints._flows import TOPOLOGY_FIELDS
+from stello_graph.checkpoints._postgres_conn import Query, Steps, unescape_text
 from stello_graph.checkpoints._postgres_schema import NODES, RECORDS, SESSIONS
 from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, stored_node
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, export_with_prefixes
@@ -24,6 +27,22 @@ __all__ = ["TreeStatements"]
 
 _META = "id, label, role, status, tags, metadata, created_at, updated_at"
 _META_COUNT = 8
+_TOPOLOGY_TEXT = f"""SELECT
+    (SELECT COALESCE(json_agg(json_build_array(id, parent_id, label) ORDER BY position),
+        '[]')::text FROM {NODES} WHERE tree_id = %s),
+    (SELECT COALESCE(json_agg(json_build_array({_META}, {", ".join(TOPOLOGY_FIELDS)})
+        ORDER BY created_seq), '[]')::text FROM {SESSIONS} WHERE tree_id = %s)"""
+
+
+def _unescaped(text: str) -> str:
+    """A JSON text of rows with the texts `escape_text` stored read back (their marker is
+    `\\u0001` in JSON: a text without it holds none)."""
+    if "\\u0001" not in text:
+        return text
+    rows = [
+        [unescape_text(v) if isinstance(v, str) else v for v in row] for row in json.loads(text)
+    ]
+    return json.dumps(rows, ensure_ascii=False)
 
 
 class TreeStatements:
@@ -136,6 +155,11 @@ class TreeStatements:
         ).rows
         rows = yield from self.run(self.shared.patch(rows, None, 8))
         return [cast("DigestRow", tuple(row)) for row in rows]
+
+    def topology_text(self) -> Steps[TopologyText]:
+        # One statement, so one snapshot; `json` keeps the order `json_agg` was given.
+        row = (yield Query(_TOPOLOGY_TEXT, (self.tree_id, self.tree_id))).rows[0]
+        return TopologyText(_unescaped(row[0]), _unescaped(row[1]))
 
     def all_nodes(self) -> Steps[list[TopologyNode]]:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = %s ORDER BY position"

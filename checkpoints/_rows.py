@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -19,7 +20,15 @@ from pydantic import BaseModel
 from stello_graph.checkpoints._serde import from_iso
 from stello_graph.models import ChildL2, SessionMeta, SessionStats, TopologyNode
 
-__all__ = ["built", "stats_from_row", "stored_l2", "stored_meta", "stored_model", "stored_node"]
+__all__ = [
+    "built",
+    "no_collection",
+    "stats_from_row",
+    "stored_l2",
+    "stored_meta",
+    "stored_model",
+    "stored_node",
+]
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
@@ -37,21 +46,28 @@ _set_extra = _SLOTS["__pydantic_extra__"].__set__
 _set_private = _SLOTS["__pydantic_private__"].__set__
 
 
-def built(make: Callable[[R], T], rows: Iterable[R]) -> list[T]:
-    """`[make(row) for row in rows]`, with the cyclic garbage collector paused meanwhile.
+@contextmanager
+def no_collection() -> Iterator[None]:
+    """The cyclic garbage collector paused for the block.
 
     Building 100,000 objects in a row otherwise triggers a collection every 700 of them,
     each walking the young objects again (about a third of a whole-tree read); the objects
-    built hold no cycles, and the collector runs again as soon as the list is done.
+    a whole-tree read builds hold no cycles, and the collector runs again once it is done.
     """
     paused = gc.isenabled()
     if paused:
         gc.disable()
     try:
-        return [make(row) for row in rows]
+        yield
     finally:
         if paused:
             gc.enable()
+
+
+def built(make: Callable[[R], T], rows: Iterable[R]) -> list[T]:
+    """`[make(row) for row in rows]`, with the cyclic garbage collector paused meanwhile."""
+    with no_collection():
+        return [make(row) for row in rows]
 
 
 def stored_model(cls: type[M], values: dict[str, Any]) -> M:

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, Self
 
 import stello_graph.checkpoints._flows as flows
 from stello_graph._copies import detached_all
+from stello_graph._tree_text import tree_order
 from stello_graph.checkpoints._ashell import AsyncMethods
 from stello_graph.checkpoints._bulk import BulkReads
-from stello_graph.checkpoints._flows import one, tree_order
+from stello_graph.checkpoints._flows import one
 from stello_graph.checkpoints._serde import dumps, meta_to_row
 from stello_graph.checkpoints._txn import Transactions
 from stello_graph.checkpoints._validate import (

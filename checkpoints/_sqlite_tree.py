@@ -8,12 +8,15 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from stello_graph._tree_text import TopologyText
+from stello_graph.checkpoints._flows import TOPOLOGY_FIELDS
 from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, stored_node
 from stello_graph.checkpoints._schema import NODES, ROWS, SESSIONS
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T
 from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.checkpoints._sqlite_rows import export_rows
 from stello_graph.digest import DigestRow
+from stello_graph.errors import StorageError
 from stello_graph.models import (
     ChildL2,
     SessionStats,
@@ -25,6 +28,14 @@ if TYPE_CHECKING:
 
 
 __all__ = ["SqliteTreeReads"]
+
+_META = "id, label, role, status, tags, metadata, created_at, updated_at"
+_TOPOLOGY_TEXT = f"""SELECT
+    (SELECT json_group_array(json_array(id, parent_id, label)) FROM (
+        SELECT id, parent_id, label FROM {NODES} WHERE tree_id = :tree ORDER BY position)),
+    (SELECT json_group_array(json_array({_META}, {", ".join(TOPOLOGY_FIELDS)})) FROM (
+        SELECT {_META}, {", ".join(TOPOLOGY_FIELDS)} FROM {SESSIONS}
+        WHERE tree_id = :tree ORDER BY created_seq))"""
 
 
 class SqliteTreeReads:
@@ -112,6 +123,17 @@ class SqliteTreeReads:
 
     def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
         return export_rows(self._q, self._run, self._shared, part, sink)
+
+    def op_topology_text(self) -> TopologyText | None:
+        # One statement, so one snapshot; an ordered subquery is not flattened into an
+        # aggregate (SQLite keeps its ORDER BY), so the rows come in creation order.
+        try:
+            row = self._q(_TOPOLOGY_TEXT, {"tree": self.tree_id}).fetchone()
+        except StorageError as exc:
+            if getattr(exc.__cause__, "sqlite_errorcode", None) == sqlite3.SQLITE_TOOBIG:
+                return None  # longer than SQLite's longest value: `topology_parts` then
+            raise
+        return TopologyText(row[0], row[1])
 
     def op_all_nodes(self) -> list[TopologyNode]:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? ORDER BY position"

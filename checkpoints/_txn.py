@@ -163,6 +163,13 @@ class Transactions:
         self._worker: ThreadPoolExecutor | None = None
         """Created on first use, by a caller holding the lock (so only once)."""
 
+    def has(self, name: str, *, in_async: bool = False) -> bool:
+        """Whether the backend has the optional primitive `op_NAME` (`in_async`: what an
+        async call runs, `aop_NAME` on a native async backend)."""
+        if in_async and self.native:
+            return callable(getattr(self._abackend, f"aop_{name}", None))
+        return callable(getattr(self._backend, f"op_{name}", None))
+
     @property
     def native(self) -> bool:
         """Whether async calls await the backend's async primitives (else: a worker thread)."""

@@ -25,6 +25,7 @@ import psycopg
 import psycopg_pool
 
 import stello_graph.checkpoints._postgres_schema as _schema
+from stello_graph._tree_text import TopologyText
 from stello_graph.checkpoints._flows import _WAITER_TTL, one
 from stello_graph.checkpoints._postgres_conn import (
     AsyncHooks,
@@ -458,6 +459,9 @@ class PostgresMainStorage(BackendStorage):
     def op_all_nodes(self) -> list[TopologyNode]:
         return self._link.drive(self._steps.all_nodes())
 
+    def op_topology_text(self) -> TopologyText:
+        return self._link.drive(self._steps.topology_text())
+
     def op_get_global(self, key: str) -> str | None:
         return self._link.drive(self._steps.get_global(key))
 
@@ -563,6 +567,9 @@ class PostgresMainStorage(BackendStorage):
 
     async def aop_all_nodes(self) -> list[TopologyNode]:
         return await self._link.adrive(self._steps.all_nodes())
+
+    async def aop_topology_text(self) -> TopologyText:
+        return await self._link.adrive(self._steps.topology_text())
 
     async def aop_get_global(self, key: str) -> str | None:
         return await self._link.adrive(self._steps.get_global(key))

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from stello_graph.lineage import ForkPoint
 
-__all__ = ["NodeRow", "tree_text"]
+__all__ = ["NodeRow", "TopologyText", "tree_order", "tree_text"]
 
 
 class _Node(Protocol):
@@ -31,6 +31,53 @@ class NodeRow(NamedTuple):
     id: str
     parent_id: str | None
     label: str
+
+
+class TopologyText(NamedTuple):
+    """A whole tree as `Topology.read` takes it, as two JSON texts read in one snapshot.
+
+    Attributes:
+        nodes: a JSON array of every node's `[id, parent_id, label]`, in creation order.
+        sessions: a JSON array of every session's `[*MetaRow, forked_from, forked_at_turn,
+            turn_count]` (`MetaRow`: the columns `_serde.meta_to_row` writes), in any order.
+
+    A backend makes both texts in its own code (SQLite's and PostgreSQL's JSON functions):
+    100,000 sessions are two strings, not a million Python objects, until a view reads them.
+    """
+
+    nodes: str
+    sessions: str
+
+
+N = TypeVar("N", bound=_Node)
+
+
+def tree_order(nodes: Sequence[N]) -> list[N]:
+    """`nodes` (in creation order) in depth-first pre-order, siblings in creation order; a
+    node whose parent is not among them is a root."""
+    ids = {node.id for node in nodes}
+    roots: list[N] = []
+    children: dict[str, list[N]] = {}
+    for node in nodes:
+        parent = node.parent_id
+        if parent is None or parent not in ids:
+            roots.append(node)
+        elif (kids := children.get(parent)) is None:
+            children[parent] = [node]
+        else:
+            kids.append(node)
+    ordered: list[N] = []
+    stack = [iter(roots)]  # the siblings left to visit, at each depth of the walk
+    while stack:
+        for node in stack[-1]:
+            ordered.append(node)
+            kids = children.get(node.id)
+            if kids is not None:
+                stack.append(iter(kids))
+                break
+        else:
+            stack.pop()
+    return ordered
 
 
 def tree_text(

@@ -3,21 +3,32 @@
 It holds only what a view needs — nodes, the meta of each session and its number of turns —
 so drawing a tree never loads a session's records. In Jupyter a `Topology` shows itself as
 its star map.
+
+A `Topology` read from a stello storage holds the tree as the storage's two JSON texts
+(`TopologyText`) and builds its models on access: `len`, `repr`, `node`, `children`,
+`depth`, `render_text` and `to_dict` read the rows without building a model for every
+session, and `nodes`, `sessions`, `turns` and `lineage` are built the first time they are
+read, once. Reading a tree of 100,000 sessions is then two statements' worth of text, not
+200,000 models.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+import json
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
 from functools import cached_property
-from typing import Any
+from typing import Any, NoReturn
 
-from stello_graph._tree_text import NodeRow, tree_text
+from stello_graph._tree_text import NodeRow, TopologyText, tree_order, tree_text
 from stello_graph.lineage import ForkPoint
 from stello_graph.models import SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
 
 __all__ = ["NodeRow", "Topology", "tree_text"]
+
+_STATUS, _ROLE, _UPDATED = 3, 2, 7
+_FORKED_FROM, _FORKED_AT, _TURNS = 8, 9, 10
+"""Positions in a `TopologyText.sessions` row (`MetaRow`, then the lineage and turns)."""
 
 
 def _turns(sessions: Mapping[str, SessionMeta], counts: Mapping[str, int]) -> dict[str, int]:
@@ -25,27 +36,122 @@ def _turns(sessions: Mapping[str, SessionMeta], counts: Mapping[str, int]) -> di
     return {sid: counts.get(sid, 0) for sid in sessions}
 
 
-@dataclass(frozen=True)
-class Topology:
-    """The topology tree of one `MainStorage`, as of when it was read.
+class _Metas(Mapping[str, SessionMeta]):
+    """`Topology.sessions` of a read tree: each `SessionMeta` built when first looked up."""
 
-    Attributes:
+    def __init__(self, order: Sequence[NodeRow], rows: Mapping[str, list[Any]]) -> None:
+        self._order = [node.id for node in order if node.id in rows]
+        self._rows = rows
+        self._built: dict[str, SessionMeta] = {}
+
+    def __getitem__(self, session_id: str) -> SessionMeta:
+        meta = self._built.get(session_id)
+        if meta is None:
+            from stello_graph.checkpoints._rows import stored_meta
+
+            meta = self._built[session_id] = stored_meta(self._rows[session_id][:8])
+        return meta
+
+    def _all(self) -> dict[str, SessionMeta]:
+        """Every meta, in order: those not looked up yet built in one go."""
+        if len(self._built) < len(self._rows):
+            from stello_graph.checkpoints._rows import no_collection, stored_meta
+
+            with no_collection():
+                built, rows = self._built, self._rows
+                for sid in self._order:
+                    if sid not in built:
+                        built[sid] = stored_meta(rows[sid][:8])
+        return {sid: self._built[sid] for sid in self._order}
+
+    def values(self) -> ValuesView[SessionMeta]:
+        return self._all().values()
+
+    def items(self) -> ItemsView[str, SessionMeta]:
+        return self._all().items()
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._rows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
+class Topology:
+    """The topology tree of one `MainStorage`, as of when it was read (read-only).
+
+    Args:
         nodes: every node, parents before children, siblings in creation order.
         sessions: the meta of each node's session, by id.
         turns: the number of user turns of each node's session, by id.
         lineage: the fork point of each forked session, by id (`StelloAgent.lineage`).
+
+    Each is also an attribute of the same name. `Topology.read(storage)` (what
+    `StelloAgent.tree()` returns) builds them on first access.
     """
 
-    nodes: tuple[TopologyNode, ...]
-    sessions: Mapping[str, SessionMeta] = field(default_factory=dict)
-    turns: Mapping[str, int] = field(default_factory=dict)
-    lineage: Mapping[str, ForkPoint] = field(default_factory=dict)
+    _text: TopologyText | None
+    """The storage's text of a read tree (`None`: made of models)."""
+
+    def __init__(
+        self,
+        nodes: Iterable[TopologyNode] = (),
+        sessions: Mapping[str, SessionMeta] | None = None,
+        turns: Mapping[str, int] | None = None,
+        lineage: Mapping[str, ForkPoint] | None = None,
+    ) -> None:
+        given = self.__dict__
+        given["nodes"] = tuple(nodes)
+        given["sessions"] = {} if sessions is None else sessions
+        given["turns"] = {} if turns is None else turns
+        given["lineage"] = {} if lineage is None else lineage
+        given["_text"] = None
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """A `Topology` as a field of a pydantic model: given as one, dumped as its parts."""
+        from pydantic_core import core_schema
+
+        def dumped(tree: Topology) -> dict[str, Any]:
+            return {
+                "nodes": tree.nodes,
+                "sessions": dict(tree.sessions),
+                "turns": dict(tree.turns),
+                "lineage": dict(tree.lineage),
+            }
+
+        return core_schema.is_instance_schema(
+            cls, serialization=core_schema.plain_serializer_function_ser_schema(dumped)
+        )
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError(f"a Topology is read-only; cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"a Topology is read-only; cannot delete {name!r}")
+
+    @classmethod
+    def of_text(cls, text: TopologyText) -> Topology:
+        """The `Topology` of a storage's `TopologyText`, its models built on access."""
+        tree = cls.__new__(cls)
+        tree.__dict__["_text"] = text
+        return tree
 
     @classmethod
     def read(cls, storage: MainStorage) -> Topology:
-        """Read the whole tree of `storage`: three statements whatever its size on a stello
-        storage (`topology_parts`), else four reads, or one turn count per session on a
-        storage without `list_turn_counts`."""
+        """Read the whole tree of `storage`: one statement on a stello storage of SQLite or
+        PostgreSQL (`topology_text`), three on another (`topology_parts`), else four reads,
+        or one turn count per session on a storage without `list_turn_counts`."""
+        text = getattr(storage, "topology_text", None)
+        found = text() if callable(text) else None
+        if found is not None:
+            return cls.of_text(found)
         parts = getattr(storage, "topology_parts", None)
         if callable(parts):
             return cls._of(*parts())
@@ -61,6 +167,10 @@ class Topology:
     @classmethod
     async def aread(cls, storage: MainStorage) -> Topology:
         """Async twin of `read`."""
+        atext = getattr(storage, "atopology_text", None)
+        found = (await atext()) if callable(atext) else None
+        if found is not None:
+            return cls.of_text(found)
         aparts = getattr(storage, "atopology_parts", None)
         if callable(aparts):
             return cls._of(*(await aparts()))
@@ -85,46 +195,135 @@ class Topology:
         sessions = {node.id: by_id[node.id] for node in nodes if node.id in by_id}
         return cls(tuple(nodes), sessions, _turns(sessions, counts), lineage)
 
-    @property
-    def root(self) -> TopologyNode | None:
-        """The root node (the main session), if the tree has one."""
-        return next((n for n in self.nodes if n.parent_id is None), None)
+    # -- the rows: what every view reads --------------------------------------------------
+    @cached_property
+    def _rows(self) -> list[NodeRow]:
+        """Every node as a row, in `nodes`' order."""
+        text = self._text
+        if text is None:
+            return [NodeRow(node.id, node.parent_id, node.label) for node in self.nodes]
+        from stello_graph.checkpoints._rows import no_collection
 
-    def node(self, node_id: str) -> TopologyNode | None:
-        return self._by_id.get(node_id)
+        with no_collection():
+            return tree_order([NodeRow(*row) for row in json.loads(text.nodes)])
 
     @cached_property
-    def _children(self) -> dict[str | None, list[TopologyNode]]:
-        kids: dict[str | None, list[TopologyNode]] = {}
-        for node in self.nodes:
-            kids.setdefault(node.parent_id, []).append(node)
+    def _session_rows(self) -> dict[str, list[Any]]:
+        """Every session's `TopologyText` row, by id (a read tree only)."""
+        assert self._text is not None
+        from stello_graph.checkpoints._rows import no_collection
+
+        with no_collection():
+            return {row[0]: row for row in json.loads(self._text.sessions)}
+
+    @cached_property
+    def _shown(self) -> dict[str, list[Any]]:
+        """The session rows of the nodes' sessions, by id (a read tree only)."""
+        rows = self._session_rows
+        return {node.id: rows[node.id] for node in self._rows if node.id in rows}
+
+    @cached_property
+    def _row_by_id(self) -> dict[str, NodeRow]:
+        return {row.id: row for row in self._rows}
+
+    @cached_property
+    def _children(self) -> dict[str | None, list[NodeRow]]:
+        kids: dict[str | None, list[NodeRow]] = {}
+        for row in self._rows:
+            kids.setdefault(row.parent_id, []).append(row)
         return kids
+
+    @cached_property
+    def _statuses(self) -> dict[str, str]:
+        if self._text is None:
+            return {sid: meta.status for sid, meta in self.sessions.items()}
+        return {sid: row[_STATUS] for sid, row in self._shown.items()}
+
+    def _model(self, row: NodeRow) -> TopologyNode:
+        """The node of `row`: the one in `nodes` once they are built (always, for a
+        `Topology` made of models), else one built for the call."""
+        if self._text is None or "nodes" in self.__dict__:
+            return self._by_id[row.id]
+        from stello_graph.checkpoints._rows import stored_node
+
+        return stored_node(row)
 
     @cached_property
     def _by_id(self) -> dict[str, TopologyNode]:
         return {n.id: n for n in self.nodes}
 
+    # -- the parts, built on first access -------------------------------------------------
+    @cached_property
+    def nodes(self) -> tuple[TopologyNode, ...]:
+        """Every node, parents before children, siblings in creation order."""
+        from stello_graph.checkpoints._rows import built, stored_node
+
+        return tuple(built(stored_node, self._rows))
+
+    @cached_property
+    def sessions(self) -> Mapping[str, SessionMeta]:
+        """The meta of each node's session, by id (in `nodes`' order)."""
+        return _Metas(self._rows, self._shown)
+
+    @cached_property
+    def turns(self) -> Mapping[str, int]:
+        """The number of user turns of each node's session, by id."""
+        return {sid: row[_TURNS] for sid, row in self._shown.items()}
+
+    @cached_property
+    def lineage(self) -> Mapping[str, ForkPoint]:
+        """The fork point of each forked session, by id (`StelloAgent.lineage`)."""
+        return {
+            sid: ForkPoint(sid, row[_FORKED_FROM], row[_FORKED_AT])
+            for sid, row in self._session_rows.items()
+            if row[_FORKED_FROM] is not None
+        }
+
+    # -- views ----------------------------------------------------------------------------
+    @property
+    def root(self) -> TopologyNode | None:
+        """The root node (the main session), if the tree has one."""
+        row = next((row for row in self._rows if row.parent_id is None), None)
+        return None if row is None else self._model(row)
+
+    def node(self, node_id: str) -> TopologyNode | None:
+        row = self._row_by_id.get(node_id)
+        return None if row is None else self._model(row)
+
     def children(self, node_id: str) -> list[TopologyNode]:
         """Direct children of a node, in creation order."""
-        return list(self._children.get(node_id, ()))
+        return [self._model(row) for row in self._children.get(node_id, ())]
 
     def depth(self, node_id: str) -> int:
         """0 for the root, 1 for its children, ..."""
-        depth, current = 0, self._by_id.get(node_id)
+        rows = self._row_by_id
+        depth, current = 0, rows.get(node_id)
         while current is not None and current.parent_id is not None:
-            depth, current = depth + 1, self._by_id.get(current.parent_id)
+            depth, current = depth + 1, rows.get(current.parent_id)
         return depth
 
     def __iter__(self) -> Iterator[TopologyNode]:
         return iter(self.nodes)
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return len(self._rows)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Topology):
+            return NotImplemented
+        return (self.nodes, dict(self.sessions), dict(self.turns), dict(self.lineage)) == (
+            other.nodes,
+            dict(other.sessions),
+            dict(other.turns),
+            dict(other.lineage),
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
     def render_text(self) -> str:
         """The tree as indented text, one session per line."""
-        archived = {sid for sid, meta in self.sessions.items() if meta.status == "archived"}
-        return tree_text(self.nodes, archived, self.lineage)
+        archived = {sid for sid, status in self._statuses.items() if status == "archived"}
+        return tree_text(self._rows, archived, self.lineage)
 
     def __str__(self) -> str:
         return self.render_text()
@@ -132,9 +331,9 @@ class Topology:
     def __repr__(self) -> str:
         # Short on purpose: notebooks compute it for every displayed tree, whatever its size.
         root = self.root
-        archived = sum(meta.status == "archived" for meta in self.sessions.values())
+        archived = sum(status == "archived" for status in self._statuses.values())
         label = repr(root.label) if root is not None else "none"
-        return f"<Topology: {len(self.nodes)} sessions, {archived} archived, root {label}>"
+        return f"<Topology: {len(self)} sessions, {archived} archived, root {label}>"
 
     def render_svg(self, **options: Any) -> str:
         """The star map of the tree, as standalone SVG (see `starmap.render_topology`)."""
@@ -146,24 +345,39 @@ class Topology:
         """Jupyter shows a `Topology` as its star map."""
         return self.render_svg()
 
+    def _meta_fields(self) -> dict[str, tuple[str, str, str]]:
+        """`(role, status, updated_at as ISO 8601)` of each node's session."""
+        if self._text is None:
+            return {
+                sid: (meta.role, meta.status, meta.updated_at.isoformat())
+                for sid, meta in self.sessions.items()
+            }
+        from stello_graph.checkpoints._serde import from_iso
+
+        return {
+            sid: (row[_ROLE], row[_STATUS], from_iso(row[_UPDATED]).isoformat())
+            for sid, row in self._shown.items()
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable form: nodes with their session's label, role, status, turns,
         lineage (`forked_from`, `forked_at_turn`) and last change (ISO 8601)."""
+        fields, turns, lineage = self._meta_fields(), self.turns, self.lineage
         out: list[dict[str, Any]] = []
-        for node in self.nodes:
-            meta = self.sessions.get(node.id)
-            point = self.lineage.get(node.id)
+        for node in self._rows:
+            role, status, updated_at = fields.get(node.id, (None, None, None))
+            point = lineage.get(node.id)
             out.append(
                 {
                     "id": node.id,
                     "parent_id": node.parent_id,
                     "label": node.label,
-                    "role": meta.role if meta else None,
-                    "status": meta.status if meta else None,
-                    "turns": self.turns.get(node.id, 0),
+                    "role": role,
+                    "status": status,
+                    "turns": turns.get(node.id, 0),
                     "forked_from": point.source_id if point else None,
                     "forked_at_turn": point.at_turn if point else None,
-                    "updated_at": meta.updated_at.isoformat() if meta else None,
+                    "updated_at": updated_at,
                 }
             )
         return {"nodes": out}

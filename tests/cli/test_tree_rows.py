@@ -140,7 +140,13 @@ def test_the_public_modules_keep_their_type_hints() -> None:
     from stello_graph.export import export_tree, write_export
     from stello_graph.topology import Topology
 
-    assert set(typing.get_type_hints(Topology)) >= {"nodes", "sessions", "turns", "lineage"}
+    assert set(typing.get_type_hints(Topology.__init__)) >= {
+        "nodes",
+        "sessions",
+        "turns",
+        "lineage",
+    }
+    assert "_text" in typing.get_type_hints(Topology)
     assert "storage" in typing.get_type_hints(export_tree)
     assert "storage" in typing.get_type_hints(write_export)
 

@@ -84,3 +84,36 @@ async def test_async_twins(make_agent: AgentFactory) -> None:
     assert await agent.adigests(status="archived") == agent.digests(status="archived")
     digest = await agent.adigest(ids["tea"])
     assert isinstance(digest, SessionDigest) and digest == agent.digest(ids["tea"])
+
+
+def test_a_digest_built_from_a_row_is_the_one_its_constructor_gives() -> None:
+    """`digest_from_row` fills the slots directly: the digest must still be whole, equal,
+    hashable, frozen and picklable as one made by `SessionDigest(...)`."""
+    import dataclasses
+    import pickle
+    from datetime import UTC, datetime
+
+    from stello_graph.digest import SessionDigest, digest_from_row
+
+    row = ("s", "Label", "standard", "archived", "2026-01-02T03:04:05.000006+00:00", "m", 3,
+           "L2", 1, None)  # fmt: skip
+    built = digest_from_row(row)
+    made = SessionDigest(
+        id="s",
+        label="Label",
+        role="standard",
+        status="archived",
+        parent_id="m",
+        turns=3,
+        l2="L2",
+        stale_turns=1,
+        insight=None,
+        last_activity=datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC),
+    )
+    assert built == made and hash(built) == hash(made) and repr(built) == repr(made)
+    assert dataclasses.asdict(built) == dataclasses.asdict(made)
+    assert pickle.loads(pickle.dumps(built)) == made
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.turns = 4  # type: ignore[misc]
+    naive = digest_from_row((*row[:4], "2026-01-02T03:04:05", *row[5:]))
+    assert naive.last_activity.tzinfo is UTC

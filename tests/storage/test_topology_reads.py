@@ -60,18 +60,19 @@ def test_export_reads_record_counts_at_once(tmp_path: Path) -> None:
 
 
 class _Without:
-    """`storage` without its `topology_parts`: `Topology.read` falls back to four reads."""
+    """`storage` without its `topology_text` and `topology_parts`: `Topology.read` falls back
+    to four reads."""
 
     def __init__(self, storage: SqliteMainStorage) -> None:
         self._storage = storage
 
     def __getattr__(self, name: str) -> object:
-        if name in ("topology_parts", "atopology_parts"):
+        if name in ("topology_text", "atopology_text", "topology_parts", "atopology_parts"):
             raise AttributeError(name)
         return getattr(self._storage, name)
 
 
-async def test_the_topology_is_three_statements_with_one_pass_for_lineage_and_turns(
+async def test_the_topology_is_one_statement(
     tmp_path: Path,
 ) -> None:
     storage = _tree(tmp_path / "t.db", 5)
@@ -82,7 +83,7 @@ async def test_the_topology_is_three_statements_with_one_pass_for_lineage_and_tu
         tree = Topology.read(storage)
         storage._conn.set_trace_callback(None)
         reads = [sql for sql in seen if "stello_sessions" in sql or "stello_nodes" in sql]
-        assert len(reads) == 3, reads  # nodes, metas, lineage and turns together
+        assert len(reads) == 1, reads  # nodes, metas, lineage and turns together: one snapshot
         assert tree == Topology.read(_Without(storage))  # type: ignore[arg-type]
         assert tree == await Topology.aread(storage)
         assert tree == await Topology.aread(_Without(storage))  # type: ignore[arg-type]
