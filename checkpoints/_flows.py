@@ -413,7 +413,7 @@ TopologyParts = tuple[list[TopologyNode], list[SessionMeta], dict[str, ForkPoint
 order, every session's meta, the lineage and every session's user turns."""
 
 TOPOLOGY_FIELDS = (*LINEAGE, "turn_count")
-"""The `FIELDS` after the meta in each `TopologyText.sessions` row."""
+"""The `FIELDS` after the meta in each `TopologyText.sessions` row (then `created_seq`)."""
 
 
 def topology_parts() -> Flow[TopologyParts]:

@@ -30,8 +30,8 @@ _META_COUNT = 8
 _TOPOLOGY_TEXT = f"""SELECT
     (SELECT COALESCE(json_agg(json_build_array(id, parent_id, label) ORDER BY position),
         '[]')::text FROM {NODES} WHERE tree_id = %s),
-    (SELECT COALESCE(json_agg(json_build_array({_META}, {", ".join(TOPOLOGY_FIELDS)})
-        ORDER BY created_seq), '[]')::text FROM {SESSIONS} WHERE tree_id = %s)"""
+    (SELECT COALESCE(json_agg(json_build_array({_META}, {", ".join(TOPOLOGY_FIELDS)},
+        created_seq)), '[]')::text FROM {SESSIONS} WHERE tree_id = %s)"""
 
 
 def _unescaped(text: str) -> str:

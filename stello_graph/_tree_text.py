@@ -39,7 +39,8 @@ class TopologyText(NamedTuple):
     Attributes:
         nodes: a JSON array of every node's `[id, parent_id, label]`, in creation order.
         sessions: a JSON array of every session's `[*MetaRow, forked_from, forked_at_turn,
-            turn_count]` (`MetaRow`: the columns `_serde.meta_to_row` writes), in any order.
+            turn_count, created_seq]` (`MetaRow`: the columns `_serde.meta_to_row` writes;
+            `created_seq`: its place in the creation order), in any order.
 
     A backend makes both texts in its own code (SQLite's and PostgreSQL's JSON functions):
     100,000 sessions are two strings, not a million Python objects, until a view reads them.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
 from functools import cached_property
+from operator import itemgetter
 from typing import Any, NoReturn
 
 from stello_graph._tree_text import NodeRow, TopologyText, tree_order, tree_text
@@ -27,7 +28,7 @@ from stello_graph.storage import MainStorage
 __all__ = ["NodeRow", "Topology", "tree_text"]
 
 _STATUS, _ROLE, _UPDATED = 3, 2, 7
-_FORKED_FROM, _FORKED_AT, _TURNS = 8, 9, 10
+_FORKED_FROM, _FORKED_AT, _TURNS, _SEQ = 8, 9, 10, 11
 """Positions in a `TopologyText.sessions` row (`MetaRow`, then the lineage and turns)."""
 
 
@@ -273,11 +274,9 @@ class Topology:
     @cached_property
     def lineage(self) -> Mapping[str, ForkPoint]:
         """The fork point of each forked session, by id (`StelloAgent.lineage`)."""
-        return {
-            sid: ForkPoint(sid, row[_FORKED_FROM], row[_FORKED_AT])
-            for sid, row in self._session_rows.items()
-            if row[_FORKED_FROM] is not None
-        }
+        forks = [row for row in self._session_rows.values() if row[_FORKED_FROM] is not None]
+        forks.sort(key=itemgetter(_SEQ))  # in creation order, as `list_lineage` gives them
+        return {row[0]: ForkPoint(row[0], row[_FORKED_FROM], row[_FORKED_AT]) for row in forks}
 
     # -- views ----------------------------------------------------------------------------
     @property

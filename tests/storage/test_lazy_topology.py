@@ -38,11 +38,19 @@ def _fill(storage: MainStorage) -> None:
         storage.put_session(SessionMeta(id="loose", label="outside the tree"))
         storage.put_lineage("d", "a", 1)
         storage.put_lineage("loose", "b", None)
+        for sid in ("zz", "aa"):  # made in the other order of their ids
+            storage.put_session(SessionMeta(id=sid, label=sid))
+            storage.put_node(TopologyNode(id=sid, parent_id="e", label=sid))
+            storage.put_lineage(sid, "e", None)
         storage.append_records("a", [HumanMessage("q"), AIMessage("r")], user_turn=True)
         storage.append_records("a", [HumanMessage("q2"), AIMessage("r2")], user_turn=True)
         storage.append_records("d", [HumanMessage("q")], user_turn=True)
     # `b` (with its subtree) moves under `e`, made after it
     storage.put_node(TopologyNode(id="b", parent_id="e", label="Nb"))
+    # archived after `aa` was made: on PostgreSQL its row moves to the end of the table
+    zz = storage.get_session("zz")
+    assert zz is not None
+    storage.put_session(zz.model_copy(update={"status": "archived"}))
 
 
 def _native(storage: MainStorage) -> bool:
@@ -62,7 +70,7 @@ def _reference(storage: MainStorage) -> Topology:
 def test_a_read_tree_is_what_the_per_part_reads_give(main_storage: MainStorage) -> None:
     _fill(main_storage)
     tree, reference = Topology.read(main_storage), _reference(main_storage)
-    assert [n.id for n in tree.nodes] == ["m", "a", "c", "odd", "e", "b", "d"]
+    assert [n.id for n in tree.nodes] == ["m", "a", "c", "odd", "e", "b", "d", "zz", "aa"]
     assert tree == reference
     assert tree.nodes == reference.nodes
     assert dict(tree.sessions) == dict(reference.sessions)
@@ -71,13 +79,16 @@ def test_a_read_tree_is_what_the_per_part_reads_give(main_storage: MainStorage) 
     assert tree.sessions["odd"].metadata == {"k": [1, {"x": None}]}
     assert tree.sessions["a"].tags == ("t", "a")
     assert tree.sessions["m"].created_at == datetime(2026, 3, 4, 5, 6, 7, 891011, tzinfo=UTC)
-    assert dict(tree.turns) == {"m": 0, "a": 2, "b": 0, "c": 0, "d": 1, "e": 0, "odd": 0}
-    assert dict(tree.lineage) == dict(reference.lineage)
-    assert set(tree.lineage) == {"d", "loose"}  # the lineage of every session, as before
-    assert "loose" not in tree.sessions and len(tree.sessions) == 7
+    assert dict(tree.turns) == {"m": 0, "a": 2, "b": 0, "c": 0, "d": 1, "e": 0, "odd": 0} | {
+        "zz": 0,
+        "aa": 0,
+    }
+    assert list(tree.lineage.items()) == list(reference.lineage.items())  # in creation order
+    assert list(tree.lineage) == ["d", "loose", "zz", "aa"]  # every session's, as before
+    assert "loose" not in tree.sessions and len(tree.sessions) == 9
     assert tree.render_text() == reference.render_text()
     assert tree.to_dict() == reference.to_dict()
-    assert repr(tree) == repr(reference) == "<Topology: 7 sessions, 1 archived, root 'Main'>"
+    assert repr(tree) == repr(reference) == "<Topology: 9 sessions, 2 archived, root 'Main'>"
 
 
 async def test_the_async_read_is_the_same_tree(main_storage: MainStorage) -> None:
@@ -88,14 +99,14 @@ async def test_the_async_read_is_the_same_tree(main_storage: MainStorage) -> Non
 def test_views_answer_without_building_every_model(main_storage: MainStorage) -> None:
     _fill(main_storage)
     tree, reference = Topology.read(main_storage), _reference(main_storage)
-    assert len(tree) == 7 and repr(tree) == repr(reference)
+    assert len(tree) == 9 and repr(tree) == repr(reference)
     assert tree.root == reference.root
     assert tree.children("m") == reference.children("m")
     assert tree.children("nobody") == [] and tree.node("nobody") is None
     assert [tree.depth(sid) for sid in "mabcde"] == [reference.depth(sid) for sid in "mabcde"]
     assert tree.render_text() == reference.render_text()
     assert tree.to_dict() == reference.to_dict()
-    assert tree.sessions.get("a") == reference.sessions["a"] and "zz" not in tree.sessions
+    assert tree.sessions.get("a") == reference.sessions["a"] and "nobody" not in tree.sessions
     with pytest.raises(KeyError):
         tree.sessions["loose"]
     if _native(main_storage):
@@ -112,7 +123,7 @@ def test_what_was_read_stays_as_it_was_read(main_storage: MainStorage) -> None:
     main_storage.put_node(TopologyNode(id="late", parent_id="m", label="Late"))
     main_storage.append_records("a", [HumanMessage("q3")], user_turn=True)
     assert tree == before and "late" not in tree.sessions and tree.turns["a"] == 2
-    assert len(Topology.read(main_storage)) == 8
+    assert len(Topology.read(main_storage)) == 10
 
 
 def test_an_empty_tree(main_storage: MainStorage) -> None:
