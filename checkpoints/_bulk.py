@@ -62,7 +62,8 @@ class BulkReads:
         """Every node and every session's meta, lineage and user turns, as the two JSON texts
         of a `TopologyText`, in one statement (`Topology.read`); `None` on a backend without
         `op_topology_text`, or when the text would be longer than the database's longest
-        value (`topology_parts` then)."""
+        value (`topology_parts` then; on PostgreSQL, inside a transaction, that failure
+        has aborted the transaction and is raised)."""
         if not self._txn.has("topology_text"):
             return None
         found: TopologyText | None = self._txn.read(one("topology_text"))

@@ -56,6 +56,7 @@ from stello_graph.errors import (
     LeaseLostError,
     SessionArchivedError,
     SessionNotFoundError,
+    StorageError,
 )
 from stello_graph.lease import aread_leased, read_leased
 from stello_graph.models import (
@@ -459,8 +460,11 @@ class PostgresMainStorage(BackendStorage):
     def op_all_nodes(self) -> list[TopologyNode]:
         return self._link.drive(self._steps.all_nodes())
 
-    def op_topology_text(self) -> TopologyText:
-        return self._link.drive(self._steps.topology_text())
+    def op_topology_text(self) -> TopologyText | None:
+        try:
+            return self._link.drive(self._steps.topology_text())
+        except StorageError as exc:
+            return self._too_long(exc)
 
     def op_get_global(self, key: str) -> str | None:
         return self._link.drive(self._steps.get_global(key))
@@ -568,8 +572,20 @@ class PostgresMainStorage(BackendStorage):
     async def aop_all_nodes(self) -> list[TopologyNode]:
         return await self._link.adrive(self._steps.all_nodes())
 
-    async def aop_topology_text(self) -> TopologyText:
-        return await self._link.adrive(self._steps.topology_text())
+    async def aop_topology_text(self) -> TopologyText | None:
+        try:
+            return await self._link.adrive(self._steps.topology_text())
+        except StorageError as exc:
+            return self._too_long(exc)
+
+    def _too_long(self, exc: StorageError) -> TopologyText | None:
+        """`None` (`topology_parts` then) for a tree's text longer than PostgreSQL's longest
+        value (1 GB), read outside a transaction; inside one, the failed statement has
+        aborted the transaction, and `exc` is raised."""
+        limit = isinstance(exc.__cause__, psycopg.errors.ProgramLimitExceeded)
+        if not limit or self._link.txn is not None or self._link.atxn is not None:
+            raise exc
+        return None
 
     async def aop_get_global(self, key: str) -> str | None:
         return await self._link.adrive(self._steps.get_global(key))

@@ -108,17 +108,19 @@ def tree_text(
         return f"  <- forked from {name}{at}"
 
     lines: list[str] = []
-
-    def walk(node: _Node, prefix: str, last: bool, top: bool) -> None:
+    # depth first with a stack of its own (a chain of forks can be deeper than Python's
+    # recursion limit): each entry is a node, its line's prefix, last among its siblings,
+    # a root
+    stack = [(root, "", True, True) for root in reversed(children.get(None, []))]
+    while stack:
+        node, prefix, last, top = stack.pop()
         branch = "" if top else ("└── " if last else "├── ")
         status = " [archived]" if node.id in archived else ""
         label = node.label or "(no label)"
         lines.append(f"{prefix}{branch}{label}{status}  ({node.id}){forked(node)}")
         kids = children.get(node.id, [])
-        extension = "" if top else ("    " if last else "│   ")
-        for i, child in enumerate(kids):
-            walk(child, prefix + extension, i == len(kids) - 1, False)
-
-    for root in children.get(None, []):
-        walk(root, "", True, True)
+        below = prefix + ("" if top else ("    " if last else "│   "))
+        stack.extend(
+            (kid, below, i == len(kids) - 1, False) for i, kid in reversed(list(enumerate(kids)))
+        )
     return "\n".join(lines)

