@@ -412,16 +412,13 @@ TopologyParts = tuple[list[TopologyNode], list[SessionMeta], dict[str, ForkPoint
 """What `Topology.read` is made of on a backend without `op_topology_text`: the nodes in tree
 order, every session's meta, the lineage and every session's user turns."""
 
-TOPOLOGY_FIELDS = (*LINEAGE, "turn_count")
-"""The `FIELDS` after the meta in each `TopologyText.sessions` row (then `created_seq`)."""
-
 
 def topology_parts() -> Flow[TopologyParts]:
     """The parts of `Topology.read` in three statements, one pass over the sessions for
     both the lineage and the turn counts (each was a pass of its own)."""
     nodes = yield from tree()
     metas: list[SessionMeta] = yield Op("list_sessions", None, None)
-    rows: list[tuple[Any, ...]] = yield Op("all_fields", TOPOLOGY_FIELDS)
+    rows: list[tuple[Any, ...]] = yield Op("all_fields", (*LINEAGE, "turn_count"))
     return nodes, metas, _lineage(rows), {row[0]: row[3] for row in rows}
 
 

@@ -8,8 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, cast
 
-from stello_graph._tree_text import TopologyText
-from stello_graph.checkpoints._flows import TOPOLOGY_FIELDS
+from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
 from stello_graph.checkpoints._postgres_conn import Query, Steps, unescape_text
 from stello_graph.checkpoints._postgres_schema import NODES, RECORDS, SESSIONS
 from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, stored_node
@@ -30,8 +29,8 @@ _META_COUNT = 8
 _TOPOLOGY_TEXT = f"""SELECT
     (SELECT COALESCE(json_agg(json_build_array(id, parent_id, label) ORDER BY position),
         '[]')::text FROM {NODES} WHERE tree_id = %s),
-    (SELECT COALESCE(json_agg(json_build_array({_META}, {", ".join(TOPOLOGY_FIELDS)},
-        created_seq)), '[]')::text FROM {SESSIONS} WHERE tree_id = %s)"""
+    (SELECT COALESCE(json_agg(json_build_array({", ".join(TOPOLOGY_SESSION_COLUMNS)})),
+        '[]')::text FROM {SESSIONS} WHERE tree_id = %s)"""
 
 
 def _unescaped(text: str) -> str:

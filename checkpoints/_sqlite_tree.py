@@ -8,8 +8,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from stello_graph._tree_text import TopologyText
-from stello_graph.checkpoints._flows import TOPOLOGY_FIELDS
+from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
 from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, stored_node
 from stello_graph.checkpoints._schema import NODES, ROWS, SESSIONS
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T
@@ -29,11 +28,10 @@ if TYPE_CHECKING:
 
 __all__ = ["SqliteTreeReads"]
 
-_META = "id, label, role, status, tags, metadata, created_at, updated_at"
 _TOPOLOGY_TEXT = f"""SELECT
     (SELECT json_group_array(json_array(id, parent_id, label)) FROM (
         SELECT id, parent_id, label FROM {NODES} WHERE tree_id = :tree ORDER BY position)),
-    (SELECT json_group_array(json_array({_META}, {", ".join(TOPOLOGY_FIELDS)}, created_seq))
+    (SELECT json_group_array(json_array({", ".join(TOPOLOGY_SESSION_COLUMNS)}))
         FROM {SESSIONS} WHERE tree_id = :tree)"""
 
 

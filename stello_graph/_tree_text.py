@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 if TYPE_CHECKING:
     from stello_graph.lineage import ForkPoint
 
-__all__ = ["NodeRow", "TopologyText", "tree_order", "tree_text"]
+__all__ = ["TOPOLOGY_SESSION_COLUMNS", "NodeRow", "TopologyText", "tree_order", "tree_text"]
 
 
 class _Node(Protocol):
@@ -33,14 +33,22 @@ class NodeRow(NamedTuple):
     label: str
 
 
+TOPOLOGY_SESSION_COLUMNS = (
+    *("id", "label", "role", "status", "tags", "metadata", "created_at", "updated_at"),
+    *("forked_from", "forked_at_turn", "turn_count", "created_seq"),
+)
+"""The columns of a `TopologyText.sessions` row, in order: the session's `MetaRow` (as
+`_serde.meta_to_row` writes it), its lineage, its user turns and its place in the creation
+order. The backends' statements and `Topology` read the layout from here."""
+
+
 class TopologyText(NamedTuple):
     """A whole tree as `Topology.read` takes it, as two JSON texts read in one snapshot.
 
     Attributes:
         nodes: a JSON array of every node's `[id, parent_id, label]`, in creation order.
-        sessions: a JSON array of every session's `[*MetaRow, forked_from, forked_at_turn,
-            turn_count, created_seq]` (`MetaRow`: the columns `_serde.meta_to_row` writes;
-            `created_seq`: its place in the creation order), in any order.
+        sessions: a JSON array of every session's row of `TOPOLOGY_SESSION_COLUMNS`, in
+            any order.
 
     A backend makes both texts in its own code (SQLite's and PostgreSQL's JSON functions):
     100,000 sessions are two strings, not a million Python objects, until a view reads them.

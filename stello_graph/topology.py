@@ -20,16 +20,25 @@ from functools import cached_property
 from operator import itemgetter
 from typing import Any, NoReturn
 
-from stello_graph._tree_text import NodeRow, TopologyText, tree_order, tree_text
+from stello_graph._tree_text import (
+    TOPOLOGY_SESSION_COLUMNS,
+    NodeRow,
+    TopologyText,
+    tree_order,
+    tree_text,
+)
 from stello_graph.lineage import ForkPoint
 from stello_graph.models import SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
 
 __all__ = ["NodeRow", "Topology", "tree_text"]
 
-_STATUS, _ROLE, _UPDATED = 3, 2, 7
-_FORKED_FROM, _FORKED_AT, _TURNS, _SEQ = 8, 9, 10, 11
-"""Positions in a `TopologyText.sessions` row (`MetaRow`, then the lineage and turns)."""
+_ROLE, _STATUS, _UPDATED, _FORKED_FROM, _FORKED_AT, _TURNS, _SEQ = map(
+    TOPOLOGY_SESSION_COLUMNS.index,
+    ("role", "status", "updated_at", "forked_from", "forked_at_turn", "turn_count", "created_seq"),
+)
+_META_END = _UPDATED + 1
+"""Positions in a `TopologyText.sessions` row; its `MetaRow` is `row[:_META_END]`."""
 
 
 def _turns(sessions: Mapping[str, SessionMeta], counts: Mapping[str, int]) -> dict[str, int]:
@@ -50,7 +59,7 @@ class _Metas(Mapping[str, SessionMeta]):
         if meta is None:
             from stello_graph.checkpoints._rows import stored_meta
 
-            meta = self._built[session_id] = stored_meta(self._rows[session_id][:8])
+            meta = self._built[session_id] = stored_meta(self._rows[session_id][:_META_END])
         return meta
 
     def _all(self) -> dict[str, SessionMeta]:
@@ -62,7 +71,7 @@ class _Metas(Mapping[str, SessionMeta]):
                 built, rows = self._built, self._rows
                 for sid in self._order:
                     if sid not in built:
-                        built[sid] = stored_meta(rows[sid][:8])
+                        built[sid] = stored_meta(rows[sid][:_META_END])
         return {sid: self._built[sid] for sid in self._order}
 
     def values(self) -> ValuesView[SessionMeta]:
