@@ -20,6 +20,10 @@ inherits them from a run before it, finished or failed.
 `RunMessages` is the `messages` key: a `RunInput` holding a list of messages. Nodes write
 it wrapped in `TurnRecords`, which LangGraph's `messages` stream mode does not look into,
 so the turn's records are the run's output without being echoed as stream tokens.
+
+What a finished run leaves is checkpointed small, since a kept thread stores it once per
+turn: `pending` (committed, the same records as `messages`) as empty, `messages` in stello's
+compact record form, the mark of a finished run's value as a short key.
 """
 
 from __future__ import annotations
@@ -34,13 +38,29 @@ from langgraph.channels.base import BaseChannel, Value
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.errors import EmptyChannelError, InvalidUpdateError
 
+from stello_graph.errors import InvalidInputError
+
 __all__ = ["RUN_INPUTS", "RunAggregate", "RunInput", "RunMessages", "RunValue", "TurnRecords"]
 
 RUN_INPUTS = ("session_id", "messages")
 """The input keys that last a run (`RunInput`); a new run's input that lacks one clears it."""
 
-_STALE = "__stello_previous_run__"
-"""The key of the checkpointed form of a value left by a finished run."""
+_STALE = "~stello"
+"""The key of the checkpointed form of a value left by a finished run: `{_STALE: value}`
+(short: a kept thread stores it in every checkpoint of every key a run sets)."""
+_PACKED = "~stello-records"
+"""The key of `RunMessages`' checkpointed form of a finished run's messages, packed."""
+_STALE_BEFORE = "__stello_previous_run__"
+"""The same key in checkpoints written by earlier versions (still read)."""
+
+
+def _stale(checkpoint: Any) -> tuple[bool, Any]:
+    """Whether a checkpointed value is a finished run's, and the value itself."""
+    if isinstance(checkpoint, dict) and len(checkpoint) == 1:
+        for key in (_STALE, _STALE_BEFORE):
+            if key in checkpoint:
+                return True, checkpoint[key]
+    return False, checkpoint
 
 
 class RunValue(Generic[Value], BaseChannel[Value, Value, Any]):
@@ -74,10 +94,9 @@ class RunValue(Generic[Value], BaseChannel[Value, Value, Any]):
 
     def from_checkpoint(self, checkpoint: Any) -> Self:
         empty = self.__class__(self.typ, self.key)
-        if isinstance(checkpoint, dict) and set(checkpoint) == {_STALE}:
-            empty.value, empty.stale = checkpoint[_STALE], True
-        elif checkpoint is not MISSING:  # a fresh value (or a plain `LastValue`'s, stored before)
-            empty.value = checkpoint
+        stale, value = _stale(checkpoint)
+        if value is not MISSING:  # a fresh value (or a plain `LastValue`'s, stored before)
+            empty.value, empty.stale = value, stale
         return empty
 
     def _accept(self, value: Any) -> Any:
@@ -134,18 +153,85 @@ class TurnRecords:
     records: list[BaseMessage]
 
 
-class RunMessages(RunInput[list[Any]]):
-    """The `messages` key: the input's messages, then the turn's records (`TurnRecords`)."""
+def _packed(messages: Any) -> list[str] | None:
+    """A finished run's messages in stello's compact record form (`encode_message`), or
+    `None` when one of them would not come back equal (not a LangChain message of its own
+    classes, a record's turn marks, a value JSON cannot hold)."""
+    from stello_graph.checkpoints._serde import TURN_ID, TURN_SEQ, encode_message
 
-    __slots__ = ()
+    if not isinstance(messages, list):
+        return None
+    packed = []
+    for message in messages:
+        if not isinstance(message, BaseMessage) or type(message).__module__.split(".")[:2] != [
+            "langchain_core",
+            "messages",
+        ]:
+            return None
+        metadata = message.response_metadata
+        if TURN_ID in metadata or TURN_SEQ in metadata:
+            return None
+        try:
+            packed.append(encode_message(message)[1])
+        except (InvalidInputError, TypeError, ValueError):
+            return None
+    return packed
+
+
+class RunMessages(RunInput[list[Any]]):
+    """The `messages` key: the input's messages, then the turn's records (`TurnRecords`).
+
+    A finished run's messages are checkpointed in stello's compact record form (`_PACKED`):
+    a kept thread stores them in the checkpoint of every turn, and LangChain's own form of a
+    message is ~150 bytes longer. They read back as the same messages."""
+
+    __slots__ = ("_packed",)
+
+    def __init__(self, typ: Any, key: str = "") -> None:
+        super().__init__(typ, key)
+        self._packed: list[str] | None = None  # the stale value's packed form, once made
 
     def _accept(self, value: Any) -> Any:
         return list(value.records) if isinstance(value, TurnRecords) else value
 
+    def update(self, values: Sequence[Any]) -> bool:
+        changed = super().update(values)
+        if changed:
+            self._packed = None
+        return changed
+
+    def copy(self) -> Self:
+        empty = super().copy()
+        empty._packed = self._packed
+        return empty
+
+    def from_checkpoint(self, checkpoint: Any) -> Self:
+        if isinstance(checkpoint, dict) and set(checkpoint) == {_PACKED}:
+            from stello_graph.checkpoints._serde import decode_message
+
+            empty = self.__class__(self.typ, self.key)
+            empty._packed = list(checkpoint[_PACKED])
+            empty.value, empty.stale = [decode_message(m) for m in empty._packed], True
+            return empty
+        return super().from_checkpoint(checkpoint)
+
+    def checkpoint(self) -> Any:
+        if not self.stale or self.value is MISSING:
+            return super().checkpoint()
+        if self._packed is None:
+            self._packed = _packed(self.value)
+        return super().checkpoint() if self._packed is None else {_PACKED: self._packed}
+
 
 class RunAggregate(BinaryOperatorAggregate[Value]):
     """A reducer's channel (`pending`'s `add_messages`) whose value lasts one run: the first
-    step of the next run starts it over from empty, as `RunValue` clears its value."""
+    step of the next run starts it over from empty, as `RunValue` clears its value.
+
+    A finished run's value is its output (LangGraph reads the output after `finish()`) but
+    is checkpointed empty: the next run would only clear it, and a finished turn's `pending`
+    is committed, the same records `messages` keeps. Checkpointing it doubled the records
+    in every kept checkpoint of a finished turn (and in the next run's input checkpoint).
+    """
 
     __slots__ = ("stale",)
 
@@ -162,8 +248,8 @@ class RunAggregate(BinaryOperatorAggregate[Value]):
         return empty
 
     def from_checkpoint(self, checkpoint: Any) -> Self:
-        stale = isinstance(checkpoint, dict) and set(checkpoint) == {_STALE}
-        empty = super().from_checkpoint(checkpoint[_STALE] if stale else checkpoint)
+        stale, value = _stale(checkpoint)
+        empty = super().from_checkpoint(value)
         empty.stale = stale
         return empty
 
@@ -180,5 +266,6 @@ class RunAggregate(BinaryOperatorAggregate[Value]):
         return True
 
     def checkpoint(self) -> Any:
-        value = super().checkpoint()
-        return {_STALE: value} if self.stale and value is not MISSING else value
+        # empty, not absent: LangGraph rebuilds an aggregate with a version and no stored
+        # value from the writes of the thread's earlier checkpoints
+        return self._empty() if self.stale else super().checkpoint()

@@ -17,6 +17,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
 from stello_graph._ids import legacy_thread_id, thread_id
+from stello_graph.checkpoints._kept_saver import KeptTurnSaver
 from stello_graph.lease import Handback, SessionLeases
 
 __all__ = ["CheckpointThreads", "arun_held", "run_held"]
@@ -107,8 +108,11 @@ class CheckpointThreads:
         if interrupted:
             self.failed()
         elif self.checkpointer is not None:
+            thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
-                self.checkpointer.delete_thread(self.config(sid)["configurable"]["thread_id"])
+                self.checkpointer.delete_thread(thread)
+            elif isinstance(self.checkpointer, KeptTurnSaver):
+                self.checkpointer.end_run(thread)  # the turn kept as one checkpoint
             self._found[sid] = thread_id(self.tree_id, sid)
 
     def failed(self) -> None:
@@ -147,10 +151,11 @@ class CheckpointThreads:
         if interrupted:
             await self.afailed()
         elif self.checkpointer is not None:
+            thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
-                await self.checkpointer.adelete_thread(
-                    self.config(sid)["configurable"]["thread_id"]
-                )
+                await self.checkpointer.adelete_thread(thread)
+            elif isinstance(self.checkpointer, KeptTurnSaver):
+                await self.checkpointer.aend_run(thread)
             self._found[sid] = thread_id(self.tree_id, sid)
 
     def drop(self, sid: str) -> None:

@@ -143,7 +143,11 @@ def test_a_saver_that_keeps_everything_holds_nothing(agents: list[StelloAgent], 
     saver = agent.checkpointer
     assert isinstance(saver, StelloSqliteSaver) and not saver.hold_first_steps
     agent.turn(agent.main_session_id, "hello")
-    assert _rows(db, "checkpoints") == 3  # input, after START, after the turn's step
+    # its first steps held by the turn graph's `KeptTurnSaver`: the finished turn is kept as
+    # its last checkpoint only
+    assert _rows(db, "checkpoints") == 1 and _rows(db, "writes") == 0
+    agent.turn(agent.main_session_id, "again")
+    assert _rows(db, "checkpoints") == 2
 
 
 def _put(saver: StelloSqliteSaver, thread: str) -> str:

@@ -114,3 +114,26 @@ def test_held_steps_are_written_when_read_or_closed(postgres_dsn: str) -> None:
     _input(saver, "c")
     saver.close()
     assert _rows(postgres_dsn) == 1
+
+
+def test_a_kept_postgres_saver_keeps_one_checkpoint_per_turn(postgres_dsn: str) -> None:
+    # LangGraph's own PostgresSaver stores each channel's value by version: the one
+    # checkpoint a turn keeps must carry every channel the run changed (the session id is
+    # set by the run's input only)
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    with PostgresSaver.from_conn_string(postgres_dsn) as saver:
+        saver.setup()
+        with StelloAgent(
+            model=ScriptedChatModel(default="ok"), storage=postgres_dsn, checkpointer=saver
+        ) as agent:
+            sid = agent.fork(agent.main_session_id, "Notes").id
+            for n in range(3):
+                agent.turn(sid, f"question {n}")
+            found = list(saver.list(agent.config(sid)))
+            assert len(found) == 3
+            assert _rows(postgres_dsn, "checkpoint_writes") == 0
+            state = agent._turn_graph.get_state(agent.config(sid))
+            assert state.values["session_id"] == sid and state.values["content"] == "ok"
+            assert [m.text for m in state.values["messages"]] == ["question 2", "ok"]
+            assert agent.turn(sid, "again").turn_count == 4
