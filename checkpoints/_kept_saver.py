@@ -26,8 +26,9 @@ Everything else is the user's saver's own: its versions, its serializer, its rea
 
 from __future__ import annotations
 
+import copy
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -45,6 +46,10 @@ __all__ = ["KeptTurnSaver"]
 
 _Put = tuple[RunnableConfig, Checkpoint, CheckpointMetadata, ChannelVersions]
 _Writes = tuple[RunnableConfig, Sequence[tuple[str, Any]], str, str]
+
+
+def _thread_config(thread_id: str | None) -> RunnableConfig | None:
+    return None if thread_id is None else {"configurable": {"thread_id": str(thread_id)}}
 
 
 def _last_checkpoint(held: HeldRun) -> _Put | None:
@@ -74,6 +79,8 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
         self.inner = inner
         """The saver everything is written to and read from."""
         self._held = HeldRuns()
+        self._latest: dict[str, str] = {}  # thread -> newest checkpoint id given or read
+        self._early: dict[tuple[str, str], list[_Writes]] = {}  # (thread, id) -> writes
         self._lock = threading.Lock()
 
     @property
@@ -84,31 +91,62 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
         return self.inner.get_next_version(current, channel)
 
     # -- what is held -----------------------------------------------------------------------
-    def _hold_put(self, args: _Put) -> tuple[RunnableConfig | None, HeldRun | None]:
-        """`(put's result, None)` when the checkpoint is held; else `(None, what is held of
-        its thread, to be written first)`."""
+    def _saw(self, thread: str | None, checkpoint_id: str) -> None:
+        """Note the newest checkpoint of `thread` this saver was given or read (under the
+        lock)."""
+        if thread is not None and checkpoint_id > self._latest.get(thread, ""):
+            self._latest[thread] = checkpoint_id
+
+    def _hold_put(self, args: _Put) -> tuple[RunnableConfig | None, HeldRun | None, list[_Writes]]:
+        """`(put's result, None, ...)` when the checkpoint is held; else `(None, what is
+        held of its thread, to be written first, ...)`; last, the writes for the checkpoint
+        that came before it (`_hold_writes`), to be given again after it."""
         config, checkpoint, metadata, _ = args
+        thread = thread_of(config)
         with self._lock:
+            self._saw(thread, checkpoint["id"])
+            early = self._early.pop((thread or "", checkpoint["id"]), [])
             done = self._held.hold_put(
                 config, checkpoint["id"], metadata, ("put", args), enabled=True
             )
-            return (done, None) if done is not None else (None, self._take(config))
+            earlier = None if done is not None else self._take(config)
+        return done, earlier, early
 
     def _hold_writes(self, args: _Writes) -> tuple[bool, HeldRun | None]:
+        """`(True, None)` when the writes are held, or kept until their checkpoint comes
+        (LangGraph gives a step's writes and the checkpoint before it from different
+        threads: a write may come first); else `(False, what is held of the thread)`."""
+        config = args[0]
+        thread, wanted = thread_of(config), config["configurable"].get("checkpoint_id")
         with self._lock:
-            if self._held.hold_writes(args[0], ("writes", args)):
+            if self._held.hold_writes(config, ("writes", args)):
                 return True, None
-            return False, self._take(args[0])
+            latest = None if thread is None else self._latest.get(thread)
+            if latest is not None and wanted is not None and str(wanted) > latest:
+                self._early.setdefault((str(thread), str(wanted)), []).append(args)
+                return True, None
+            return False, self._take(config)
 
     def _take(self, config: RunnableConfig | None) -> HeldRun | None:
+        """What is held of `config`'s thread, and the writes kept for its checkpoints still
+        to come, taken (under the lock)."""
         thread = thread_of(config)
-        return None if thread is None else self._held.pop(thread, None)
+        if thread is None:
+            return None
+        held = self._held.pop(thread, None)
+        early = [key for key in self._early if key[0] == thread]
+        if early:
+            held = held or HeldRun([])
+            held.ops.extend(("writes", args) for key in early for args in self._early.pop(key))
+        return held
 
     def _take_all(self) -> list[HeldRun]:
         with self._lock:
             runs = list(self._held.values())
             self._held.clear()
-        return runs
+            early = [args for found in self._early.values() for args in found]
+            self._early.clear()
+        return [*runs, HeldRun([], [("writes", args) for args in early])]
 
     def _taken(self, config: RunnableConfig | None) -> list[HeldRun]:
         """What a read of `config`'s thread (of every thread, without one) must write first."""
@@ -117,6 +155,14 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
         with self._lock:
             held = self._take(config)
         return [] if held is None else [held]
+
+    def _read(self, config: RunnableConfig, found: CheckpointTuple | None) -> None:
+        thread = thread_of(config)
+        with self._lock:
+            if found is not None:
+                self._saw(thread, str(found.config["configurable"]["checkpoint_id"]))
+            elif thread is not None and not config["configurable"].get("checkpoint_id"):
+                self._latest.setdefault(thread, "")  # nothing on the thread yet
 
     def _write(self, runs: Sequence[HeldRun | None]) -> None:
         for held in runs:
@@ -134,32 +180,54 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
                 else:
                     await self.inner.aput_writes(*args)
 
-    def _ended(self, thread_id: str) -> _Put | None:
+    def _ended(self, thread_id: str) -> tuple[HeldRun | None, _Put | None]:
         with self._lock:
             held = self._held.pop(str(thread_id), None)
-        return None if held is None else _last_checkpoint(held)
+        return held, None if held is None else _last_checkpoint(held)
+
+    def _restore(self, thread_id: str, held: HeldRun) -> None:
+        """A run whose last checkpoint could not be written is held again (`flush` then
+        writes it as it was asked for)."""
+        with self._lock:
+            self._held.setdefault(str(thread_id), held)
 
     # -- the agent's calls --------------------------------------------------------------------
     def end_run(self, thread_id: str) -> None:
         """The turn on `thread_id` is committed and its run finished: write the last
         checkpoint of what is held of the run (nothing, if it was written already)."""
-        last = self._ended(thread_id)
-        if last is not None:
-            self.inner.put(*last)
+        held, last = self._ended(thread_id)
+        if held is not None and last is not None:
+            try:
+                self.inner.put(*last)
+            except BaseException:
+                self._restore(thread_id, held)
+                raise
 
     async def aend_run(self, thread_id: str) -> None:
         """Async twin of `end_run`."""
-        last = self._ended(thread_id)
-        if last is not None:
-            await self.inner.aput(*last)
+        held, last = self._ended(thread_id)
+        if held is not None and last is not None:
+            try:
+                await self.inner.aput(*last)
+            except BaseException:
+                self._restore(thread_id, held)
+                raise
 
-    def flush(self) -> None:
-        """Write everything held, as it was asked for (a run that stopped can resume)."""
-        self._write(self._take_all())
+    def flush(self, thread_id: str | None = None) -> None:
+        """Write what is held of `thread_id` (of every thread, without one), as it was asked
+        for: a run that stopped can resume."""
+        self._write(self._taken(_thread_config(thread_id)))
 
-    async def aflush(self) -> None:
+    async def aflush(self, thread_id: str | None = None) -> None:
         """Async twin of `flush`."""
-        await self._awrite(self._take_all())
+        await self._awrite(self._taken(_thread_config(thread_id)))
+
+    def ended(self, thread_id: str) -> bool:
+        """Whether a run of `thread_id` is held and nothing was asked of the saver after its
+        newest checkpoint (no interrupt, no step in flight): a run that ended there."""
+        with self._lock:
+            held = self._held.get(str(thread_id))
+            return held is not None and bool(held.ops) and held.ops[-1][0] == "put"
 
     # -- the saver's interface -----------------------------------------------------------------
     def put(
@@ -170,11 +238,13 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         args = (config, checkpoint, metadata, new_versions)
-        done, earlier = self._hold_put(args)
-        if done is not None:
-            return done
-        self._write([earlier])
-        return self.inner.put(*args)
+        done, earlier, early = self._hold_put(args)
+        if done is None:
+            self._write([earlier])
+            done = self.inner.put(*args)
+        for writes in early:
+            self.put_writes(*writes)
+        return done
 
     async def aput(
         self,
@@ -184,11 +254,13 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         args = (config, checkpoint, metadata, new_versions)
-        done, earlier = self._hold_put(args)
-        if done is not None:
-            return done
-        await self._awrite([earlier])
-        return await self.inner.aput(*args)
+        done, earlier, early = self._hold_put(args)
+        if done is None:
+            await self._awrite([earlier])
+            done = await self.inner.aput(*args)
+        for writes in early:
+            await self.aput_writes(*writes)
+        return done
 
     def put_writes(
         self,
@@ -216,11 +288,15 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._write(self._taken(config))
-        return self.inner.get_tuple(config)
+        found = self.inner.get_tuple(config)
+        self._read(config, found)
+        return found
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         await self._awrite(self._taken(config))
-        return await self.inner.aget_tuple(config)
+        found = await self.inner.aget_tuple(config)
+        self._read(config, found)
+        return found
 
     def list(
         self,
@@ -245,14 +321,17 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
         async for found in self.inner.alist(config, filter=filter, before=before, limit=limit):
             yield found
 
-    def delete_thread(self, thread_id: str) -> None:
+    def _forget(self, thread_id: str) -> None:
         with self._lock:
-            self._held.pop(str(thread_id), None)
+            self._take(_thread_config(thread_id))
+            self._latest.pop(str(thread_id), None)
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._forget(thread_id)
         self.inner.delete_thread(thread_id)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        with self._lock:
-            self._held.pop(str(thread_id), None)
+        self._forget(thread_id)
         await self.inner.adelete_thread(thread_id)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -262,6 +341,16 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         await self._awrite(self._taken({"configurable": {"thread_id": source_thread_id}}))
         await self.inner.acopy_thread(source_thread_id, target_thread_id)
+
+    def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> KeptTurnSaver:
+        """This saver over `inner.with_allowlist(...)`, holding the same runs (LangGraph
+        asks it of a graph's checkpointer when it compiles with strict msgpack)."""
+        inner = self.inner.with_allowlist(extra_allowlist)
+        if inner is self.inner:
+            return self
+        twin = copy.copy(self)  # the same held runs and lock
+        twin.inner, twin.serde = inner, inner.serde
+        return twin
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         self.flush()

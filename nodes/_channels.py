@@ -153,10 +153,26 @@ class TurnRecords:
     records: list[BaseMessage]
 
 
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _json_exact(value: Any) -> bool:
+    """Whether JSON gives `value` back as it is: its scalars of JSON's own types (not an
+    enum, not a subclass), lists, and dicts with `str` keys."""
+    if type(value) in _JSON_SCALARS:
+        return True
+    if type(value) is list:
+        return all(_json_exact(item) for item in value)
+    if type(value) is dict:
+        return all(type(k) is str and _json_exact(v) for k, v in value.items())
+    return False
+
+
 def _packed(messages: Any) -> list[str] | None:
     """A finished run's messages in stello's compact record form (`encode_message`), or
-    `None` when one of them would not come back equal (not a LangChain message of its own
-    classes, a record's turn marks, a value JSON cannot hold)."""
+    `None` when one of them might not come back equal (not a LangChain message of its own
+    classes, a record's turn marks, a field JSON would change: a tuple, an enum, a key
+    that is not a `str`)."""
     from stello_graph.checkpoints._serde import TURN_ID, TURN_SEQ, encode_message
 
     if not isinstance(messages, list):
@@ -169,7 +185,7 @@ def _packed(messages: Any) -> list[str] | None:
         ]:
             return None
         metadata = message.response_metadata
-        if TURN_ID in metadata or TURN_SEQ in metadata:
+        if TURN_ID in metadata or TURN_SEQ in metadata or not _json_exact(vars(message)):
             return None
         try:
             packed.append(encode_message(message)[1])

@@ -226,7 +226,7 @@ class _Turns:
         checkpoint thread looked up (only for a session that exists) and the run watched."""
         with run_held(self._leases, sid, back, prefetch=True):
             self._threads.resolve(sid)
-            with self._threads.running():
+            with self._threads.running(sid):
                 yield
 
     @asynccontextmanager
@@ -234,7 +234,7 @@ class _Turns:
         """Async twin of `_held_run`."""
         async with arun_held(self._leases, sid, back, prefetch=True):
             await self._threads.aresolve(sid)
-            async with self._threads.arunning():
+            async with self._threads.arunning(sid):
                 yield
 
     def _handback(self, sid: str) -> Handback:
@@ -255,7 +255,7 @@ class _Turns:
         self._check_resumable()
         self._threads.resolve(sid)
         payload = self._resume_payload(sid, self._turn_graph.get_state(self.config(sid)), value)
-        with run_held(self._leases, sid), self._threads.running():
+        with run_held(self._leases, sid), self._threads.running(sid):
             out = self._turn_graph.invoke(payload, self.config(sid), durability=self._durability)
             return self._finished(sid, self._result(sid, out))
 
@@ -266,7 +266,7 @@ class _Turns:
         await self._threads.aresolve(sid)
         state = await self._turn_graph.aget_state(self.config(sid))
         payload = self._resume_payload(sid, state, value)
-        async with arun_held(self._leases, sid), self._threads.arunning():
+        async with arun_held(self._leases, sid), self._threads.arunning(sid):
             out = await self._turn_graph.ainvoke(
                 payload, self.config(sid), durability=self._durability
             )
@@ -329,7 +329,8 @@ class _Turns:
             finally:
                 run.close()  # now, under the lock: the run has ended when this returns
                 self._mux.close(q)
-            state = self._turn_graph.get_state(self.config(sid)) if self.checkpointer else None
+            ended = self._threads.ended_in_memory(sid) or not self.checkpointer
+            state = None if ended else self._turn_graph.get_state(self.config(sid))
             if state is None or not state.interrupts:
                 self._finished(sid, TurnResult(session_id=sid, content=""))
 
@@ -365,9 +366,8 @@ class _Turns:
                     yield event
             finally:
                 self._mux.close(q)
-            state = (
-                await self._turn_graph.aget_state(self.config(sid)) if self.checkpointer else None
-            )
+            ended = self._threads.ended_in_memory(sid) or not self.checkpointer
+            state = None if ended else await self._turn_graph.aget_state(self.config(sid))
             if state is None or not state.interrupts:
                 await self._afinished(sid, TurnResult(session_id=sid, content=""))
 

@@ -94,6 +94,8 @@ class CheckpointThreads:
         disk: no checkpointer, no pruning, or a saver that holds the whole run so far in
         memory (`unwritten`). Then the session need not stay held while the run is pruned."""
         saver = self.checkpointer
+        if isinstance(saver, KeptTurnSaver):
+            return False  # its run's last checkpoint is written once the turn ends
         if saver is None or not self.prune:
             return True
         unwritten = getattr(saver, "unwritten", None)
@@ -106,7 +108,7 @@ class CheckpointThreads:
 
         A turn that waits on an interrupt keeps its thread, written out now."""
         if interrupted:
-            self.failed()
+            self.failed(sid)
         elif self.checkpointer is not None:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
@@ -115,41 +117,58 @@ class CheckpointThreads:
                 self.checkpointer.end_run(thread)  # the turn kept as one checkpoint
             self._found[sid] = thread_id(self.tree_id, sid)
 
-    def failed(self) -> None:
-        """A run stopped before its turn ended (an error, an interrupt): write out what the
-        saver holds, so that the turn can be resumed (`StelloSqliteSaver.flush`)."""
-        flush = getattr(self.checkpointer, "flush", None)
+    def failed(self, sid: str | None = None) -> None:
+        """A run (of `sid`) stopped before its turn ended (an error, an interrupt): write out
+        what the saver holds (of its thread: a `KeptTurnSaver` holds other sessions' runs
+        too), so that the turn can be resumed (`StelloSqliteSaver.flush`)."""
+        saver = self.checkpointer
+        if isinstance(saver, KeptTurnSaver) and sid is not None:
+            saver.flush(self.config(sid)["configurable"]["thread_id"])
+            return
+        flush = getattr(saver, "flush", None)
         if callable(flush):
             flush()
 
-    async def afailed(self) -> None:
+    async def afailed(self, sid: str | None = None) -> None:
         """Async twin of `failed`."""
-        aflush = getattr(self.checkpointer, "aflush", None)
+        saver = self.checkpointer
+        if isinstance(saver, KeptTurnSaver) and sid is not None:
+            await saver.aflush(self.config(sid)["configurable"]["thread_id"])
+            return
+        aflush = getattr(saver, "aflush", None)
         if callable(aflush):
             await aflush()
 
+    def ended_in_memory(self, sid: str) -> bool:
+        """Whether `sid`'s run is held in memory and ended at its last checkpoint (nothing
+        written after it, so no interrupt): a stream then ends the turn without reading
+        the thread, which would write every held step first."""
+        saver = self.checkpointer
+        thread = self.config(sid)["configurable"]["thread_id"]
+        return isinstance(saver, KeptTurnSaver) and saver.ended(thread)
+
     @contextmanager
-    def running(self) -> Iterator[None]:
-        """Around a graph run: `failed()` when it raises."""
+    def running(self, sid: str | None = None) -> Iterator[None]:
+        """Around a graph run (of `sid`): `failed(sid)` when it raises."""
         try:
             yield
         except BaseException:
-            self.failed()
+            self.failed(sid)
             raise
 
     @asynccontextmanager
-    async def arunning(self) -> AsyncIterator[None]:
+    async def arunning(self, sid: str | None = None) -> AsyncIterator[None]:
         """Async twin of `running`."""
         try:
             yield
         except BaseException:
-            await self.afailed()
+            await self.afailed(sid)
             raise
 
     async def afinished(self, sid: str, interrupted: bool) -> None:
         """Async twin of `finished`."""
         if interrupted:
-            await self.afailed()
+            await self.afailed(sid)
         elif self.checkpointer is not None:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:

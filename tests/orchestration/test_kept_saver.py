@@ -9,6 +9,7 @@ model step keeps only its last checkpoint, a child of the one before it. What ha
 from __future__ import annotations
 
 import sqlite3
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,7 +17,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
-from langgraph.checkpoint.base import Checkpoint
+from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import interrupt
@@ -212,6 +213,10 @@ def test_reading_a_held_thread_writes_it_first() -> None:
 
 
 # -- the channels' checkpointed forms ---------------------------------------------------------
+class _Reason(StrEnum):
+    STOP = "stop"
+
+
 def _finished(channel: Any, value: Any) -> Any:
     channel = channel.from_checkpoint(value)
     assert channel.finish()
@@ -241,7 +246,10 @@ def test_messages_that_would_not_come_back_equal_stay_as_they_are() -> None:
         pass
 
     marked = AIMessage("x", id="a", response_metadata={"stello_turn_id": "t", "stello_turn_seq": 0})
-    for value in ([Custom(content="hi", id="c")], [marked], [("user", "hi")], "text"):
+    keys = ToolMessage("x", tool_call_id="t", artifact={1: "a"})
+    role = AIMessage("x", response_metadata={"finish": _Reason.STOP})
+    cases = ([Custom(content="hi", id="c")], [marked], [keys], [role], [("user", "hi")], "text")
+    for value in cases:
         stored = _finished(RunMessages(list), value).checkpoint()
         assert stored == {_STALE: value}
         assert RunMessages(list).from_checkpoint(stored).get() == value
@@ -269,3 +277,107 @@ def test_checkpoints_of_earlier_versions_still_read() -> None:
         {"__stello_previous_run__": [HumanMessage("hi", id="u")]}
     )
     assert pending.stale
+
+
+def test_a_streamed_turn_keeps_one_checkpoint_too() -> None:
+    saver = InMemorySaver()
+    agent = StelloAgent(
+        model=ScriptedChatModel(default="ok"), storage=InMemoryMainStorage(), checkpointer=saver
+    )
+    sid = agent.main_session_id
+    agent.turn(sid, "one")
+    list(agent.stream(sid, "two"))
+    found = _history(agent, sid)
+    assert len(found) == 2 and _chained(found)
+    assert agent.storage.get_lease(sid) is None
+    agent.close()
+
+
+async def test_an_async_streamed_turn_keeps_one_checkpoint_too() -> None:
+    saver = InMemorySaver()
+    agent = StelloAgent(
+        model=ScriptedChatModel(default="ok"), storage=InMemoryMainStorage(), checkpointer=saver
+    )
+    sid = agent.main_session_id
+    async for _ in agent.astream(sid, "one"):
+        pass
+    assert len(_history(agent, sid)) == 1
+    await agent.aclose()
+
+
+# -- the wrapper on its own ----------------------------------------------------------------------
+def _conf(thread: str, checkpoint_id: str | None = None) -> RunnableConfig:
+    conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ""}
+    if checkpoint_id is not None:
+        conf["checkpoint_id"] = checkpoint_id
+    return {"configurable": conf}
+
+
+def _input(saver: KeptTurnSaver, thread: str) -> str:
+    checkpoint = empty_checkpoint()
+    saver.put(_conf(thread), checkpoint, {"source": "input", "step": -1, "parents": {}}, {})
+    return str(checkpoint["id"])
+
+
+def _written(inner: InMemorySaver, thread: str) -> tuple[int, int]:
+    found = list(inner.list(_conf(thread)))
+    return len(found), sum(len(c.pending_writes or []) for c in found)
+
+
+def test_a_write_that_comes_before_its_checkpoint_waits_for_it() -> None:
+    inner = InMemorySaver()
+    saver = KeptTurnSaver(inner)
+    assert saver.get_tuple(_conf("t")) is None  # a run reads its thread first
+    checkpoint = empty_checkpoint()
+    saver.put_writes(_conf("t", checkpoint["id"]), [("input", "hi")], "task-1")
+    assert _written(inner, "t") == (0, 0)  # kept: its checkpoint has not come yet
+    saver.put(_conf("t"), checkpoint, {"source": "input", "step": -1, "parents": {}}, {})
+    assert _written(inner, "t") == (0, 0)  # both held now, as one run
+    saver.flush("t")
+    assert _written(inner, "t") == (1, 1)
+
+
+def test_a_flush_of_one_thread_leaves_the_others_held() -> None:
+    inner = InMemorySaver()
+    saver = KeptTurnSaver(inner)
+    _input(saver, "a")
+    _input(saver, "b")
+    saver.flush("a")
+    assert _written(inner, "a") == (1, 0) and _written(inner, "b") == (0, 0)
+    saver.flush()
+    assert _written(inner, "b") == (1, 0)
+
+
+def test_a_last_checkpoint_that_fails_to_write_stays_held() -> None:
+    inner = InMemorySaver()
+    saver = KeptTurnSaver(inner)
+    _input(saver, "t")
+    real_put, calls = inner.put, []
+
+    def failing(*args: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 1:
+            raise OSError("disk full")
+        return real_put(*args)
+
+    setattr(inner, "put", failing)  # noqa: B010
+    with pytest.raises(OSError, match="disk full"):
+        saver.end_run("t")
+    saver.flush("t")
+    assert _written(inner, "t") == (1, 0)
+
+
+def test_strict_msgpack_reaches_the_users_saver() -> None:
+    inner, strict = InMemorySaver(), InMemorySaver()
+    asked: list[Any] = []
+
+    def with_allowlist(extra: Any) -> InMemorySaver:
+        asked.append(extra)
+        return strict
+
+    setattr(inner, "with_allowlist", with_allowlist)  # noqa: B010
+    saver = KeptTurnSaver(inner)
+    twin = saver.with_allowlist([("mymodule", "MyType")])
+    assert asked == [[("mymodule", "MyType")]]
+    assert isinstance(twin, KeptTurnSaver) and twin._held is saver._held
+    assert twin.inner is strict and twin.serde is strict.serde and saver.inner is inner
