@@ -137,3 +137,23 @@ def test_a_kept_postgres_saver_keeps_one_checkpoint_per_turn(postgres_dsn: str) 
             assert state.values["session_id"] == sid and state.values["content"] == "ok"
             assert [m.text for m in state.values["messages"]] == ["question 2", "ok"]
             assert agent.turn(sid, "again").turn_count == 4
+
+
+async def test_a_kept_async_postgres_saver_keeps_one_checkpoint_per_turn(
+    postgres_dsn: str,
+) -> None:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    async with AsyncPostgresSaver.from_conn_string(postgres_dsn) as saver:
+        await saver.setup()
+        async with StelloAgent(
+            model=ScriptedChatModel(default="ok"), storage=postgres_dsn, checkpointer=saver
+        ) as agent:
+            sid = agent.main_session_id
+            for n in range(3):
+                await agent.aturn(sid, f"question {n}")
+            found = [c async for c in saver.alist(agent.config(sid))]
+            assert len(found) == 3
+            state = await agent._turn_graph.aget_state(agent.config(sid))
+            assert state.values["session_id"] == sid
+            assert [m.text for m in state.values["messages"]] == ["question 2", "ok"]
