@@ -498,11 +498,21 @@ def _write_lease(lease: Lease, more: dict[str, Any] | None = None) -> Op:
 
 
 def release_lease(lease: Lease) -> Flow[bool]:
-    values = yield Op("get_fields", lease.session_id, _LEASE)
-    if values is None or values[0] != lease.owner or values[1] != lease.token:
-        return False  # lost, or the session is gone with its lease
-    yield Op("set_fields", lease.session_id, {"lease_owner": None, "lease_expires": 0.0})
-    return True
+    """Free the session if `lease` holds it, and the next-to-hold place if its owner has it
+    (an asker that gave up waiting must not keep the others out until the place lapses).
+    `True` only when the lease was freed: a never-held `Lease(session, owner, 0, 0.0)`
+    frees the place alone."""
+    values = yield Op("get_fields", lease.session_id, _QUEUE)
+    if values is None:
+        return False  # the session is gone with its lease
+    holder, token, _, waiter, _ = values
+    held: bool = holder == lease.owner and token == lease.token
+    changes: dict[str, Any] = {"lease_owner": None, "lease_expires": 0.0} if held else {}
+    if waiter == lease.owner:
+        changes |= {"lease_waiter": None, "lease_wait_until": 0.0}
+    if changes:
+        yield Op("set_fields", lease.session_id, changes)
+    return held
 
 
 def get_lease(session_id: str) -> Flow[Lease | None]:

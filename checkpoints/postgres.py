@@ -286,18 +286,19 @@ class PostgresMainStorage(BackendStorage):
 
     def release_lease(self, lease: Lease) -> bool:
         """Free the session if `lease` still holds it; `True` if it did (one round trip,
-        as `acquire_lease`)."""
+        as `acquire_lease`; a second one when it did not, to free a waiting place)."""
         if self._txn.owns():
             return super().release_lease(lease)
         released: bool = self._txn.read(one("release_at_once", checked_lease(lease)))
-        return released
+        # not held: the shell's flow, which also frees a waiting place the owner kept
+        return released or super().release_lease(lease)
 
     async def arelease_lease(self, lease: Lease) -> bool:
         """Async twin of `release_lease`."""
         if self._txn.owns():
             return await super().arelease_lease(lease)
         released: bool = await self._txn.aread(one("release_at_once", checked_lease(lease)))
-        return released
+        return released or await super().arelease_lease(lease)
 
     def _release_at_once(self, lease: Lease) -> _AtOnce[bool]:
         sql, params = self._steps.release_lease(lease.session_id, lease.owner, lease.token)

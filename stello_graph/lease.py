@@ -47,6 +47,7 @@ from stello_graph.errors import (
     SessionArchivedError,
     SessionBusyError,
     SessionNotFoundError,
+    StorageError,
 )
 from stello_graph.models import Lease
 from stello_graph.storage import SessionSnapshot, SessionStorage
@@ -383,7 +384,12 @@ class SessionLeases:
                 with _released:
                     _released.wait(pause)
                 pause = min(pause * 2, _MAX_PAUSE)
-        except BaseException:
+        except BaseException as error:
+            if _frees_place(error):
+                # an asker that gives up (its wait ran out, it was interrupted) leaves the
+                # next-to-hold place it may keep: the others would wait for it otherwise
+                with suppress(Exception):
+                    self.storage.release_lease(_never_held(session_id, owner))
             _discard_live(owner)
             raise
         return lease
@@ -401,7 +407,13 @@ class SessionLeases:
                 self._check_deadline(session_id, deadline)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _MAX_PAUSE)
-        except BaseException:
+        except BaseException as error:
+            if isinstance(error, asyncio.CancelledError):
+                # the cancellation goes on at once; the place is freed in the background
+                self._free_later(_never_held(session_id, owner))
+            elif _frees_place(error):
+                with suppress(Exception):
+                    await self.storage.arelease_lease(_never_held(session_id, owner))
             _discard_live(owner)
             raise
         return lease
@@ -469,6 +481,18 @@ class SessionLeases:
                 _released_by(lease.owner)
             else:
                 await self.arelease(lease)
+
+
+def _never_held(session_id: str, owner: str) -> Lease:
+    """What `release_lease` takes to free only `owner`'s next-to-hold place: no lease has
+    token 0."""
+    return Lease(session_id, owner, 0, 0.0)
+
+
+def _frees_place(error: BaseException) -> bool:
+    """Whether an asker that failed with `error` frees the place it may keep: not when the
+    session is gone or the storage failed (a release would fail, or find nothing)."""
+    return not isinstance(error, SessionNotFoundError | StorageError)
 
 
 _freeing: set[asyncio.Task[None]] = set()

@@ -301,7 +301,9 @@ class SessionStorage(Protocol):
         ...
 
     def release_lease(self, lease: Lease) -> bool:
-        """Free the session if `lease` still holds it (the token is kept, to keep growing)."""
+        """Free the session if `lease` still holds it (the token is kept, to keep growing),
+        and the next-to-hold place if `lease.owner` keeps it; `True` if the lease was freed.
+        `Lease(session_id, owner, 0, 0.0)`, never held, frees only the place."""
         ...
 
     def get_lease(self, session_id: str) -> Lease | None:

@@ -164,6 +164,90 @@ async def test_lease_primitives_async(storage: MainStorage) -> None:
     assert await storage.aget_lease("s") is None
 
 
+# -- an asker that gives up frees its place -------------------------------------------------
+# The first asker refused keeps the next-to-hold place for a moment (so a holder turning again
+# at once cannot starve it); one that stops asking must not keep the others out meanwhile.
+def test_a_never_held_lease_frees_only_its_owners_place(storage: MainStorage) -> None:
+    storage.put_session(SessionMeta(id="s", label="S"))
+    held = storage.acquire_lease("s", "a", 30)
+    assert held is not None
+    assert storage.acquire_lease("s", "b", 30) is None  # b keeps the place
+    assert not storage.release_lease(Lease("s", "c", 0, 0.0))  # c has no place to free
+    storage.release_lease(held)
+    assert storage.acquire_lease("s", "c", 30) is None  # b's place keeps c out
+    assert not storage.release_lease(Lease("s", "b", 0, 0.0))  # no lease freed...
+    assert storage.get_lease("s") is None
+    taken = storage.acquire_lease("s", "c", 30)  # ...but the place is
+    assert taken is not None and taken.token == 2
+    assert not storage.release_lease(Lease("s", "c", 0, 0.0))  # a held lease is kept
+    assert storage.get_lease("s") == taken
+
+
+def test_a_waiter_that_gives_up_frees_its_place(storage: MainStorage) -> None:
+    storage.put_session(SessionMeta(id="s", label="S"))
+    holder = SessionLeases(storage, ttl=30)
+    lease = holder.acquire("s")
+    with pytest.raises(SessionBusyError):
+        SessionLeases(storage, ttl=30, wait=0.05).acquire("s")
+    holder.release(lease)
+    taken = storage.acquire_lease("s", "other", 30)  # at once, not when the place lapses
+    assert taken is not None
+
+
+async def test_an_async_waiter_that_gives_up_frees_its_place(storage: MainStorage) -> None:
+    await storage.aput_session(SessionMeta(id="s", label="S"))
+    holder = SessionLeases(storage, ttl=30)
+    lease = await holder.aacquire("s")
+    with pytest.raises(SessionBusyError):
+        await SessionLeases(storage, ttl=30, wait=0.05).aacquire("s")
+    await holder.arelease(lease)
+    assert await storage.aacquire_lease("s", "other", 30) is not None
+
+
+async def test_a_cancelled_waiter_frees_its_place(storage: MainStorage) -> None:
+    from stello_graph import lease as lease_module
+
+    await storage.aput_session(SessionMeta(id="s", label="S"))
+    holder = SessionLeases(storage, ttl=30)
+    lease = await holder.aacquire("s")
+    waiter = asyncio.create_task(SessionLeases(storage, ttl=30).aacquire("s"))
+    await asyncio.sleep(0.05)  # it asked, was refused and waits
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await asyncio.gather(*lease_module._freeing)  # the place is freed in the background
+    await holder.arelease(lease)
+    assert await storage.aacquire_lease("s", "other", 30) is not None
+
+
+def test_an_interrupted_waiter_frees_its_place(
+    storage: MainStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while waiting (here: raised by the wait) frees the place like a timeout."""
+    from stello_graph import lease as lease_module
+
+    storage.put_session(SessionMeta(id="s", label="S"))
+    holder = SessionLeases(storage, ttl=30)
+    lease = holder.acquire("s")
+
+    class _Interrupting:
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def wait(self, timeout: float) -> None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(lease_module, "_released", _Interrupting())
+    with pytest.raises(KeyboardInterrupt):
+        SessionLeases(storage, ttl=30).acquire("s")
+    monkeypatch.undo()
+    holder.release(lease)
+    assert storage.acquire_lease("s", "other", 30) is not None
+
+
 def test_the_lease_goes_with_its_session(storage: MainStorage) -> None:
     main = MainSession.create(storage)
     storage.put_session(SessionMeta(id="s", label="S"))
