@@ -33,6 +33,9 @@ class SqliteHooks:
         self._cache = cache
         self.busy_ms = busy_ms
         self._tree_id = tree_id
+        self._synced = False
+        """The cache was synced in this write transaction: no other connection can commit
+        until it ends, so the reads inside it need not ask `PRAGMA data_version` again."""
 
     def begin(self, *, wait: bool) -> bool:
         """`BEGIN IMMEDIATE`, then bring the record cache up to date with what other
@@ -44,6 +47,7 @@ class SqliteHooks:
         except BaseException:
             self.rollback()
             raise
+        self._synced = True
         return True
 
     def begin_immediate(self, *, wait: bool) -> bool:
@@ -79,7 +83,10 @@ class SqliteHooks:
         return True
 
     def sync(self) -> None:
-        """Drop the cached records if another connection changed this tree's L3."""
+        """Drop the cached records if another connection changed this tree's L3 (once per
+        write transaction: inside one, nobody else commits)."""
+        if self._synced and self._conn.in_transaction:
+            return
         if self._cache.enabled:
             self._cache.sync(self._scalar("PRAGMA data_version"), self._version)
 
@@ -92,6 +99,7 @@ class SqliteHooks:
         try:
             row = self._conn.execute(sql, params).fetchone()
         except sqlite3.Error as exc:
+            self.distrust()
             raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
         return None if row is None else row[0]
 
@@ -99,6 +107,7 @@ class SqliteHooks:
         # Read before COMMIT, while no other connection can write: the counter then counts
         # exactly the changes the cache holds.
         version = self._version() if self._cache.enabled and self._cache.touched else None
+        self._synced = False
         self._exec("COMMIT")
         if version is None:
             self._cache.settle()
@@ -106,12 +115,17 @@ class SqliteHooks:
             self._cache.committed(version)
 
     def rollback(self) -> None:
+        self._synced = False
         if self._conn.in_transaction:
             self._exec("ROLLBACK")
         self._cache.forget_touched()
         self._cache.settle()
 
     def savepoint(self, depth: int) -> None:
+        if not self._conn.in_transaction:
+            # the transaction ended under it (a trigger's RAISE(ROLLBACK)): this savepoint
+            # begins a new one, which others may have committed before
+            self.distrust()
         self._exec(f"SAVEPOINT stello_{depth}")
 
     def release(self, depth: int) -> None:
@@ -127,7 +141,14 @@ class SqliteHooks:
         try:
             self._conn.execute(sql)
         except sqlite3.Error as exc:
+            self.distrust()
             raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
+
+
+    def distrust(self) -> None:
+        """A statement failed: the transaction may have ended under it (SQLite rolls back
+        on some errors), so the next read syncs the cache again."""
+        self._synced = False
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:

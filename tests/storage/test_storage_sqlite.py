@@ -394,6 +394,55 @@ def test_a_foreign_append_just_before_an_own_write_is_seen(db_path: Path) -> Non
         assert contents(second.list_records("s1")) == ["q", "a", "second", "first"]
 
 
+def test_a_write_transaction_asks_for_the_data_version_once(db_path: Path) -> None:
+    """Nobody else can commit inside a write transaction: the check that another connection
+    changed the records is made when it begins, not again at each read inside it."""
+    with SqliteMainStorage(db_path) as first, SqliteMainStorage(db_path) as second:
+        populate(first)
+        second.append_records("s1", [HumanMessage("second")])
+        seen: list[str] = []
+        first._conn.set_trace_callback(seen.append)
+        with first.transaction():
+            assert contents(first.list_records("s1")) == ["q", "a", "second"]
+            first.append_records("s1", [HumanMessage("first")])
+            assert first.count_records("s1") == 4
+        first._conn.set_trace_callback(None)
+        assert [s for s in seen if "data_version" in s] == ["PRAGMA data_version"]
+        second.append_records("s1", [HumanMessage("after")])  # the next transaction asks
+        with first.transaction():
+            assert contents(first.list_records("s1"))[-2:] == ["first", "after"]
+
+
+def test_a_failed_statement_makes_the_next_read_check_again(db_path: Path) -> None:
+    """A statement that fails may have ended the transaction (SQLite rolls some back): the
+    records are checked again, since another connection may commit meanwhile."""
+    with SqliteMainStorage(db_path) as first, SqliteMainStorage(db_path) as second:
+        populate(first)
+        assert contents(first.list_records("s1")) == ["q", "a"]  # cached
+        with pytest.raises(StorageError), first.transaction():
+            with pytest.raises(StorageError):
+                first._q("SELECT * FROM no_such_table")
+            first._conn.execute("ROLLBACK")  # as an error that ends the transaction does
+            second.append_records("s1", [HumanMessage("second")])
+            assert contents(first.list_records("s1")) == ["q", "a", "second"]
+
+
+def test_a_nested_write_after_the_transaction_ended_under_it_checks_again(
+    db_path: Path,
+) -> None:
+    """A trigger's RAISE(ROLLBACK) ends the transaction without an error of the storage's;
+    the savepoint of the next nested block begins a new one, in which others may have
+    committed: its reads check the records again."""
+    with SqliteMainStorage(db_path) as first, SqliteMainStorage(db_path) as second:
+        populate(first)
+        assert contents(first.list_records("s1")) == ["q", "a"]  # cached
+        with pytest.raises(StorageError), first.transaction():
+            first._conn.execute("ROLLBACK")  # ended under it, no failed statement seen
+            second.append_records("s1", [HumanMessage("second")])
+            with first.transaction():
+                assert contents(first.list_records("s1")) == ["q", "a", "second"]
+
+
 async def test_async_writes_keep_the_cache_exact(db_path: Path) -> None:
     with SqliteMainStorage(db_path) as first, SqliteMainStorage(db_path) as second:
         populate(first)
