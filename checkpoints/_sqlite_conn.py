@@ -144,7 +144,6 @@ class SqliteHooks:
             self.distrust()
             raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
 
-
     def distrust(self) -> None:
         """A statement failed: the transaction may have ended under it (SQLite rolls back
         on some errors), so the next read syncs the cache again."""

@@ -419,12 +419,17 @@ def test_a_failed_statement_makes_the_next_read_check_again(db_path: Path) -> No
     with SqliteMainStorage(db_path) as first, SqliteMainStorage(db_path) as second:
         populate(first)
         assert contents(first.list_records("s1")) == ["q", "a"]  # cached
-        with pytest.raises(StorageError), first.transaction():
-            with pytest.raises(StorageError):
-                first._q("SELECT * FROM no_such_table")
-            first._conn.execute("ROLLBACK")  # as an error that ends the transaction does
-            second.append_records("s1", [HumanMessage("second")])
-            assert contents(first.list_records("s1")) == ["q", "a", "second"]
+
+        def fail_then_read() -> None:
+            with first.transaction():
+                with pytest.raises(StorageError):
+                    first._q("SELECT * FROM no_such_table")
+                first._conn.execute("ROLLBACK")  # as an error that ends the transaction does
+                second.append_records("s1", [HumanMessage("second")])
+                assert contents(first.list_records("s1")) == ["q", "a", "second"]
+
+        with pytest.raises(StorageError, match="COMMIT"):  # nothing was left to commit
+            fail_then_read()
 
 
 def test_a_nested_write_after_the_transaction_ended_under_it_checks_again(
@@ -436,11 +441,16 @@ def test_a_nested_write_after_the_transaction_ended_under_it_checks_again(
     with SqliteMainStorage(db_path) as first, SqliteMainStorage(db_path) as second:
         populate(first)
         assert contents(first.list_records("s1")) == ["q", "a"]  # cached
-        with pytest.raises(StorageError), first.transaction():
-            first._conn.execute("ROLLBACK")  # ended under it, no failed statement seen
-            second.append_records("s1", [HumanMessage("second")])
+
+        def end_then_nest() -> None:
             with first.transaction():
-                assert contents(first.list_records("s1")) == ["q", "a", "second"]
+                first._conn.execute("ROLLBACK")  # ended under it, no failed statement seen
+                second.append_records("s1", [HumanMessage("second")])
+                with first.transaction():
+                    assert contents(first.list_records("s1")) == ["q", "a", "second"]
+
+        with pytest.raises(StorageError, match="COMMIT"):  # the savepoint's release committed
+            end_then_nest()
 
 
 async def test_async_writes_keep_the_cache_exact(db_path: Path) -> None:
