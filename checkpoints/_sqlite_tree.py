@@ -14,7 +14,7 @@ from stello_graph.checkpoints._schema import NODES, ROWS, SESSIONS
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T
 from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.checkpoints._sqlite_rows import export_rows
-from stello_graph.digest import DigestRow
+from stello_graph.digest import ROLE_CODE, STATUS_CODE, DigestRow
 from stello_graph.errors import StorageError
 from stello_graph.models import (
     ChildL2,
@@ -93,7 +93,7 @@ class SqliteTreeReads:
         # The records after the L2 cursor are those from MIN(seq) + memory_through on (see
         # `op_session_stats`); a session without records counts none.
         rows = self._q(
-            f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
+            f"""SELECT s.id, s.label, {ROLE_CODE}, {STATUS_CODE}, s.updated_at, n.parent_id,
                 s.turn_count, s.memory,
                 CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
                 ELSE (SELECT COUNT(*) FROM {ROWS} r

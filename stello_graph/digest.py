@@ -40,10 +40,34 @@ if TYPE_CHECKING:
 
 __all__ = ["DigestRow", "SessionDigest", "digest_flow", "digest_from_row", "digests_flow"]
 
-DigestRow = tuple[str, str, str, str, str, str | None, int, str | None, int, str | None]
+DigestRow = tuple[str, str, str | int, str | int, str, str | None, int, str | None, int, str | None]
 """A session's digest as a backend reads it (`op_digests`): `(id, label, role, status,
 updated_at, parent_id, turn_count, memory, stale_turns, insight)`, `updated_at` as the ISO
-text `_serde.to_iso` writes, `stale_turns` the user records after the memory's cursor."""
+text `_serde.to_iso` writes, `stale_turns` the user records after the memory's cursor;
+`role` and `status` as text or as the codes of `ROLE_CODE` / `STATUS_CODE`."""
+
+_ROLES: tuple[SessionRole, ...] = ("standard", "main")
+_STATUSES: tuple[SessionStatus, ...] = ("active", "archived")
+
+
+# code or text -> the one string of each value (a backend's rows hold a copy per row)
+_ROLE: dict[str | int, SessionRole] = {**dict(enumerate(_ROLES)), **{r: r for r in _ROLES}}
+_STATUS: dict[str | int, SessionStatus] = {
+    **dict(enumerate(_STATUSES)),
+    **{s: s for s in _STATUSES},
+}
+
+
+def _coded(column: str, values: tuple[str, ...]) -> str:
+    whens = " ".join(f"WHEN '{value}' THEN {code}" for code, value in enumerate(values))
+    return f"CASE {column} {whens} ELSE {column} END"
+
+
+ROLE_CODE = _coded("s.role", _ROLES)
+"""SQL of a digest's role as a small integer code (`digest_from_row` maps it back): SQLite
+then makes no string per session for it (the digests hold one string per value anyway)."""
+STATUS_CODE = _coded("s.status", _STATUSES)
+"""SQL of a digest's status as a code, as `ROLE_CODE`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +123,8 @@ def digest_from_row(row: DigestRow) -> SessionDigest:
     digest = _new(SessionDigest)
     _set_id(digest, sid)
     _set_label(digest, label)
-    _set_role(digest, role)
-    _set_status(digest, status)
+    _set_role(digest, _ROLE.get(role, role))
+    _set_status(digest, _STATUS.get(status, status))
     _set_parent(digest, parent_id)
     _set_turns(digest, turns)
     _set_l2(digest, memory)

@@ -117,3 +117,19 @@ def test_a_digest_built_from_a_row_is_the_one_its_constructor_gives() -> None:
         built.turns = 4  # type: ignore[misc]
     naive = digest_from_row((*row[:4], "2026-01-02T03:04:05", *row[5:]))
     assert naive.last_activity.tzinfo is UTC
+    coded = digest_from_row((*row[:2], 0, 1, *row[4:]))  # role and status as their codes
+    assert coded == made
+
+
+def test_digests_share_one_string_per_role_and_status(make_agent: AgentFactory) -> None:
+    """A whole-tree read of 100,000 digests must not hold 200,000 copies of 'standard' and
+    'active': every backend hands out one string per value."""
+    agent, ids = _setup(make_agent)
+    for n in range(4):
+        agent.fork(ids["ideas"], f"More {n}")
+    found = agent.digests()
+    assert {d.role for d in found} == {"main", "standard"}
+    assert {d.status for d in found} == {"active", "archived"}
+    for value in ("standard", "active"):
+        held = [d.role if value == "standard" else d.status for d in found]
+        assert len({id(v) for v in held if v == value}) == 1, value
