@@ -555,3 +555,34 @@ def test_integration_reply_refuses_a_branch_it_was_not_shown() -> None:
         model = ScriptedChatModel([ScriptedChatModel.integration("S", {key: "i"})])
         with pytest.raises(InvalidInputError, match=why):
             llm_integrator(model)(children, None)
+
+
+# -- keywords ---------------------------------------------------------------------------------
+def test_an_unknown_keyword_is_refused_with_a_hint() -> None:
+    """`BaseChatModel` drops unknown keywords: a misspelt `defualt=` would leave the model
+    without its default reply, and the test failing far from the typo."""
+    with pytest.raises(InvalidInputError, match=r"'defualt' \(did you mean 'default'\?\)"):
+        ScriptedChatModel(defualt="ok")
+    with pytest.raises(InvalidInputError, match="'not_a_field'"):
+        ScriptedChatModel(not_a_field=1)
+    model = ScriptedChatModel(default="ok", tags=["t"], metadata={"k": 1}, disable_streaming=True)
+    assert model.tags == ["t"] and model.invoke("hi").content == "ok"
+
+
+def test_a_subclass_takes_its_own_fields_and_aliases() -> None:
+    from pydantic import AliasChoices, ConfigDict, Field
+
+    class Tuned(ScriptedChatModel):
+        temperature: float = Field(
+            default=0.0, validation_alias=AliasChoices("temperature", "temp")
+        )
+
+    assert Tuned(temperature=0.5).temperature == 0.5
+    assert Tuned(temp=0.7).temperature == 0.7
+    with pytest.raises(InvalidInputError, match="Tuned got unknown arguments: 'tempo'"):
+        Tuned(tempo=1.0)
+
+    class Open(ScriptedChatModel):
+        model_config = ConfigDict(extra="allow")
+
+    assert Open(anything=1).anything == 1  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import difflib
 import itertools
 import json
 import threading
@@ -39,7 +40,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import Field, PrivateAttr
+from pydantic import AliasChoices, BaseModel, Field, PrivateAttr
 
 from stello_graph.errors import InvalidInputError, StelloUsageError
 from stello_graph.testing._replies import (
@@ -92,6 +93,35 @@ class _Script:
     def __deepcopy__(self, memo: dict[int, Any]) -> _Script:
         # Copies of a model, deep or not, answer from the same script.
         return self
+
+
+def _field_names(model: type[BaseModel]) -> set[str]:
+    """The keywords `model` takes: its fields' names and aliases (every alias choice)."""
+    names: set[str] = set()
+    for name, info in model.model_fields.items():
+        names.add(name)
+        if info.alias:
+            names.add(info.alias)
+        alias = info.validation_alias
+        choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
+        names.update(choice for choice in choices if isinstance(choice, str))
+    return names
+
+
+def _check_fields(model: type[BaseModel], kwargs: Mapping[str, Any]) -> None:
+    """Refuse keywords that are no field of `model`: `BaseChatModel` drops them silently,
+    so a misspelt `defualt=` would leave a test running without its default reply."""
+    if not kwargs or model.model_config.get("extra") == "allow":
+        return
+    known = _field_names(model) | {"responses", "respond", "default"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        hints = [
+            f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
+            for name in unknown
+            for close in [difflib.get_close_matches(name, sorted(known), n=1)]
+        ]
+        raise InvalidInputError(f"{model.__name__} got unknown arguments: {', '.join(hints)}.")
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -154,6 +184,7 @@ class ScriptedChatModel(BaseChatModel):
         name: str | None = "scripted",
         **kwargs: Any,
     ) -> None:
+        _check_fields(type(self), kwargs)
         super().__init__(latency=latency, chunk_size=chunk_size, usage=usage, name=name, **kwargs)
         if respond is not None and default is not None:
             raise InvalidInputError("Pass `respond=` or `default=`, not both.")
