@@ -12,13 +12,14 @@ import os
 import random
 import sqlite3
 import time
+from pathlib import Path
 from typing import Any
 
 from stello_graph.checkpoints._cache import RecordCache
 from stello_graph.checkpoints._schema import CHANGES
 from stello_graph.errors import InvalidInputError, StorageError
 
-__all__ = ["SqliteHooks", "connect"]
+__all__ = ["SqliteHooks", "connect", "connect_read_only"]
 
 _BEGIN_RETRIES = 6
 
@@ -184,3 +185,54 @@ def connect(
     except sqlite3.Error as exc:
         raise StorageError(f"Cannot open the database {path!r}: {exc}") from exc
     return conn, True, path
+
+
+_SIDE_FILES = ("-wal", "-shm")
+
+
+class _ReadOnly(sqlite3.Connection):
+    """A read-only connection that, closed, removes the WAL side files its opening made."""
+
+    tidy: Path | None = None
+    """The database file, when it had no side files before this connection opened it."""
+
+    def close(self) -> None:
+        super().close()
+        path, self.tidy = self.tidy, None
+        if path is None or not _has_side_files(path):
+            return
+        # A read-only connection leaves the -wal and -shm it made (only the last close of a
+        # connection that may write removes them): one such connection opens and closes.
+        # With another connection on the file, they stay, as they must.
+        try:
+            tidy = sqlite3.connect(f"{path.as_uri()}?mode=rw", uri=True, timeout=0.1)
+        except sqlite3.Error:
+            return
+        try:
+            tidy.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.Error:
+            pass
+        finally:
+            tidy.close()
+
+
+def _has_side_files(path: Path) -> bool:
+    return any(os.path.exists(f"{path}{side}") for side in _SIDE_FILES)
+
+
+def connect_read_only(path: str | os.PathLike[str], *, timeout: float = 5.0) -> sqlite3.Connection:
+    """A connection that reads the database at `path` and never changes it: opening a WAL
+    database read-only makes its `-wal` and `-shm` side files, and closing the connection
+    removes them again when the file had none (and nobody else has it open).
+
+    Raises:
+        sqlite3.Error: the file cannot be opened read-only.
+    """
+    resolved = Path(path).resolve()
+    had_side_files = _has_side_files(resolved)
+    conn = sqlite3.connect(
+        f"{resolved.as_uri()}?mode=ro", uri=True, timeout=timeout, factory=_ReadOnly
+    )
+    if not had_side_files:
+        conn.tidy = resolved
+    return conn

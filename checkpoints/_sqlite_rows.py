@@ -25,6 +25,7 @@ from stello_graph.checkpoints._shared_l3 import (
     drive_sqlite,
     export_with_prefixes,
 )
+from stello_graph.checkpoints._sqlite_conn import connect_read_only
 from stello_graph.errors import StorageError
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class TreeRows:
         the file is not at the current schema version, or cannot be opened read-only (read it
         through `SqliteMainStorage`, which says why or brings it up to date)."""
         try:
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+            conn = connect_read_only(path)
         except sqlite3.Error:
             return None
         try:

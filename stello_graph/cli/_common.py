@@ -118,7 +118,8 @@ DbKind = Literal["missing", "directory", "empty", "not-sqlite", "locked", "sqlit
 
 
 def probe_database(path: Path, *, timeout: float = 5.0) -> tuple[DbKind, list[str]]:
-    """What `path` is, read without changing it; for a stello database, its tree ids.
+    """What `path` is, read without changing it (nor leaving side files next to it); for a
+    stello database, its tree ids.
 
     `timeout`: the seconds to wait for another process's lock on the file before it is
     reported as `"locked"`."""
@@ -129,9 +130,10 @@ def probe_database(path: Path, *, timeout: float = 5.0) -> tuple[DbKind, list[st
     if path.stat().st_size == 0:
         return "empty", []
     from stello_graph.checkpoints._schema import SCHEMA, SESSIONS
+    from stello_graph.checkpoints._sqlite_conn import connect_read_only
 
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout)
+        conn = connect_read_only(path, timeout=timeout)
     except sqlite3.Error:
         return "not-sqlite", []
     try:

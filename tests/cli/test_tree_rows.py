@@ -155,3 +155,43 @@ def test_the_public_modules_keep_their_type_hints() -> None:
         tree: Topology
 
     assert Holder(tree=Topology(nodes=())).tree.nodes == ()
+
+
+# -- reading leaves the file as it was ---------------------------------------------------------
+def _beside(path: Path) -> list[str]:
+    return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(path.name))
+
+
+@pytest.mark.parametrize("argv", [["tree"], ["export", "--records"]], ids=["tree", "export"])
+def test_a_read_leaves_no_side_files(cli: RunCli, rich_db: Path, argv: list[str]) -> None:
+    """A WAL file opened read-only gets a -wal and a -shm: `tree` on a file nobody has open
+    must not leave them next to it (a copied or committed database would carry them)."""
+    assert _beside(rich_db) == ["rich.db"]
+    result = cli(argv[0], "--db", str(rich_db), *argv[1:])
+    assert result.code == 0, result.err
+    assert _beside(rich_db) == ["rich.db"]
+
+
+def test_tree_rows_leave_no_side_files(rich_db: Path) -> None:
+    with _rows(rich_db) as rows:
+        assert rows.main_session() is not None
+        assert _beside(rich_db) != ["rich.db"]  # made while it reads
+    assert _beside(rich_db) == ["rich.db"]
+
+
+def test_a_file_in_use_keeps_its_side_files(rich_db: Path) -> None:
+    """The side files of a file another connection has open are that connection's."""
+    with SqliteMainStorage(rich_db) as storage:
+        with _rows(rich_db) as rows:
+            assert rows.main_session() is not None
+        assert _beside(rich_db) == ["rich.db", "rich.db-shm", "rich.db-wal"]
+        storage.put_memory(storage.list_sessions()[0].id, "written after the read")
+    assert _beside(rich_db) == ["rich.db"]  # the writer's last close removed them
+
+
+def test_a_writer_opening_during_a_read_keeps_the_side_files(rich_db: Path) -> None:
+    rows = _rows(rich_db)
+    with SqliteMainStorage(rich_db) as storage:
+        rows.close()  # the writer has the file open: its files stay
+        assert _beside(rich_db) == ["rich.db", "rich.db-shm", "rich.db-wal"]
+        assert storage.list_sessions()
