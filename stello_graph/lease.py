@@ -385,12 +385,14 @@ class SessionLeases:
                     _released.wait(pause)
                 pause = min(pause * 2, _MAX_PAUSE)
         except BaseException as error:
-            if _frees_place(error):
-                # an asker that gives up (its wait ran out, it was interrupted) leaves the
-                # next-to-hold place it may keep: the others would wait for it otherwise
-                with suppress(Exception):
-                    self.storage.release_lease(_never_held(session_id, owner))
-            _discard_live(owner)
+            try:
+                if _frees_place(error):
+                    # an asker that gives up (its wait ran out, it was interrupted) leaves
+                    # the next-to-hold place it may keep: the others would wait for it
+                    with suppress(Exception):
+                        self.storage.release_lease(_never_held(session_id, owner))
+            finally:
+                _discard_live(owner)
             raise
         return lease
 
@@ -408,13 +410,15 @@ class SessionLeases:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _MAX_PAUSE)
         except BaseException as error:
-            if isinstance(error, asyncio.CancelledError):
-                # the cancellation goes on at once; the place is freed in the background
-                self._free_later(_never_held(session_id, owner))
-            elif _frees_place(error):
-                with suppress(Exception):
-                    await self.storage.arelease_lease(_never_held(session_id, owner))
-            _discard_live(owner)
+            try:
+                if isinstance(error, asyncio.CancelledError):
+                    # the cancellation goes on at once; the place is freed in the background
+                    self._free_later(_never_held(session_id, owner))
+                elif _frees_place(error):
+                    with suppress(Exception):
+                        await self.storage.arelease_lease(_never_held(session_id, owner))
+            finally:
+                _discard_live(owner)  # even when freeing the place is itself cancelled
             raise
         return lease
 
