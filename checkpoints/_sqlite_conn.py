@@ -48,7 +48,10 @@ class SqliteHooks:
         except BaseException:
             self.rollback()
             raise
-        self._synced = True
+        # Only on a connection that runs no statement of its own accord: one in Python's
+        # legacy transaction mode (a connection given with `isolation_level` not None) opens a
+        # transaction by itself before a write, after one ended under it.
+        self._synced = self._conn.isolation_level is None
         return True
 
     def begin_immediate(self, *, wait: bool) -> bool:
@@ -100,7 +103,6 @@ class SqliteHooks:
         try:
             row = self._conn.execute(sql, params).fetchone()
         except sqlite3.Error as exc:
-            self.distrust()
             raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
         return None if row is None else row[0]
 
@@ -126,7 +128,7 @@ class SqliteHooks:
         if not self._conn.in_transaction:
             # the transaction ended under it (a trigger's RAISE(ROLLBACK)): this savepoint
             # begins a new one, which others may have committed before
-            self.distrust()
+            self._synced = False
         self._exec(f"SAVEPOINT stello_{depth}")
 
     def release(self, depth: int) -> None:
@@ -142,13 +144,7 @@ class SqliteHooks:
         try:
             self._conn.execute(sql)
         except sqlite3.Error as exc:
-            self.distrust()
             raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
-
-    def distrust(self) -> None:
-        """A statement failed: the transaction may have ended under it (SQLite rolls back
-        on some errors), so the next read syncs the cache again."""
-        self._synced = False
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:

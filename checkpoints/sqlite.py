@@ -178,14 +178,12 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         try:
             return self._conn.execute(sql, params)
         except sqlite3.Error as exc:
-            self._hooks.distrust()
             raise StorageError(f"SQLite failed on {self.path!r}: {exc}") from exc
 
     def _qmany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         try:
             self._conn.executemany(sql, rows)
         except sqlite3.Error as exc:
-            self._hooks.distrust()
             raise StorageError(f"SQLite failed on {self.path!r}: {exc}") from exc
 
     def _sync_cache(self) -> None:

@@ -328,13 +328,21 @@ class SessionLeases:
 
     def _free_later(self, taken: object) -> None:
         """Release the lease in `taken` (a take's result: a `Lease`, `(lease, snapshot)` or
-        `None`) in a task of its own."""
+        `None`) in a task of its own. It leaves the owner's liveness alone: the asker that
+        failed was forgotten at once, and the same owner may have asked again meanwhile (a
+        turn's node resumed with the owner of its state), which must not count as dead."""
         lease = taken[0] if isinstance(taken, tuple) else taken
         if not isinstance(lease, Lease):
             return
-        task = asyncio.get_running_loop().create_task(self.arelease(lease))
+        task = asyncio.get_running_loop().create_task(self._afree(lease))
         _freeing.add(task)
         task.add_done_callback(_freed)
+
+    async def _afree(self, lease: Lease) -> None:
+        try:
+            await self.storage.arelease_lease(lease)
+        finally:
+            _wake_waiters()
 
     def _try(self, session_id: str, owner: str, into: Handback | None = None) -> Lease | None:
         lease = self._take(session_id, owner, None, into)
@@ -594,5 +602,9 @@ def _discard_live(owner: str) -> None:
 
 def _released_by(owner: str) -> None:
     _discard_live(owner)
+    _wake_waiters()
+
+
+def _wake_waiters() -> None:
     with _released:
         _released.notify_all()

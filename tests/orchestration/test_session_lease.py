@@ -220,6 +220,35 @@ async def test_a_cancelled_waiter_frees_its_place(storage: MainStorage) -> None:
     assert await storage.aacquire_lease("s", "other", 30) is not None
 
 
+async def test_an_owner_that_asks_again_after_a_cancelled_wait_stays_live(
+    storage: MainStorage,
+) -> None:
+    """A turn's node cancelled while it waits, then resumed at once, asks again with the
+    owner of its state: freeing the cancelled ask's place in the background must not mark
+    that owner as gone, or another asker of this process would take its lease over."""
+    from stello_graph import lease as lease_module
+    from stello_graph.lease import new_owner, owner_is_dead
+
+    await storage.aput_session(SessionMeta(id="s", label="S"))
+    leases = SessionLeases(storage, ttl=30)
+    holder = await leases.aacquire("s")
+    owner = new_owner()
+    waiter = asyncio.create_task(leases.aacquire("s", owner=owner))
+    await asyncio.sleep(0.05)  # it asked, was refused and waits
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    again = asyncio.create_task(leases.aacquire("s", owner=owner))
+    await asyncio.sleep(0.05)
+    await leases.arelease(holder)
+    mine = await again
+    await asyncio.gather(*lease_module._freeing)
+    assert not owner_is_dead(owner)
+    with pytest.raises(SessionBusyError):
+        await SessionLeases(storage, ttl=30, wait=0.2).aacquire("s")
+    await leases.arelease(mine)
+
+
 def test_an_interrupted_waiter_frees_its_place(
     storage: MainStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -413,23 +413,40 @@ def test_a_write_transaction_asks_for_the_data_version_once(db_path: Path) -> No
             assert contents(first.list_records("s1"))[-2:] == ["first", "after"]
 
 
-def test_a_failed_statement_makes_the_next_read_check_again(db_path: Path) -> None:
-    """A statement that fails may have ended the transaction (SQLite rolls some back): the
-    records are checked again, since another connection may commit meanwhile."""
-    with SqliteMainStorage(db_path) as first, SqliteMainStorage(db_path) as second:
-        populate(first)
-        assert contents(first.list_records("s1")) == ["q", "a"]  # cached
+def test_a_connection_that_begins_transactions_itself_checks_at_every_read(
+    db_path: Path,
+) -> None:
+    """A connection given in Python's legacy transaction mode (`isolation_level` not None)
+    opens a transaction by itself before a write: after one ended under the storage (a
+    trigger's RAISE(ROLLBACK)), another connection may commit before it, so the records are
+    checked at every read, not once per transaction."""
+    with SqliteMainStorage(db_path) as storage:
+        populate(storage)
+    conn = sqlite3.connect(db_path, check_same_thread=False)  # isolation_level ""
+    conn.execute("CREATE TABLE audit (x)")
+    conn.execute(
+        "CREATE TRIGGER guard BEFORE INSERT ON audit WHEN NEW.x < 0 "
+        "BEGIN SELECT RAISE(ROLLBACK, 'negative'); END"
+    )
+    conn.commit()
+    first = SqliteMainStorage(conn, allow_foreign_tables=True)
+    try:
+        with SqliteMainStorage(db_path) as second:
+            assert contents(first.list_records("s1")) == ["q", "a"]  # cached
 
-        def fail_then_read() -> None:
-            with first.transaction():
-                with pytest.raises(StorageError):
-                    first._q("SELECT * FROM no_such_table")
-                first._conn.execute("ROLLBACK")  # as an error that ends the transaction does
-                second.append_records("s1", [HumanMessage("second")])
-                assert contents(first.list_records("s1")) == ["q", "a", "second"]
+            def end_then_write_then_read() -> None:
+                with first.transaction():
+                    with pytest.raises(sqlite3.IntegrityError):
+                        conn.execute("INSERT INTO audit VALUES (-1)")  # ends the transaction
+                    second.append_records("s1", [HumanMessage("second")])
+                    conn.execute("INSERT INTO audit VALUES (1)")  # begins one by itself
+                    assert conn.in_transaction
+                    assert contents(first.list_records("s1")) == ["q", "a", "second"]
 
-        with pytest.raises(StorageError, match="COMMIT"):  # nothing was left to commit
-            fail_then_read()
+            end_then_write_then_read()  # its COMMIT ends the transaction the write began
+    finally:
+        first.close()
+        conn.close()
 
 
 def test_a_nested_write_after_the_transaction_ended_under_it_checks_again(
