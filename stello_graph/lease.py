@@ -336,7 +336,20 @@ class SessionLeases:
             return
         task = asyncio.get_running_loop().create_task(self._afree(lease))
         _freeing.add(task)
+        _frees.setdefault((self.scope, lease.session_id, lease.owner), set()).add(task)
         task.add_done_callback(_freed)
+
+    async def _after_frees(self, session_id: str, owner: str) -> None:
+        """Wait for the background frees of `owner`'s earlier asks of the session: the same
+        owner asking again renews a lease it holds, keeping its token, and a free that came
+        after would release the renewed lease (storages that run calls side by side, as a
+        connection pool does, keep no order between the two)."""
+        pending = _frees.get((self.scope, session_id, owner))
+        loop = asyncio.get_running_loop()
+        for task in list(pending or ()):
+            if not task.done() and task.get_loop() is loop:
+                with suppress(Exception):
+                    await asyncio.shield(task)
 
     async def _afree(self, lease: Lease) -> None:
         try:
@@ -409,7 +422,10 @@ class SessionLeases:
     ) -> Lease:
         """Async twin of `acquire`: waiting never blocks the event loop."""
         self._refuse_reentry(session_id)
-        owner = owner or new_owner()
+        if owner is None:
+            owner = new_owner()
+        else:
+            await self._after_frees(session_id, owner)
         _add_live(owner)
         deadline, pause = self._deadline(), 0.001
         try:
@@ -511,8 +527,17 @@ _freeing: set[asyncio.Task[None]] = set()
 """Releases of leases taken by cancelled takes, kept alive until they end."""
 
 
+_frees: dict[tuple[str, str, str], set[asyncio.Task[None]]] = {}
+"""The same tasks by `(scope, session, owner)`, for an owner that asks again (`_after_frees`)."""
+
+
 def _freed(task: asyncio.Task[None]) -> None:
     _freeing.discard(task)
+    for key, tasks in list(_frees.items()):
+        if task in tasks:
+            tasks.discard(task)
+            if not tasks:
+                del _frees[key]
     if not task.cancelled():
         task.exception()  # retrieved: a release that failed leaves the lease to its ttl
 

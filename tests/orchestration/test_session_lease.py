@@ -663,6 +663,42 @@ async def test_a_take_cancelled_while_the_storage_runs_frees_what_it_took(
     storage.close()
 
 
+async def test_an_owner_asking_again_keeps_what_it_takes_after_a_cancelled_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take cancelled while the worker took the lease frees it in the background; the same
+    owner asking again at once (a turn's node resumed) would renew that lease, keeping its
+    token, and a free arriving after the renewal would release it. The ask waits for its
+    owner's pending frees, whatever order the storage runs its calls in (here the free is
+    made slower than the ask, as a connection pool may)."""
+    from stello_graph.lease import new_owner
+
+    storage = SqliteMainStorage(tmp_path / "lease.db")
+    storage.put_session(SessionMeta(id="s", label="S"))
+    leases = SessionLeases(storage, ttl=60)
+    writing = _slow_lease_writes(storage, monkeypatch)
+    release = storage.arelease_lease
+
+    async def slow_release(lease: Lease) -> bool:
+        await asyncio.sleep(0.3)
+        return await release(lease)
+
+    monkeypatch.setattr(storage, "arelease_lease", slow_release)
+    owner = new_owner()
+    task = asyncio.create_task(leases.aacquire("s", owner=owner))
+    assert await asyncio.to_thread(writing.wait, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    mine = await leases.aacquire("s", owner=owner)  # at once, the same owner
+    from stello_graph import lease as lease_module
+
+    await asyncio.gather(*lease_module._freeing)
+    assert storage.get_lease("s") == mine  # still held: no late free released it
+    await leases.arelease(mine)
+    storage.close()
+
+
 async def test_a_take_cancelled_while_it_waits_for_the_storage_ends_at_once(
     tmp_path: Path,
 ) -> None:
