@@ -151,8 +151,8 @@ StelloGraph: TypeAlias = StelloStateGraph
 def _on_the_loop(route: Callable[[Any], Any]) -> RunnableCallable:
     """`route` as a conditional edge that an async run calls on its event loop. LangGraph
     runs a plain function's route in a worker thread: a thread handoff per step, which
-    waits for the interpreter lock while the loop runs other turns (8 gathered turns took
-    ~2 ms a round longer), for a lookup in the state. The sync path is LangGraph's own."""
+    waits for the interpreter lock while the loop runs other turns (BENCHMARKS.md, round
+    nine), for a lookup in the state. The sync path is LangGraph's own."""
 
     async def aroute(state: Any) -> Any:
         return route(state)

@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from stello_graph._cancelled import CallCancelled
@@ -334,19 +335,19 @@ class SessionLeases:
         lease = taken[0] if isinstance(taken, tuple) else taken
         if not isinstance(lease, Lease):
             return
+        key = (self.scope, lease.session_id, lease.owner)
         task = asyncio.get_running_loop().create_task(self._afree(lease))
-        _freeing.add(task)
-        _frees.setdefault((self.scope, lease.session_id, lease.owner), set()).add(task)
-        task.add_done_callback(_freed)
+        _freeing.setdefault(key, set()).add(task)
+        task.add_done_callback(partial(_freed, key))
 
     async def _after_frees(self, session_id: str, owner: str) -> None:
         """Wait for the background frees of `owner`'s earlier asks of the session: the same
         owner asking again renews a lease it holds, keeping its token, and a free that came
         after would release the renewed lease (storages that run calls side by side, as a
         connection pool does, keep no order between the two)."""
-        pending = _frees.get((self.scope, session_id, owner))
+        pending = _freeing.get((self.scope, session_id, owner), ())
         loop = asyncio.get_running_loop()
-        for task in list(pending or ()):
+        for task in list(pending):
             if not task.done() and task.get_loop() is loop:
                 with suppress(Exception):
                     await asyncio.shield(task)
@@ -523,21 +524,21 @@ def _frees_place(error: BaseException) -> bool:
     return not isinstance(error, SessionNotFoundError | StorageError)
 
 
-_freeing: set[asyncio.Task[None]] = set()
-"""Releases of leases taken by cancelled takes, kept alive until they end."""
+_freeing: dict[tuple[str, str, str], set[asyncio.Task[None]]] = {}
+"""Releases of cancelled asks' leases and places, by `(scope, session, owner)`: kept alive
+until they end, and waited for by an owner that asks again (`_after_frees`)."""
 
 
-_frees: dict[tuple[str, str, str], set[asyncio.Task[None]]] = {}
-"""The same tasks by `(scope, session, owner)`, for an owner that asks again (`_after_frees`)."""
+def _pending_frees() -> list[asyncio.Task[None]]:
+    """Every release `_freeing` holds."""
+    return [task for tasks in _freeing.values() for task in tasks]
 
 
-def _freed(task: asyncio.Task[None]) -> None:
-    _freeing.discard(task)
-    for key, tasks in list(_frees.items()):
-        if task in tasks:
-            tasks.discard(task)
-            if not tasks:
-                del _frees[key]
+def _freed(key: tuple[str, str, str], task: asyncio.Task[None]) -> None:
+    tasks = _freeing.get(key, set())
+    tasks.discard(task)
+    if not tasks:
+        _freeing.pop(key, None)
     if not task.cancelled():
         task.exception()  # retrieved: a release that failed leaves the lease to its ttl
 

@@ -215,7 +215,7 @@ async def test_a_cancelled_waiter_frees_its_place(storage: MainStorage) -> None:
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
-    await asyncio.gather(*lease_module._freeing)  # the place is freed in the background
+    await asyncio.gather(*lease_module._pending_frees())  # the place is freed in the background
     await holder.arelease(lease)
     assert await storage.aacquire_lease("s", "other", 30) is not None
 
@@ -242,7 +242,7 @@ async def test_an_owner_that_asks_again_after_a_cancelled_wait_stays_live(
     await asyncio.sleep(0.05)
     await leases.arelease(holder)
     mine = await again
-    await asyncio.gather(*lease_module._freeing)
+    await asyncio.gather(*lease_module._pending_frees())
     assert not owner_is_dead(owner)
     with pytest.raises(SessionBusyError):
         await SessionLeases(storage, ttl=30, wait=0.2).aacquire("s")
@@ -693,7 +693,7 @@ async def test_an_owner_asking_again_keeps_what_it_takes_after_a_cancelled_take(
     mine = await leases.aacquire("s", owner=owner)  # at once, the same owner
     from stello_graph import lease as lease_module
 
-    await asyncio.gather(*lease_module._freeing)
+    await asyncio.gather(*lease_module._pending_frees())
     assert storage.get_lease("s") == mine  # still held: no late free released it
     await leases.arelease(mine)
     storage.close()
