@@ -16,7 +16,6 @@ its names is used.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -149,7 +148,7 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
 
     async def aflush(self) -> None:
         """Async twin of `flush`."""
-        await asyncio.to_thread(self.flush)
+        await self._in_thread(self.flush)
 
     def _flush_read(self, config: RunnableConfig | None) -> None:
         thread = thread_of(config)

@@ -10,17 +10,21 @@ on the event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 
+from stello_graph.checkpoints._queue import CallQueue
+
 __all__ = ["HELD_CHECKPOINTS", "AsyncInThreads", "HeldRun", "HeldRuns", "thread_of"]
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 HELD_CHECKPOINTS = 3
@@ -195,8 +199,25 @@ class AsyncInThreads:
 
         def delete_thread(self, thread_id: str) -> None: ...
 
+    @functools.cached_property
+    def _calls(self) -> CallQueue:
+        """The async calls that need a thread, run in order by one drain at a time: they
+        serialise on the saver's one connection anyway, and the calls of a gathered round of
+        turns then share one hand-off to a thread instead of one each."""
+        return CallQueue(self._start_drain)
+
+    def _start_drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.run_in_executor(None, self._calls.drain)
+        except RuntimeError:  # the loop's executor is shut down: the loop is going away
+            self._calls.abandon(loop)
+
+    async def _in_thread(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`asyncio.to_thread(fn, ...)` through `_calls`."""
+        return await self._calls.call(fn, *args, **kwargs)
+
     async def aget_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
-        return await asyncio.to_thread(self.get_tuple, config)
+        return await self._in_thread(self.get_tuple, config)
 
     async def alist(
         self,
@@ -206,7 +227,7 @@ class AsyncInThreads:
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[_CheckpointTuple]:
-        found = await asyncio.to_thread(
+        found = await self._in_thread(
             lambda: list(self.list(config, filter=filter, before=before, limit=limit))
         )
         for item in found:
@@ -223,7 +244,7 @@ class AsyncInThreads:
         done = self._in_memory(self._in_memory_put, *args, wait=False)
         if done is not None:
             return done
-        return await asyncio.to_thread(self.put, *args)
+        return await self._in_thread(self.put, *args)
 
     async def aput_writes(
         self,
@@ -234,8 +255,8 @@ class AsyncInThreads:
     ) -> None:
         args = (config, writes, task_id, task_path)
         if not self._in_memory(self._in_memory_writes, *args, wait=False):
-            await asyncio.to_thread(self.put_writes, *args)
+            await self._in_thread(self.put_writes, *args)
 
     async def adelete_thread(self, thread_id: str) -> None:
         if not self._in_memory(self._in_memory_delete, str(thread_id), wait=False):
-            await asyncio.to_thread(self.delete_thread, thread_id)
+            await self._in_thread(self.delete_thread, thread_id)

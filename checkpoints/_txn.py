@@ -15,7 +15,10 @@ Each storage call is a flow of primitives (`_flows`), run here in one of three w
   its `aop_*` primitives and `AsyncTransactionHooks`;
 * async over a sync-only backend (SQLite): in the storage's own worker thread, so backend I/O
   never runs on the event loop. One worker per storage: its connection is used by one thread
-  at a time (under the lock), and a call never queues behind callers that wait for the lock.
+  at a time (under the lock), and it never waits for the lock itself. The calls of tasks
+  (outside a transaction) are queued and run in order by one drain, under one taking of the
+  lock by a leader task that waits for it on the loop: tasks asking at once share one
+  hand-off to the worker and back.
 
 Async callers wait for the lock on the loop (a future woken when it is released), never in a
 thread: a task holding the lock can always get its work done. The owner's callers running at
@@ -50,6 +53,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from stello_graph._cancelled import CallCancelled
 from stello_graph.checkpoints._flows import Flow, adrive, drive
+from stello_graph.checkpoints._queue import CallQueue
 from stello_graph.errors import StorageError
 
 __all__ = ["AsyncTransactionHooks", "TransactionHooks", "Transactions"]
@@ -162,6 +166,9 @@ class Transactions:
         self._waiters: set[asyncio.Future[None]] = set()
         self._worker: ThreadPoolExecutor | None = None
         """Created on first use, by a caller holding the lock (so only once)."""
+        self._queue = CallQueue(self._start_leader)
+        """Async calls over a sync-only backend, run in order by the worker."""
+        self._leaders: set[asyncio.Task[None]] = set()
 
     def has(self, name: str, *, in_async: bool = False) -> bool:
         """Whether the backend has the optional primitive `op_NAME` (`in_async`: what an
@@ -269,9 +276,9 @@ class Transactions:
             assert self._owner is not None
             self._owner.refuse_broken()
             return await self._ainline(flow)
+        if not self.native:
+            return await self._aqueued(self._read_one, flow)
         await self._alock()
-        if not self.native:  # the worker releases the lock once done
-            return await self._settle(self._submit_or_release(self._read_and_release, flow))
         reset = self._own(None, asyncio.get_running_loop())
         try:
             return await adrive(flow, self._abackend)
@@ -293,8 +300,7 @@ class Transactions:
             async with owner.nested, self._aheld_inline(), self._asavepoint():
                 return await self._ainline(flow)
         if not self.native:
-            await self._alock()  # the worker releases the lock once done
-            return await self._settle(self._submit_or_release(self._write_and_release, flow))
+            return await self._aqueued(self._write_one, flow)
         async with self.atransaction():
             return await self._ainline(flow)
 
@@ -406,20 +412,49 @@ class Transactions:
             if whole:
                 owner.whole_at, owner.broken = None, None
 
-    # -- what the worker thread runs (sync-only backends) ---------------------------------
-    def _read_and_release(self, flow: Flow[T]) -> T:
+    # -- the queue of async calls (sync-only backends) ------------------------------------
+    async def _aqueued(self, fn: Callable[[Flow[T]], T], flow: Flow[T]) -> T:
+        """`fn(flow)` in the worker, through the queue. The calls queued while one runs are
+        run under one taking of the lock (`_lead`): tasks asking at once (the leases of a
+        gathered round of turns) cost one hand-off to the worker and back, not one each with
+        the lock passed on in between. Cancelled before it runs, the call is taken off the
+        queue; once it runs, as `_settle` says."""
+        done = self._queue.put(fn, flow)
         try:
-            return drive(flow, self._backend)
-        finally:
-            self._release()
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            if self._queue.withdraw(done):
+                raise
+        return await self._settle(done, cancelled=True)
 
-    def _write_and_release(self, flow: Flow[T]) -> T:
+    def _start_leader(self, loop: asyncio.AbstractEventLoop) -> None:
+        task = loop.create_task(self._lead(loop))
+        self._leaders.add(task)
+        task.add_done_callback(self._leaders.discard)
+
+    async def _lead(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take the lock on the loop, then have the worker drain the queue under it (the
+        drain gives the lock back once the queue is empty)."""
         try:
-            self._hooks.begin(wait=True)
-            with self._owning(threading.get_ident()), self._committing():
-                return drive(flow, self._backend)
-        finally:
+            await self._alock()
+        except BaseException:  # cancelled: the loop is going away
+            self._queue.abandon(loop)
+            raise
+        try:
+            self._submit(self._queue.drain, self._release)
+        except BaseException:  # no worker (the loop's executor is going away)
             self._release()
+            self._queue.abandon(loop)
+            raise
+
+    # -- what the worker thread runs (sync-only backends) ---------------------------------
+    def _read_one(self, flow: Flow[T]) -> T:
+        return drive(flow, self._backend)
+
+    def _write_one(self, flow: Flow[T]) -> T:
+        self._hooks.begin(wait=True)
+        with self._owning(threading.get_ident()), self._committing():
+            return drive(flow, self._backend)
 
     def _nested_write(self, flow: Flow[T]) -> T:
         with self._inline, self._savepoint():
@@ -454,18 +489,9 @@ class Transactions:
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return asyncio.get_running_loop().run_in_executor(worker, call)
 
-    def _submit_or_release(self, fn: Callable[[Flow[T]], T], flow: Flow[T]) -> asyncio.Future[T]:
-        """`_submit` a function that releases the lock when done; release it if it cannot run."""
-        try:
-            return self._submit(fn, flow)
-        except BaseException:
-            self._release()
-            raise
-
-    async def _settle(self, done: asyncio.Future[T]) -> T:
-        """The result of `done`; a cancellation meanwhile is raised once `done` is, as a
-        `CallCancelled` holding its result when it had one."""
-        cancelled = False
+    async def _settle(self, done: asyncio.Future[T], cancelled: bool = False) -> T:
+        """The result of `done`; a cancellation meanwhile (or before: `cancelled`) is raised
+        once `done` is, as a `CallCancelled` holding its result when it had one."""
         while not done.done():
             try:
                 await asyncio.shield(done)

@@ -13,7 +13,6 @@ names is used.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sqlite3
@@ -305,7 +304,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
     # -- async ------------------------------------------------------------------------------
     async def aflush(self) -> None:
         """Async twin of `flush`."""
-        await asyncio.to_thread(self.flush)
+        await self._in_thread(self.flush)
 
     def close(self) -> None:
         """Write what is held (and delete the deleted threads' rows), close the connection."""
