@@ -4,7 +4,8 @@ saver, each run in a thread) and `HeldRuns` (the first steps of runs kept in mem
 LangGraph's `SqliteSaver` and `PostgresSaver` are sync savers whose async methods raise. The
 agent drives them from both sides (`turn` and `aturn` on one thread), so its savers take this
 mixin first in their bases: each async method runs its sync twin in a worker thread, never
-on the event loop.
+on the event loop; the calls of one saver go through one queue (`CallQueue`), so those asked
+at once run one after another in one thread, as the saver's one connection would have them.
 """
 
 from __future__ import annotations
