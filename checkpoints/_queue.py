@@ -86,29 +86,26 @@ class CallQueue:
         """Run the queued calls in order, those queued meanwhile included (in a thread).
         `ended()` is called once the queue is empty, before the last result is posted: a
         caller resuming with it finds what the drain held (a lock) given back."""
-        while True:
-            with self._lock:
-                queued = self._queued.popleft() if self._queued else None
-                if queued is None:
-                    self._leading = False
-            if queued is None:  # an empty queue when the drain began: nothing to post
-                if ended is not None:
-                    ended()
-                return
+        queued = self._next(ended)
+        while queued is not None:
             settle: Callable[[asyncio.Future[Any], Any], None] = _succeed
             try:
                 result = queued.call()
             except BaseException as exc:  # the caller's to raise
                 result, settle = exc, _fail
-            with self._lock:
-                last = not self._queued
-                if last:
-                    self._leading = False
-            if last and ended is not None:
-                ended()
+            following = self._next(ended)
             _post(queued.done, settle, result)
-            if last:
-                return
+            queued = following
+
+    def _next(self, ended: Callable[[], None] | None) -> _Queued | None:
+        """The next queued call; at the end of the queue `None`, after `ended()`."""
+        with self._lock:
+            if self._queued:
+                return self._queued.popleft()
+            self._leading = False
+        if ended is not None:
+            ended()
+        return None
 
     def abandon(self, loop: asyncio.AbstractEventLoop) -> None:
         """A drain started from `loop` will not run (the loop is going away): cancel that

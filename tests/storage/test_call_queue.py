@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,10 @@ def test_calls_of_a_loop_that_goes_away_are_cancelled_and_the_others_served() ->
         assert mine.cancelled()
         gone.close()
         # a drain is asked for again, from the loop of the call left
-        deadline = threading.Event()
         for _ in range(100):
             if len(queue_started) == 2:
                 break
-            deadline.wait(0.05)
+            time.sleep(0.05)
         assert queue_started[1] is other
         queue.drain()
         result = asyncio.run_coroutine_threadsafe(asyncio.wait_for(_await(theirs), 10), other)
