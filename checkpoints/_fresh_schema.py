@@ -15,7 +15,7 @@ from __future__ import annotations
 
 __all__ = ["STATEMENTS", "VERSION"]
 
-VERSION = 10
+VERSION = 11
 """The schema version `STATEMENTS` creates."""
 
 # fmt: off
@@ -78,7 +78,7 @@ STATEMENTS: tuple[str, ...] = (
    "memory" TEXT,
    "memory_through" INTEGER NOT NULL DEFAULT 0,
    "turn_count" INTEGER NOT NULL DEFAULT 0,
-   "next_seq" INTEGER NOT NULL DEFAULT 0, "subtree_synthesis" TEXT, "compression" TEXT, "compression_through" INTEGER NOT NULL DEFAULT 0, "settings" TEXT NOT NULL DEFAULT '{}', "lease_owner" TEXT, "lease_token" INTEGER NOT NULL DEFAULT 0, "lease_expires" REAL NOT NULL DEFAULT 0.0, "lease_waiter" TEXT, "lease_wait_until" REAL NOT NULL DEFAULT 0.0, "forked_from" TEXT, "forked_at_turn" INTEGER, base_id TEXT, base_count INTEGER NOT NULL DEFAULT 0, l3_key INTEGER,
+   "next_seq" INTEGER NOT NULL DEFAULT 0, "subtree_synthesis" TEXT, "compression" TEXT, "compression_through" INTEGER NOT NULL DEFAULT 0, "settings" TEXT NOT NULL DEFAULT '{}', "lease_owner" TEXT, "lease_token" INTEGER NOT NULL DEFAULT 0, "lease_expires" REAL NOT NULL DEFAULT 0.0, "lease_waiter" TEXT, "lease_wait_until" REAL NOT NULL DEFAULT 0.0, "forked_from" TEXT, "forked_at_turn" INTEGER, base_id TEXT, base_count INTEGER NOT NULL DEFAULT 0, l3_key INTEGER, node_parent TEXT,
    PRIMARY KEY ("tree_id", "id")
 )""",
     """CREATE INDEX "stello_nodes_children"
@@ -92,6 +92,15 @@ STATEMENTS: tuple[str, ...] = (
     """CREATE UNIQUE INDEX stello_sessions_l3 ON stello_sessions (l3_key)""",
     """CREATE UNIQUE INDEX "stello_sessions_order"
     ON "stello_sessions" ("tree_id", "created_seq")""",
+    """CREATE TRIGGER stello_nodes_delete AFTER DELETE ON stello_nodes
+        BEGIN UPDATE stello_sessions SET node_parent = NULL
+            WHERE tree_id = OLD.tree_id AND id = OLD.id; END""",
+    """CREATE TRIGGER stello_nodes_insert AFTER INSERT ON stello_nodes
+        BEGIN UPDATE stello_sessions SET node_parent = NEW.parent_id
+            WHERE tree_id = NEW.tree_id AND id = NEW.id; END""",
+    """CREATE TRIGGER stello_nodes_parent AFTER UPDATE OF parent_id ON stello_nodes
+        WHEN NEW.parent_id IS NOT OLD.parent_id BEGIN UPDATE stello_sessions SET node_parent = NEW.parent_id
+            WHERE tree_id = NEW.tree_id AND id = NEW.id; END""",
     """CREATE TRIGGER stello_record_rows_delete AFTER DELETE ON stello_record_rows
             BEGIN INSERT INTO stello_changes (tree_id, version)
         SELECT tree_id, 1 FROM stello_sessions WHERE l3_key = OLD.l3_key

@@ -81,6 +81,13 @@ index (~150 bytes of a short turn's ~400). `stello_changes` is kept by triggers 
 `stello_sessions`. The migration copies every record once: the old table's pages stay in
 the file as free pages (new records reuse them; `VACUUM` returns them), and records whose
 session was gone (left by a deletion without foreign keys, never read) are not copied.
+
+Version 11 adds to `stello_sessions` a copy of its topology node's parent: `node_parent`
+(`NULL` for a session without a node, or one whose node has none). `stello_nodes` stays the
+tree; triggers on it write the copy in the same statement as the node (a node inserted, its
+parent changed, the node removed), whoever writes it, so it cannot drift. A whole-tree read
+of the sessions with their parents (`agent.digests()`) then reads one table, without a
+lookup in the nodes' index per session (a sixth of the read at 100,000 sessions).
 """
 
 from __future__ import annotations
@@ -409,6 +416,32 @@ def _v10_record_keys(db: Database) -> None:
     )
 
 
+def _v11_node_parents(db: Database) -> None:
+    db.execute(f"ALTER TABLE {SESSIONS} ADD COLUMN node_parent TEXT")
+    db.execute(
+        f"""UPDATE {SESSIONS} SET node_parent = (SELECT n.parent_id FROM {NODES} n
+            WHERE n.tree_id = {SESSIONS}.tree_id AND n.id = {SESSIONS}.id)"""
+    )
+
+    def copy(parent: str, row: str) -> str:
+        return f"""UPDATE {SESSIONS} SET node_parent = {parent}
+            WHERE tree_id = {row}.tree_id AND id = {row}.id;"""
+
+    db.execute(
+        f"""CREATE TRIGGER stello_nodes_insert AFTER INSERT ON {NODES}
+        BEGIN {copy("NEW.parent_id", "NEW")} END"""
+    )
+    db.execute(
+        f"""CREATE TRIGGER stello_nodes_parent AFTER UPDATE OF parent_id ON {NODES}
+        WHEN NEW.parent_id IS NOT OLD.parent_id BEGIN {copy("NEW.parent_id", "NEW")} END"""
+    )
+    # A session's deletion cascades to its node after the session's row is gone: no row.
+    db.execute(
+        f"""CREATE TRIGGER stello_nodes_delete AFTER DELETE ON {NODES}
+        BEGIN {copy("NULL", "OLD")} END"""
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_initial,
     _v2_tree_memory,
@@ -420,6 +453,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v8_shared_prefixes,
     _v9_turn_index,
     _v10_record_keys,
+    _v11_node_parents,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 _RELEASED = MIGRATIONS

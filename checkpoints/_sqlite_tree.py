@@ -91,9 +91,10 @@ class SqliteTreeReads:
 
     def op_digests(self) -> list[DigestRow]:
         # The records after the L2 cursor are those from MIN(seq) + memory_through on (see
-        # `op_session_stats`); a session without records counts none.
+        # `op_session_stats`); a session without records counts none. The parent is the
+        # row's copy of its node's (`node_parent`, kept by the nodes' triggers): no join.
         rows = self._q(
-            f"""SELECT s.id, s.label, {ROLE_CODE}, {STATUS_CODE}, s.updated_at, n.parent_id,
+            f"""SELECT s.id, s.label, {ROLE_CODE}, {STATUS_CODE}, s.updated_at, s.node_parent,
                 s.turn_count, s.memory,
                 CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
                 ELSE (SELECT COUNT(*) FROM {ROWS} r
@@ -101,9 +102,7 @@ class SqliteTreeReads:
                     AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {ROWS} f
                         WHERE f.l3_key = s.l3_key)) END,
                 s.insight
-            FROM {SESSIONS} s
-            LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
-            WHERE s.tree_id = ? ORDER BY s.created_seq""",
+            FROM {SESSIONS} s WHERE s.tree_id = ? ORDER BY s.created_seq""",
             (self.tree_id,),
         )
         return self._run(self._shared.patch(rows.fetchall(), None, 8))
