@@ -7,6 +7,8 @@ session's lease.
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from langgraph.types import Command, Durability, Interrupt, StateSnapshot
 from stello_graph._base import ToolChoice, check_tool_choice
 from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
+from stello_graph._preparing import PREPARING_KEY, Pass, PreparingGate
 from stello_graph._stream import stoppable
 from stello_graph._threads import CheckpointThreads, arun_held, run_held
 from stello_graph._validate import check_id, check_text
@@ -96,6 +99,7 @@ class _Turns:
     _mux: EventMux
     _recorder: EventRecorder
     _last_session: str | None
+    _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PreparingGate]
 
     def config(self, session_id: str) -> RunnableConfig:
         """The LangGraph config of turns on `session_id` (its checkpoint thread).
@@ -213,11 +217,30 @@ class _Turns:
             await self._atarget(sid, tool_choice)
         back = self._handback(sid)
         async with self._aheld_run(sid, back):
-            await self._aswitch(sid)
-            out = await self._turn_graph.ainvoke(
-                payload, self.config(sid), durability=self._durability
-            )
+            held = await self._gate().enter()
+            try:
+                await self._aswitch(sid)
+                out = await self._turn_graph.ainvoke(
+                    payload, self._held_config(sid, held), durability=self._durability
+                )
+            finally:
+                held.release()
             return await self._afinished(sid, self._result(sid, out))
+
+    def _gate(self) -> PreparingGate:
+        """The gate this event loop's turns prepare through, one after another, each until
+        its first model call starts (`_preparing`)."""
+        loop = asyncio.get_running_loop()
+        gate = self._gates.get(loop)
+        if gate is None:
+            gate = self._gates[loop] = PreparingGate(loop)
+        return gate
+
+    def _held_config(self, sid: str, held: Pass) -> RunnableConfig:
+        """The run's config, with the pass its model node gives up (`model_call_starts`)."""
+        config = self.config(sid)
+        config["configurable"][PREPARING_KEY] = held
+        return config
 
     @contextmanager
     def _held_run(self, sid: str, back: Handback) -> Iterator[None]:
@@ -349,12 +372,13 @@ class _Turns:
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         async with self._aheld_run(sid, _kept()):
-            await self._aswitch(sid)
+            held = await self._gate().enter()
             q = self._mux.open()
             try:
+                await self._aswitch(sid)
                 async for item in self._turn_graph.astream(
                     payload,
-                    self.config(sid),
+                    self._held_config(sid, held),
                     stream_mode=stream_mode,  # type: ignore[arg-type]
                     durability=self._durability,
                 ):
@@ -365,6 +389,7 @@ class _Turns:
                 for event in self._mux.drain(q, modes, multi):
                     yield event
             finally:
+                held.release()
                 self._mux.close(q)
             ended = self._threads.ended_in_memory(sid) or not self.checkpointer
             state = None if ended else await self._turn_graph.aget_state(self.config(sid))
