@@ -9,7 +9,7 @@ ends, and passes on by itself after `HOLD_LIMIT`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -63,6 +63,16 @@ def _agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[StelloAgent
     return agent, log
 
 
+async def _sessions(agent: StelloAgent, count: int) -> list[str]:
+    return [(await agent.afork(agent.main_session_id, f"S{n}")).id for n in range(count)]
+
+
+def _check_free(agent: StelloAgent) -> None:
+    """Nobody holds this loop's gate or waits for it."""
+    gate = agent._gate()
+    assert not gate.held and gate.waiting == 0
+
+
 def _check_order(log: list[str], turns: int) -> None:
     """Never two turns preparing at once (each prepares after the one before gave the gate
     up), and the second prepared while the first one's model call ran (the gate passed on as
@@ -113,13 +123,18 @@ async def test_a_holder_past_the_limit_loses_the_gate(monkeypatch: pytest.Monkey
     assert not gate.held
 
 
-async def test_a_waiter_cancelled_takes_nothing(long_limit: None) -> None:
+async def _two_waiting() -> tuple[PreparingGate, Pass, asyncio.Future[Pass], asyncio.Future[Pass]]:
+    """A gate, its holder's pass and two turns waiting for it, in order."""
     gate = PreparingGate(asyncio.get_running_loop())
     first = await gate.enter()
-    gone = asyncio.ensure_future(gate.enter())
-    last = asyncio.ensure_future(gate.enter())
+    waiters = asyncio.ensure_future(gate.enter()), asyncio.ensure_future(gate.enter())
     await asyncio.sleep(0)
     assert gate.waiting == 2
+    return gate, first, *waiters
+
+
+async def test_a_waiter_cancelled_takes_nothing(long_limit: None) -> None:
+    gate, first, gone, last = await _two_waiting()
     gone.cancel()
     await asyncio.gather(gone, return_exceptions=True)
     first.release()
@@ -130,11 +145,7 @@ async def test_a_waiter_cancelled_takes_nothing(long_limit: None) -> None:
 
 
 async def test_a_waiter_cancelled_as_the_gate_reached_it_passes_it_on(long_limit: None) -> None:
-    gate = PreparingGate(asyncio.get_running_loop())
-    first = await gate.enter()
-    unlucky = asyncio.ensure_future(gate.enter())
-    last = asyncio.ensure_future(gate.enter())
-    await asyncio.sleep(0)
+    gate, first, unlucky, last = await _two_waiting()
     first.release()  # the gate is the unlucky one's, before it runs again
     unlucky.cancel()
     await asyncio.gather(unlucky, return_exceptions=True)
@@ -144,68 +155,66 @@ async def test_a_waiter_cancelled_as_the_gate_reached_it_passes_it_on(long_limit
 
 
 # -- turns ------------------------------------------------------------------------------
-async def test_gathered_turns_prepare_one_after_another(
+@pytest.fixture
+async def recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, long_limit: None
-) -> None:
+) -> AsyncIterator[tuple[StelloAgent, list[str]]]:
     agent, log = _agent(tmp_path, monkeypatch)
     try:
-        ids = [(await agent.afork(agent.main_session_id, f"S{n}")).id for n in range(5)]
-
-        await asyncio.gather(*(agent.aturn(sid, "hello") for sid in ids))
-        _check_order(log, 5)
-        log.clear()
-        results = await asyncio.gather(*(agent.aturn(sid, "again") for sid in ids))
-        assert [found.turn_count for found in results] == [2] * 5
-        _check_order(log, 5)
-        gate = agent._gate()
-        assert not gate.held and gate.waiting == 0
+        yield agent, log
     finally:
         await agent.aclose()
+
+
+async def test_gathered_turns_prepare_one_after_another(
+    recorded: tuple[StelloAgent, list[str]],
+) -> None:
+    agent, log = recorded
+    ids = await _sessions(agent, 5)
+    await asyncio.gather(*(agent.aturn(sid, "hello") for sid in ids))
+    _check_order(log, 5)
+    log.clear()
+    results = await asyncio.gather(*(agent.aturn(sid, "again") for sid in ids))
+    assert [found.turn_count for found in results] == [2] * 5
+    _check_order(log, 5)
+    _check_free(agent)
 
 
 async def test_gathered_streams_prepare_one_after_another_and_give_the_gate_up(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, long_limit: None
+    recorded: tuple[StelloAgent, list[str]],
 ) -> None:
-    agent, log = _agent(tmp_path, monkeypatch)
-    try:
-        ids = [(await agent.afork(agent.main_session_id, f"S{n}")).id for n in range(3)]
+    agent, log = recorded
+    ids = await _sessions(agent, 3)
 
-        async def whole(sid: str) -> int:
-            return len([item async for item in agent.astream(sid, "hello")])
+    async def whole(sid: str) -> int:
+        return len([item async for item in agent.astream(sid, "hello")])
 
-        assert all(await asyncio.gather(*(whole(sid) for sid in ids)))
-        _check_order(log, 3)
-        stream = agent.astream(ids[0], "left early", stream_mode="updates")
-        await stream.__anext__()  # stopped by its consumer after one update
-        await cast("AsyncGenerator[Any, None]", stream).aclose()
-        gate = agent._gate()
-        assert not gate.held and gate.waiting == 0
-    finally:
-        await agent.aclose()
+    assert all(await asyncio.gather(*(whole(sid) for sid in ids)))
+    _check_order(log, 3)
+    stream = agent.astream(ids[0], "left early", stream_mode="updates")
+    await stream.__anext__()  # stopped by its consumer after one update
+    await cast("AsyncGenerator[Any, None]", stream).aclose()
+    _check_free(agent)
 
 
 async def test_a_turn_that_fails_while_preparing_lets_the_others_through(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, long_limit: None
+    recorded: tuple[StelloAgent, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    agent, _ = _agent(tmp_path, monkeypatch)
-    try:
-        ids = [(await agent.afork(agent.main_session_id, f"S{n}")).id for n in range(3)]
-        switch = agent._aswitch
+    agent, _ = recorded
+    ids = await _sessions(agent, 3)
+    switch = agent._aswitch
 
-        async def failing(sid: str) -> None:
-            if sid == ids[0]:
-                raise RuntimeError("hook failed")
-            await switch(sid)
+    async def failing(sid: str) -> None:
+        if sid == ids[0]:
+            raise RuntimeError("hook failed")
+        await switch(sid)
 
-        monkeypatch.setattr(agent, "_aswitch", failing)
-        found = await asyncio.gather(*(agent.aturn(s, "hi") for s in ids), return_exceptions=True)
-        assert isinstance(found[0], RuntimeError)
-        assert [r.turn_count for r in found[1:]] == [1, 1]  # type: ignore[union-attr]
-        gate = agent._gate()
-        assert not gate.held and gate.waiting == 0
-        assert (await agent.aturn(ids[1], "after")).turn_count == 2
-    finally:
-        await agent.aclose()
+    monkeypatch.setattr(agent, "_aswitch", failing)
+    found = await asyncio.gather(*(agent.aturn(s, "hi") for s in ids), return_exceptions=True)
+    assert isinstance(found[0], RuntimeError)
+    assert [r.turn_count for r in found[1:]] == [1, 1]  # type: ignore[union-attr]
+    _check_free(agent)
+    assert (await agent.aturn(ids[1], "after")).turn_count == 2
 
 
 async def test_the_pass_is_not_checkpointed(tmp_path: Path, long_limit: None) -> None:
