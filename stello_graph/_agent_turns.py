@@ -228,8 +228,8 @@ class _Turns:
             return await self._afinished(sid, self._result(sid, out))
 
     def _gate(self) -> PreparingGate:
-        """The gate this event loop's turns prepare through, one after another, each until
-        its first model call starts (`_preparing`)."""
+        """The gate this event loop's turns prepare through, in order and a few at a time,
+        each until its first model call starts (`_preparing`)."""
         loop = asyncio.get_running_loop()
         gate = self._gates.get(loop)
         if gate is None:

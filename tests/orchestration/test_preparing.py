@@ -1,9 +1,9 @@
-"""Gathered async turns prepare one after another (`stello_graph._preparing`).
+"""Gathered async turns prepare in order, `SLOTS` at a time (`stello_graph._preparing`).
 
-Each `aturn` / `astream` holds the event loop's `PreparingGate` from its lease until its
-first model call starts, so the first turn's model call does not wait for every other turn's
-preparation. The gate is first come, first served, is given up when a run ends however it
-ends, and passes on by itself after `HOLD_LIMIT`.
+Each `aturn` / `astream` holds a slot of the event loop's `PreparingGate` from its lease
+until its first model call starts, so the first model calls do not wait for every other
+turn's preparation. The gate is first come, first served, a slot is given up when a run ends
+however it ends, and passes on by itself after `HOLD_LIMIT`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 
 from stello_graph import StelloAgent, _preparing
-from stello_graph._preparing import PREPARING_KEY, Pass, PreparingGate, model_call_starts
+from stello_graph._preparing import (
+    PREPARING_KEY,
+    SLOTS,
+    Pass,
+    PreparingGate,
+    model_call_starts,
+)
 from stello_graph.nodes import turn as turn_nodes
 from stello_graph.testing import ScriptedChatModel
 
@@ -74,15 +80,16 @@ def _check_free(agent: StelloAgent) -> None:
 
 
 def _check_order(log: list[str], turns: int) -> None:
-    """Never two turns preparing at once (each prepares after the one before gave the gate
-    up), and the second prepared while the first one's model call ran (the gate passed on as
-    the call started, not at the end of the run)."""
+    """Never more than `SLOTS` turns preparing at once (a turn prepares once one before it
+    gave its slot up), and the first turn past the slots prepared while the first model call
+    ran (a slot passed on as the call started, not at the end of the run)."""
     preparing = 0
     for entry in log:
         preparing += {"prepare": 1, "release": -1}.get(entry, 0)
-        assert preparing in (0, 1), log
+        assert 0 <= preparing <= SLOTS, log
     assert log.count("prepare") == log.count("release") == log.count("model") == turns, log
-    assert [n for n, entry in enumerate(log) if entry == "prepare"][1] < log.index("replied"), log
+    prepared = [n for n, entry in enumerate(log) if entry == "prepare"]
+    assert log.index("release") < prepared[SLOTS] < log.index("replied"), log
 
 
 # -- the gate ---------------------------------------------------------------------------
@@ -101,15 +108,20 @@ async def _holders(gate: PreparingGate, count: int, hold: float) -> list[int]:
     return order
 
 
-async def test_the_gate_is_first_come_first_served_one_at_a_time(long_limit: None) -> None:
-    gate = PreparingGate(asyncio.get_running_loop())
-    assert await _holders(gate, 4, 0.001) == [0, 0, 1, 1, 2, 2, 3, 3]
+@pytest.mark.parametrize(
+    ("slots", "order"), [(1, [0, 0, 1, 1, 2, 2, 3, 3]), (2, [0, 1, 0, 1, 2, 3, 2, 3])]
+)
+async def test_the_gate_is_first_come_first_served_slots_at_a_time(
+    long_limit: None, slots: int, order: list[int]
+) -> None:
+    gate = PreparingGate(asyncio.get_running_loop(), slots)
+    assert await _holders(gate, 4, 0.001) == order
     assert not gate.held and gate.waiting == 0
 
 
 async def test_a_holder_past_the_limit_loses_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_preparing, "HOLD_LIMIT", 0.01)
-    gate = PreparingGate(asyncio.get_running_loop())
+    gate = PreparingGate(asyncio.get_running_loop(), 1)
     slow = await gate.enter()
     nxt = asyncio.ensure_future(gate.enter())
     await asyncio.sleep(0)
@@ -124,8 +136,8 @@ async def test_a_holder_past_the_limit_loses_the_gate(monkeypatch: pytest.Monkey
 
 
 async def _two_waiting() -> tuple[PreparingGate, Pass, asyncio.Future[Pass], asyncio.Future[Pass]]:
-    """A gate, its holder's pass and two turns waiting for it, in order."""
-    gate = PreparingGate(asyncio.get_running_loop())
+    """A gate of one slot, its holder's pass and two turns waiting for it, in order."""
+    gate = PreparingGate(asyncio.get_running_loop(), 1)
     first = await gate.enter()
     waiters = asyncio.ensure_future(gate.enter()), asyncio.ensure_future(gate.enter())
     await asyncio.sleep(0)
@@ -166,7 +178,7 @@ async def recorded(
         await agent.aclose()
 
 
-async def test_gathered_turns_prepare_one_after_another(
+async def test_gathered_turns_prepare_in_order(
     recorded: tuple[StelloAgent, list[str]],
 ) -> None:
     agent, log = recorded
@@ -180,7 +192,7 @@ async def test_gathered_turns_prepare_one_after_another(
     _check_free(agent)
 
 
-async def test_gathered_streams_prepare_one_after_another_and_give_the_gate_up(
+async def test_gathered_streams_prepare_in_order_and_give_their_slots_up(
     recorded: tuple[StelloAgent, list[str]],
 ) -> None:
     agent, log = recorded
