@@ -146,10 +146,6 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
             for thread in list(self._held):
                 self._write_held(thread)
 
-    async def aflush(self) -> None:
-        """Async twin of `flush`."""
-        await self._in_thread(self.flush)
-
     def _flush_read(self, config: RunnableConfig | None) -> None:
         thread = thread_of(config)
         with self._hold_lock:

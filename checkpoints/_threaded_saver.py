@@ -200,6 +200,8 @@ class AsyncInThreads:
 
         def delete_thread(self, thread_id: str) -> None: ...
 
+        def flush(self) -> None: ...
+
     @functools.cached_property
     def _calls(self) -> CallQueue:
         """The async calls that need a thread, run in order by one drain at a time: they
@@ -257,6 +259,10 @@ class AsyncInThreads:
         args = (config, writes, task_id, task_path)
         if not self._in_memory(self._in_memory_writes, *args, wait=False):
             await self._in_thread(self.put_writes, *args)
+
+    async def aflush(self) -> None:
+        """Async twin of `flush` (write what the saver holds)."""
+        await self._in_thread(self.flush)
 
     async def adelete_thread(self, thread_id: str) -> None:
         if not self._in_memory(self._in_memory_delete, str(thread_id), wait=False):

@@ -301,11 +301,6 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
                 cur.execute("DELETE FROM checkpoints WHERE thread_id = ?", (thread,))
                 cur.execute("DELETE FROM writes WHERE thread_id = ?", (thread,))
 
-    # -- async ------------------------------------------------------------------------------
-    async def aflush(self) -> None:
-        """Async twin of `flush`."""
-        await self._in_thread(self.flush)
-
     def close(self) -> None:
         """Write what is held (and delete the deleted threads' rows), close the connection."""
         try:
