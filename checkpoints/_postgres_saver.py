@@ -156,6 +156,8 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
                 self._write_held(thread)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        if self._read_vouched(config):
+            return None
         self._flush_read(config)
         found = super().get_tuple(config)
         thread = thread_of(config)

@@ -23,7 +23,15 @@ from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 
 from stello_graph.checkpoints._queue import CallQueue
 
-__all__ = ["HELD_CHECKPOINTS", "AsyncInThreads", "HeldRun", "HeldRuns", "thread_of"]
+__all__ = [
+    "EMPTY_THREAD_KEY",
+    "HELD_CHECKPOINTS",
+    "AsyncInThreads",
+    "EmptyThread",
+    "HeldRun",
+    "HeldRuns",
+    "thread_of",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -31,6 +39,23 @@ T = TypeVar("T")
 HELD_CHECKPOINTS = 3
 """Checkpoints of a run `hold_first_steps` keeps in memory: the run's input, the one after
 its START step and the one after its first node step (a stello turn's first model call)."""
+
+
+EMPTY_THREAD_KEY = "stello_empty_thread"
+"""The key of an `EmptyThread` in a run's `configurable` (an object, so LangGraph does not
+copy it into checkpoint metadata)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyThread:
+    """A run's word that nothing of `thread_id` is stored but what this saver knows of: the
+    agent gives it to a turn when its own last turn on the session pruned the thread in
+    memory and the session's lease has not been taken by anyone else since (its fencing
+    token moved by one at most). The saver then answers the run's read of the thread's
+    latest checkpoint from memory, `None`, when it holds nothing of the thread and has
+    written nothing of it either; any other read goes to the database as before."""
+
+    thread_id: str
 
 
 def thread_of(config: RunnableConfig | None) -> str | None:
@@ -107,6 +132,9 @@ class AsyncInThreads:
     concurrent turns on one event loop, each hop waits for the GIL).
     """
 
+    _held: HeldRuns
+    """The runs the saver holds in memory, by thread (both savers have them)."""
+
     @property
     def _memory_lock(self) -> AbstractContextManager[bool]:
         """The lock the `_in_memory_*` hooks run under (`_in_memory`). The saver also holds
@@ -141,6 +169,27 @@ class AsyncInThreads:
     def _unwritten(self, thread_id: str) -> bool:
         """`unwritten`, called under `_memory_lock`."""
         return False
+
+    def _in_memory_empty(self, config: RunnableConfig) -> bool:
+        """Whether the read `config` asks (the latest checkpoint of a root thread) can be
+        answered `None` without I/O: the run vouches for the thread (`EmptyThread`) and the
+        saver neither holds nor has written anything of it. Called under `_memory_lock`."""
+        conf = config.get("configurable") or {}
+        vouched = conf.get(EMPTY_THREAD_KEY)
+        thread = thread_of(config)
+        return (
+            isinstance(vouched, EmptyThread)
+            and thread is not None
+            and vouched.thread_id == thread
+            and not conf.get("checkpoint_id")
+            and not conf.get("checkpoint_ns")
+            and thread not in self._held
+            and self._unwritten(thread)
+        )
+
+    def _read_vouched(self, config: RunnableConfig) -> bool:
+        """`_in_memory_empty` for a sync read (waiting for the lock: never on a loop)."""
+        return bool(self._in_memory(self._in_memory_empty, config, wait=True))
 
     def _in_memory_put(
         self,
@@ -220,6 +269,8 @@ class AsyncInThreads:
         return await self._calls.call(fn, *args, **kwargs)
 
     async def aget_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
+        if self._in_memory(self._in_memory_empty, config, wait=False):
+            return None  # a turn's opening read of a thread it pruned itself
         return await self._in_thread(self.get_tuple, config)
 
     async def alist(

@@ -35,7 +35,7 @@ from stello_graph.errors import (
 )
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.main_session import MainSession
-from stello_graph.models import SessionMeta
+from stello_graph.models import Lease, SessionMeta
 from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.scheduling import aon_switch, on_switch
@@ -176,13 +176,15 @@ class _Turns:
             usage=_turn_usage(pending),
         )
 
-    def _finished(self, sid: str, result: TurnResult) -> TurnResult:
-        self._threads.finished(sid, result.interrupted)
+    def _finished(self, sid: str, result: TurnResult, lease: Lease | None = None) -> TurnResult:
+        self._threads.finished(sid, result.interrupted, lease)
         self._recorder.settle()  # a sync turn's events are stored when it returns
         return result
 
-    async def _afinished(self, sid: str, result: TurnResult) -> TurnResult:
-        await self._threads.afinished(sid, result.interrupted)
+    async def _afinished(
+        self, sid: str, result: TurnResult, lease: Lease | None = None
+    ) -> TurnResult:
+        await self._threads.afinished(sid, result.interrupted, lease)
         return result
 
     def turn(self, session_id: str, text: str, *, tool_choice: ToolChoice = None) -> TurnResult:
@@ -202,11 +204,11 @@ class _Turns:
             self._target(sid, tool_choice)
         back = self._handback(sid)
         # the run's first step takes the read made with the lease (see `_held_run`)
-        with self._held_run(sid, back):
+        with self._held_run(sid, back) as lease:
             self._switch(sid)
-            config = self.config(sid)
+            config = self._threads.run_config(sid, lease)
             out = self._turn_graph.invoke(payload, config, durability=self._durability)
-            return self._finished(sid, self._result(sid, out))
+            return self._finished(sid, self._result(sid, out), lease)
 
     async def aturn(
         self, session_id: str, text: str, *, tool_choice: ToolChoice = None
@@ -216,16 +218,16 @@ class _Turns:
         if tool_choice is not None:
             await self._atarget(sid, tool_choice)
         back = self._handback(sid)
-        async with self._aheld_run(sid, back):
+        async with self._aheld_run(sid, back) as lease:
             held = await self._gate().enter()
             try:
                 await self._aswitch(sid)
                 out = await self._turn_graph.ainvoke(
-                    payload, self._held_config(sid, held), durability=self._durability
+                    payload, self._held_config(sid, held, lease), durability=self._durability
                 )
             finally:
                 held.release()
-            return await self._afinished(sid, self._result(sid, out))
+            return await self._afinished(sid, self._result(sid, out), lease)
 
     def _gate(self) -> PreparingGate:
         """The gate this event loop's turns prepare through, in order and a few at a time,
@@ -236,29 +238,30 @@ class _Turns:
             gate = self._gates[loop] = PreparingGate(loop)
         return gate
 
-    def _held_config(self, sid: str, held: Pass) -> RunnableConfig:
-        """The run's config, with the pass its model node gives up (`model_call_starts`)."""
-        config = self.config(sid)
+    def _held_config(self, sid: str, held: Pass, lease: Lease) -> RunnableConfig:
+        """The run's config (`CheckpointThreads.run_config`), with the pass its model node
+        gives up (`model_call_starts`)."""
+        config = self._threads.run_config(sid, lease)
         config["configurable"][PREPARING_KEY] = held
         return config
 
     @contextmanager
-    def _held_run(self, sid: str, back: Handback) -> Iterator[None]:
+    def _held_run(self, sid: str, back: Handback) -> Iterator[Lease]:
         """A turn's run: the lease of an active session, taken with the turn's one read of
         it (a missing or archived session is refused before anything is written), then its
         checkpoint thread looked up (only for a session that exists) and the run watched."""
-        with run_held(self._leases, sid, back, prefetch=True):
+        with run_held(self._leases, sid, back, prefetch=True) as lease:
             self._threads.resolve(sid)
             with self._threads.running(sid):
-                yield
+                yield lease
 
     @asynccontextmanager
-    async def _aheld_run(self, sid: str, back: Handback) -> AsyncIterator[None]:
+    async def _aheld_run(self, sid: str, back: Handback) -> AsyncIterator[Lease]:
         """Async twin of `_held_run`."""
-        async with arun_held(self._leases, sid, back, prefetch=True):
+        async with arun_held(self._leases, sid, back, prefetch=True) as lease:
             await self._threads.aresolve(sid)
             async with self._threads.arunning(sid):
-                yield
+                yield lease
 
     def _handback(self, sid: str) -> Handback:
         """The turn's commit frees the session's lease itself (one write transaction fewer)
@@ -329,8 +332,8 @@ class _Turns:
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
-        with self._held_run(sid, _kept()):
-            config = self.config(sid)
+        with self._held_run(sid, _kept()) as lease:
+            config = self._threads.run_config(sid, lease)
             config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
             self._switch(sid)
             q = self._mux.open()
@@ -355,7 +358,7 @@ class _Turns:
             ended = self._threads.ended_in_memory(sid) or not self.checkpointer
             state = None if ended else self._turn_graph.get_state(self.config(sid))
             if state is None or not state.interrupts:
-                self._finished(sid, TurnResult(session_id=sid, content=""))
+                self._finished(sid, TurnResult(session_id=sid, content=""), lease)
 
     async def astream(
         self,
@@ -371,14 +374,14 @@ class _Turns:
             await self._atarget(sid, tool_choice)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        async with self._aheld_run(sid, _kept()):
+        async with self._aheld_run(sid, _kept()) as lease:
             held = await self._gate().enter()
             q = self._mux.open()
             try:
                 await self._aswitch(sid)
                 async for item in self._turn_graph.astream(
                     payload,
-                    self._held_config(sid, held),
+                    self._held_config(sid, held, lease),
                     stream_mode=stream_mode,  # type: ignore[arg-type]
                     durability=self._durability,
                 ):
@@ -394,7 +397,7 @@ class _Turns:
             ended = self._threads.ended_in_memory(sid) or not self.checkpointer
             state = None if ended else await self._turn_graph.aget_state(self.config(sid))
             if state is None or not state.interrupts:
-                await self._afinished(sid, TurnResult(session_id=sid, content=""))
+                await self._afinished(sid, TurnResult(session_id=sid, content=""), lease)
 
 
 def _kept() -> Handback:

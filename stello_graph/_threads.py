@@ -18,7 +18,9 @@ from langgraph.types import StateSnapshot
 
 from stello_graph._ids import legacy_thread_id, thread_id
 from stello_graph.checkpoints._kept_saver import KeptTurnSaver
+from stello_graph.checkpoints._threaded_saver import EMPTY_THREAD_KEY, EmptyThread
 from stello_graph.lease import Handback, SessionLeases
+from stello_graph.models import Lease
 
 __all__ = ["CheckpointThreads", "arun_held", "run_held"]
 
@@ -60,9 +62,32 @@ class CheckpointThreads:
             # step; `finished` / `failed` then drop them (pruned) or write them (kept)
             checkpointer.hold_first_steps = True
         self._found: dict[str, str] = {}  # session id -> its checkpoint thread, once looked up
+        # session id -> the lease token of its last turn here, whose run was pruned in memory
+        self._pruned: dict[str, int] = {}
 
     def config(self, sid: str) -> RunnableConfig:
         return thread_config(self._found.get(sid) or thread_id(self.tree_id, sid))
+
+    def run_config(self, sid: str, lease: Lease) -> RunnableConfig:
+        """`config(sid)` for a turn's run under `lease`, vouching that its thread is empty
+        (`EmptyThread`: the saver answers the run's opening read from memory) when the last
+        turn of `sid` here pruned the thread in memory and nobody else has held the session
+        since: its token is that turn's, or the next one (every other taking of the lease
+        moves it, and whatever writes the thread holds the lease)."""
+        config = self.config(sid)
+        if self._pruned.pop(sid, None) in (lease.token, lease.token - 1):
+            conf = config["configurable"]
+            conf[EMPTY_THREAD_KEY] = EmptyThread(str(conf["thread_id"]))
+        return config
+
+    def _pruning(self, sid: str, thread: str, lease: Lease | None) -> None:
+        """Before `thread` is pruned: remember `lease`'s token when the pruning drops a run
+        held in memory with nothing of the thread on disk (`run_config`)."""
+        unwritten = getattr(self.checkpointer, "unwritten", None)
+        if lease is not None and callable(unwritten) and unwritten(thread):
+            self._pruned[sid] = lease.token
+        else:
+            self._pruned.pop(sid, None)
 
     def _legacy(self, sid: str) -> RunnableConfig:
         return thread_config(legacy_thread_id(self.tree_id, sid))
@@ -103,8 +128,9 @@ class CheckpointThreads:
             return False
         return bool(unwritten(self.config(sid)["configurable"]["thread_id"]))
 
-    def finished(self, sid: str, interrupted: bool) -> None:
-        """A turn of `sid` ended: prune its thread (if asked); next turns use the new id.
+    def finished(self, sid: str, interrupted: bool, lease: Lease | None = None) -> None:
+        """A turn of `sid` (run under `lease`) ended: prune its thread (if asked); next
+        turns use the new id.
 
         A turn that waits on an interrupt keeps its thread, written out now."""
         if interrupted:
@@ -112,6 +138,7 @@ class CheckpointThreads:
         elif self.checkpointer is not None:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
+                self._pruning(sid, thread, lease)
                 self.checkpointer.delete_thread(thread)
             elif isinstance(self.checkpointer, KeptTurnSaver):
                 self.checkpointer.end_run(thread)  # the turn kept as one checkpoint
@@ -165,13 +192,14 @@ class CheckpointThreads:
             await self.afailed(sid)
             raise
 
-    async def afinished(self, sid: str, interrupted: bool) -> None:
+    async def afinished(self, sid: str, interrupted: bool, lease: Lease | None = None) -> None:
         """Async twin of `finished`."""
         if interrupted:
             await self.afailed(sid)
         elif self.checkpointer is not None:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
+                self._pruning(sid, thread, lease)
                 await self.checkpointer.adelete_thread(thread)
             elif isinstance(self.checkpointer, KeptTurnSaver):
                 await self.checkpointer.aend_run(thread)
@@ -180,6 +208,7 @@ class CheckpointThreads:
     def drop(self, sid: str) -> None:
         """Delete the checkpoint threads of a removed session (the legacy one if it is its)."""
         self._found.pop(sid, None)
+        self._pruned.pop(sid, None)
         saver = self.checkpointer
         if saver is None:
             return
@@ -190,6 +219,7 @@ class CheckpointThreads:
     async def adrop(self, sid: str) -> None:
         """Async twin of `drop`."""
         self._found.pop(sid, None)
+        self._pruned.pop(sid, None)
         saver = self.checkpointer
         if saver is None:
             return
@@ -201,7 +231,7 @@ class CheckpointThreads:
 @contextmanager
 def run_held(
     leases: SessionLeases, sid: str, handback: Handback | None = None, *, prefetch: bool = False
-) -> Iterator[None]:
+) -> Iterator[Lease]:
     """Hold the session for a whole run (its checkpoint thread included: pruning it must not
     race another agent's run), lending the lease to the graph's nodes. With `handback`, the
     turn's commit may free the lease in its own transaction when the handback allows it
@@ -209,14 +239,14 @@ def run_held(
     with its lease for the run's opening step, and refused if missing or archived."""
     hold = leases.hold(sid, handback=handback, prefetch=prefetch)
     with hold as lease, leases.lending(lease, handback):
-        yield
+        yield lease
 
 
 @asynccontextmanager
 async def arun_held(
     leases: SessionLeases, sid: str, handback: Handback | None = None, *, prefetch: bool = False
-) -> AsyncIterator[None]:
+) -> AsyncIterator[Lease]:
     """Async twin of `run_held`."""
     async with leases.ahold(sid, handback=handback, prefetch=prefetch) as lease:
         with leases.lending(lease, handback):
-            yield
+            yield lease
