@@ -2,15 +2,15 @@
 checkpoint per finished turn.
 
 With the default `"async"` durability LangGraph checkpoints a stello turn without tools
-three times (the run's input, after its START step, after the model step that commits it)
-and writes the steps' results twice more as pending writes. A saver the agent prunes drops
+twice (the run's input, after the model step that commits it: the turn graph has no START
+step) and writes the step's results once more as pending writes. A saver the agent prunes drops
 all of that once the turn is committed; a saver of the user's keeps it, though nothing can
 use it afterwards: a turn's history is its session's L3, and replaying a stello thread from
 an earlier checkpoint is refused (`TimeTravelError`).
 
 So the agent runs its turns on such a saver through this one. It holds a run's first steps
-in memory, as the agent's own savers do (`HeldRuns`): the first `HELD_CHECKPOINTS`
-checkpoints and the writes of the first two steps.
+in memory, as the agent's own savers do (`HeldRuns`): its checkpoints and writes up to
+its first node step (`HELD_CHECKPOINTS`).
 
 * A turn that ends in its first model step (`end_run`) writes its last checkpoint only, as
   the child of the thread's checkpoint before the run: one checkpoint per turn, a chain.
@@ -101,13 +101,13 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
         """`(put's result, None, ...)` when the checkpoint is held; else `(None, what is
         held of its thread, to be written first, ...)`; last, the writes for the checkpoint
         that came before it (`_hold_writes`), to be given again after it."""
-        config, checkpoint, metadata, _ = args
+        config, checkpoint, metadata, new_versions = args
         thread = thread_of(config)
         with self._lock:
             self._saw(thread, checkpoint["id"])
             early = self._early.pop((thread or "", checkpoint["id"]), [])
             done = self._held.hold_put(
-                config, checkpoint["id"], metadata, ("put", args), enabled=True
+                config, checkpoint["id"], metadata, new_versions, ("put", args), enabled=True
             )
             earlier = None if done is not None else self._take(config)
         return done, earlier, early

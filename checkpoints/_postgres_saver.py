@@ -52,8 +52,8 @@ not guard against two processes running them at once."""
 class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
     """`PostgresSaver` whose async methods work too (each runs the sync one in a thread).
 
-    With `hold_first_steps`, a run that starts from an input keeps its first
-    `HELD_CHECKPOINTS` checkpoints, and the writes of its first two steps, in memory, and
+    With `hold_first_steps`, a run that starts from an input keeps its checkpoints and
+    writes up to its first node step (`HELD_CHECKPOINTS`) in memory, and
     writes them (in order, as `PostgresSaver` would have) before the first write that comes
     after (the results of a stello turn's first tool round), or when anything reads the
     thread, or at `flush()` / `close()`; `delete_thread` of a thread whose run is held and
@@ -96,7 +96,7 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
     ) -> RunnableConfig | None:
         op = partial(PostgresSaver.put, self, config, checkpoint, metadata, new_versions)
         on = self.hold_first_steps
-        return self._held.hold_put(config, checkpoint["id"], metadata, op, enabled=on)
+        return self._held.hold_put(config, checkpoint["id"], metadata, new_versions, op, enabled=on)
 
     def put(
         self,

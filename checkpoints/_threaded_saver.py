@@ -37,8 +37,13 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 HELD_CHECKPOINTS = 3
-"""Checkpoints of a run `hold_first_steps` keeps in memory: the run's input, the one after
-its START step and the one after its first node step (a stello turn's first model call)."""
+"""Checkpoints of a run `hold_first_steps` keeps in memory at most: the run's input, the one
+after its START step and the one after its first node step (a stello turn's first model
+call). A run whose input goes straight to the state (the turn graph's: it has no START
+step) is held up to its first node step too: two checkpoints."""
+
+_START = "__start__"
+"""LangGraph's START channel: a run's input written there runs a START step first."""
 
 
 EMPTY_THREAD_KEY = "stello_empty_thread"
@@ -71,6 +76,8 @@ class HeldRun:
 
     checkpoints: list[str]
     ops: list[Any] = field(default_factory=list)
+    size: int = HELD_CHECKPOINTS
+    """The checkpoints it holds at most: up to the one after the run's first node step."""
 
 
 class HeldRuns(dict[str, HeldRun]):
@@ -81,13 +88,14 @@ class HeldRuns(dict[str, HeldRun]):
         config: RunnableConfig,
         checkpoint_id: str,
         metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
         op: Any,
         *,
         enabled: bool,
     ) -> RunnableConfig | None:
-        """Hold `op`, the write of checkpoint `checkpoint_id` (`put(config, ...)`), and return
-        `put`'s result, when the checkpoint joins a held run (a run's input starts one, when
-        `enabled`); `None`, holding nothing, when it has to be written."""
+        """Hold `op`, the write of checkpoint `checkpoint_id` (`put(config, ..., new_versions)`),
+        and return `put`'s result, when the checkpoint joins a held run (a run's input starts
+        one, when `enabled`); `None`, holding nothing, when it has to be written."""
         conf = config["configurable"]
         thread, ns = str(conf["thread_id"]), conf["checkpoint_ns"]
         if ns != "":
@@ -96,10 +104,12 @@ class HeldRuns(dict[str, HeldRun]):
         if metadata.get("source") == "input" and enabled:
             if held is not None:  # an earlier run that nobody ended: it is written first
                 return None
-            self[thread] = held = HeldRun([checkpoint_id])
+            # an input written to START runs a START step before the first node
+            size = HELD_CHECKPOINTS if _START in new_versions else HELD_CHECKPOINTS - 1
+            self[thread] = held = HeldRun([checkpoint_id], size=size)
         elif (
             held is None
-            or len(held.checkpoints) >= HELD_CHECKPOINTS
+            or len(held.checkpoints) >= held.size
             or held.checkpoints[-1] != conf.get("checkpoint_id")
         ):
             return None
@@ -111,13 +121,11 @@ class HeldRuns(dict[str, HeldRun]):
 
     def hold_writes(self, config: RunnableConfig, op: Any) -> bool:
         """Hold `op`, the writes of a step after the checkpoint `config` names, when they
-        belong to a held run's first two steps (START, the first node); else hold nothing."""
+        belong to a held run's steps up to its first node (START, if it has one, and the
+        first node); else hold nothing."""
         conf = config["configurable"]
         held = self.get(str(conf["thread_id"]))
-        if (
-            held is None
-            or str(conf["checkpoint_id"]) not in held.checkpoints[: HELD_CHECKPOINTS - 1]
-        ):
+        if held is None or str(conf["checkpoint_id"]) not in held.checkpoints[: held.size - 1]:
             return False
         held.ops.append(op)
         return True

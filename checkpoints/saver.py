@@ -67,8 +67,8 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
       transaction as the saver's next write (or by `flush()` / `close()`). A process that
       ends before either leaves them on disk, as if they had not been deleted: a thread of
       finished runs, which the next run on it starts after.
-    * With `hold_first_steps`, a run that starts from an input keeps its first
-      `HELD_CHECKPOINTS` checkpoints, and the writes of its first two steps, in memory, and
+    * With `hold_first_steps`, a run that starts from an input keeps its checkpoints and
+      writes up to its first node step (`HELD_CHECKPOINTS`) in memory, and
       writes them in one transaction with the first write that comes after (the results of
       a stello turn's first tool round), or when anything reads the thread, or at
       `flush()` / `close()`; `delete_thread` drops what it holds of the thread unwritten. A
@@ -161,7 +161,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig | None:
         op, on = self._put_op(config, checkpoint, metadata)[3], self.hold_first_steps
-        return self._held.hold_put(config, checkpoint["id"], metadata, op, enabled=on)
+        return self._held.hold_put(config, checkpoint["id"], metadata, new_versions, op, enabled=on)
 
     def put(
         self,

@@ -18,11 +18,15 @@ Reading the history (`get_state`, `get_state_history`) and continuing the latest
 (`Command(resume=...)`, or `None` after a crash, with or without its own `checkpoint_id`)
 work as usual. A recovery tool that re-runs a step on purpose, knowing the turn's commit is
 idempotent, names `configurable[REPLAY_KEY] = True` (`allow_replay(config)`).
+
+The compiled turn graph (`StelloTurnGraph`) also skips LangGraph's START step: a new run's
+input goes straight to the state, with the edge to the model node, so the model runs in
+the run's first step.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -32,7 +36,7 @@ from langgraph.graph.state import CompiledStateGraph
 from stello_graph.errors import TimeTravelError
 from stello_graph.nodes._channels import RUN_INPUTS
 
-__all__ = ["REPLAY_KEY", "StelloCompiledGraph", "allow_replay", "fresh_input"]
+__all__ = ["REPLAY_KEY", "StelloCompiledGraph", "StelloTurnGraph", "allow_replay", "fresh_input"]
 
 REPLAY_KEY = "stello_allow_replay"
 """The `configurable` key that lets one run start from an earlier checkpoint."""
@@ -95,17 +99,20 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             if not _is_latest(wanted, await saver.aget_tuple(query)):
                 raise TimeTravelError(_REPLAY)
 
+    def _fresh_input(self, input: Any) -> Any:
+        return fresh_input(input)
+
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
         self._refuse_replay(config)
-        return super().stream(fresh_input(input), config, **kwargs)
+        return super().stream(self._fresh_input(input), config, **kwargs)
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         await self._arefuse_replay(config)
-        async for item in super().astream(fresh_input(input), config, **kwargs):
+        async for item in super().astream(self._fresh_input(input), config, **kwargs):
             yield item
 
     def bulk_update_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
@@ -119,3 +126,35 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
 
     async def aupdate_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
         raise TimeTravelError(_EDIT)
+
+
+class StelloTurnGraph(StelloCompiledGraph):
+    """The compiled turn graph (`stello_graph.graph.build_turn_graph`): a
+    `StelloCompiledGraph` whose new runs skip LangGraph's START step.
+
+    A `StateGraph` run writes its input to START, whose step (a task, its writes and a
+    checkpoint) only copies it into the state and takes the edge to the first node. Here
+    the input keys are the graph's input channels (`input_channels`, set by `starting_at`)
+    and a new run's input also takes that edge itself (`first`: the edge's channel), so the
+    input checkpoint is followed by the model's step. The checkpoints are the same as a
+    START step leaves, one fewer: either graph continues a thread the other began, and a
+    thread whose run was written to START (an earlier version's) still runs its START step.
+    """
+
+    _first: str
+
+    def starting_at(self, first: str, keys: Iterable[str]) -> StelloTurnGraph:
+        """Take new runs' inputs (`keys`) into the state and straight to the node whose edge
+        channel is `first`; unchanged when the compiled graph has no such channel."""
+        if first in self.channels and all(key in self.channels for key in keys):
+            self._first = first
+            self.input_channels = [*dict.fromkeys(keys), first]
+        return self
+
+    def _fresh_input(self, input: Any) -> Any:
+        fresh = fresh_input(input)
+        first = getattr(self, "_first", None)
+        if first is None or not isinstance(fresh, Mapping):
+            return fresh
+        taken = {key: value for key, value in fresh.items() if key in self.input_channels}
+        return {**taken, first: None}

@@ -44,8 +44,9 @@ from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict, Unpack
 
-from stello_graph._compiled import StelloCompiledGraph
+from stello_graph._compiled import StelloCompiledGraph, StelloTurnGraph
 from stello_graph.config import StelloConfig, StelloSettings
+from stello_graph.nodes._channels import RUN_INPUTS
 from stello_graph.nodes._model_call import model_retry_policy
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.entry import make_enter_node
@@ -192,6 +193,10 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     return graph
 
 
+_FIRST_NODE = "model"
+"""The turn graph's first node: a new run's input goes straight to it (`StelloTurnGraph`)."""
+
+
 class TurnInput(TypedDict, total=False):
     """What a run of the turn graph (`build_turn_graph`) takes."""
 
@@ -213,14 +218,15 @@ class TurnOutput(TypedDict, total=False):
 
 
 class TurnGraph(StateGraph[TurnState, None, TurnInput, TurnOutput]):
-    """The graph `build_turn_graph` returns; compiled, it is a `StelloCompiledGraph` too
-    (runs start fresh, time travel is refused)."""
+    """The graph `build_turn_graph` returns; compiled, it is a `StelloTurnGraph` (runs start
+    fresh, time travel is refused, a new run's input goes straight to the model node)."""
 
-    def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
+    def compile(self, *args: Any, **kwargs: Any) -> StelloTurnGraph:
         compiled = super().compile(*args, **kwargs)
-        compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
-        assert isinstance(compiled, StelloCompiledGraph)
-        return compiled
+        compiled.__class__ = StelloTurnGraph  # the same object, with the refusals
+        assert isinstance(compiled, StelloTurnGraph)
+        keys = [*TurnInput.__annotations__, *RUN_INPUTS]
+        return compiled.starting_at(f"branch:to:{_FIRST_NODE}", keys)
 
 
 def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
@@ -230,14 +236,15 @@ def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
     of the turn's keys only (each superstep of LangGraph handles every channel of its
     graph, and the whole graph has more than twice as many). `StelloAgent` runs its turns
     on it; its checkpoints are the whole graph's, so either graph continues a thread the
-    other began.
+    other began. Compiled (`StelloTurnGraph`), a new run's input goes straight to the model
+    node: the run has no START step, one superstep and one checkpoint fewer per turn.
     """
     graph = TurnGraph(TurnState, input_schema=TurnInput, output_schema=TurnOutput)
     graph.add_node(
-        "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
+        _FIRST_NODE, make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
     )
     graph.add_node("tools", make_tools_node(deps))
-    graph.add_edge(START, "model")
+    graph.add_edge(START, _FIRST_NODE)
     graph.add_conditional_edges("model", _on_the_loop(route_after_model), ["tools", END])
     graph.add_edge("tools", "model")
     return graph

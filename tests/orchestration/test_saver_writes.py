@@ -112,6 +112,23 @@ def test_a_tool_turn_is_written_from_its_first_tool_results(
     assert _rows(db, "checkpoints") == 0 and _rows(db, "writes") == 0
 
 
+def test_tool_results_are_on_disk_before_the_next_model_call(
+    agents: list[StelloAgent], db: Path
+) -> None:
+    seen: list[int] = []
+
+    def answer(messages: Any) -> str:  # the model call after the tool round
+        seen.append(_rows(db, "writes"))
+        return "done"
+
+    model = ScriptedChatModel(["hi", ScriptedChatModel.tool_call("lookup", {"query": "x"}), answer])
+    agent = _agent(agents, db, model, tools=[lookup])
+    agent.turn(agent.main_session_id, "warm up")
+    assert _rows(db, "writes") == 0
+    assert agent.turn(agent.main_session_id, "look it up").content == "done"
+    assert seen and seen[0] > 0  # a crash during that call would not run the tool again
+
+
 def test_an_interrupted_turn_is_on_disk_when_turn_returns(
     agents: list[StelloAgent], db: Path
 ) -> None:
