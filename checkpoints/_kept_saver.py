@@ -227,7 +227,7 @@ class KeptTurnSaver(BaseCheckpointSaver[Any]):
         newest checkpoint (no interrupt, no step in flight): a run that ended there."""
         with self._lock:
             held = self._held.get(str(thread_id))
-            return held is not None and bool(held.ops) and held.ops[-1][0] == "put"
+            return held is not None and held.ended
 
     # -- the saver's interface -----------------------------------------------------------------
     def put(

@@ -78,6 +78,9 @@ class HeldRun:
     ops: list[Any] = field(default_factory=list)
     size: int = HELD_CHECKPOINTS
     """The checkpoints it holds at most: up to the one after the run's first node step."""
+    ended: bool = False
+    """Its last operation is a checkpoint: nothing was asked after it (no interrupt, no
+    step in flight), so a run that stopped there ended there."""
 
 
 class HeldRuns(dict[str, HeldRun]):
@@ -116,6 +119,7 @@ class HeldRuns(dict[str, HeldRun]):
         else:
             held.checkpoints.append(checkpoint_id)
         held.ops.append(op)
+        held.ended = True
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                  "checkpoint_id": checkpoint_id}}  # fmt: skip
 
@@ -128,6 +132,7 @@ class HeldRuns(dict[str, HeldRun]):
         if held is None or str(conf["checkpoint_id"]) not in held.checkpoints[: held.size - 1]:
             return False
         held.ops.append(op)
+        held.ended = False
         return True
 
 
@@ -177,6 +182,16 @@ class AsyncInThreads:
     def _unwritten(self, thread_id: str) -> bool:
         """`unwritten`, called under `_memory_lock`."""
         return False
+
+    def ended(self, thread_id: str) -> bool:
+        """Whether the thread's run is held in memory and ended at its last checkpoint
+        (`HeldRun.ended`: nothing of it is on disk, and it waits on no interrupt). Never
+        waits for the saver's lock: `False` while the saver writes."""
+        return bool(self._in_memory(self._held_ended, str(thread_id), wait=False))
+
+    def _held_ended(self, thread_id: str) -> bool:
+        held = self._held.get(thread_id)
+        return held is not None and held.ended
 
     def _in_memory_empty(self, config: RunnableConfig) -> bool:
         """Whether the read `config` asks (the latest checkpoint of a root thread) can be

@@ -169,10 +169,11 @@ class CheckpointThreads:
     def ended_in_memory(self, sid: str) -> bool:
         """Whether `sid`'s run is held in memory and ended at its last checkpoint (nothing
         written after it, so no interrupt): a stream then ends the turn without reading
-        the thread, which would write every held step first."""
-        saver = self.checkpointer
+        the thread, which would write every held step first (the agent's own savers and
+        `KeptTurnSaver` hold runs)."""
+        ended = getattr(self.checkpointer, "ended", None)
         thread = self.config(sid)["configurable"]["thread_id"]
-        return isinstance(saver, KeptTurnSaver) and saver.ended(thread)
+        return callable(ended) and bool(ended(thread))
 
     @contextmanager
     def running(self, sid: str | None = None) -> Iterator[None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,43 @@ async def test_an_async_turn_without_tools_writes_no_checkpoint(
     assert writes == []
 
 
+def test_a_streamed_turn_without_tools_writes_no_checkpoint(
+    agents: list[StelloAgent], db: Path
+) -> None:
+    agent = _agent(agents, db, ScriptedChatModel(default="ok"))
+    sid = agent.main_session_id
+    list(agent.stream(sid, "warm up"))
+    writes = _writes(agent.checkpointer)
+    for mode in ("messages", "updates", "values"):
+        assert list(agent.stream(sid, f"in {mode}", stream_mode=mode))
+    assert writes == []  # the run ended in memory: the stream does not read it back
+    assert _rows(db, "checkpoints") == 0 and agent.storage.get_turn_count(sid) == 4
+
+
+async def test_an_async_streamed_turn_without_tools_writes_no_checkpoint(
+    agents: list[StelloAgent], db: Path
+) -> None:
+    agent = _agent(agents, db, ScriptedChatModel(default="ok"))
+    sid = agent.main_session_id
+    await agent.aturn(sid, "warm up")
+    writes = _writes(agent.checkpointer)
+    assert [item async for item in agent.astream(sid, "again", stream_mode="updates")]
+    assert writes == []
+    assert agent.storage.get_turn_count(sid) == 2
+
+
+def test_a_streamed_turn_waiting_on_an_interrupt_is_on_disk(
+    agents: list[StelloAgent], db: Path
+) -> None:
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("confirm", {"what": "x"}), "Done."])
+    first = _agent(agents, db, model, tools=[confirm])
+    sid = first.main_session_id
+    list(first.stream(sid, "do it", stream_mode="updates"))
+    assert _rows(db, "checkpoints") > 0
+    other = _agent(agents, db, model, tools=[confirm])
+    assert other.resume(sid, "yes").content == "Done."
+
+
 def test_a_tool_turn_is_written_from_its_first_tool_results(
     agents: list[StelloAgent], db: Path
 ) -> None:
@@ -118,6 +156,11 @@ def test_tool_results_are_on_disk_before_the_next_model_call(
     seen: list[int] = []
 
     def answer(messages: Any) -> str:  # the model call after the tool round
+        # `"async"`: LangGraph writes the round's results in the background while this call
+        # runs; they are not held until the turn's next step
+        deadline = time.monotonic() + 5
+        while _rows(db, "writes") == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
         seen.append(_rows(db, "writes"))
         return "done"
 
