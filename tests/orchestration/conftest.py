@@ -14,6 +14,8 @@ from stello_graph.storage import MainStorage
 from tests._postgres import POSTGRES
 
 AgentFactory = Callable[..., StelloAgent]
+AgentsOnFile = Callable[..., StelloAgent]
+"""`agents(db, model, **kwargs)`: a `StelloAgent` on the SQLite file `db` (`on_file`)."""
 
 
 @pytest.fixture(params=["memory", "sqlite", *(["postgres"] if POSTGRES.wanted else [])])
@@ -43,6 +45,22 @@ def make_agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent
         close = getattr(storage, "close", None)
         if close is not None:
             close()
+
+
+@pytest.fixture
+def on_file() -> Iterator[AgentsOnFile]:
+    """Build agents on SQLite files (several may share one, as processes do); closed after
+    the test."""
+    made: list[StelloAgent] = []
+
+    def factory(db: Path, model: Any, **kwargs: Any) -> StelloAgent:
+        agent = StelloAgent(model=model, storage=db, **kwargs)
+        made.append(agent)
+        return agent
+
+    yield factory
+    for agent in made:
+        agent.close()
 
 
 @pytest.fixture

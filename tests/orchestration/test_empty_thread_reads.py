@@ -21,10 +21,10 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from stello_graph import StelloAgent
 from stello_graph.checkpoints._threaded_saver import EMPTY_THREAD_KEY, EmptyThread
 from stello_graph.checkpoints.saver import StelloSqliteSaver, sqlite_saver
 from stello_graph.testing import ScriptedChatModel
+from tests.orchestration.conftest import AgentsOnFile
 
 
 @tool
@@ -47,24 +47,10 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-@pytest.fixture
-def agents(tmp_path: Path) -> Iterator[list[StelloAgent]]:
-    made: list[StelloAgent] = []
-    yield made
-    for agent in made:
-        agent.close()
-
-
-def _agent(agents: list[StelloAgent], db: Path, model: Any, **kw: Any) -> StelloAgent:
-    agent = StelloAgent(model=model, storage=db, **kw)
-    agents.append(agent)
-    return agent
-
-
 def test_turns_after_one_pruned_in_memory_read_no_checkpoint(
-    agents: list[StelloAgent], tmp_path: Path, reads: list[str]
+    on_file: AgentsOnFile, tmp_path: Path, reads: list[str]
 ) -> None:
-    agent = _agent(agents, tmp_path / "a.db", ScriptedChatModel(default="ok"))
+    agent = on_file(tmp_path / "a.db", ScriptedChatModel(default="ok"))
     sid = agent.main_session_id
     agent.turn(sid, "first")
     count = len(reads)
@@ -76,9 +62,9 @@ def test_turns_after_one_pruned_in_memory_read_no_checkpoint(
 
 
 async def test_async_turns_and_streams_read_no_checkpoint_after_a_pruned_turn(
-    agents: list[StelloAgent], tmp_path: Path, reads: list[str]
+    on_file: AgentsOnFile, tmp_path: Path, reads: list[str]
 ) -> None:
-    agent = _agent(agents, tmp_path / "a.db", ScriptedChatModel(default="ok"))
+    agent = on_file(tmp_path / "a.db", ScriptedChatModel(default="ok"))
     sid = agent.main_session_id
     await agent.aturn(sid, "first")
     count = len(reads)
@@ -91,15 +77,15 @@ async def test_async_turns_and_streams_read_no_checkpoint_after_a_pruned_turn(
 
 
 def test_another_agents_turn_in_between_makes_the_next_turn_read(
-    agents: list[StelloAgent], tmp_path: Path, reads: list[str]
+    on_file: AgentsOnFile, tmp_path: Path, reads: list[str]
 ) -> None:
     db = tmp_path / "shared.db"
-    mine = _agent(agents, db, ScriptedChatModel(default="mine"))
+    mine = on_file(db, ScriptedChatModel(default="mine"))
     sid = mine.main_session_id
     mine.turn(sid, "one")
     mine.turn(sid, "two")
     before = len(reads)
-    theirs = _agent(agents, db, ScriptedChatModel(default="theirs"))  # another process, say
+    theirs = on_file(db, ScriptedChatModel(default="theirs"))  # another process, say
     theirs.turn(sid, "between")
     after_theirs = len(reads)
     assert after_theirs > before
@@ -112,12 +98,12 @@ def test_another_agents_turn_in_between_makes_the_next_turn_read(
 
 
 def test_a_turn_after_a_tool_round_reads_its_thread(
-    agents: list[StelloAgent], tmp_path: Path, reads: list[str]
+    on_file: AgentsOnFile, tmp_path: Path, reads: list[str]
 ) -> None:
     model = ScriptedChatModel(
         ["hi", ScriptedChatModel.tool_call("lookup", {"query": "x"}), "done", "plain", "again"]
     )
-    agent = _agent(agents, tmp_path / "a.db", model, tools=[lookup])
+    agent = on_file(tmp_path / "a.db", model, tools=[lookup])
     sid = agent.main_session_id
     agent.turn(sid, "warm up")
     assert agent.turn(sid, "look it up").tool_rounds == 1  # its steps reached the disk
@@ -213,11 +199,11 @@ def test_a_saver_that_holds_nothing_never_takes_a_vouch(tmp_path: Path) -> None:
 
 
 def test_the_vouch_is_not_checkpointed(
-    agents: list[StelloAgent], tmp_path: Path, reads: list[str]
+    on_file: AgentsOnFile, tmp_path: Path, reads: list[str]
 ) -> None:
     db = tmp_path / "a.db"
     model = ScriptedChatModel(["hi", ScriptedChatModel.tool_call("lookup", {"query": "x"}), "ok"])
-    agent = _agent(agents, db, model, tools=[lookup])
+    agent = on_file(db, model, tools=[lookup])
     sid = agent.main_session_id
     agent.turn(sid, "warm up")
     count = len(reads)

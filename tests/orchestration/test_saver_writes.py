@@ -12,7 +12,6 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,10 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.types import interrupt
 
-from stello_graph import StelloAgent
 from stello_graph.checkpoints.saver import StelloSqliteSaver, sqlite_saver
 from stello_graph.errors import ModelCallError
 from stello_graph.testing import ScriptedChatModel
+from tests.orchestration.conftest import AgentsOnFile
 
 
 @tool
@@ -61,22 +60,8 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "agent.db"
 
 
-@pytest.fixture
-def agents(db: Path) -> Iterator[list[StelloAgent]]:
-    made: list[StelloAgent] = []
-    yield made
-    for agent in made:
-        agent.close()
-
-
-def _agent(agents: list[StelloAgent], db: Path, model: ScriptedChatModel, **kw: Any) -> StelloAgent:
-    agent = StelloAgent(model=model, storage=db, **kw)
-    agents.append(agent)
-    return agent
-
-
-def test_a_turn_without_tools_writes_no_checkpoint(agents: list[StelloAgent], db: Path) -> None:
-    agent = _agent(agents, db, ScriptedChatModel(default="ok"))
+def test_a_turn_without_tools_writes_no_checkpoint(on_file: AgentsOnFile, db: Path) -> None:
+    agent = on_file(db, ScriptedChatModel(default="ok"))
     sid = agent.main_session_id
     agent.turn(sid, "warm up")
     writes = _writes(agent.checkpointer)
@@ -87,20 +72,22 @@ def test_a_turn_without_tools_writes_no_checkpoint(agents: list[StelloAgent], db
 
 
 async def test_an_async_turn_without_tools_writes_no_checkpoint(
-    agents: list[StelloAgent], db: Path
+    on_file: AgentsOnFile, db: Path
 ) -> None:
-    agent = _agent(agents, db, ScriptedChatModel(default="ok"))
+    agent = on_file(db, ScriptedChatModel(default="ok"))
     sid = agent.main_session_id
     await agent.aturn(sid, "warm up")
     writes = _writes(agent.checkpointer)
     assert (await agent.aturn(sid, "again")).content == "ok"
+    assert [item async for item in agent.astream(sid, "streamed", stream_mode="updates")]
     assert writes == []
+    assert agent.storage.get_turn_count(sid) == 3
 
 
 def test_a_streamed_turn_without_tools_writes_no_checkpoint(
-    agents: list[StelloAgent], db: Path
+    on_file: AgentsOnFile, db: Path
 ) -> None:
-    agent = _agent(agents, db, ScriptedChatModel(default="ok"))
+    agent = on_file(db, ScriptedChatModel(default="ok"))
     sid = agent.main_session_id
     list(agent.stream(sid, "warm up"))
     writes = _writes(agent.checkpointer)
@@ -110,35 +97,23 @@ def test_a_streamed_turn_without_tools_writes_no_checkpoint(
     assert _rows(db, "checkpoints") == 0 and agent.storage.get_turn_count(sid) == 4
 
 
-async def test_an_async_streamed_turn_without_tools_writes_no_checkpoint(
-    agents: list[StelloAgent], db: Path
-) -> None:
-    agent = _agent(agents, db, ScriptedChatModel(default="ok"))
-    sid = agent.main_session_id
-    await agent.aturn(sid, "warm up")
-    writes = _writes(agent.checkpointer)
-    assert [item async for item in agent.astream(sid, "again", stream_mode="updates")]
-    assert writes == []
-    assert agent.storage.get_turn_count(sid) == 2
-
-
 def test_a_streamed_turn_waiting_on_an_interrupt_is_on_disk(
-    agents: list[StelloAgent], db: Path
+    on_file: AgentsOnFile, db: Path
 ) -> None:
     model = ScriptedChatModel([ScriptedChatModel.tool_call("confirm", {"what": "x"}), "Done."])
-    first = _agent(agents, db, model, tools=[confirm])
+    first = on_file(db, model, tools=[confirm])
     sid = first.main_session_id
     list(first.stream(sid, "do it", stream_mode="updates"))
     assert _rows(db, "checkpoints") > 0
-    other = _agent(agents, db, model, tools=[confirm])
+    other = on_file(db, model, tools=[confirm])
     assert other.resume(sid, "yes").content == "Done."
 
 
 def test_a_tool_turn_is_written_from_its_first_tool_results(
-    agents: list[StelloAgent], db: Path
+    on_file: AgentsOnFile, db: Path
 ) -> None:
     model = ScriptedChatModel(["hi", ScriptedChatModel.tool_call("lookup", {"query": "x"}), "done"])
-    agent = _agent(agents, db, model, tools=[lookup])
+    agent = on_file(db, model, tools=[lookup])
     agent.turn(agent.main_session_id, "warm up")
     writes = _writes(agent.checkpointer)
     result = agent.turn(agent.main_session_id, "look it up")
@@ -151,7 +126,7 @@ def test_a_tool_turn_is_written_from_its_first_tool_results(
 
 
 def test_tool_results_are_on_disk_before_the_next_model_call(
-    agents: list[StelloAgent], db: Path
+    on_file: AgentsOnFile, db: Path
 ) -> None:
     seen: list[int] = []
 
@@ -165,41 +140,39 @@ def test_tool_results_are_on_disk_before_the_next_model_call(
         return "done"
 
     model = ScriptedChatModel(["hi", ScriptedChatModel.tool_call("lookup", {"query": "x"}), answer])
-    agent = _agent(agents, db, model, tools=[lookup])
+    agent = on_file(db, model, tools=[lookup])
     agent.turn(agent.main_session_id, "warm up")
     assert _rows(db, "writes") == 0
     assert agent.turn(agent.main_session_id, "look it up").content == "done"
     assert seen and seen[0] > 0  # a crash during that call would not run the tool again
 
 
-def test_an_interrupted_turn_is_on_disk_when_turn_returns(
-    agents: list[StelloAgent], db: Path
-) -> None:
+def test_an_interrupted_turn_is_on_disk_when_turn_returns(on_file: AgentsOnFile, db: Path) -> None:
     model = ScriptedChatModel([ScriptedChatModel.tool_call("confirm", {"what": "x"}), "Done."])
-    first = _agent(agents, db, model, tools=[confirm])
+    first = on_file(db, model, tools=[confirm])
     sid = first.main_session_id
     assert first.turn(sid, "do it").interrupted
     # another process (here: agent) on the same file sees the turn waiting, and resumes it
-    other = _agent(agents, db, model, tools=[confirm])
+    other = on_file(db, model, tools=[confirm])
     done = other.resume(sid, "yes")
     assert done.content == "Done."
     assert [m.text for m in other.session(sid).messages()][-2:] == ["confirmed: yes", "Done."]
 
 
-def test_a_failed_turn_is_on_disk_and_resumes(agents: list[StelloAgent], db: Path) -> None:
+def test_a_failed_turn_is_on_disk_and_resumes(on_file: AgentsOnFile, db: Path) -> None:
     model = ScriptedChatModel([RuntimeError("provider down"), "Back."])
-    agent = _agent(agents, db, model)
+    agent = on_file(db, model)
     sid = agent.main_session_id
     with pytest.raises(ModelCallError, match="provider down"):
         agent.turn(sid, "hello")
     assert _rows(db, "checkpoints") > 0  # the turn's input, written when the run failed
-    other = _agent(agents, db, model)
+    other = on_file(db, model)
     assert other.resume(sid).content == "Back."
     assert [m.text for m in other.session(sid).messages()] == ["hello", "Back."]
 
 
-def test_a_saver_that_keeps_everything_holds_nothing(agents: list[StelloAgent], db: Path) -> None:
-    agent = _agent(agents, db, ScriptedChatModel(default="ok"), prune_checkpoints=False)
+def test_a_saver_that_keeps_everything_holds_nothing(on_file: AgentsOnFile, db: Path) -> None:
+    agent = on_file(db, ScriptedChatModel(default="ok"), prune_checkpoints=False)
     saver = agent.checkpointer
     assert isinstance(saver, StelloSqliteSaver) and not saver.hold_first_steps
     agent.turn(agent.main_session_id, "hello")

@@ -67,35 +67,39 @@ def test_a_tool_round_adds_its_steps_after_the_first() -> None:
     agent.close()
 
 
-def test_the_whole_graph_continues_a_turn_the_turn_graph_began() -> None:
+def _answering() -> tuple[ScriptedChatModel, StelloAgent, str, Any]:
+    """A model with one answer, an agent that keeps its checkpoints, its main session and
+    that session's thread config."""
     model = ScriptedChatModel(["the answer"])
     agent = _agent(model, prune_checkpoints=False)
-    sid = agent.main_session_id
-    config = agent.config(sid)
-    agent._turn_graph.invoke({"session_id": sid, "input": "q"}, config, interrupt_before=["model"])
-    assert agent.graph.get_state(config).next == ("model",)
-    assert model.call_count == 0
-    out = agent.graph.invoke(None, config)
-    assert out["content"] == "the answer" and model.call_count == 1
+    return model, agent, agent.main_session_id, agent.config(agent.main_session_id)
+
+
+def _answered(model: ScriptedChatModel, agent: StelloAgent, sid: str) -> None:
+    assert model.call_count == 1
     assert [m.text for m in agent.session(sid).messages()] == ["q", "the answer"]
     agent.close()
 
 
+def test_the_whole_graph_continues_a_turn_the_turn_graph_began() -> None:
+    model, agent, sid, config = _answering()
+    agent._turn_graph.invoke({"session_id": sid, "input": "q"}, config, interrupt_before=["model"])
+    assert agent.graph.get_state(config).next == ("model",)
+    assert model.call_count == 0
+    assert agent.graph.invoke(None, config)["content"] == "the answer"
+    _answered(model, agent, sid)
+
+
 def test_a_run_written_to_start_still_runs_its_start_step() -> None:
-    model = ScriptedChatModel(["the answer"])
-    agent = _agent(model, prune_checkpoints=False)
-    sid = agent.main_session_id
-    config = agent.config(sid)
+    model, agent, sid, config = _answering()
     # a run as an earlier version began it: its input on START, its START step done ...
     earlier = StateGraph.compile(build_turn_graph(agent._runtime), checkpointer=agent.checkpointer)
     earlier.invoke({"session_id": sid, "input": "q"}, config, interrupt_before=["model"])
     assert _steps(agent, sid) == [("input", -1), ("loop", 0)]
     lose_last_checkpoint(agent, sid)  # ... or not: a crash right after its input
     assert agent.graph.get_state(config).next == ("__start__",)
-    result = agent.resume(sid)
-    assert result.content == "the answer" and model.call_count == 1
-    assert [m.text for m in agent.session(sid).messages()] == ["q", "the answer"]
-    agent.close()
+    assert agent.resume(sid).content == "the answer"
+    _answered(model, agent, sid)
 
 
 def _put(held: HeldRuns, parent: str | None, checkpoint: str, new: dict[str, Any]) -> bool:
