@@ -134,27 +134,25 @@ class StelloTurnGraph(StelloCompiledGraph):
 
     A `StateGraph` run writes its input to START, whose step (a task, its writes and a
     checkpoint) only copies it into the state and takes the edge to the first node. Here
-    the input keys are the graph's input channels (`input_channels`, set by `starting_at`)
-    and a new run's input also takes that edge itself (`first`: the edge's channel), so the
-    input checkpoint is followed by the model's step. The checkpoints are the same as a
-    START step leaves, one fewer: either graph continues a thread the other began, and a
-    thread whose run was written to START (an earlier version's) still runs its START step.
+    the input keys are the graph's input channels (set by `starting_at`, the edge's channel
+    last) and a new run's input also takes that edge itself, so the input checkpoint is
+    followed by the model's step. The checkpoints are the same as a START step leaves, one
+    fewer: either graph continues a thread the other began, and a thread whose run was
+    written to START (an earlier version's) still runs its START step. It keeps nothing
+    beside LangGraph's own fields, so `copy()` and `with_config()` keep working.
     """
-
-    _first: str
 
     def starting_at(self, first: str, keys: Iterable[str]) -> StelloTurnGraph:
         """Take new runs' inputs (`keys`) into the state and straight to the node whose edge
         channel is `first`; unchanged when the compiled graph has no such channel."""
         if first in self.channels and all(key in self.channels for key in keys):
-            self._first = first
             self.input_channels = [*dict.fromkeys(keys), first]
         return self
 
     def _fresh_input(self, input: Any) -> Any:
         fresh = fresh_input(input)
-        first = getattr(self, "_first", None)
-        if first is None or not isinstance(fresh, Mapping):
-            return fresh
-        taken = {key: value for key, value in fresh.items() if key in self.input_channels}
-        return {**taken, first: None}
+        channels = self.input_channels
+        if isinstance(channels, str) or not isinstance(fresh, Mapping):
+            return fresh  # a graph left at START, a `Command`, or `None`
+        taken = {key: value for key, value in fresh.items() if key in channels}
+        return {**taken, channels[-1]: None}  # the edge to the first node (`starting_at`)

@@ -136,3 +136,14 @@ def test_a_run_with_a_start_step_is_held_up_to_its_first_node_step() -> None:
     assert _put(held, "2", "3", {"pending": 3})
     assert not _writes(held, "3")
     assert not _put(held, "3", "4", {"pending": 4})
+
+
+def test_a_copy_of_the_compiled_turn_graph_still_skips_start() -> None:
+    agent = _agent(ScriptedChatModel(default="ok"), prune_checkpoints=False)
+    sid = agent.main_session_id
+    copy = agent._turn_graph.with_config({"tags": ["copied"]})
+    assert isinstance(copy, StelloTurnGraph)
+    out = copy.invoke({"session_id": sid, "input": "hello"}, agent.config(sid))
+    assert out["content"] == "ok"
+    assert _steps(agent, sid) == [("input", -1), ("loop", 0)]
+    agent.close()
