@@ -274,29 +274,38 @@ class _Turns:
 
         Raises:
             InvalidInputError: the session has no turn in flight (or the agent no
-                checkpointer).
+                checkpointer): refused before anything is written. The turn's state is read
+                again under the session's lease, so of two resumes at once the second finds
+                the turn finished and raises this.
             SessionNotFoundError / SessionArchivedError: no such session, or it is archived.
         """
         sid = self._target(check_id(session_id))
         self._check_resumable()
         self._threads.resolve(sid)
-        payload = self._resume_payload(sid, self._turn_graph.get_state(self.config(sid)), value)
-        with run_held(self._leases, sid), self._threads.running(sid):
-            out = self._turn_graph.invoke(payload, self.config(sid), durability=self._durability)
-            return self._finished(sid, self._result(sid, out))
+        self._resume_payload(sid, self._turn_graph.get_state(self.config(sid)), value)
+        with run_held(self._leases, sid):
+            # read again under the lease: a resume that ended meanwhile left nothing to continue
+            state = self._turn_graph.get_state(self.config(sid))
+            payload = self._resume_payload(sid, state, value)
+            with self._threads.running(sid):
+                config = self.config(sid)
+                out = self._turn_graph.invoke(payload, config, durability=self._durability)
+                return self._finished(sid, self._result(sid, out))
 
     async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
         """Async twin of `resume`."""
         sid = await self._atarget(check_id(session_id))
         self._check_resumable()
         await self._threads.aresolve(sid)
-        state = await self._turn_graph.aget_state(self.config(sid))
-        payload = self._resume_payload(sid, state, value)
-        async with arun_held(self._leases, sid), self._threads.arunning(sid):
-            out = await self._turn_graph.ainvoke(
-                payload, self.config(sid), durability=self._durability
-            )
-            return await self._afinished(sid, self._result(sid, out))
+        self._resume_payload(sid, await self._turn_graph.aget_state(self.config(sid)), value)
+        async with arun_held(self._leases, sid):
+            state = await self._turn_graph.aget_state(self.config(sid))
+            payload = self._resume_payload(sid, state, value)
+            async with self._threads.arunning(sid):
+                out = await self._turn_graph.ainvoke(
+                    payload, self.config(sid), durability=self._durability
+                )
+                return await self._afinished(sid, self._result(sid, out))
 
     def _check_resumable(self) -> None:
         if self.checkpointer is None:
