@@ -282,6 +282,7 @@ class _Turns:
         sid = self._target(check_id(session_id))
         self._check_resumable()
         self._threads.resolve(sid)
+        # nothing in flight is refused here, before the lease is written
         self._resume_payload(sid, self._turn_graph.get_state(self.config(sid)), value)
         with run_held(self._leases, sid):
             # read again under the lease: a resume that ended meanwhile left nothing to continue
@@ -297,6 +298,7 @@ class _Turns:
         sid = await self._atarget(check_id(session_id))
         self._check_resumable()
         await self._threads.aresolve(sid)
+        # nothing in flight is refused here, before the lease is written
         self._resume_payload(sid, await self._turn_graph.aget_state(self.config(sid)), value)
         async with arun_held(self._leases, sid):
             state = await self._turn_graph.aget_state(self.config(sid))

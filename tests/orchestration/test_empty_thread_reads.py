@@ -24,7 +24,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from stello_graph.checkpoints._threaded_saver import EMPTY_THREAD_KEY, EmptyThread
 from stello_graph.checkpoints.saver import StelloSqliteSaver, sqlite_saver
 from stello_graph.testing import ScriptedChatModel
-from tests.orchestration.conftest import AgentsOnFile
+from tests.orchestration.conftest import AgentsOnFile, count_reads
 
 
 @tool
@@ -36,15 +36,7 @@ def lookup(query: str) -> str:
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The threads LangGraph's `SqliteSaver.get_tuple` reads from the database."""
-    seen: list[str] = []
-    real = SqliteSaver.get_tuple
-
-    def counted(self: SqliteSaver, config: Any) -> Any:
-        seen.append(str(config["configurable"]["thread_id"]))
-        return real(self, config)
-
-    monkeypatch.setattr(SqliteSaver, "get_tuple", counted)
-    return seen
+    return count_reads(monkeypatch, SqliteSaver)
 
 
 def test_turns_after_one_pruned_in_memory_read_no_checkpoint(

@@ -164,14 +164,9 @@ def test_turns_after_one_pruned_in_memory_read_no_checkpoint(
 ) -> None:
     from langgraph.checkpoint.postgres import PostgresSaver
 
-    reads: list[str] = []
-    real = PostgresSaver.get_tuple
+    from tests.orchestration.conftest import count_reads
 
-    def counted(self: PostgresSaver, config: Any) -> Any:
-        reads.append(str(config["configurable"]["thread_id"]))
-        return real(self, config)
-
-    monkeypatch.setattr(PostgresSaver, "get_tuple", counted)
+    reads = count_reads(monkeypatch, PostgresSaver)
     with StelloAgent(model=ScriptedChatModel(default="ok"), storage=postgres_dsn) as agent:
         sid = agent.main_session_id
         agent.turn(sid, "first")
