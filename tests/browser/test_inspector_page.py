@@ -1,6 +1,6 @@
 """The inspector page in a real headless Chromium, on the demo's database: the map, a
-session's transcript and context, live events, search, collapse, a write. Screenshots go
-to build/inspector/."""
+session's transcript and context, live events, search, collapse, every write of its dialogs
+and buttons. Screenshots go to build/inspector/."""
 
 from __future__ import annotations
 
@@ -115,18 +115,78 @@ def _id(page: Any, label: str) -> str:
     return found
 
 
-def test_a_write_from_the_page(page: Any, write_server: Server) -> None:
+def _show(page: Any, label: str) -> None:
+    """Open the session labelled `label` from the list and wait for its view."""
+    page.click(f".vrow[title='{label}']")
+    page.wait_for_selector(f"#tab-session h2:text-is('{label}')", timeout=TIMEOUT)
+
+
+def _dialog(page: Any, button: str, values: dict[str, str]) -> None:
+    """Click a session's `button`, fill its dialog's fields as a user would, press OK."""
+    page.click(f"#tab-session .actions button:has-text('{button}')")
+    dialog = page.locator("dialog[open]")
+    for name, value in values.items():
+        field = dialog.locator(f"[name='{name}']")
+        if field.evaluate("f => f.tagName") == "SELECT":
+            field.select_option(value)
+        else:
+            field.fill(value)
+    dialog.locator("button[value=ok]").click()
+    dialog.wait_for(state="detached", timeout=TIMEOUT)
+
+
+def test_every_dialog_and_button_of_the_page_writes(page: Any, write_server: Server) -> None:
+    storage = write_server.storage
     _open(page, write_server.url)
-    _select(page, "Pricing")
     assert page.inner_text("#mode") == "read-write"
-    page.click("#tab-session button:has-text('Consolidate')")
+    pricing, main = _id(page, "Pricing"), _id(page, "Main Session")
+    _show(page, "Pricing")
+
+    _dialog(page, "Fork", {"label": "Student discount", "context": "inherit",
+                           "system_prompt": "Be brief."})  # fmt: skip
+    page.wait_for_selector("#tab-session h2:text-is('Student discount')", timeout=TIMEOUT)
+    copy = next(n for n in storage.get_children(pricing) if n.label == "Student discount")
+    assert storage.count_records(copy.id) == storage.count_records(pricing) == 4
+    assert storage.get_system_prompt(copy.id) == "Be brief."
+
+    _show(page, "Pricing")
+    _dialog(page, "Fork", {"label": "From turn 1", "at_turn": "1"})
+    page.wait_for_selector("#tab-session h2:text-is('From turn 1')", timeout=TIMEOUT)
+    turn_one = next(n for n in storage.get_children(pricing) if n.label == "From turn 1")
+    assert [r.type for r in storage.list_records(turn_one.id)] == ["human", "ai"]
+    lineage = storage.get_lineage(turn_one.id)
+    assert lineage is not None and (lineage.source_id, lineage.at_turn) == (pricing, 1)
+
+    _show(page, "Pricing")
+    _dialog(page, "Edit insight", {"insight": "Students pay half."})
+    page.wait_for_selector(".box.insight:has-text('Students pay half.')", timeout=TIMEOUT)
+    assert storage.get_insight(pricing) == "Students pay half."
+
+    _dialog(page, "Edit system prompt", {"system_prompt": "Think about prices, briefly."})
+    page.wait_for_selector(".box.prompt:has-text('prices, briefly')", timeout=TIMEOUT)
+    assert storage.get_system_prompt(pricing) == "Think about prices, briefly."
+
+    page.click("#tab-session .actions button:has-text('Consolidate')")
     page.wait_for_selector(".toast:has-text('consolidate: done')", timeout=TIMEOUT)
-    page.wait_for_function(
-        "!document.querySelector('#tab-session .stats').innerText.includes('stale by 1')",
-        timeout=TIMEOUT,
-    )
-    pricing = _id(page, "Pricing")
-    assert write_server.storage.get_memory_through(pricing) == 4
+    assert storage.get_memory_through(pricing) == 4
+
+    storage.put_memory(main, "(no synthesis yet)")
+    page.click("#global-actions button:has-text('Integrate (flat)')")
+    page.wait_for_selector(".toast:has-text('integrate (flat): done')", timeout=TIMEOUT)
+    flat = storage.get_memory(main)
+    assert flat is not None and flat.startswith("Pricing: ")
+    assert storage.get_insight(pricing) == "Related branches: Onboarding, Growth"
+
+    storage.put_memory(main, "(no synthesis yet)")
+    page.click("#global-actions button:has-text('Integrate (tree)')")
+    page.wait_for_selector(".toast:has-text('integrate (tree): done')", timeout=TIMEOUT)
+    assert storage.get_memory(main) == flat
+
+    page.once("dialog", lambda dialog: dialog.accept())  # "Archive “Pricing”?"
+    page.click("#tab-session .actions button:has-text('Archive')")
+    page.wait_for_selector(".toast:has-text('archive: done')", timeout=TIMEOUT)
+    meta = storage.get_session(pricing)
+    assert meta is not None and meta.status == "archived"
 
 
 _BOXES = "window.stelloInspector.map.labelBoxes"

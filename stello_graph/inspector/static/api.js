@@ -28,7 +28,8 @@ export const api = {
   integrate: (mode) => request("POST", "/api/integrate", { mode }),
 };
 
-/** `el("div.a.b", {title: "x"}, child, "text")`: an element with classes, attributes, children. */
+/** `el("div.a.b", {title: "x"}, child, "text")`: an element with classes, attributes, children
+ * (arrays of children, nested to any depth, are flattened). */
 export function el(spec, attrs = {}, ...children) {
   const [tag, ...classes] = spec.split(".");
   const node = document.createElement(tag || "div");
@@ -39,7 +40,7 @@ export function el(spec, attrs = {}, ...children) {
     else if (key === "text") node.textContent = value;
     else node.setAttribute(key, value === true ? "" : value);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
