@@ -159,7 +159,7 @@ def _meta(storage: MainStorage, session_id: str) -> SessionMeta:
 
 
 def session_view(storage: MainStorage, session_id: str) -> dict[str, Any]:
-    """`GET /api/sessions/{id}`: meta, place in the tree, lineage, L2 (with the records it
+    """`GET /api/session?id=`: meta, place in the tree, lineage, L2 (with the records it
     covers and how stale it is), pending insight, system prompt, subtree synthesis; the
     synthesis for the main session; its stored background failures. `turns` is the
     session's own user-turn count; `fork_turns` the user turns of its whole L3 (inherited
@@ -249,7 +249,7 @@ def record_dict(message: BaseMessage, index: int, turn: int) -> dict[str, Any]:
 def records_page(
     storage: MainStorage, session_id: str, *, offset: int = 0, limit: int = 200
 ) -> dict[str, Any]:
-    """`GET /api/sessions/{id}/records`: a page of L3, each record with its turn number."""
+    """`GET /api/session/records?id=`: a page of L3, each record with its turn number."""
     _meta(storage, session_id)
     records = storage.list_records(session_id)
     turn = sum(r.type == "human" for r in records[:offset])
@@ -306,7 +306,7 @@ def context_view(
     policy: CompressionPolicy | None = None,
     topology_slot: TopologySlot | None = None,
 ) -> dict[str, Any]:
-    """`GET /api/sessions/{id}/context`: the prompt the session's next turn would send
+    """`GET /api/session/context?id=`: the prompt the session's next turn would send
     (before the new user message), as messages whose parts are labelled and sized.
 
     Read-only: unlike `turn_context()`, it never runs the compress function. With a

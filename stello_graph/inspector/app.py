@@ -223,6 +223,15 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     return value
 
 
+def _session_id(request: Request) -> str:
+    sid = request.query_params.get("id")
+    if sid is None:
+        raise InvalidInputError(
+            f"Name the session with the query parameter 'id': {request.url.path}?id=SESSION_ID."
+        )
+    return sid
+
+
 # -- read handlers -----------------------------------------------------------------------------
 async def index(request: Request) -> Response:
     return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
@@ -250,13 +259,13 @@ async def tree(request: Request) -> Response:
 
 
 async def session(request: Request) -> Response:
-    sid = request.path_params["session_id"]
+    sid = _session_id(request)
     data = await run_in_threadpool(_views.session_view, _state(request).storage, sid)
     return JSONResponse(data)
 
 
 async def records(request: Request) -> Response:
-    sid = request.path_params["session_id"]
+    sid = _session_id(request)
     offset = _int_param(request, "offset", 0, 0, 10**9)
     limit = _int_param(request, "limit", 200, 1, _views.MAX_PAGE)
     storage = _state(request).storage
@@ -267,7 +276,7 @@ async def records(request: Request) -> Response:
 
 
 async def context(request: Request) -> Response:
-    sid = request.path_params["session_id"]
+    sid = _session_id(request)
     inspector = _state(request)
     data = await run_in_threadpool(
         lambda: _views.context_view(
@@ -332,7 +341,7 @@ async def session_write(request: Request) -> Response:
     refused = _refuse(inspector)
     if refused is not None:
         return refused
-    sid, action = request.path_params["session_id"], request.path_params["action"]
+    sid, action = _session_id(request), request.path_params["action"]
     write = _writes.WRITES.get(action)
     if write is None:
         return _error(404, f"No write {action!r}; use one of {sorted(_writes.WRITES)}.")
@@ -399,16 +408,16 @@ def create_app(
         label=label,
         topology_slot=check_topology_slot(topology_slot),
     )
-    session_path = "/api/sessions/{session_id:str}"
     routes = [
         Route("/", index),
         Route("/api/info", info),
         Route("/api/tree", tree),
         Route("/api/events", event_stream),
-        Route(session_path, session),
-        Route(f"{session_path}/records", records),
-        Route(f"{session_path}/context", context),
-        Route(f"{session_path}/{{action:str}}", session_write, methods=["POST", "PUT"]),
+        # the session is `?id=`: every id the library takes (`a/b`, `..`) survives in a query
+        Route("/api/session", session),
+        Route("/api/session/records", records),
+        Route("/api/session/context", context),
+        Route("/api/session/{action:str}", session_write, methods=["POST", "PUT"]),
         Route("/api/integrate", integrate, methods=["POST"]),
         Route("/api/{rest:path}", not_found, methods=["GET", "POST", "PUT", "DELETE"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),

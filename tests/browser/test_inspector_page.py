@@ -4,13 +4,17 @@ and buttons. Screenshots go to build/inspector/."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stello_graph.agent import StelloAgent
+from stello_graph.checkpoints import SqliteMainStorage
 from stello_graph.cli import _offline
-from tests.browser.conftest import Server, Shot
+from tests.browser.conftest import Server, Shot, serve
 
 pytestmark = pytest.mark.browser
 
@@ -187,6 +191,40 @@ def test_every_dialog_and_button_of_the_page_writes(page: Any, write_server: Ser
     page.wait_for_selector(".toast:has-text('archive: done')", timeout=TIMEOUT)
     meta = storage.get_session(pricing)
     assert meta is not None and meta.status == "archived"
+
+
+ODD_IDS = ("a/b", "..")
+"""Ids the library takes that a URL path would split or collapse."""
+
+
+@pytest.fixture
+def odd_server(demo_file: Path, tmp_path: Path) -> Iterator[Server]:
+    """A `write=True` inspector over the demo's tree with sessions of the `ODD_IDS`."""
+    db = tmp_path / "odd.db"
+    shutil.copy(demo_file, db)
+    with StelloAgent(model=_offline.echo_model(), storage=db) as agent:
+        for sid in ODD_IDS:
+            agent.fork(agent.main_session_id, f"Odd {sid}", id=sid)
+            agent.turn(sid, "Anyone there?")
+    with SqliteMainStorage(db) as storage, serve(storage, db, write=True) as running:
+        yield running
+
+
+def test_sessions_whose_ids_a_path_would_mangle_open_and_take_writes(
+    page: Any, odd_server: Server
+) -> None:
+    _open(page, odd_server.url)
+    for sid in ODD_IDS:
+        _show(page, f"Odd {sid}")
+        assert page.get_attribute("#tab-session", "data-session") == sid
+        assert "Anyone there?" in page.inner_text("#tab-session .transcript")
+        _dialog(page, "Edit insight", {"insight": f"For {sid}."})
+        page.wait_for_selector(f".box.insight:has-text('For {sid}.')", timeout=TIMEOUT)
+        assert odd_server.storage.get_insight(sid) == f"For {sid}."
+        page.click("button[data-tab=context]")
+        page.wait_for_selector(f"body[data-view='context:{sid}']", timeout=TIMEOUT)
+        assert "Anyone there?" in page.inner_text("#tab-context")
+        page.click("button[data-tab=session]")
 
 
 _BOXES = "window.stelloInspector.map.labelBoxes"

@@ -68,7 +68,7 @@ def test_tree_view_needs_no_bulk_read(tree: Tree) -> None:
 
 
 def test_session_shows_meta_memory_insight_and_prompt(tree: Tree, client: TestClient) -> None:
-    data = client.get(f"/api/sessions/{tree.pricing}").json()
+    data = client.get(f"/api/session?id={tree.pricing}").json()
     assert data["meta"]["label"] == "Pricing" and data["parent_id"] == tree.main
     assert data["system_prompt"] == "Think about prices."
     assert data["l2"] == tree.storage.get_memory(tree.pricing)
@@ -81,14 +81,14 @@ def test_session_shows_meta_memory_insight_and_prompt(tree: Tree, client: TestCl
 
 
 def test_the_main_session_shows_its_synthesis(tree: Tree, client: TestClient) -> None:
-    data = client.get(f"/api/sessions/{tree.main}").json()
+    data = client.get(f"/api/session?id={tree.main}").json()
     assert data["synthesis"] == tree.storage.get_memory(tree.main) and data["synthesis"]
     assert data["l2"] is None and data["insight"] is None
     assert data["meta"]["role"] == "main"
 
 
 def test_records_are_paged_and_grouped_by_turn(tree: Tree, client: TestClient) -> None:
-    data = client.get(f"/api/sessions/{tree.pricing}/records").json()
+    data = client.get(f"/api/session/records?id={tree.pricing}").json()
     assert data["total"] == 8 and data["memory_through"] == 6
     records = data["records"]
     assert [r["turn"] for r in records] == [1, 1, 1, 1, 2, 2, 3, 3]
@@ -97,7 +97,7 @@ def test_records_are_paged_and_grouped_by_turn(tree: Tree, client: TestClient) -
     assert (call["name"], call["args"]) == ("lookup", {"topic": "tiers"})
     assert records[2]["role"] == "tool" and records[2]["tool_call_id"] == call["id"]
     assert records[2]["content"] == "notes on tiers"
-    page = client.get(f"/api/sessions/{tree.pricing}/records?offset=4&limit=3").json()
+    page = client.get(f"/api/session/records?id={tree.pricing}&offset=4&limit=3").json()
     assert [(r["index"], r["turn"]) for r in page["records"]] == [(5, 2), (6, 2), (7, 3)]
 
 
@@ -108,7 +108,7 @@ def _system_of(tree: Tree, session_id: str) -> SystemMessage | None:
 
 def test_context_is_the_exact_prompt_of_the_next_turn(tree: Tree, client: TestClient) -> None:
     for sid in (tree.pricing, tree.main, tree.tiers):
-        data = client.get(f"/api/sessions/{sid}/context").json()
+        data = client.get(f"/api/session/context?id={sid}").json()
         ctx = tree.agent.session(sid).turn_context()
         system = [m for m in data["messages"] if m["role"] == "system"]
         expected = ctx.system.content if ctx.system is not None else None
@@ -118,7 +118,7 @@ def test_context_is_the_exact_prompt_of_the_next_turn(tree: Tree, client: TestCl
 
 
 def test_context_parts_are_labelled_and_sized(tree: Tree, client: TestClient) -> None:
-    data = client.get(f"/api/sessions/{tree.pricing}/context").json()
+    data = client.get(f"/api/session/context?id={tree.pricing}").json()
     parts = data["messages"][0]["parts"]
     assert [p["kind"] for p in parts] == [
         "system prompt", "identity", "insight", "subtree synthesis", "compression summary"
@@ -130,13 +130,13 @@ def test_context_parts_are_labelled_and_sized(tree: Tree, client: TestClient) ->
     assert set(kinds) == {p["kind"] for p in parts} | {"history"}
     history = [m for m in data["messages"] if m["role"] != "system"]
     assert kinds["history"]["chars"] == sum(m["chars"] for m in history)
-    main = client.get(f"/api/sessions/{tree.main}/context").json()
+    main = client.get(f"/api/session/context?id={tree.main}").json()
     assert [p["kind"] for p in main["messages"][0]["parts"]] == ["system prompt", "synthesis"]
 
 
 def test_context_shows_the_agents_topology_slot(tree: Tree) -> None:
     with TestClient(create_app(tree.storage, topology_slot=True)) as client:
-        data = client.get(f"/api/sessions/{tree.tiers}/context").json()
+        data = client.get(f"/api/session/context?id={tree.tiers}").json()
     parts = data["messages"][0]["parts"]
     assert [p["kind"] for p in parts][:3] == ["system prompt", "identity", "topology"]
     assert "    - Tiers  <- you are here" in parts[2]["text"]
@@ -150,23 +150,25 @@ def test_context_never_compresses_but_says_when_the_next_turn_would(tree: Tree) 
     before = tree.storage.get_compression(tree.pricing)
     policy = CompressionPolicy(context_window=16, compress_fn=lambda *_: "never called")
     with TestClient(create_app(tree.storage, policy=policy)) as client:
-        data = client.get(f"/api/sessions/{tree.pricing}/context").json()
+        data = client.get(f"/api/session/context?id={tree.pricing}").json()
     assert data["compression_due"]["due"] is True
     assert tree.storage.get_compression(tree.pricing) == before
     with TestClient(create_app(tree.storage)) as client:
-        assert client.get(f"/api/sessions/{tree.pricing}/context").json()["compression_due"] is None
+        assert (
+            client.get(f"/api/session/context?id={tree.pricing}").json()["compression_due"] is None
+        )
 
 
 def test_an_archived_session_still_shows_its_prompt(tree: Tree, client: TestClient) -> None:
     tree.storage.put_compression(tree.growth, Compression(summary="s", through=0))
-    data = client.get(f"/api/sessions/{tree.growth}/context").json()
+    data = client.get(f"/api/session/context?id={tree.growth}").json()
     assert data["archived"] is True
     assert data["messages"][0]["parts"][0]["kind"] == "identity"
 
 
 def test_unknown_ids_and_routes_are_404_with_a_clear_body(client: TestClient) -> None:
-    for path in ("/api/sessions/nope", "/api/sessions/nope/records", "/api/sessions/nope/context"):
-        response = client.get(path)
+    for path in ("/api/session", "/api/session/records", "/api/session/context"):
+        response = client.get(path, params={"id": "nope"})
         assert response.status_code == 404, path
         assert response.json()["error"] == "Session 'nope' does not exist."
     response = client.get("/api/nothing-here")
@@ -175,9 +177,29 @@ def test_unknown_ids_and_routes_are_404_with_a_clear_body(client: TestClient) ->
 
 def test_bad_paging_is_a_400(tree: Tree, client: TestClient) -> None:
     for query in ("limit=0", "limit=5000", "offset=-1", "offset=x"):
-        response = client.get(f"/api/sessions/{tree.pricing}/records?{query}")
+        response = client.get(f"/api/session/records?id={tree.pricing}&{query}")
         assert response.status_code == 400, query
         assert "must be an integer in" in response.json()["error"]
+
+
+ODD_IDS = ["a/b", "..", ".", "/", "a/../b", "x?y=1#z", "%2F..", "trailing/"]
+"""Session ids the library takes that a URL path mangles (split at `/`, `..` collapsed)."""
+
+
+def test_every_id_the_library_takes_can_be_opened(tree: Tree, client: TestClient) -> None:
+    for sid in ODD_IDS:
+        tree.agent.fork(tree.pricing, f"Odd {sid}", id=sid)
+        tree.agent.turn(sid, "Hello?")
+    for sid in ODD_IDS:
+        view = client.get("/api/session", params={"id": sid})
+        assert view.status_code == 200, sid
+        assert (view.json()["meta"]["id"], view.json()["meta"]["label"]) == (sid, f"Odd {sid}")
+        page = client.get("/api/session/records", params={"id": sid, "limit": 5}).json()
+        assert [r["content"] for r in page["records"]] == ["Hello?", "Noted."], sid
+        context = client.get("/api/session/context", params={"id": sid}).json()
+        assert context["messages"][-1]["content"] == "Noted.", sid
+    missing = client.get("/api/session")
+    assert missing.status_code == 400 and "query parameter 'id'" in missing.json()["error"]
 
 
 def test_the_page_and_its_modules_are_served(client: TestClient) -> None:

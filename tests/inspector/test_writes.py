@@ -26,7 +26,7 @@ def test_every_write_is_refused_when_read_only(
     tree: Tree, client: TestClient, method: str, action: str, body: dict[str, object]
 ) -> None:
     before = client.get("/api/tree").json()
-    response = client.request(method, f"/api/sessions/{tree.pricing}/{action}", json=body)
+    response = client.request(method, f"/api/session/{action}?id={tree.pricing}", json=body)
     assert response.status_code == 403
     assert "--write" in response.json()["error"]
     assert client.get("/api/tree").json() == before
@@ -37,51 +37,53 @@ def test_integrate_is_refused_when_read_only(client: TestClient) -> None:
 
 
 def test_fork_with_and_without_context(tree: Tree, writer: TestClient) -> None:
-    response = writer.post(f"/api/sessions/{tree.pricing}/fork", json={"label": "Plain"})
+    response = writer.post(f"/api/session/fork?id={tree.pricing}", json={"label": "Plain"})
     assert response.status_code == 201
     plain = response.json()["node"]
     assert plain["parent_id"] == tree.pricing and tree.storage.count_records(plain["id"]) == 0
     body = {"label": "Copy", "context": "inherit", "system_prompt": "Be brief."}
-    copy = writer.post(f"/api/sessions/{tree.pricing}/fork", json=body).json()["node"]
+    copy = writer.post(f"/api/session/fork?id={tree.pricing}", json=body).json()["node"]
     assert tree.storage.count_records(copy["id"]) == 8
     assert tree.storage.get_system_prompt(copy["id"]) == "Be brief."
 
 
 def test_fork_at_a_turn_copies_the_records_up_to_its_end(tree: Tree, writer: TestClient) -> None:
     body = {"label": "From turn 1", "at_turn": 1}
-    node = writer.post(f"/api/sessions/{tree.pricing}/fork", json=body).json()["node"]
+    node = writer.post(f"/api/session/fork?id={tree.pricing}", json=body).json()["node"]
     records = tree.storage.list_records(node["id"])
     assert [r.type for r in records] == ["human", "ai", "tool", "ai"]
-    too_far = writer.post(f"/api/sessions/{tree.pricing}/fork", json={"label": "x", "at_turn": 9})
+    too_far = writer.post(f"/api/session/fork?id={tree.pricing}", json={"label": "x", "at_turn": 9})
     assert too_far.status_code == 400 and "3 user turn(s)" in too_far.json()["error"]
-    lineage = writer.get(f"/api/sessions/{node['id']}").json()["lineage"]
+    lineage = writer.get(f"/api/session?id={node['id']}").json()["lineage"]
     assert lineage == {"forked_from": tree.pricing, "source_label": "Pricing", "forked_at_turn": 1}
-    assert writer.get(f"/api/sessions/{tree.main}").json()["lineage"] is None
+    assert writer.get(f"/api/session?id={tree.main}").json()["lineage"] is None
 
 
 def test_consolidate_integrate_archive(tree: Tree, writer: TestClient) -> None:
-    l2 = writer.post(f"/api/sessions/{tree.pricing}/consolidate").json()["l2"]
+    l2 = writer.post(f"/api/session/consolidate?id={tree.pricing}").json()["l2"]
     assert l2 == tree.storage.get_memory(tree.pricing)
     assert tree.storage.get_memory_through(tree.pricing) == 8
     flat = writer.post("/api/integrate", json={"mode": "flat"}).json()
     assert flat["synthesis"] == tree.storage.get_memory(tree.main)
     deep = writer.post("/api/integrate", json={"mode": "tree"}).json()
     assert deep["mode"] == "tree" and deep["calls"] >= 1
-    meta = writer.post(f"/api/sessions/{tree.tiers}/archive").json()["meta"]
+    meta = writer.post(f"/api/session/archive?id={tree.tiers}").json()["meta"]
     assert meta["status"] == "archived"
-    again = writer.post(f"/api/sessions/{tree.tiers}/consolidate")
+    again = writer.post(f"/api/session/consolidate?id={tree.tiers}")
     assert again.status_code == 409 and "archived" in again.json()["error"]
 
 
 def test_edit_insight_and_system_prompt(tree: Tree, writer: TestClient) -> None:
-    path = f"/api/sessions/{tree.tiers}"
-    assert writer.put(f"{path}/insight", json={"insight": "Mind the cap."}).status_code == 200
+    insight, prompt = (
+        f"/api/session/{what}?id={tree.tiers}" for what in ("insight", "system_prompt")
+    )
+    assert writer.put(insight, json={"insight": "Mind the cap."}).status_code == 200
     assert tree.storage.get_insight(tree.tiers) == "Mind the cap."
-    writer.put(f"{path}/insight", json={"insight": None})
+    writer.put(insight, json={"insight": None})
     assert tree.storage.get_insight(tree.tiers) is None
-    writer.put(f"{path}/system_prompt", json={"system_prompt": "Be short."})
+    writer.put(prompt, json={"system_prompt": "Be short."})
     assert tree.storage.get_system_prompt(tree.tiers) == "Be short."
-    main_insight = writer.put(f"/api/sessions/{tree.main}/insight", json={"insight": "x"})
+    main_insight = writer.put(f"/api/session/insight?id={tree.main}", json={"insight": "x"})
     assert main_insight.status_code == 400 and "synthesis" in main_insight.json()["error"]
 
 
@@ -100,17 +102,17 @@ def test_bad_bodies_are_a_400_naming_the_value(
     tree: Tree, writer: TestClient, path: str, body: object, message: str
 ) -> None:
     method = "PUT" if path == "insight" else "POST"
-    response = writer.request(method, f"/api/sessions/{tree.pricing}/{path}", json=body)
+    response = writer.request(method, f"/api/session/{path}?id={tree.pricing}", json=body)
     assert response.status_code == 400
     assert message in response.json()["error"]
 
 
 def test_bad_json_unknown_ids_and_unknown_writes(tree: Tree, writer: TestClient) -> None:
-    raw = writer.post(f"/api/sessions/{tree.pricing}/fork", content=b"{nope")
+    raw = writer.post(f"/api/session/fork?id={tree.pricing}", content=b"{nope")
     assert raw.status_code == 400 and "not JSON" in raw.json()["error"]
-    missing = writer.post("/api/sessions/nope/consolidate")
+    missing = writer.post("/api/session/consolidate?id=nope")
     assert missing.status_code == 404 and "'nope'" in missing.json()["error"]
-    unknown = writer.post(f"/api/sessions/{tree.pricing}/explode")
+    unknown = writer.post(f"/api/session/explode?id={tree.pricing}")
     assert unknown.status_code == 404 and "'explode'" in unknown.json()["error"]
     bad_mode = writer.post("/api/integrate", json={"mode": "sideways"})
     assert bad_mode.status_code == 400 and "'sideways'" in bad_mode.json()["error"]
@@ -122,14 +124,14 @@ def test_fork_form_offers_the_inherited_turns_of_a_forked_session(
     # The copy inherits Pricing's 3 user turns and has none of its own yet: the fork form
     # offers the 3 turns at_turn can name, not the session's own turn count (0).
     body = {"label": "Copy", "context": "inherit"}
-    copy = writer.post(f"/api/sessions/{tree.pricing}/fork", json=body).json()["node"]["id"]
-    view = writer.get(f"/api/sessions/{copy}").json()
+    copy = writer.post(f"/api/session/fork?id={tree.pricing}", json=body).json()["node"]["id"]
+    view = writer.get(f"/api/session?id={copy}").json()
     assert (view["turns"], view["fork_turns"]) == (0, 3)
     tree.agent.turn(copy, "One more?")
-    view = writer.get(f"/api/sessions/{copy}").json()
+    view = writer.get(f"/api/session?id={copy}").json()
     assert (view["turns"], view["fork_turns"]) == (1, 4)
     body = {"label": "From turn 4", "at_turn": view["fork_turns"]}
-    node = writer.post(f"/api/sessions/{copy}/fork", json=body).json()["node"]
+    node = writer.post(f"/api/session/fork?id={copy}", json=body).json()["node"]
     assert sum(r.type == "human" for r in tree.storage.list_records(node["id"])) == 4
 
 
@@ -154,5 +156,25 @@ def test_shutting_down_closes_the_agent_off_the_event_loop(tree: Tree) -> None:
         return made[0]
 
     with TestClient(create_app(tree.storage, write=True, agent=agent)) as writer:
-        assert writer.post(f"/api/sessions/{tree.pricing}/fork", json={"label": "X"}).is_success
+        assert writer.post(f"/api/session/fork?id={tree.pricing}", json={"label": "X"}).is_success
     assert made and closed == [True]
+
+
+def test_every_write_reaches_a_session_whose_id_a_path_would_mangle(
+    tree: Tree, writer: TestClient
+) -> None:
+    for sid in ("a/b", ".."):
+        tree.agent.fork(tree.pricing, f"Odd {sid}", id=sid)
+        tree.agent.turn(sid, "Hello?")
+        params = {"id": sid}
+        node = writer.post("/api/session/fork", params=params, json={"label": "Child"})
+        assert node.status_code == 201 and node.json()["node"]["parent_id"] == sid
+        assert writer.put("/api/session/insight", params=params, json={"insight": "i"}).is_success
+        assert tree.storage.get_insight(sid) == "i"
+        prompt = {"system_prompt": "p"}
+        assert writer.put("/api/session/system_prompt", params=params, json=prompt).is_success
+        assert tree.storage.get_system_prompt(sid) == "p"
+        assert writer.post("/api/session/consolidate", params=params).is_success
+        assert tree.storage.get_memory_through(sid) == 2
+        assert writer.post("/api/session/archive", params=params).is_success
+        assert tree.storage.get_session(sid).status == "archived"  # type: ignore[union-attr]

@@ -19,12 +19,13 @@ async function request(method, path, body) {
 export const api = {
   info: () => request("GET", "/api/info"),
   tree: () => request("GET", "/api/tree?compact=1"),
-  session: (id) => request("GET", `/api/sessions/${encodeURIComponent(id)}`),
+  // the id goes in the query: every id the library takes (`a/b`, `..`) survives there
+  session: (id) => request("GET", `/api/session?${new URLSearchParams({ id })}`),
   records: (id, offset = 0, limit = 1000) =>
-    request("GET", `/api/sessions/${encodeURIComponent(id)}/records?offset=${offset}&limit=${limit}`),
-  context: (id) => request("GET", `/api/sessions/${encodeURIComponent(id)}/context`),
+    request("GET", `/api/session/records?${new URLSearchParams({ id, offset, limit })}`),
+  context: (id) => request("GET", `/api/session/context?${new URLSearchParams({ id })}`),
   write: (id, action, body = {}, method = "POST") =>
-    request(method, `/api/sessions/${encodeURIComponent(id)}/${action}`, body),
+    request(method, `/api/session/${action}?${new URLSearchParams({ id })}`, body),
   integrate: (mode) => request("POST", "/api/integrate", { mode }),
 };
 
