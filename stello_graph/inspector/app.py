@@ -211,15 +211,20 @@ def _state(request: Request) -> Inspector:
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
+    return _integer(name, request.query_params.get(name), default, low, high)
+
+
+def _integer(name: str, raw: str | None, default: int, low: int, high: int) -> int:
+    """`raw` as an integer in [low, high]: ASCII digits only (no sign, space, `_` or other
+    scripts' digits, which `int` would take); absent or empty: `default`."""
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = low - 1
+    digits = raw.isascii() and raw.isdigit() and len(raw) <= 18
+    value = int(raw) if digits else low - 1
     if not low <= value <= high:
-        raise InvalidInputError(f"{name!r} must be an integer in [{low}, {high}], got {raw!r}.")
+        raise InvalidInputError(
+            f"{name!r} must be an integer in [{low}, {high}] (ASCII digits), got {raw!r}."
+        )
     return value
 
 
@@ -288,8 +293,10 @@ async def context(request: Request) -> Response:
 
 async def event_stream(request: Request) -> Response:
     inspector = _state(request)
-    after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-    cursor = int(after) if after.isdigit() else 0
+    resumed = request.headers.get("last-event-id")  # an EventSource reconnecting
+    cursor = _integer("Last-Event-ID", resumed, 0, 0, 10**18)
+    if resumed is None:
+        cursor = _int_param(request, "after", 0, 0, 10**18)
 
     async def stream() -> AsyncIterator[str]:
         nonlocal cursor

@@ -176,10 +176,25 @@ def test_unknown_ids_and_routes_are_404_with_a_clear_body(client: TestClient) ->
 
 
 def test_bad_paging_is_a_400(tree: Tree, client: TestClient) -> None:
-    for query in ("limit=0", "limit=5000", "offset=-1", "offset=x"):
-        response = client.get(f"/api/session/records?id={tree.pricing}&{query}")
+    bad = ["limit=0", "limit=5000", "offset=-1", "offset=x", "offset=+1", "offset=" + "9" * 40]
+    # int() takes these; the API does not
+    bad += ["offset=\uff11", "offset=1_0", "offset=%201", "offset=1%20", "limit=\u00b2"]
+    path = f"/api/session/records?id={tree.pricing}"
+    for query in bad:
+        response = client.get(f"{path}&{query}")
         assert response.status_code == 400, query
         assert "must be an integer in" in response.json()["error"]
+    assert len(client.get(f"{path}&offset=0&limit=3").json()["records"]) == 3
+
+
+def test_a_bad_event_cursor_is_a_400_not_a_500(client: TestClient) -> None:
+    for name in ("\u00b2", "x", "-1", "1.5"):
+        response = client.get("/api/events", params={"after": name})
+        assert response.status_code == 400, name
+        assert "'after' must be an integer" in response.json()["error"]
+    resumed = client.get("/api/events", headers={b"Last-Event-ID": "\u00b2".encode("latin-1")})
+    assert resumed.status_code == 400
+    assert "'Last-Event-ID' must be an integer" in resumed.json()["error"]
 
 
 ODD_IDS = ["a/b", "..", ".", "/", "a/../b", "x?y=1#z", "%2F..", "trailing/"]
