@@ -157,16 +157,31 @@ def _serve(
 ) -> int:
     import uvicorn
 
-    from stello_graph.inspector.app import Inspector, create_app
+    from stello_graph.inspector.app import Inspector, create_app, is_loopback
 
     make = _agent_factory(args, env, model)
-    app = create_app(storage, write=args.write, agent=lambda: make(storage), label=label)
+    port = sock.getsockname()[1]
+    app = create_app(
+        storage,
+        write=args.write,
+        agent=lambda: make(storage),
+        label=label,
+        host=args.host,
+        port=port,
+    )
     inspector: Inspector = app.state.inspector
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
+    shown = f"[{args.host}]" if ":" in args.host else args.host  # the name the server answers to
     url = f"http://{shown}:{port}/"
+    if args.write:  # the page takes the token from its URL; no other site's page has it
+        url += f"?token={inspector.token}"
     mode = "read-write (--write)" if args.write else "read-only"
     console.say(f"stello-graph inspector: tree {args.tree_id!r} of {label}, {mode}")
+    if not is_loopback(args.host):
+        needs = " with the token of the URL below (writes need it too)" if args.write else ""
+        console.stderr.write(
+            f"stello-graph: warning: --host {args.host} is not a loopback address: whoever "
+            f"reaches this machine on port {port} can read the tree{needs}.\n"
+        )
     console.say(url)
     console.say(console.dim("Ctrl-C stops it."))
     config = uvicorn.Config(

@@ -4,13 +4,21 @@
 process (Starlette's `TestClient`) and `stello-graph inspect` serves it with uvicorn. The
 API reads without changing anything; the writes exist only with `write=True` and are
 otherwise refused with 403.
+
+It is a local tool, guarded against the web pages its user visits: a request whose `Host`
+is not the address served is refused (421: a DNS-rebinding page reaches the server under its
+own name), and a write needs `Content-Type: application/json`, the `Origin` of the page the
+server serves and the app's token (`X-Stello-Token`, from the URL the command prints), which
+no other site's page can send. Served off loopback with `write=True`, reads need the token too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
+import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stello_graph._topology_slot import TopologySlot, check_topology_slot
 from stello_graph.compression import CompressionPolicy
@@ -42,10 +52,47 @@ from stello_graph.storage import MainStorage
 if TYPE_CHECKING:
     from stello_graph.agent import StelloAgent
 
-__all__ = ["STATIC", "Inspector", "create_app"]
+__all__ = ["LOOPBACK_NAMES", "STATIC", "TOKEN_HEADER", "Inspector", "create_app", "is_loopback"]
 
 STATIC = Path(__file__).with_name("static")
 """The page: plain HTML, CSS and ES modules, served as they are (no build step)."""
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+"""The names a `Host` header may give besides the address served (with its port)."""
+TOKEN_HEADER = "X-Stello-Token"
+"""The header a write carries the app's token in (reads too, when they need it: or `?token=`)."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, an IPv6 one with or without brackets) is this
+    machine's loopback: `localhost` or an address of 127.0.0.0/8 or ::1."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(host: str) -> str:
+    """`host` as a `Host` header names it: lower case, an IPv6 address in brackets."""
+    name = host.strip().lower()
+    return f"[{name}]" if ":" in name and not name.startswith("[") else name
+
+
+def _split_host(value: str) -> tuple[str, str | None] | None:
+    """A `Host` header's name and port (`None`: none given); `None` if it is malformed."""
+    value = value.strip().lower()
+    end = value.find("]") + 1 if value.startswith("[") else len(value.partition(":")[0])
+    if end == 0:
+        return None
+    name, rest = value[:end], value[end:]
+    if not rest:
+        return name, None
+    port = rest[1:]
+    if not rest.startswith(":") or not (port.isascii() and port.isdigit()):
+        return None
+    return name, port
 
 
 class Inspector:
@@ -57,6 +104,9 @@ class Inspector:
         events: where `/api/events` reads from.
         stopping: set when the server shuts down; open event streams then end.
         poll_interval: seconds between two reads of the event source per stream.
+        host / port: the address served (`port` `None`: not checked).
+        token: the secret a write must carry (and a read, when `token_reads`).
+        token_reads: reads need the token too (writes allowed, served off loopback).
     """
 
     def __init__(
@@ -69,10 +119,17 @@ class Inspector:
         policy: CompressionPolicy | None,
         poll_interval: float,
         label: str,
+        host: str,
+        port: int | None,
         topology_slot: TopologySlot | None = None,
     ) -> None:
         self.storage = storage
         self.write = write
+        self.host = host
+        self.port = port
+        self.token = secrets.token_urlsafe(32)
+        self.token_reads = write and not is_loopback(host)
+        self._names = frozenset((*LOOPBACK_NAMES, _host_name(host)))
         self.events = events if events is not None else PollingEventSource(storage)
         self.policy = policy
         self.topology_slot = topology_slot
@@ -86,6 +143,21 @@ class Inspector:
         self._agent_factory = agent
         self._agent: StelloAgent | None = None
         self._write_lock = threading.Lock()
+
+    def serves(self, host: str | None) -> bool:
+        """Whether a request's `Host` header names this server: the address served or a
+        loopback name, with the port served (any port while `port` is `None`)."""
+        split = _split_host(host or "")
+        if split is None or split[0] not in self._names:
+            return False
+        port = split[1]
+        if self.port is None:
+            return True
+        return port == str(self.port) if port is not None else self.port == 80
+
+    def has_token(self, given: str | None) -> bool:
+        """Whether `given` is this app's token (compared in constant time)."""
+        return given is not None and secrets.compare_digest(given.encode(), self.token.encode())
 
     def agent(self) -> StelloAgent:
         """The agent writes go through, made on first use."""
@@ -188,6 +260,45 @@ async def _sleep_unless(stop: threading.Event, seconds: float) -> None:
 # -- errors ----------------------------------------------------------------------------------
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+class _Guard:
+    """Before any route: refuses a request whose `Host` is not the server's (421), and an
+    API read without the token when reads need it (403)."""
+
+    def __init__(self, app: ASGIApp, inspector: Inspector) -> None:
+        self.app = app
+        self.inspector = inspector
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refused = _guard(self.inspector, Request(scope))
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _guard(inspector: Inspector, request: Request) -> Response | None:
+    host = request.headers.get("host")
+    if not inspector.serves(host):
+        port = f":{inspector.port}" if inspector.port is not None else ""
+        served = _host_name(inspector.host) + port
+        return _error(
+            421,
+            f"This inspector serves {served} (or a loopback name), not Host {host!r}; "
+            "to serve it under another name, start it with --host NAME.",
+        )
+    reading = request.method in ("GET", "HEAD") and request.url.path.startswith("/api/")
+    if inspector.token_reads and reading:  # writes: `_refuse`
+        given = request.headers.get(TOKEN_HEADER) or request.query_params.get("token")
+        if not inspector.has_token(given):
+            return _error(
+                403,
+                f"Served off loopback with --write, reads need the token too: open the URL "
+                f"`stello-graph inspect` printed (?token=...), or send it in {TOKEN_HEADER}.",
+            )
+    return None
 
 
 def _stello_error(request: Request, exc: Exception) -> Response:
@@ -337,15 +448,33 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-def _refuse(inspector: Inspector) -> Response | None:
-    if inspector.write:
-        return None
-    return _error(403, "The inspector is read-only; start it with --write to change the tree.")
+def _refuse(inspector: Inspector, request: Request) -> Response | None:
+    """Why a write is refused (403), if it is: read-only, or not sent by the inspector's own
+    page. A JSON content type and the token header make a browser ask first (a CORS
+    preflight, which this app never grants); the Origin and the token stop the rest."""
+    if not inspector.write:
+        return _error(403, "The inspector is read-only; start it with --write to change the tree.")
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        return _error(403, f"A write needs Content-Type: application/json, got {media or None!r}.")
+    origin = request.headers.get("origin")
+    own = f"{request.url.scheme}://{request.headers.get('host', '')}".lower()
+    if origin is None or origin.lower() != own:
+        return _error(
+            403, f"A write needs the Origin {own!r} of the inspector's page, got {origin!r}."
+        )
+    if not inspector.has_token(request.headers.get(TOKEN_HEADER)):
+        return _error(
+            403,
+            f"A write needs the inspector's token in {TOKEN_HEADER}: open the URL "
+            "`stello-graph inspect` printed (?token=...).",
+        )
+    return None
 
 
 async def session_write(request: Request) -> Response:
     inspector = _state(request)
-    refused = _refuse(inspector)
+    refused = _refuse(inspector, request)
     if refused is not None:
         return refused
     sid, action = _session_id(request), request.path_params["action"]
@@ -359,7 +488,7 @@ async def session_write(request: Request) -> Response:
 
 async def integrate(request: Request) -> Response:
     inspector = _state(request)
-    refused = _refuse(inspector)
+    refused = _refuse(inspector, request)
     if refused is not None:
         return refused
     body = await _body(request)
@@ -381,8 +510,14 @@ def create_app(
     poll_interval: float = 0.5,
     label: str = "",
     topology_slot: TopologySlot | bool | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
 ) -> Starlette:
     """The inspector app over `storage`.
+
+    Its token (`app.state.inspector.token`, new for each app) is what a write must carry in
+    the `X-Stello-Token` header; `stello-graph inspect` prints it in the page's URL
+    (`http://127.0.0.1:8321/?token=...`), and the page sends it.
 
     Args:
         storage: the tree to show (read at every request: other processes' changes show).
@@ -397,14 +532,25 @@ def create_app(
         topology_slot: the topology slot of the tree's agent, if it shows one
             (`StelloConfig.topology_slot`): the context view then shows it too.
         label: how the page names the database (a path).
+        host: the address it is served on: a request's `Host` must name it or a loopback
+            name (127.0.0.1, localhost, [::1]), else it is refused with 421. In process,
+            name the client's host (Starlette's `TestClient`: `host="testserver"`). Off
+            loopback with `write`, reads need the token too.
+        port: the port it is served on, which a `Host` must give too (`None`: any port).
 
     Raises:
-        InvalidInputError: a `poll_interval` that is not a positive number.
+        InvalidInputError: a `poll_interval` that is not a positive number; a blank `host`
+            or a `port` outside [1, 65535].
     """
     if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float):
         raise InvalidInputError(f"poll_interval must be a number, got {poll_interval!r}.")
     if not 0 < poll_interval <= 60:
         raise InvalidInputError(f"poll_interval must be in (0, 60] seconds, got {poll_interval!r}.")
+    if not isinstance(host, str) or not host.strip():
+        raise InvalidInputError(f"host must name the address served, got {host!r}.")
+    bad_port = isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535
+    if port is not None and bad_port:
+        raise InvalidInputError(f"port must be an int in [1, 65535] or None, got {port!r}.")
     inspector = Inspector(
         storage,
         write=write,
@@ -414,6 +560,8 @@ def create_app(
         poll_interval=float(poll_interval),
         label=label,
         topology_slot=check_topology_slot(topology_slot),
+        host=host,
+        port=port,
     )
     routes = [
         Route("/", index),
@@ -444,6 +592,7 @@ def create_app(
 
     app = Starlette(
         routes=routes,
+        middleware=[Middleware(_Guard, inspector=inspector)],
         lifespan=lifespan,
         exception_handlers={StelloError: _stello_error, HTTPException: _http_error},
     )

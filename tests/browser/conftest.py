@@ -8,13 +8,14 @@ in CI (`CI=true`) they fail instead, so CI cannot pass without them.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import io
 import os
 import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,12 @@ from stello_graph.storage import MainStorage
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "inspector"
 """Where the tests save their screenshots."""
+REBOUND = "rebound.example"
+"""A name the browser resolves to 127.0.0.1, as a DNS-rebinding site's name would."""
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1",
 ]  # fmt: skip
 VIEWPORT: ViewportSize = {"width": 1280, "height": 780}
 
@@ -49,9 +53,30 @@ def chromium_path() -> str:
 
 @dataclass
 class Server:
+    """A running inspector: `url` its root, `page_url` the URL the command prints (with the
+    token of a `write=True` app), `seen` each request it answered (method, path, status)."""
+
     url: str
     storage: MainStorage
     db: Path
+    page_url: str = ""
+    seen: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+class _Recorder:
+    """An ASGI app that notes each request its `app` answers: (method, path, status)."""
+
+    def __init__(self, app: Any, seen: list[tuple[str, str, int]]) -> None:
+        self.app = app
+        self.seen = seen
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def noting(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                self.seen.append((scope["method"], scope["path"], message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, noting if scope["type"] == "http" else send)
 
 
 @contextlib.contextmanager
@@ -61,9 +86,14 @@ def serve(storage: MainStorage, db: Path, **options: Any) -> Iterator[Server]:
 
     from stello_graph.inspector import create_app
 
-    app = create_app(storage, label=db.name, poll_interval=0.25, **options)
     sock = listen("127.0.0.1", 0)
-    config = uvicorn.Config(app, log_level="warning", loop="asyncio", access_log=False)
+    port = sock.getsockname()[1]
+    app = create_app(storage, label=db.name, poll_interval=0.25, port=port, **options)
+    url = f"http://127.0.0.1:{port}/"
+    token = app.state.inspector.token
+    running = Server(url, storage, db, f"{url}?token={token}" if options.get("write") else url)
+    recorder = _Recorder(app, running.seen)
+    config = uvicorn.Config(recorder, log_level="warning", loop="asyncio", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -72,12 +102,40 @@ def serve(storage: MainStorage, db: Path, **options: Any) -> Iterator[Server]:
             break
         time.sleep(0.05)
     try:
-        yield Server(f"http://127.0.0.1:{sock.getsockname()[1]}/", storage, db)
+        yield running
     finally:
         app.state.inspector.stopping.set()
         server.should_exit = True
         thread.join(timeout=15)
         sock.close()
+
+
+@contextlib.contextmanager
+def other_site(html: str) -> Iterator[str]:
+    """`html` served at every path of another origin (another port of 127.0.0.1), as a
+    site the user visits would serve it; yields its URL."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = html.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{site.server_address[1]}/"
+    finally:
+        site.shutdown()
+        site.server_close()
+        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

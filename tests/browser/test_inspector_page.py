@@ -141,7 +141,9 @@ def _dialog(page: Any, button: str, values: dict[str, str]) -> None:
 
 def test_every_dialog_and_button_of_the_page_writes(page: Any, write_server: Server) -> None:
     storage = write_server.storage
-    _open(page, write_server.url)
+    _open(page, write_server.page_url)
+    assert "token=" not in page.url  # kept for the tab, out of the address bar
+    assert page.evaluate("sessionStorage.getItem('stello-token')")
     assert page.inner_text("#mode") == "read-write"
     pricing, main = _id(page, "Pricing"), _id(page, "Main Session")
     _show(page, "Pricing")
@@ -213,7 +215,7 @@ def odd_server(demo_file: Path, tmp_path: Path) -> Iterator[Server]:
 def test_sessions_whose_ids_a_path_would_mangle_open_and_take_writes(
     page: Any, odd_server: Server
 ) -> None:
-    _open(page, odd_server.url)
+    _open(page, odd_server.page_url)
     for sid in ODD_IDS:
         _show(page, f"Odd {sid}")
         assert page.get_attribute("#tab-session", "data-session") == sid

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import signal
 import socket
@@ -10,6 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,24 +30,31 @@ class Served:
         self.url = url
 
 
-@pytest.fixture
-def served(demo_db: Path) -> Iterator[Served]:
+@contextlib.contextmanager
+def _inspect(demo_db: Path, *options: str) -> Iterator[Served]:
     """`stello-graph inspect` on the demo database, on a free port; stopped by the test."""
     process = subprocess.Popen(
         [sys.executable, "-m", "stello_graph.cli", "inspect", "--db", str(demo_db),
-         "--port", "0", "--no-browser"],
+         "--port", "0", "--no-browser", *options],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     assert process.stdout is not None
     lines = [process.stdout.readline() for _ in range(2)]
     url = next((line.strip() for line in lines if line.startswith("http://")), "")
     try:
-        assert url.startswith("http://127.0.0.1:") and url.endswith("/"), lines
+        assert url.startswith("http://127.0.0.1:"), lines
         yield Served(process, url)
     finally:
         if process.poll() is None:
             process.kill()
         process.communicate(timeout=10)
+
+
+@pytest.fixture
+def served(demo_db: Path) -> Iterator[Served]:
+    with _inspect(demo_db) as running:
+        assert running.url.endswith("/")  # read-only: no token to give
+        yield running
 
 
 def _stop(served: Served) -> tuple[int, str]:
@@ -164,3 +174,75 @@ def test_writes_use_the_offline_model_unless_one_is_named(demo_db: Path) -> None
             )
             assert agent.storage is storage
         assert storage.get_memory_through(pricing.id) == 4  # the storage stays open
+
+
+def test_with_write_the_printed_url_holds_the_token_writes_need(demo_db: Path) -> None:
+    with _inspect(demo_db, "--write") as served:
+        base, _, query = served.url.partition("?")
+        assert base.endswith("/") and query.startswith("token=")
+        token = query.removeprefix("token=")
+        assert httpx.get(served.url, timeout=10).status_code == 200
+        assert httpx.get(base + "api/tree", timeout=10).json()["count"] == 4  # reads: no token
+        origin = base.rstrip("/")
+        page = {"Origin": origin, "X-Stello-Token": token}
+        done = httpx.post(base + "api/integrate", json={}, headers=page, timeout=10)
+        assert done.status_code == 200 and done.json()["synthesis"]
+        for headers in ({"Origin": origin}, {**page, "X-Stello-Token": "guess"},
+                        {**page, "Origin": "http://evil.example"}):  # fmt: skip
+            refused = httpx.post(base + "api/integrate", json={}, headers=headers, timeout=10)
+            assert refused.status_code == 403, headers
+        port = base.split(":")[2].rstrip("/")
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1:1"):
+            rebound = httpx.get(base + "api/tree", headers={"Host": host}, timeout=10)
+            assert rebound.status_code == 421, host
+        for host in (f"localhost:{port}", f"[::1]:{port}"):
+            assert httpx.get(base + "api/tree", headers={"Host": host}, timeout=10).is_success
+        _stop(served)
+
+
+def test_a_host_off_loopback_warns_and_with_write_needs_the_token_on_reads(
+    cli: RunCli, demo_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--host 192.0.2.7` (an address of no machine): the command warns that the tree is
+    readable from the network, and with `--write` its reads need the token. The server is
+    bound to 127.0.0.1 instead and asked in process (these tests use loopback only)."""
+    from starlette.testclient import TestClient
+
+    from stello_graph.cli import _serve
+
+    port = 0
+    out = io.StringIO()
+    asked: dict[str, int] = {}
+    listen = _serve.listen
+
+    def loopback(host: str, _: int) -> socket.socket:
+        nonlocal port
+        sock = listen("127.0.0.1", 0)
+        port = sock.getsockname()[1]
+        return sock
+
+    class Server:  # asks the app it was given, instead of serving it
+        def __init__(self, config: Any) -> None:
+            self.app = config.app
+
+        def run(self, sockets: list[socket.socket]) -> None:
+            token = (out.getvalue().partition("?token=")[2].split() or [""])[0]
+            with TestClient(self.app, base_url=f"http://192.0.2.7:{port}") as client:
+                asked["bare"] = client.get("/api/tree").status_code
+                asked["token"] = client.get(f"/api/tree?token={token}").status_code
+                asked["page"] = client.get("/").status_code
+
+    monkeypatch.setattr(_serve, "listen", loopback)
+    monkeypatch.setattr(_serve, "_make_server", lambda config, stopping: Server(config))
+    args = ["inspect", "--db", str(demo_db), "--host", "192.0.2.7", "--port", "0", "--no-browser"]
+    run = cli(*args, "--write", stdout=out)
+    assert run.code == 0, run.err
+    assert "warning: --host 192.0.2.7 is not a loopback address" in run.err
+    assert "can read the tree with the token of the URL below" in run.err
+    assert f"http://192.0.2.7:{port}/?token=" in out.getvalue()
+    assert asked == {"bare": 403, "token": 200, "page": 200}
+
+    out = io.StringIO()  # read-only: reads stay open, as the warning says
+    read_only = cli(*args, stdout=out)
+    assert read_only.code == 0 and "can read the tree." in read_only.err
+    assert "?token=" not in out.getvalue() and asked["bare"] == 200

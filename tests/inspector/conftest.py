@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import tool
+from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from stello_graph.agent import StelloAgent
@@ -79,14 +81,33 @@ def tree(main_storage: MainStorage) -> Iterator[Tree]:
     built.agent.close()
 
 
+HOST = "testserver"
+"""The `Host` of `TestClient`'s requests: the apps of these tests are served as it."""
+
+
+def inspector_app(storage: MainStorage, **options: Any) -> Starlette:
+    """`create_app(storage, **options)`, served as `TestClient`'s host."""
+    return create_app(storage, host=HOST, **options)
+
+
+def page_headers(app: Starlette) -> dict[str, str]:
+    """What the inspector's own page sends with a write: JSON, its origin, the app's token."""
+    return {
+        "Content-Type": "application/json",
+        "Origin": f"http://{HOST}",
+        "X-Stello-Token": app.state.inspector.token,
+    }
+
+
 @pytest.fixture
 def client(tree: Tree) -> Iterator[TestClient]:
-    with TestClient(create_app(tree.storage)) as test_client:
+    with TestClient(inspector_app(tree.storage)) as test_client:
         yield test_client
 
 
 @pytest.fixture
 def writer(tree: Tree) -> Iterator[TestClient]:
-    app = create_app(tree.storage, write=True, agent=lambda: tree.agent)
-    with TestClient(app) as test_client:
+    """A client of a `write=True` app that sends what its page sends."""
+    app = inspector_app(tree.storage, write=True, agent=lambda: tree.agent)
+    with TestClient(app, headers=page_headers(app)) as test_client:
         yield test_client

@@ -7,14 +7,14 @@ from starlette.testclient import TestClient
 
 from stello_graph import StelloAgent
 from stello_graph.compression import CompressionPolicy
-from stello_graph.inspector import create_app, tree_view
+from stello_graph.inspector import tree_view
 from stello_graph.inspector._views import tree_nodes
 from stello_graph.main_session import MainSession
 from stello_graph.models import Compression
 from stello_graph.schedule import BackgroundFailure, StorageFailureLog
 from stello_graph.session import Session
 from stello_graph.testing import ScriptedChatModel
-from tests.inspector.conftest import Tree
+from tests.inspector.conftest import Tree, inspector_app
 
 
 def _nodes(client: TestClient) -> dict[str, dict[str, object]]:
@@ -31,7 +31,7 @@ def test_tree_lists_every_node_with_what_the_page_needs(tree: Tree) -> None:
             kind="consolidate", session_id=tree.tiers, error_type="E", message="x", attempts=3
         )
     )
-    with TestClient(create_app(tree.storage)) as client:
+    with TestClient(inspector_app(tree.storage)) as client:
         data = client.get("/api/tree").json()
         nodes = _nodes(client)
     assert data["main_session_id"] == tree.main and data["count"] == 4
@@ -135,7 +135,7 @@ def test_context_parts_are_labelled_and_sized(tree: Tree, client: TestClient) ->
 
 
 def test_context_shows_the_agents_topology_slot(tree: Tree) -> None:
-    with TestClient(create_app(tree.storage, topology_slot=True)) as client:
+    with TestClient(inspector_app(tree.storage, topology_slot=True)) as client:
         data = client.get(f"/api/session/context?id={tree.tiers}").json()
     parts = data["messages"][0]["parts"]
     assert [p["kind"] for p in parts][:3] == ["system prompt", "identity", "topology"]
@@ -149,11 +149,11 @@ def test_context_shows_the_agents_topology_slot(tree: Tree) -> None:
 def test_context_never_compresses_but_says_when_the_next_turn_would(tree: Tree) -> None:
     before = tree.storage.get_compression(tree.pricing)
     policy = CompressionPolicy(context_window=16, compress_fn=lambda *_: "never called")
-    with TestClient(create_app(tree.storage, policy=policy)) as client:
+    with TestClient(inspector_app(tree.storage, policy=policy)) as client:
         data = client.get(f"/api/session/context?id={tree.pricing}").json()
     assert data["compression_due"]["due"] is True
     assert tree.storage.get_compression(tree.pricing) == before
-    with TestClient(create_app(tree.storage)) as client:
+    with TestClient(inspector_app(tree.storage)) as client:
         assert (
             client.get(f"/api/session/context?id={tree.pricing}").json()["compression_due"] is None
         )

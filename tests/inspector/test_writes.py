@@ -8,9 +8,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from stello_graph import StelloAgent
-from stello_graph.inspector import create_app
 from stello_graph.testing import ScriptedChatModel
-from tests.inspector.conftest import Tree
+from tests.inspector.conftest import Tree, inspector_app, page_headers
 
 WRITES = [
     ("POST", "fork", {"label": "New"}),
@@ -155,7 +154,8 @@ def test_shutting_down_closes_the_agent_off_the_event_loop(tree: Tree) -> None:
         made.append(Recording(model=ScriptedChatModel(default="ok"), storage=tree.storage))
         return made[0]
 
-    with TestClient(create_app(tree.storage, write=True, agent=agent)) as writer:
+    app = inspector_app(tree.storage, write=True, agent=agent)
+    with TestClient(app, headers=page_headers(app)) as writer:
         assert writer.post(f"/api/session/fork?id={tree.pricing}", json={"label": "X"}).is_success
     assert made and closed == [True]
 

@@ -4,8 +4,22 @@ export class ApiError extends Error {
   constructor(status, message) { super(message); this.status = status; }
 }
 
+// The secret of the URL `stello-graph inspect` printed (?token=...): writes send it (and reads,
+// when the server is off loopback). Kept for this tab, and taken out of the address bar.
+export const token = (() => {
+  const url = new URL(location.href);
+  const given = url.searchParams.get("token");
+  if (given) {
+    sessionStorage.setItem("stello-token", given);
+    url.searchParams.delete("token");
+    history.replaceState(null, "", url);
+  }
+  return sessionStorage.getItem("stello-token");
+})();
+
 async function request(method, path, body) {
   const init = { method, headers: { Accept: "application/json" } };
+  if (token) init.headers["X-Stello-Token"] = token;
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);

@@ -1,7 +1,7 @@
 // The live timeline: server-sent events of the tree (`/api/events`), newest first, with
 // filters by type and by session.
 
-import { el, elide, time } from "/static/api.js";
+import { el, elide, time, token } from "/static/api.js";
 
 const KEPT = 3000;
 const SHOWN = 400;
@@ -22,7 +22,7 @@ export class Timeline {
   }
 
   connect() {
-    this.source = new EventSource("/api/events");
+    this.source = new EventSource(token ? `/api/events?${new URLSearchParams({ token })}` : "/api/events");
     this.source.addEventListener("open", () => this.onLive(true));
     this.source.addEventListener("error", () => this.onLive(false));
     this.source.addEventListener("stello", (message) => {
