@@ -139,7 +139,9 @@ def _dialog(page: Any, button: str, values: dict[str, str]) -> None:
     dialog.wait_for(state="detached", timeout=TIMEOUT)
 
 
-def test_every_dialog_and_button_of_the_page_writes(page: Any, write_server: Server) -> None:
+def test_every_dialog_and_button_of_the_page_writes(write_server: Server, page: Any) -> None:
+    # the server is set up first, so it outlives the page: the page's last reloads (after the
+    # writes' events) find it
     storage = write_server.storage
     _open(page, write_server.page_url)
     assert "token=" not in page.url  # kept for the tab, out of the address bar
@@ -213,7 +215,7 @@ def odd_server(demo_file: Path, tmp_path: Path) -> Iterator[Server]:
 
 
 def test_sessions_whose_ids_a_path_would_mangle_open_and_take_writes(
-    page: Any, odd_server: Server
+    odd_server: Server, page: Any
 ) -> None:
     _open(page, odd_server.page_url)
     for sid in ODD_IDS:
