@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
+from stello_graph._validate import check_tree_id
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     RecordTurn,
@@ -46,6 +47,7 @@ __all__ = [
     "check_optional_text",
     "check_tags",
     "check_text",
+    "check_tree_id",
     "checked_lease",
     "copy_args",
     "event_args",

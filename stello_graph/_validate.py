@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ __all__ = [
     "MAX_INPUT_CHARS",
     "MAX_LABEL_CHARS",
     "MAX_TAG_CHARS",
+    "MAX_TREE_ID_CHARS",
     "check_chat_model",
     "check_id",
     "check_label",
@@ -23,6 +25,7 @@ __all__ = [
     "check_tags",
     "check_text",
     "check_tools",
+    "check_tree_id",
     "new_id",
 ]
 
@@ -31,6 +34,8 @@ MAX_INPUT_CHARS = 1_000_000
 MAX_LABEL_CHARS = 200
 MAX_TAG_CHARS = 100
 MAX_ID_CHARS = 128
+MAX_TREE_ID_CHARS = 256
+"""Longest tree id accepted, in characters."""
 _CONTROL = {chr(c) for c in range(32)} - {"\t", "\n", "\r"}
 
 
@@ -102,6 +107,35 @@ def check_label(value: object) -> str:
 def check_id(value: object, what: str = "session id") -> str:
     """A session id: a non-blank one-line string of at most `MAX_ID_CHARS`."""
     return _check_name(value, what, MAX_ID_CHARS, allow_empty=False)
+
+
+def _shown(value: str, limit: int = 60) -> str:
+    """`repr(value)`, cut to about `limit` characters for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 4]}...{text[-1]}"
+
+
+def check_tree_id(value: object) -> str:
+    """A tree id: a non-empty string of at most `MAX_TREE_ID_CHARS` characters with no
+    control character (NUL, a line break, a tab, ...): it names the tree in every row, lock
+    key, checkpoint thread and store namespace of the tree."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"tree_id must be a str, got {_type_name(value)}.")
+    if not value:
+        raise InvalidInputError("tree_id must not be empty: name the tree (one per user).")
+    if len(value) > MAX_TREE_ID_CHARS:
+        raise InvalidInputError(
+            f"tree_id {_shown(value)} has {len(value):,} characters; the limit is "
+            f"{MAX_TREE_ID_CHARS}: use a shorter id (a user id, or a hash of a longer one)."
+        )
+    bad = next((ch for ch in value if unicodedata.category(ch) == "Cc"), None)
+    if bad is not None:
+        raise InvalidInputError(
+            f"tree_id {_shown(value)} contains the control character {bad!r}: a tree id is "
+            "one line of printable text."
+        )
+    _check_encodable(value, "tree_id")
+    return value
 
 
 def check_tags(value: object) -> tuple[str, ...]:

@@ -67,7 +67,7 @@ from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 
 from stello_graph._context import message_text
-from stello_graph._validate import check_id, check_tools
+from stello_graph._validate import check_tools, check_tree_id
 from stello_graph.agent import DEFAULT_DB, _open_storage
 from stello_graph.config import StelloConfig
 from stello_graph.errors import InvalidInputError, ModelNotConfiguredError
@@ -267,7 +267,7 @@ def open_tree(tree_id: str, uri: str | None = None) -> StelloRuntime:
         uri: the database (default: `STELLO_DATABASE_URI`, else `stello.db`).
     """
     settings = _env_settings()
-    key = (uri or settings.uri, check_id(tree_id, "tree_id"))
+    key = (uri or settings.uri, check_tree_id(tree_id))
     found = _trees.get(key)
     if found is None:
         with _opening:
@@ -308,7 +308,7 @@ async def aopen_tree(tree_id: str, uri: str | None = None) -> StelloRuntime:
     call) is opened in a worker thread, awaited."""
     settings = _settings
     if settings is not None:
-        found = _trees.get((uri or settings.uri, check_id(tree_id, "tree_id")))
+        found = _trees.get((uri or settings.uri, check_tree_id(tree_id)))
         if found is not None:
             return found.runtime
     return await asyncio.to_thread(open_tree, tree_id, uri)

@@ -129,6 +129,28 @@ def test_the_environment_is_checked(env: Path, monkeypatch: pytest.MonkeyPatch) 
         server.make_graph(tree(""))
 
 
+@pytest.mark.parametrize(
+    ("tree_id", "message"),
+    [
+        ("alice\x00", "control character '\\x00'"),
+        ("a\tb", "control character '\\t'"),
+        ("t" * 257, "has 257 characters; the limit is 256"),
+    ],
+    ids=["NUL", "tab", "too long"],
+)
+def test_a_bad_tree_id_is_refused(env: Path, tree_id: str, message: str) -> None:
+    with pytest.raises(InvalidInputError, match="tree_id") as caught:
+        server.make_graph(tree(tree_id))
+    assert message in str(caught.value)
+    assert not env.exists()  # refused before the database was opened
+
+
+def test_a_long_tree_id_within_the_limit_is_served(env: Path) -> None:
+    name = "t" * 256
+    graph = server.make_graph(tree(name)).compile()
+    assert graph.invoke(ask("hi"), tree(name))["content"] == "(scripted) You said: hi"
+
+
 def test_a_model_name_means_chat_openai(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(server.MODEL_ENV, "gpt-test")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
