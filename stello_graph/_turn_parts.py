@@ -22,11 +22,13 @@ from langchain_core.messages import (
 from stello_graph._context import message_text, sanitize_history
 from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
+    MAX_DEPTH,
     check_id,
     check_label,
     check_metadata,
     check_tags,
     new_id,
+    too_deep,
 )
 from stello_graph.checkpoints._serde import with_turn
 from stello_graph.errors import (
@@ -147,10 +149,25 @@ class TurnContext:
         return [*head, *self.history, *pending]
 
 
-def _as_ai_message(reply: Any) -> AIMessage:
-    """The model's reply as an `AIMessage` that can be stored (see `_text`)."""
+def _shallow_calls(reply: AIMessage, session_id: str | None) -> AIMessage:
+    """`reply` itself, once the arguments of each of its tool calls are known to nest at
+    most `MAX_DEPTH` levels deep (deeper ones fail in the checkpoint serializer)."""
+    deep = next((call for call in reply.tool_calls if too_deep(call.get("args"))), None)
+    if deep is not None:
+        raise ModelCallError(
+            f"The model of session {session_id!r} called {deep['name']!r} with arguments "
+            f"nested more than {MAX_DEPTH} levels deep; its reply was refused and nothing of "
+            "the turn was stored.",
+            session_id=session_id,
+        )
+    return reply
+
+
+def _as_ai_message(reply: Any, session_id: str | None = None) -> AIMessage:
+    """The model's reply as an `AIMessage` that can be stored (see `_text`); one whose tool
+    calls nest their arguments too deep is refused with `ModelCallError`."""
     if isinstance(reply, AIMessage):
-        return storable_message(reply)
+        return storable_message(_shallow_calls(reply, session_id))
     if isinstance(reply, str):
         return AIMessage(content=storable(reply))
     if isinstance(reply, BaseMessage):
@@ -224,7 +241,7 @@ def _is_user_turn(records: Sequence[BaseMessage]) -> bool:
     return bool(records) and isinstance(records[0], HumanMessage)
 
 
-def _chunk_to_message(total: AIMessageChunk | None) -> AIMessage:
+def _chunk_to_message(total: AIMessageChunk | None, session_id: str | None = None) -> AIMessage:
     if total is None:
         return AIMessage(content="")
     reply = AIMessage(
@@ -236,7 +253,7 @@ def _chunk_to_message(total: AIMessageChunk | None) -> AIMessage:
         additional_kwargs=total.additional_kwargs,
         id=total.id,
     )
-    return storable_message(reply)
+    return storable_message(_shallow_calls(reply, session_id))
 
 
 def _continue_history(
