@@ -90,7 +90,7 @@ async def test_the_async_factory_opens_a_tree_while_the_loop_runs_on(
 ) -> None:
     """`amake_graph` (what `langgraph.json` names) awaits the opening: other tasks of the
     server's loop run meanwhile (a transaction of another tree may hold the file's write
-    lock the opening waits for); an open tree is returned without a thread."""
+    lock the opening waits for); an open tree is handed out without a thread."""
     real, ticks, seen = server._open, [0], list[int]()
 
     def slow(*args: Any) -> Any:
@@ -108,12 +108,14 @@ async def test_the_async_factory_opens_a_tree_while_the_loop_runs_on(
 
     monkeypatch.setattr(server, "_open", slow)
     tick = asyncio.create_task(ticker())
-    graph = (await server.amake_graph(tree("async"))).compile()
-    await tick
-    assert seen == [3]  # the loop ran on while the tree opened
-    out = await graph.ainvoke(ask("hello"), tree("async"))
+    async with server.amake_graph(tree("async")) as graph:
+        await tick
+        assert seen == [3]  # the loop ran on while the tree opened
+        out = await graph.compile().ainvoke(ask("hello"), tree("async"))
     assert out["content"] == "(scripted) You said: hello"
-    assert await server.amake_graph(tree("async")) is server.make_graph(tree("async"))
+    async with server.amake_graph(tree("async")) as again:
+        assert again is server.make_graph(tree("async"))
+    assert seen == [3]  # opened once
 
 
 def test_the_environment_is_checked(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
