@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from stello_graph._validate import check_depth
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import SessionMeta
 
@@ -71,8 +72,10 @@ def dumps(value: Any, *, what: str) -> str:
     """`value` as compact JSON text that SQLite can store.
 
     Raises:
-        InvalidInputError: `value` is not JSON-serialisable or holds a lone surrogate.
+        InvalidInputError: `value` is not JSON-serialisable, nests dicts and lists too
+            deep (`check_depth`) or holds a lone surrogate.
     """
+    check_depth(value, what)
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

@@ -35,6 +35,7 @@ from stello_graph.checkpoints._validate import (
     check_non_negative,
     check_optional_text,
     check_text,
+    check_tree_id,
     checked_lease,
     commit_args,
     compression_args,
@@ -111,7 +112,7 @@ class BackendStorage(BulkReads, AsyncMethods):
     """
 
     def __init__(self, backend: StorageBackend, *, tree_id: str = "default") -> None:
-        self._tree_id = check_identifier(tree_id, "tree_id")
+        self._tree_id = check_tree_id(tree_id)
         self._backend = backend
         # A backend with async hooks is a native `AsyncStorageBackend`: async methods await
         # its `aop_*`; any other one runs them in a worker thread (see `_txn`).

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
+from stello_graph._validate import check_depth, check_tree_id
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     RecordTurn,
@@ -46,6 +47,7 @@ __all__ = [
     "check_optional_text",
     "check_tags",
     "check_text",
+    "check_tree_id",
     "checked_lease",
     "copy_args",
     "event_args",
@@ -125,6 +127,7 @@ def check_one_of(value: Any, allowed: tuple[str, ...], name: str) -> Any:
 
 def check_tags(value: object) -> tuple[str, ...]:
     """A sequence of tag strings (a bare string is refused: it is a sequence of letters)."""
+    check_depth(value, "tags")
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise InvalidInputError(f"tags must be a sequence of strings, got {value!r}.")
     return tuple(check_text(tag, "each tag") for tag in value)

@@ -45,8 +45,8 @@ from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.checkpoints._validate import (
     CommitArgs,
-    check_identifier,
     check_non_negative,
+    check_tree_id,
     checked_lease,
     lease_args,
 )
@@ -124,7 +124,7 @@ class PostgresMainStorage(BackendStorage):
         lock_timeout: float = 30.0,
         record_cache_size: int = 256,
     ) -> None:
-        check_identifier(tree_id, "tree_id")  # before a connection is opened, not after
+        check_tree_id(tree_id)  # before a connection is opened, not after
         cache_size = check_non_negative(record_cache_size, "record_cache_size")
         self._steps = Statements(tree_id, cache_size)
         for name, value in (("connect_timeout", connect_timeout), ("lock_timeout", lock_timeout)):

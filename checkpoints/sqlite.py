@@ -40,7 +40,7 @@ from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._sqlite_conn import SqliteHooks, connect
 from stello_graph.checkpoints._sqlite_tree import SqliteTreeReads
 from stello_graph.checkpoints._txn import TransactionHooks
-from stello_graph.checkpoints._validate import check_identifier, check_non_negative
+from stello_graph.checkpoints._validate import check_non_negative, check_tree_id
 from stello_graph.errors import (
     InvalidInputError,
     NotADatabaseError,
@@ -106,7 +106,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         record_cache_size: int = 256,
         allow_foreign_tables: bool = False,
     ) -> None:
-        check_identifier(tree_id, "tree_id")  # before a connection is opened, not after
+        check_tree_id(tree_id)  # before a connection is opened, not after
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)):
             raise InvalidInputError(f"busy_timeout must be a number, got {busy_timeout!r}.")
         self._cache = RecordCache(check_non_negative(record_cache_size, "record_cache_size"))

@@ -7,7 +7,8 @@ The node factories in `stello_graph.nodes` close over one `StelloRuntime`;
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,7 @@ class StelloRuntime:
         self._sessions: dict[str, _Cached] = {}
         self._tool_nodes: dict[tuple[int, ...], ToolNode] = {}
         self._lock = threading.RLock()
+        self._runs = 0
         from stello_graph.nodes.builtin_tools import BuiltinTools
 
         self._builtins = BuiltinTools(self)
@@ -132,6 +134,26 @@ class StelloRuntime:
             from stello_graph.nodes.scheduling import recover
 
             self._scheduler.recover(lambda: recover(self))
+
+    # -- runs in flight ----------------------------------------------------------------------
+    @property
+    def runs(self) -> int:
+        """How many runs of graphs built on this runtime are in flight (`running`)."""
+        return self._runs
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Count one run in flight while the block runs (`runs`). The compiled graph of
+        `build_graph` counts each of its runs here, so whoever closes a runtime's storage
+        (the server's `stello_graph.server`, closing trees nobody uses) can tell a tree a
+        run still uses from an idle one."""
+        with self._lock:
+            self._runs += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._runs -= 1
 
     # -- the settings, read-only (documented on `StelloConfig`) ---------------------------
     @property

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from stello_graph._fork import ForkRequest
+from stello_graph._validate import check_depth
 from stello_graph.errors import InvalidInputError
 from stello_graph.profiles import ForkProfile
 from stello_graph.skills import check_allow_list
@@ -95,6 +96,7 @@ def _request(
     unknown = set(spec) - _OPTIONS - {"label", "profile", "profile_vars", "skills"}
     if unknown:
         raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
+    check_depth(spec.get("profile_vars"), "profile_vars")  # before anything reads or shows it
     profile = _profile(deps, spec.get("profile"))
     if profile is None and spec.get("profile_vars") not in (None, {}):
         raise InvalidInputError(

@@ -138,7 +138,7 @@ class SessionBase(SessionContext):
         """
         runnable = self._runnable(tool_choice)
         try:
-            return _as_ai_message(runnable.invoke(list(prompt), config=self._config()))
+            return _as_ai_message(runnable.invoke(list(prompt), config=self._config()), self._id)
         except StelloError:
             raise
         except Exception as exc:
@@ -150,7 +150,8 @@ class SessionBase(SessionContext):
         """Async twin of `invoke`."""
         runnable = self._runnable(tool_choice)
         try:
-            return _as_ai_message(await runnable.ainvoke(list(prompt), config=self._config()))
+            reply = await runnable.ainvoke(list(prompt), config=self._config())
+            return _as_ai_message(reply, self._id)
         except StelloError:
             raise
         except Exception as exc:
@@ -325,7 +326,7 @@ class SessionBase(SessionContext):
                 raise
             except Exception as exc:
                 raise self._model_error(exc) from exc
-            reply = _chunk_to_message(total)
+            reply = _chunk_to_message(total, self._id)
             self.commit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
             back.released = True
         yield to_send_result(reply)
@@ -354,7 +355,7 @@ class SessionBase(SessionContext):
                 raise
             except Exception as exc:
                 raise self._model_error(exc) from exc
-            reply = _chunk_to_message(total)
+            reply = _chunk_to_message(total, self._id)
             await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
             back.released = True
         yield to_send_result(reply)

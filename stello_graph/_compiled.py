@@ -19,6 +19,10 @@ Reading the history (`get_state`, `get_state_history`) and continuing the latest
 work as usual. A recovery tool that re-runs a step on purpose, knowing the turn's commit is
 idempotent, names `configurable[REPLAY_KEY] = True` (`allow_replay(config)`).
 
+A run of the compiled graph of `build_graph` is counted on the graph's runtime while it runs
+(`StelloRuntime.running`, found through the graph's builder), so a server that closes idle
+trees never closes one under a run.
+
 The compiled turn graph (`StelloTurnGraph`) also skips LangGraph's START step: a new run's
 input goes straight to the state, with the edge to the model node, so the model runs in
 the run's first step.
@@ -27,6 +31,7 @@ the run's first step.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -35,6 +40,7 @@ from langgraph.graph.state import CompiledStateGraph
 
 from stello_graph.errors import TimeTravelError
 from stello_graph.nodes._channels import RUN_INPUTS
+from stello_graph.nodes.deps import StelloRuntime
 
 __all__ = ["REPLAY_KEY", "StelloCompiledGraph", "StelloTurnGraph", "allow_replay", "fresh_input"]
 
@@ -102,18 +108,34 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     def _fresh_input(self, input: Any) -> Any:
         return fresh_input(input)
 
+    def _runtime(self) -> StelloRuntime | None:
+        """The runtime the graph was built on (`build_graph` keeps it on the builder, a
+        field LangGraph keeps in every copy); `None` for a builder without one."""
+        found = getattr(self.builder, "runtime", None)
+        return found if isinstance(found, StelloRuntime) else None
+
+    def _running(self) -> AbstractContextManager[None]:
+        runtime = self._runtime()
+        return nullcontext() if runtime is None else runtime.running()
+
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
         self._refuse_replay(config)
-        return super().stream(self._fresh_input(input), config, **kwargs)
+        run = super().stream(self._fresh_input(input), config, **kwargs)
+        return run if self._runtime() is None else self._counted(run)
+
+    def _counted(self, run: Iterator[Any]) -> Iterator[Any]:
+        with self._running():
+            yield from run
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         await self._arefuse_replay(config)
-        async for item in super().astream(self._fresh_input(input), config, **kwargs):
-            yield item
+        with self._running():
+            async for item in super().astream(self._fresh_input(input), config, **kwargs):
+                yield item
 
     def bulk_update_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
         raise TimeTravelError(_EDIT)

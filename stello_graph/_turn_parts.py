@@ -22,11 +22,14 @@ from langchain_core.messages import (
 from stello_graph._context import message_text, sanitize_history
 from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
+    MAX_DEPTH,
+    check_depth,
     check_id,
     check_label,
     check_metadata,
     check_tags,
     new_id,
+    too_deep,
 )
 from stello_graph.checkpoints._serde import with_turn
 from stello_graph.errors import (
@@ -76,17 +79,58 @@ def _tool_names(tools: Sequence[Any]) -> list[str] | None:
         return None
 
 
+def _is_name(value: object) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+_FUNCTION_CHOICE = "{'type': 'function', 'function': {'name': '<tool name>'}}"
+_FUNCTION_KEYS = ({"type", "function"}, {"type", "name"})
+
+
+def _check_choice_dict(choice: dict[Any, Any]) -> None:
+    """A dict `tool_choice` in a provider's shape: string keys; a `type`, when given, a
+    non-blank string; a tool name, wherever one is given (`name`, `function.name`), a
+    non-blank string; and `{"type": "function"}` exactly OpenAI's `{"type": "function",
+    "function": {"name": ...}}` (or the Responses API's `{"type": "function", "name": ...}`).
+    Other providers' dicts (Anthropic's `{"type": "tool", "name": ...}`, ...) pass as given."""
+    shown = f"{choice!r:.120}"
+    if not choice or not all(isinstance(key, str) for key in choice):
+        raise InvalidInputError(
+            f"tool_choice as a dict needs string keys, like {_FUNCTION_CHOICE}; got {shown}."
+        )
+    if "type" in choice and not _is_name(choice["type"]):
+        raise InvalidInputError(
+            f"tool_choice's 'type' must be a non-empty string ('function', 'tool', 'auto', "
+            f"...), got {shown}."
+        )
+    function = choice.get("function")
+    bad_function = "function" in choice and not (
+        isinstance(function, dict) and set(function) == {"name"} and _is_name(function["name"])
+    )
+    bad_name = "name" in choice and not _is_name(choice["name"])
+    not_one = choice.get("type") == "function" and set(choice) not in _FUNCTION_KEYS
+    if bad_function or bad_name or not_one:
+        raise InvalidInputError(
+            f"tool_choice must name its tool with a non-empty string and nothing else, as in "
+            f"{_FUNCTION_CHOICE}; got {shown}."
+        )
+
+
 def check_tool_choice(
     value: object, tools: Sequence[Any] | None = None, *, session_id: str | None = None
 ) -> str | dict[str, Any] | bool:
-    """A `tool_choice` LangChain accepts: a string, a dict or a bool; given the session's
-    `tools`, one that names a tool must name one of them (checked here, before the call,
-    since many providers' clients send any name and fail only at the provider)."""
+    """A `tool_choice` LangChain accepts: a string, a dict in a provider's shape (see
+    `_check_choice_dict`) or a bool; given the session's `tools`, one that names a tool must
+    name one of them (checked here, before the call, since many providers' clients send any
+    name and fail only at the provider)."""
+    check_depth(value, "tool_choice")
     if not (isinstance(value, bool | dict) or (isinstance(value, str) and value.strip())):
         raise InvalidInputError(
             f"tool_choice must be 'auto', 'required', 'any', a tool name, a dict or a bool, "
-            f"got {value!r}."
+            f"got {value!r:.120}."
         )
+    if isinstance(value, dict):
+        _check_choice_dict(value)
     named = _named_tool(value)
     names = None if tools is None or named is None else _tool_names(tools)
     if names is not None and named not in names:
@@ -147,10 +191,25 @@ class TurnContext:
         return [*head, *self.history, *pending]
 
 
-def _as_ai_message(reply: Any) -> AIMessage:
-    """The model's reply as an `AIMessage` that can be stored (see `_text`)."""
+def _shallow_calls(reply: AIMessage, session_id: str | None) -> AIMessage:
+    """`reply` itself, once the arguments of each of its tool calls are known to nest at
+    most `MAX_DEPTH` levels deep (deeper ones fail in the checkpoint serializer)."""
+    deep = next((call for call in reply.tool_calls if too_deep(call.get("args"))), None)
+    if deep is not None:
+        raise ModelCallError(
+            f"The model of session {session_id!r} called {deep['name']!r} with arguments "
+            f"nested more than {MAX_DEPTH} levels deep; its reply was refused and nothing of "
+            "the turn was stored.",
+            session_id=session_id,
+        )
+    return reply
+
+
+def _as_ai_message(reply: Any, session_id: str | None = None) -> AIMessage:
+    """The model's reply as an `AIMessage` that can be stored (see `_text`); one whose tool
+    calls nest their arguments too deep is refused with `ModelCallError`."""
     if isinstance(reply, AIMessage):
-        return storable_message(reply)
+        return storable_message(_shallow_calls(reply, session_id))
     if isinstance(reply, str):
         return AIMessage(content=storable(reply))
     if isinstance(reply, BaseMessage):
@@ -224,7 +283,7 @@ def _is_user_turn(records: Sequence[BaseMessage]) -> bool:
     return bool(records) and isinstance(records[0], HumanMessage)
 
 
-def _chunk_to_message(total: AIMessageChunk | None) -> AIMessage:
+def _chunk_to_message(total: AIMessageChunk | None, session_id: str | None = None) -> AIMessage:
     if total is None:
         return AIMessage(content="")
     reply = AIMessage(
@@ -236,7 +295,7 @@ def _chunk_to_message(total: AIMessageChunk | None) -> AIMessage:
         additional_kwargs=total.additional_kwargs,
         id=total.id,
     )
-    return storable_message(reply)
+    return storable_message(_shallow_calls(reply, session_id))
 
 
 def _continue_history(

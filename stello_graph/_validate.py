@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from stello_graph.errors import InvalidInputError
 
 __all__ = [
+    "MAX_DEPTH",
     "MAX_ID_CHARS",
     "MAX_INPUT_CHARS",
     "MAX_LABEL_CHARS",
     "MAX_TAG_CHARS",
+    "MAX_TREE_ID_CHARS",
     "check_chat_model",
+    "check_depth",
     "check_id",
     "check_label",
     "check_metadata",
@@ -23,7 +27,9 @@ __all__ = [
     "check_tags",
     "check_text",
     "check_tools",
+    "check_tree_id",
     "new_id",
+    "too_deep",
 ]
 
 MAX_INPUT_CHARS = 1_000_000
@@ -31,6 +37,14 @@ MAX_INPUT_CHARS = 1_000_000
 MAX_LABEL_CHARS = 200
 MAX_TAG_CHARS = 100
 MAX_ID_CHARS = 128
+MAX_TREE_ID_CHARS = 256
+"""Longest tree id accepted, in characters."""
+MAX_DEPTH = 64
+"""Deepest nesting of dicts and lists accepted where structured input enters: metadata,
+tags, profile variables, a `tool_choice`, and the arguments of a model's tool calls.
+Real documents stay far below it; deeper ones fail in serializers (JSON at about 1,000
+levels, LangGraph's checkpoint serializer at a few hundred), so they are refused up front."""
+_V = TypeVar("_V")
 _CONTROL = {chr(c) for c in range(32)} - {"\t", "\n", "\r"}
 
 
@@ -50,6 +64,37 @@ def _check_encodable(value: str, what: str) -> None:
         raise InvalidInputError(
             f"{what} contains a lone surrogate at position {exc.start}; it cannot be stored."
         ) from None
+
+
+def too_deep(value: object, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value` nests dicts, lists or tuples more than `limit` levels deep.
+
+    Measured without recursion, so a value of any depth (a cycle too) is measured safely;
+    a string or a number is level 0, `{"a": 1}` level 1.
+    """
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def check_depth(value: _V, what: str) -> _V:
+    """`value` itself, once known to nest at most `MAX_DEPTH` levels deep."""
+    if too_deep(value):
+        raise InvalidInputError(
+            f"{what} nests dicts and lists more than {MAX_DEPTH} levels deep; flatten it "
+            f"({MAX_DEPTH} levels at most)."
+        )
+    return value
 
 
 def check_text(value: object, what: str = "content") -> str:
@@ -104,8 +149,38 @@ def check_id(value: object, what: str = "session id") -> str:
     return _check_name(value, what, MAX_ID_CHARS, allow_empty=False)
 
 
+def _shown(value: str, limit: int = 60) -> str:
+    """`repr(value)`, cut to about `limit` characters for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 4]}...{text[-1]}"
+
+
+def check_tree_id(value: object) -> str:
+    """A tree id: a non-empty string of at most `MAX_TREE_ID_CHARS` characters with no
+    control character (NUL, a line break, a tab, ...): it names the tree in every row, lock
+    key, checkpoint thread and store namespace of the tree."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"tree_id must be a str, got {_type_name(value)}.")
+    if not value:
+        raise InvalidInputError("tree_id must not be empty: name the tree (one per user).")
+    if len(value) > MAX_TREE_ID_CHARS:
+        raise InvalidInputError(
+            f"tree_id {_shown(value)} has {len(value):,} characters; the limit is "
+            f"{MAX_TREE_ID_CHARS}: use a shorter id (a user id, or a hash of a longer one)."
+        )
+    bad = next((ch for ch in value if unicodedata.category(ch) == "Cc"), None)
+    if bad is not None:
+        raise InvalidInputError(
+            f"tree_id {_shown(value)} contains the control character {bad!r}: a tree id is "
+            "one line of printable text."
+        )
+    _check_encodable(value, "tree_id")
+    return value
+
+
 def check_tags(value: object) -> tuple[str, ...]:
     """Tags: a list or tuple of non-blank one-line strings; duplicates are dropped."""
+    check_depth(value, "tags")
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise InvalidInputError(
             f"tags must be a list or tuple of strings, got {_type_name(value)}."
@@ -124,6 +199,7 @@ def check_metadata(value: object) -> dict[str, Any]:
         return {}
     if not isinstance(value, Mapping):
         raise InvalidInputError(f"metadata must be a dict, got {_type_name(value)}.")
+    check_depth(value, "metadata")
     bad_key = next((k for k in value if not isinstance(k, str)), None)
     if bad_key is not None:
         raise InvalidInputError(f"metadata keys must be strings, got {bad_key!r}.")

@@ -32,7 +32,12 @@ from langgraph.types import Durability, RetryPolicy
 from typing_extensions import TypedDict
 
 from stello_graph._topology_slot import TopologySlot, check_topology_slot
-from stello_graph._validate import check_chat_model, check_model_timeout, check_tools
+from stello_graph._validate import (
+    check_chat_model,
+    check_model_timeout,
+    check_tools,
+    check_tree_id,
+)
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import InvalidInputError
 from stello_graph.lease import DEFAULT_LEASE_TTL
@@ -143,7 +148,8 @@ class StelloConfig:
     main_label: str = "Main Session"
     """The main session's label, when the agent creates it."""
     tree_id: str = "default"
-    """Which tree of the storage file, when the agent's `storage` is a path."""
+    """Which tree of the storage file, when the agent's `storage` is a path: a non-empty
+    line of at most 256 characters, no control characters."""
     durability: Durability = "async"
     """LangGraph checkpoint durability of the agent's turns. With `"async"` (or `"exit"`) the
     agent's own checkpointer holds a turn's first steps in memory until its first tool
@@ -164,6 +170,7 @@ class StelloConfig:
             raise InvalidInputError(f"max_tool_rounds must be an int >= 0, got {rounds!r}.")
         _set(self, "tools", tuple(check_tools(self.tools)))
         _set(self, "model_timeout", check_model_timeout(self.model_timeout))
+        check_tree_id(self.tree_id)
         if not isinstance(self.unique_labels, bool):
             raise InvalidInputError(f"unique_labels must be a bool, got {self.unique_labels!r}.")
         _set(self, "topology_slot", check_topology_slot(self.topology_slot))

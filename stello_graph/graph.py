@@ -138,6 +138,10 @@ class StelloStateGraph(StateGraph[StelloState, None, StelloInput, StelloOutput])
     """The stello `StateGraph`; compiled, it refuses time travel (`StelloCompiledGraph`:
     replaying from an earlier checkpoint or `update_state` raise `TimeTravelError`)."""
 
+    runtime: StelloRuntime | None = None
+    """The runtime its nodes share (set by `build_graph`); its compiled graph counts each
+    run there while it runs (`StelloRuntime.running`)."""
+
     def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
         compiled = super().compile(*args, **kwargs)
         compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
@@ -164,6 +168,7 @@ def _on_the_loop(route: Callable[[Any], Any]) -> RunnableCallable:
 def build_graph(deps: StelloRuntime) -> StelloGraph:
     """The stello `StateGraph` over an existing `StelloRuntime`."""
     graph = StelloStateGraph(StelloState, input_schema=StelloInput, output_schema=StelloOutput)
+    graph.runtime = deps
     graph.add_node("enter", make_enter_node(deps))
     graph.add_node(
         "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)

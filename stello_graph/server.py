@@ -4,8 +4,9 @@
 {"dependencies": ["."], "graphs": {"stello": "stello_graph.server:amake_graph"}}
 ```
 
-The server calls `amake_graph(config)` for each run (`make_graph` is its sync twin) and
-compiles what it returns with its own checkpointer and store. The factory reads its
+The server enters `amake_graph(config)` for each run (and each read of a thread's state),
+compiles the graph it yields with its own checkpointer and store, and leaves it when the run
+ends. `make_graph` returns the graph itself, for use in process. The factories read their
 environment once per process:
 
 * `STELLO_DATABASE_URI`: where the trees live, a SQLite path (default `stello.db`) or a
@@ -20,6 +21,8 @@ environment once per process:
   turns of the tree. `0` turns a trigger off, both `0` turn background memory off. With a
   schedule, archived sessions are consolidated too, and every consolidation is followed by
   an integration (see `server_schedule`).
+* `STELLO_MAX_OPEN_TREES` (optional, default `64`): how many trees a process keeps open (a
+  positive whole number; see below).
 
 Background memory runs in each worker process, on threads beside the server's event loop.
 Nothing due is kept only in memory: each worker scans the tree for due work when it opens
@@ -32,10 +35,22 @@ its main session is created on first use. `configurable.session_id` is the sessi
 `{"messages": [...]}` run (default: the main session); a `{"session_id", "input"}` run
 names its own.
 
-Each tree is opened once per process and kept open (`close_trees` closes them). Opening one
-is blocking I/O, which `amake_graph` runs in a worker thread it awaits: the server's event
-loop runs no database call and keeps serving other runs meanwhile (a sync `make_graph`
-called on a running loop also opens the tree in a worker thread, but waits for it there).
+A tree is opened on its first run in the process and kept open for the next ones, up to
+`STELLO_MAX_OPEN_TREES` trees (each open tree holds database connections and a scheduler
+thread). Opening one more closes the least recently used trees that no run uses. A server
+run uses its tree from the moment the server enters `amake_graph` until the run ends; a run
+of a graph `make_graph` returned uses it while the run is in flight. A closed tree finishes
+its queued background jobs first (the due ones not queued yet are stored, as ever) and
+reopens on its next run with nothing lost. When every other tree has a run in flight, none
+is closed and the count goes over the limit until a later opening finds idle ones. A graph
+`make_graph` returned may be closed between the call and its run's start when that many
+other trees open meanwhile: the server uses `amake_graph`, which holds its tree from the
+call on.
+
+Opening and closing trees is blocking I/O, which `amake_graph` runs in a worker thread it
+awaits: the server's event loop runs no database call and keeps serving other runs
+meanwhile (a sync `make_graph` called on a running loop also opens the tree in a worker
+thread, but waits for it there). `close_trees` closes every tree.
 
 Example:
     >>> import os, tempfile
@@ -57,8 +72,10 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -67,7 +84,7 @@ from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 
 from stello_graph._context import message_text
-from stello_graph._validate import check_id, check_tools
+from stello_graph._validate import check_tools, check_tree_id
 from stello_graph.agent import DEFAULT_DB, _open_storage
 from stello_graph.config import StelloConfig
 from stello_graph.errors import InvalidInputError, ModelNotConfiguredError
@@ -81,6 +98,7 @@ __all__ = [
     "CONSOLIDATE_ENV",
     "DATABASE_ENV",
     "INTEGRATE_ENV",
+    "MAX_OPEN_TREES_ENV",
     "MODEL_ENV",
     "TOOLS_ENV",
     "close_trees",
@@ -102,6 +120,11 @@ CONSOLIDATE_ENV = "STELLO_CONSOLIDATE_EVERY"
 """The environment variable: consolidate a session every N user turns (default 8; 0: never)."""
 INTEGRATE_ENV = "STELLO_INTEGRATE_EVERY"
 """The environment variable: integrate every N user turns of the tree (default 0: never)."""
+MAX_OPEN_TREES_ENV = "STELLO_MAX_OPEN_TREES"
+"""The environment variable: how many trees a process keeps open (default 64)."""
+DEFAULT_MAX_OPEN_TREES = 64
+"""Trees a process keeps open when `STELLO_MAX_OPEN_TREES` is unset: two database
+connections and a scheduler thread each, well within the usual limit of 1,024 open files."""
 DEFAULT_CONSOLIDATE_EVERY = 8
 """User turns between a session's consolidations when `STELLO_CONSOLIDATE_EVERY` is unset:
 about a screen of conversation, so the L2 stays close to the session without a model call
@@ -202,10 +225,22 @@ def server_schedule() -> Schedule | None:
     )
 
 
+def _max_open_trees() -> int:
+    text = os.environ.get(MAX_OPEN_TREES_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_OPEN_TREES
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise InvalidInputError(
+            f"{MAX_OPEN_TREES_ENV} must be a positive whole number of trees, got {text!r}."
+        )
+    return int(text)
+
+
 @dataclass(frozen=True, slots=True)
 class _Settings:
     uri: str
     config: StelloConfig
+    max_open: int
 
 
 _settings: _Settings | None = None
@@ -219,22 +254,31 @@ def _env_settings() -> _Settings:
         if _settings is None:
             model, memory = _env_model()
             tools = _load_tools(os.environ.get(TOOLS_ENV, ""))
-            schedule = server_schedule()
+            schedule, max_open = server_schedule(), _max_open_trees()
             config = StelloConfig(model=model, tools=tools, schedule=schedule, **memory)
-            _settings = _Settings(os.environ.get(DATABASE_ENV) or DEFAULT_DB, config)
+            _settings = _Settings(os.environ.get(DATABASE_ENV) or DEFAULT_DB, config, max_open)
         return _settings
 
 
 # -- the trees ------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Tree:
     storage: MainStorage
     runtime: StelloRuntime
     graph: StelloGraph
+    holds: int = 0
+    """Server runs that entered `amake_graph` for this tree and have not ended."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether a run uses the tree: a server run, or a run of its graph in flight."""
+        return self.holds > 0 or self.runtime.runs > 0
 
 
-_trees: dict[tuple[str, str], _Tree] = {}
-_opening = threading.Lock()
+_trees: OrderedDict[tuple[str, str], _Tree] = OrderedDict()
+"""The open trees by `(uri, tree_id)`, the least recently used first."""
+_registry = threading.Lock()  # `_trees` and the holds: held for dict operations only
+_opening = threading.Lock()  # one opening at a time, so a tree is opened once
 
 
 def _open(uri: str, tree_id: str, config: StelloConfig) -> _Tree:
@@ -249,6 +293,50 @@ def _open(uri: str, tree_id: str, config: StelloConfig) -> _Tree:
         raise
 
 
+def _close(tree: _Tree) -> None:
+    """Finish the tree's queued background jobs, stop its scheduler, close its storage."""
+    if tree.runtime.scheduler is not None:
+        tree.runtime.scheduler.close(wait=True)
+    getattr(tree.storage, "close", lambda: None)()
+
+
+def _take(key: tuple[str, str], *, hold: bool = False) -> _Tree | None:
+    """The open tree of `key` (`None`: not open), now the most recently used; with `hold`,
+    held for a server run (`amake_graph` releases it)."""
+    with _registry:
+        found = _trees.get(key)
+        if found is not None:
+            _trees.move_to_end(key)
+            found.holds += hold
+        return found
+
+
+def _idle_beyond(limit: int) -> list[_Tree]:
+    """Forget the least recently used trees no run uses while more than `limit` are open
+    (the newest is kept); the caller closes them. Called under `_registry`."""
+    idle = [key for key, tree in list(_trees.items())[:-1] if not tree.busy]
+    return [_trees.pop(key) for key in idle[: max(0, len(_trees) - limit)]]
+
+
+def _acquire(key: tuple[str, str], settings: _Settings) -> _Tree:
+    """The tree of `key`, opened if it is not; opening it closes the idle trees beyond
+    `STELLO_MAX_OPEN_TREES` (blocking I/O: never on the event loop)."""
+    found = _take(key)
+    if found is not None:
+        return found
+    with _opening:
+        found = _take(key)
+        if found is not None:
+            return found
+        opened = _open(*key, settings.config)
+        with _registry:
+            _trees[key] = opened
+            closing = _idle_beyond(settings.max_open)
+    for tree in closing:
+        _close(tree)
+    return opened
+
+
 def _off_the_loop(func: Callable[[], _T]) -> _T:
     """`func()`, in a worker thread when this thread runs an event loop."""
     try:
@@ -259,22 +347,21 @@ def _off_the_loop(func: Callable[[], _T]) -> _T:
         return pool.submit(func).result()
 
 
+def _key(tree_id: str, uri: str | None, settings: _Settings) -> tuple[str, str]:
+    return (uri or settings.uri, check_tree_id(tree_id))
+
+
 def open_tree(tree_id: str, uri: str | None = None) -> StelloRuntime:
-    """The runtime of a tree of the server's database (opened on first use, then kept).
+    """The runtime of a tree of the server's database (opened on first use, then kept
+    while it is among the `STELLO_MAX_OPEN_TREES` most recently used, or a run uses it).
 
     Args:
         tree_id: the tree (one per user).
         uri: the database (default: `STELLO_DATABASE_URI`, else `stello.db`).
     """
     settings = _env_settings()
-    key = (uri or settings.uri, check_id(tree_id, "tree_id"))
-    found = _trees.get(key)
-    if found is None:
-        with _opening:
-            found = _trees.get(key)
-            if found is None:
-                found = _off_the_loop(lambda: _open(key[0], key[1], settings.config))
-                _trees[key] = found
+    key = _key(tree_id, uri, settings)
+    found = _take(key) or _off_the_loop(lambda: _acquire(key, settings))
     return found.runtime
 
 
@@ -286,9 +373,12 @@ def _tree_id(config: RunnableConfig | None) -> str:
 def make_graph(config: RunnableConfig) -> StelloGraph:
     """The stello graph of the tree `configurable.tree_id` names, uncompiled.
 
-    LangGraph Server compiles it with its own checkpointer and store (the store receives
-    the L2, syntheses and insights, see `StelloConfig.store`). The tree is opened on its
-    first run in the process and kept; its main session is created then if it has none.
+    Compile it with any checkpointer and store (the store receives the L2, syntheses and
+    insights, see `StelloConfig.store`). The tree is opened on its first run in the
+    process, its main session created then if it has none, and kept open while it is
+    among the `STELLO_MAX_OPEN_TREES` most recently used or a run of the graph is in
+    flight (see the module). On LangGraph Server name `amake_graph`, which holds the
+    tree from the call to the run's end.
 
     Args:
         config: the run's config; `configurable.tree_id` names the tree (default
@@ -296,31 +386,55 @@ def make_graph(config: RunnableConfig) -> StelloGraph:
 
     Raises:
         ModelNotConfiguredError: `STELLO_MODEL` is not set.
-        InvalidInputError: a bad `tree_id` or `STELLO_TOOLS`.
+        InvalidInputError: a bad `tree_id`, `STELLO_TOOLS` or `STELLO_MAX_OPEN_TREES`.
     """
-    tree_id = _tree_id(config)
-    open_tree(tree_id)
-    return _trees[(_env_settings().uri, tree_id)].graph
+    settings = _env_settings()
+    key = _key(_tree_id(config), None, settings)
+    found = _take(key) or _off_the_loop(lambda: _acquire(key, settings))
+    return found.graph
 
 
 async def aopen_tree(tree_id: str, uri: str | None = None) -> StelloRuntime:
     """Async twin of `open_tree`: a tree not open yet (and the environment, on the first
     call) is opened in a worker thread, awaited."""
     settings = _settings
-    if settings is not None:
-        found = _trees.get((uri or settings.uri, check_id(tree_id, "tree_id")))
-        if found is not None:
-            return found.runtime
-    return await asyncio.to_thread(open_tree, tree_id, uri)
+    found = None if settings is None else _take(_key(tree_id, uri, settings))
+    return found.runtime if found is not None else await asyncio.to_thread(open_tree, tree_id, uri)
 
 
-async def amake_graph(config: RunnableConfig) -> StelloGraph:
-    """Async twin of `make_graph`, the factory `langgraph.json` names: opening a tree for
-    its first run never holds up the server's event loop (another tree's transaction, owned
-    by a task of that loop, may hold the database's write lock the opening waits for)."""
-    tree_id = _tree_id(config)
-    await aopen_tree(tree_id)
-    return _trees[(_env_settings().uri, tree_id)].graph
+async def _ahold(tree_id: str) -> _Tree:
+    """The tree `tree_id` names, held for a run: opened (with the environment, on the
+    first call) in a worker thread, awaited; the hold is taken on the loop, so a
+    cancelled wait leaves none behind."""
+    settings = _settings
+    if settings is None:
+        settings = await asyncio.to_thread(_env_settings)
+    key = _key(tree_id, None, settings)
+    while (found := _take(key, hold=True)) is None:
+        await asyncio.to_thread(_acquire, key, settings)  # closed again meanwhile: rare
+    return found
+
+
+@asynccontextmanager
+async def amake_graph(config: RunnableConfig) -> AsyncIterator[StelloGraph]:
+    """The factory `langgraph.json` names: the stello graph of the tree
+    `configurable.tree_id` names, uncompiled, held open until the block ends.
+
+    LangGraph Server enters it for each run (and each read of a thread) and leaves it when
+    the run ends, so no tree is closed under a run (see the module). Opening a tree for its
+    first run never holds up the server's event loop (another tree's transaction, owned by
+    a task of that loop, may hold the database's write lock the opening waits for).
+
+    Raises:
+        ModelNotConfiguredError: `STELLO_MODEL` is not set.
+        InvalidInputError: a bad `tree_id`, `STELLO_TOOLS` or `STELLO_MAX_OPEN_TREES`.
+    """
+    tree = await _ahold(_tree_id(config))
+    try:
+        yield tree.graph
+    finally:
+        with _registry:
+            tree.holds -= 1
 
 
 def close_trees() -> None:
@@ -331,15 +445,13 @@ def close_trees() -> None:
     `make_graph` reads the environment again and reopens what it needs.
     """
     global _settings
-    with _opening:
+    with _opening, _registry:
         trees = list(_trees.values())
         _trees.clear()
         with _lock:
             _settings = None
     for tree in trees:
-        if tree.runtime.scheduler is not None:
-            tree.runtime.scheduler.close(wait=True)
-        getattr(tree.storage, "close", lambda: None)()
+        _close(tree)
 
 
 atexit.register(close_trees)

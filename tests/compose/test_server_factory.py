@@ -90,7 +90,7 @@ async def test_the_async_factory_opens_a_tree_while_the_loop_runs_on(
 ) -> None:
     """`amake_graph` (what `langgraph.json` names) awaits the opening: other tasks of the
     server's loop run meanwhile (a transaction of another tree may hold the file's write
-    lock the opening waits for); an open tree is returned without a thread."""
+    lock the opening waits for); an open tree is handed out without a thread."""
     real, ticks, seen = server._open, [0], list[int]()
 
     def slow(*args: Any) -> Any:
@@ -108,12 +108,14 @@ async def test_the_async_factory_opens_a_tree_while_the_loop_runs_on(
 
     monkeypatch.setattr(server, "_open", slow)
     tick = asyncio.create_task(ticker())
-    graph = (await server.amake_graph(tree("async"))).compile()
-    await tick
-    assert seen == [3]  # the loop ran on while the tree opened
-    out = await graph.ainvoke(ask("hello"), tree("async"))
+    async with server.amake_graph(tree("async")) as graph:
+        await tick
+        assert seen == [3]  # the loop ran on while the tree opened
+        out = await graph.compile().ainvoke(ask("hello"), tree("async"))
     assert out["content"] == "(scripted) You said: hello"
-    assert await server.amake_graph(tree("async")) is server.make_graph(tree("async"))
+    async with server.amake_graph(tree("async")) as again:
+        assert again is server.make_graph(tree("async"))
+    assert seen == [3]  # opened once
 
 
 def test_the_environment_is_checked(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,6 +129,28 @@ def test_the_environment_is_checked(env: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(server.TOOLS_ENV, "")
     with pytest.raises(InvalidInputError, match="tree_id"):
         server.make_graph(tree(""))
+
+
+@pytest.mark.parametrize(
+    ("tree_id", "message"),
+    [
+        ("alice\x00", "control character '\\x00'"),
+        ("a\tb", "control character '\\t'"),
+        ("t" * 257, "has 257 characters; the limit is 256"),
+    ],
+    ids=["NUL", "tab", "too long"],
+)
+def test_a_bad_tree_id_is_refused(env: Path, tree_id: str, message: str) -> None:
+    with pytest.raises(InvalidInputError, match="tree_id") as caught:
+        server.make_graph(tree(tree_id))
+    assert message in str(caught.value)
+    assert not env.exists()  # refused before the database was opened
+
+
+def test_a_long_tree_id_within_the_limit_is_served(env: Path) -> None:
+    name = "t" * 256
+    graph = server.make_graph(tree(name)).compile()
+    assert graph.invoke(ask("hi"), tree(name))["content"] == "(scripted) You said: hi"
 
 
 def test_a_model_name_means_chat_openai(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:

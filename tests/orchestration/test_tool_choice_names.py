@@ -80,6 +80,63 @@ async def test_unknown_tool_is_refused_before_the_graph_runs(
     assert dump(tmp_path / "a.db") == before
 
 
+DEEP: Any = []
+for _ in range(100_000):
+    DEEP = [DEEP]
+
+MALFORMED: dict[str, tuple[Any, str]] = {
+    "name not a string": (
+        {"type": "function", "function": {"name": 5}},
+        "must name its tool with a non-empty string",
+    ),
+    "empty name": ({"type": "function", "function": {"name": " "}}, "non-empty string"),
+    "function not a dict": ({"type": "function", "function": "lookup"}, "non-empty string"),
+    "no function": ({"type": "function"}, "non-empty string and nothing else"),
+    "extra key": (
+        {"type": "function", "function": {"name": "lookup"}, "strict": [1]},
+        "nothing else",
+    ),
+    "extra function key": (
+        {"type": "function", "function": {"name": "lookup", "arguments": {}}},
+        "nothing else",
+    ),
+    "type not a string": ({"type": 5, "name": "lookup"}, "'type' must be a non-empty string"),
+    "anthropic name not a string": ({"type": "tool", "name": None}, "non-empty string"),
+    "key not a string": ({1: "lookup"}, "needs string keys"),
+    "empty dict": ({}, "needs string keys"),
+    "deep": ({"type": "any", "x": DEEP}, "more than 64 levels deep"),
+    "not a choice": (3.5, "tool_choice must be 'auto', 'required', 'any', a tool name"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+@pytest.mark.parametrize("run", TURNS.values(), ids=TURNS.keys())
+async def test_a_malformed_tool_choice_is_refused_before_the_graph_runs(
+    agent: StelloAgent, tmp_path: Path, run: Callable[..., Any], case: str
+) -> None:
+    choice, message = MALFORMED[case]
+    before = dump(tmp_path / "a.db")
+    with pytest.raises(InvalidInputError, match="tool_choice") as caught:
+        await settle(run(agent, agent.main_session_id, choice))
+    assert message in str(caught.value)
+    assert dump(tmp_path / "a.db") == before
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"type": "function", "name": "lookup"},  # the OpenAI Responses API's form
+        {"type": "tool", "name": "lookup"},  # Anthropic's
+        {"type": "any"},
+        {"tool": {"name": "lookup"}},  # Bedrock's
+    ],
+)
+def test_other_providers_dicts_pass(choice: Any) -> None:
+    storage = InMemoryMainStorage()
+    session = Session.create(storage, model=LenientModel(default="ok"), tools=[lookup])
+    assert session.send("hi", tool_choice=choice).content == "ok"
+
+
 @pytest.mark.parametrize("run", TURNS.values(), ids=TURNS.keys())
 async def test_known_tools_and_modes_still_run(agent: StelloAgent, run: Callable[..., Any]) -> None:
     sid = agent.main_session_id

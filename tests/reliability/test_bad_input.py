@@ -12,6 +12,7 @@ stored and read back exactly.
 from __future__ import annotations
 
 import inspect
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -28,11 +29,13 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from stello_graph import (
     DuplicateSessionError,
     ForeignDatabaseError,
+    ForkProfile,
     FunctionNotConfiguredError,
     InvalidInputError,
     MainSession,
     MainSessionExistsError,
     MainSessionForkError,
+    ModelCallError,
     NodeHasChildrenError,
     NodeNotFoundError,
     NotADatabaseError,
@@ -48,7 +51,9 @@ from stello_graph import (
     TopologyNode,
 )
 from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.export import export_tree
 from stello_graph.testing import ScriptedChatModel
+from tests._postgres import POSTGRES
 from tests.reliability import _scenario as sc
 from tests.reliability.conftest import Figures
 
@@ -75,13 +80,17 @@ class World:
         return storage
 
 
-def open_agent(path: Path) -> StelloAgent:
+REVIEWER = ForkProfile(name="reviewer", system_prompt="You review {topic}.")
+
+
+def open_agent(path: Path | str) -> StelloAgent:
     return StelloAgent(
         model=ScriptedChatModel(respond=sc.respond),
         storage=path,
         tools=sc.tools(),
         consolidate_fn=sc.consolidate,
         integrate_fn=sc.Integrator(0),
+        profiles=[REVIEWER],
     )
 
 
@@ -155,12 +164,63 @@ class Case:
     error: type[BaseException]
     match: str
     world: str = "tree"
+    failed_turn: str | None = None
+    """For a turn that fails at its model call (a bad reply): its session. As after any
+    failed model call, its lease's fencing token has moved and its thread keeps the run's
+    input and the error; the tree (`export_tree`, records included) is unchanged, and no
+    checkpoint holds the reply."""
+
+
+def assert_no_reply_checkpointed(agent: StelloAgent, session_id: str) -> None:
+    """No checkpoint of the session's thread holds a reply that calls tools (the refused
+    reply is the only one these worlds' threads would hold)."""
+    saver = agent.checkpointer
+    assert saver is not None
+    for kept in saver.list(agent.config(session_id)):
+        held = [kept.checkpoint["channel_values"].get("pending") or []]
+        held += [value for _, channel, value in kept.pending_writes or () if channel == "pending"]
+        messages = [m for value in held for m in (value if isinstance(value, list) else [value])]
+        assert not any(getattr(m, "tool_calls", None) for m in messages), messages
 
 
 def _tool_result(w: World) -> Any:
     return Session.load(w.child, w.storage).send_tool_results(
         [ToolMessage("42", tool_call_id="never-asked")]
     )
+
+
+def nested(levels: int) -> Any:
+    """`levels` dicts inside each other (built without recursion)."""
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = {"k": value}
+    return value
+
+
+DEEP = nested(100_000)
+DEEP_LIST: Any = "leaf"
+for _ in range(100_000):
+    DEEP_LIST = [DEEP_LIST]
+
+
+def deep_tool_args(backend: str | Path, session_id: str, mode: str) -> Any:
+    """A turn whose model calls `lookup` with arguments 400 levels deep (an agent of its own
+    on the same database, closed after the call)."""
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("lookup", {"key": nested(400)})])
+    agent = StelloAgent(model=model, storage=backend, tools=sc.tools())
+    if mode == "sync":
+        try:
+            return agent.turn(session_id, "look it up")
+        finally:
+            agent.close()
+
+    async def run() -> Any:
+        try:
+            return await agent.aturn(session_id, "look it up")
+        finally:
+            await agent.aclose()
+
+    return run()
 
 
 CASES: list[Case] = [
@@ -298,6 +358,14 @@ CASES: list[Case] = [
          InvalidInputError, "consolidate_every_n_turns must be a positive int"),
     Case("empty tree id", lambda w: SqliteMainStorage(w.path, tree_id=""),
          InvalidInputError, "tree_id must not be empty"),
+    Case("tree id with NUL",
+         lambda w: StelloAgent(model=ScriptedChatModel(), storage=w.path, tree_id="a\x00"),
+         InvalidInputError, "contains the control character '\\x00'"),
+    Case("tree id with a newline", lambda w: SqliteMainStorage(w.path, tree_id="a\nb"),
+         InvalidInputError, "contains the control character '\\n'"),
+    Case("tree id of 257 characters",
+         lambda w: StelloAgent(model=ScriptedChatModel(), storage=w.path, tree_id="t" * 257),
+         InvalidInputError, "has 257 characters; the limit is 256"),
     # -- the tree API -----------------------------------------------------------------------
     Case("agent move that makes a cycle", lambda w: w.agent.move(w.child, w.grandchild),
          TopologyCycleError, "one of its descendants"),
@@ -343,6 +411,36 @@ CASES: list[Case] = [
     Case("tool_choice naming no tool of the session",
          lambda w: w.agent.turn(w.child, "hi", tool_choice="nope"),
          InvalidInputError, "'nope' names no tool of session"),
+    Case("tool_choice whose function name is not a string",
+         lambda w: w.agent.aturn(w.child, "hi",
+                                 tool_choice={"type": "function", "function": {"name": 5}}),
+         InvalidInputError, "tool_choice must name its tool with a non-empty string"),
+    Case("tool_choice dict without string keys",
+         lambda w: w.agent.turn(w.child, "hi", tool_choice={1: "lookup"}),  # type: ignore[dict-item]
+         InvalidInputError, "tool_choice as a dict needs string keys"),
+    # -- nesting depth ----------------------------------------------------------------------
+    Case("metadata 100,000 levels deep", lambda w: w.agent.fork(w.child, "x", metadata=DEEP),
+         InvalidInputError, "metadata nests dicts and lists more than 64 levels deep"),
+    Case("metadata 65 levels deep", lambda w: w.agent.afork(w.child, "x", metadata=nested(65)),
+         InvalidInputError, "metadata nests dicts and lists more than 64 levels deep"),
+    Case("tags 100,000 levels deep", lambda w: w.agent.fork(w.child, "x", tags=DEEP_LIST),
+         InvalidInputError, "tags nests dicts and lists more than 64 levels deep"),
+    Case("profile_vars 100,000 levels deep",
+         lambda w: w.agent.fork(w.child, "x", profile="reviewer", profile_vars=DEEP),
+         InvalidInputError, "profile_vars nests dicts and lists more than 64 levels deep"),
+    Case("a profile variable 100,000 levels deep",
+         lambda w: w.agent.afork(w.child, "x", profile="reviewer", profile_vars={"topic": DEEP}),
+         InvalidInputError, "profile_vars nests dicts and lists more than 64 levels deep"),
+    Case("meta update with deep metadata",
+         lambda w: Session.load(w.child, w.storage).update_meta(metadata=DEEP),
+         InvalidInputError, "metadata nests dicts and lists more than 64 levels deep"),
+    Case("global value 100,000 levels deep", lambda w: w.storage.put_global("k", DEEP),
+         InvalidInputError, "nests dicts and lists more than 64 levels deep"),
+    Case("model tool arguments 400 levels deep", lambda w: deep_tool_args(w.path, w.child, "sync"),
+         ModelCallError, "with arguments nested more than 64 levels deep", failed_turn="child"),
+    Case("async model tool arguments 400 levels deep",
+         lambda w: deep_tool_args(w.path, w.child, "async"),
+         ModelCallError, "with arguments nested more than 64 levels deep", failed_turn="child"),
     Case("memory cursor beyond L3",
          lambda w: w.storage.put_memory(w.child, "m", through=10**6),
          InvalidInputError, "through=1000000 is beyond the"),
@@ -354,11 +452,97 @@ async def test_bad_input_is_refused_and_changes_nothing(
     case: Case, world_factory: Callable[[str], World]
 ) -> None:
     w = world_factory(case.world)
-    before = dump(w.path)
+    before, tree_before = dump(w.path), export_tree(w.storage, records=True)
     with pytest.raises(case.error) as caught:
         await settle(case.call(w))
     assert case.match in str(caught.value), f"{type(caught.value).__name__}: {caught.value}"
-    assert dump(w.path) == before
+    if case.failed_turn is None:
+        assert dump(w.path) == before
+    else:
+        assert export_tree(w.storage, records=True) == tree_before
+        assert_no_reply_checkpointed(w.agent, getattr(w, case.failed_turn))
+
+
+# -- the depth and shape checks on both backends ----------------------------------------------
+@pytest.fixture(params=["sqlite", *(["postgres"] if POSTGRES.wanted else [])])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """A SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "postgres":
+        return POSTGRES.dsn_for(tmp_path)
+    return tmp_path / "backends.db"
+
+
+def dump_any(database: Path | str) -> list[str]:
+    """Every row of every table of the database (LangGraph's included), in a fixed order."""
+    if isinstance(database, Path):
+        return dump(database)
+    import psycopg
+
+    with psycopg.connect(database, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema() ORDER BY 1"
+        ).fetchall()
+        return sorted(
+            repr((table, *row))
+            for (table,) in tables
+            for row in conn.execute(f'SELECT * FROM "{table}"').fetchall()
+        )
+
+
+BackendCall = Callable[[StelloAgent, str, Path | str], Any]
+
+BACKEND_CASES: dict[str, tuple[BackendCall, type[BaseException], str]] = {
+    "deep metadata": (lambda a, sid, db: a.fork(sid, "x", metadata=DEEP),
+                      InvalidInputError, "metadata nests"),
+    "deep tags": (lambda a, sid, db: a.afork(sid, "x", tags=DEEP_LIST),
+                  InvalidInputError, "tags nests"),
+    "deep profile_vars": (
+        lambda a, sid, db: a.fork(sid, "x", profile="reviewer", profile_vars={"topic": DEEP}),
+        InvalidInputError, "profile_vars nests"),
+    "deep global": (lambda a, sid, db: a.storage.put_global("k", DEEP),
+                    InvalidInputError, "nests dicts and lists"),
+    "tree id with NUL": (
+        lambda a, sid, db: StelloAgent(model=ScriptedChatModel(), storage=db, tree_id="t\x00"),
+        InvalidInputError, "control character '\\x00'"),
+    "tree id of 257 characters": (
+        lambda a, sid, db: StelloAgent(model=ScriptedChatModel(), storage=db, tree_id="t" * 257),
+        InvalidInputError, "the limit is 256"),
+    "malformed tool_choice": (
+        lambda a, sid, db: a.aturn(sid, "hi", tool_choice={"type": "function",
+                                                          "function": {"name": 5}}),
+        InvalidInputError, "tool_choice must name its tool"),
+    "deep model tool arguments": (lambda a, sid, db: deep_tool_args(db, sid, "sync"),
+                                  ModelCallError, "nested more than 64 levels deep"),
+    "async deep model tool arguments": (lambda a, sid, db: deep_tool_args(db, sid, "async"),
+                                        ModelCallError, "nested more than 64 levels deep"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BACKEND_CASES))
+async def test_deep_and_malformed_input_on_each_backend(
+    database: Path | str, case: str, figures: Figures
+) -> None:
+    """The depth, tree id and tool_choice cases on SQLite and PostgreSQL: refused, the
+    database unchanged (a failed model call moves its lease's fencing token and keeps the
+    run's input checkpoint, as any failed model call does: there the tree is compared, and
+    no checkpoint may hold the reply)."""
+    call, error, match = BACKEND_CASES[case]
+    agent = open_agent(database)
+    try:
+        child = agent.fork(agent.main_session_id, "Child").id
+        agent.turn(child, f"u-0-{child}")
+        before, tree_before = dump_any(database), export_tree(agent.storage, records=True)
+        with pytest.raises(error, match=re.escape(match)):
+            await settle(call(agent, child, database))
+        if error is ModelCallError:
+            assert export_tree(agent.storage, records=True) == tree_before
+            assert_no_reply_checkpointed(agent, child)
+        else:
+            assert dump_any(database) == before
+    finally:
+        agent.close()
+    figures.set("backend", "sqlite" if isinstance(database, Path) else "postgres")
 
 
 UNKNOWN_ID_CALLS: dict[str, Callable[[World], Any]] = {

@@ -11,16 +11,21 @@ from langgraph_sdk.client import LangGraphClient
 
 from tests.server.langgraph_dev import DevServer, running_server
 
+MAX_OPEN_TREES = 3
+"""The server's `STELLO_MAX_OPEN_TREES`: small, so the suite's trees are closed and reopened."""
+
 
 @pytest.fixture(scope="session")
 def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    """`langgraph dev` serving `stello` on a SQLite file, with the suite's tools."""
+    """`langgraph dev` serving `stello` on a SQLite file, with the suite's tools, keeping
+    `MAX_OPEN_TREES` trees open."""
     workdir: Path = tmp_path_factory.mktemp("langgraph-dev")
     with running_server(
         workdir,
         STELLO_MODEL="scripted",
         STELLO_DATABASE_URI=str(workdir / "trees.db"),
         STELLO_TOOLS="tests.server._tools:TOOLS",
+        STELLO_MAX_OPEN_TREES=str(MAX_OPEN_TREES),
     ) as server:
         yield server
 

@@ -8,6 +8,7 @@ blocking call on the server's event loop. Run with `make test-server`.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.schema import Command, Config, StreamMode
 
+from tests.server.conftest import MAX_OPEN_TREES
 from tests.server.langgraph_dev import ROOT, DevServer
 
 pytestmark = pytest.mark.server
@@ -171,6 +173,36 @@ async def test_two_trees_are_isolated(client: LangGraphClient) -> None:
     )
     [error] = errors(parts)
     assert error["error"] == "SessionNotFoundError"
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def test_many_tree_ids_keep_few_trees_open(
+    client: LangGraphClient, dev_server: DevServer
+) -> None:
+    """Twelve trees with three kept open: each is closed and reopened with its turns, an
+    interrupted turn resumes in a reopened tree, and the server's open files do not grow
+    with every tree it served (two more each, when every tree stayed open)."""
+    names = [f"many-{n}" for n in range(12)]
+    threads = {name: await new_thread(client) for name in names}
+    interrupted = await new_thread(client)
+    call = ask('/call approve {"action": "ship"}')
+    await client.runs.wait(interrupted, GRAPH, input=call, config=tree(names[0]))
+    for name in names[:MAX_OPEN_TREES]:
+        await client.runs.wait(threads[name], GRAPH, input=ask("one"), config=tree(name))
+    files = open_files(dev_server.pid)
+    for name in names[MAX_OPEN_TREES:]:
+        await client.runs.wait(threads[name], GRAPH, input=ask("one"), config=tree(name))
+    assert open_files(dev_server.pid) < files + len(names) - MAX_OPEN_TREES
+    for name in names:  # each was closed since its first turn, and reopens
+        out = await client.runs.wait(threads[name], GRAPH, input=ask("two"), config=tree(name))
+        assert isinstance(out, dict) and out["turn_count"] == 2, out
+    done = await client.runs.wait(
+        interrupted, GRAPH, command=Command(resume="yes"), config=tree(names[0])
+    )
+    assert isinstance(done, dict) and done["content"] == "(scripted) approve returned: ship: yes"
 
 
 async def test_stello_errors_reach_the_client(client: LangGraphClient) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -284,18 +285,67 @@ async def test_bad_input_is_refused_and_changes_nothing(
     assert await api("get_tree") == []
 
 
-@pytest.mark.parametrize("tree_id", ["", 5, None])
-@pytest.mark.parametrize("backend", ["memory", "sqlite"])
-def test_tree_id_is_validated(tree_id: Any, backend: str) -> None:
-    from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
+BAD_TREE_IDS: dict[str, tuple[Any, str]] = {
+    "empty": ("", "tree_id must not be empty"),
+    "int": (5, "tree_id must be a str, got int"),
+    "None": (None, "tree_id must be a str, got NoneType"),
+    "NUL": ("alice\x00", "contains the control character '\\x00'"),
+    "newline": ("alice\nbob", "contains the control character '\\n'"),
+    "DEL": ("alice\x7f", "contains the control character '\\x7f'"),
+    "257 characters": ("t" * 257, "has 257 characters; the limit is 256"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TREE_IDS))
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres", "third-party", "agent"])
+def test_tree_id_is_validated(case: str, backend: str, tmp_path: Path) -> None:
+    from stello_graph import StelloAgent
+    from stello_graph.checkpoints import (
+        BackendStorage,
+        InMemoryMainStorage,
+        PostgresMainStorage,
+        SqliteMainStorage,
+    )
+    from stello_graph.testing import ScriptedChatModel
+
+    tree_id, message = BAD_TREE_IDS[case]
 
     def open_storage() -> object:
         if backend == "memory":
             return InMemoryMainStorage(tree_id=tree_id)
-        return SqliteMainStorage(":memory:", tree_id=tree_id)
+        if backend == "third-party":
+            return BackendStorage(InMemoryMainStorage(), tree_id=tree_id)
+        if backend == "agent":
+            model = ScriptedChatModel()
+            return StelloAgent(model=model, storage=tmp_path / "a.db", tree_id=tree_id)
+        if backend == "postgres":  # checked before connecting: no server is needed
+            return PostgresMainStorage("postgresql://nobody@127.0.0.1:9/none", tree_id=tree_id)
+        return SqliteMainStorage(tmp_path / "a.db", tree_id=tree_id)
 
-    with pytest.raises(InvalidInputError, match="tree_id"):
+    with pytest.raises(InvalidInputError, match="tree_id") as caught:
         open_storage()
+    assert message in str(caught.value)
+    assert not (tmp_path / "a.db").exists()  # refused before the file is made
+
+
+def test_a_long_tree_id_is_shown_cut_short() -> None:
+    from stello_graph.checkpoints import InMemoryMainStorage
+
+    with pytest.raises(InvalidInputError) as caught:
+        InMemoryMainStorage(tree_id="t" * 100_000)
+    assert len(str(caught.value)) < 300
+
+
+@pytest.mark.parametrize("tree_id", ["t" * 256, "acme.com/team:x 100%", "ünïcödé 🌳", " "])
+def test_tree_ids_within_the_rules_are_kept(tree_id: str, tmp_path: Path) -> None:
+    from stello_graph import StelloAgent
+    from stello_graph.testing import ScriptedChatModel
+
+    with StelloAgent(
+        model=ScriptedChatModel(default="ok"), storage=tmp_path / "a.db", tree_id=tree_id
+    ) as agent:
+        assert agent.storage.tree_id == tree_id
+        assert agent.turn(agent.main_session_id, "hi").content == "ok"
 
 
 def test_both_backends_have_every_protocol_method_and_async_twin(
