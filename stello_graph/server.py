@@ -196,7 +196,7 @@ def _every(name: str, default: int) -> int | None:
     text = os.environ.get(name, "").strip()
     if not text:
         return default or None
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise InvalidInputError(f"{name} must be a whole number of turns (0: off), got {text!r}.")
     return int(text) or None
 

@@ -266,7 +266,7 @@ class ChatRepl:
         self.io.say(f"insight: {insight or '(none waiting)'}")
 
     def cmd_history(self, arg: str) -> None:
-        if arg and (not arg.isdigit() or int(arg) == 0):
+        if arg and (not (arg.isascii() and arg.isdigit()) or int(arg) == 0):
             raise CommandError("usage: /history [N] with N a positive number")
         limit = int(arg) if arg else 20
         storage = self.agent.storage

@@ -44,6 +44,7 @@ with the insight?
 /switch nowhere
 /fork
 /history x
+/history ²
 //slash text
 /wait
 /help
@@ -85,6 +86,7 @@ def test_every_command_in_one_session(cli: RunCli, tmp_path: Path) -> None:
         "background work: done",
         HELP,
     ]
+    assert out.count("error: usage: /history [N]") == 2  # `x`, and `²` (not an ASCII digit)
     position = 0
     for text in expected:  # in this order
         found = out.find(text, position)

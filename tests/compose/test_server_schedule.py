@@ -55,9 +55,10 @@ def test_the_default_schedule(env: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert found.integrate_every_n_turns == 5
     monkeypatch.setenv(server.INTEGRATE_ENV, "0")
     assert server.server_schedule() is None  # both off: no background memory
-    monkeypatch.setenv(server.CONSOLIDATE_ENV, "often")
-    with pytest.raises(InvalidInputError, match="STELLO_CONSOLIDATE_EVERY"):
-        server.server_schedule()
+    for bad in ("often", "²", "１", "1_0"):  # str.isdigit takes the last three, int() fails
+        monkeypatch.setenv(server.CONSOLIDATE_ENV, bad)
+        with pytest.raises(InvalidInputError, match="STELLO_CONSOLIDATE_EVERY"):
+            server.server_schedule()
 
 
 def test_turns_through_the_server_graph_are_consolidated_and_integrated(
