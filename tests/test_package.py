@@ -75,6 +75,19 @@ def test_the_boundary_check_sees_langgraph() -> None:
     assert "langgraph" in found["stello_graph.graph"]
 
 
+def test_the_inspector_without_its_extra_says_how_to_install_it() -> None:
+    """`import stello_graph.inspector` with no Starlette: a message naming the extra (what
+    `stello-graph inspect` says too), not a bare `ModuleNotFoundError: starlette`."""
+    code = "import sys; sys.modules['starlette'] = None; import stello_graph.inspector"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        "ModuleNotFoundError: stello_graph.inspector needs its extra: "
+        'pip install "stello-graph[inspector]" (starlette is missing).'
+    )
+
+
 def test_all_matches_exports() -> None:
     exported = set(stello_graph.__all__)
     assert len(exported) == len(stello_graph.__all__), "duplicates in __all__"
