@@ -8,11 +8,12 @@ BENCH_ARGS ?=
 
 # What each target installs into .venv, once (a stamp per set, each on top of the first):
 # the package and its runtime dependencies (`make demo`), the development toolchain (tests,
-# lint, type checks, notebooks, benchmarks).
+# lint, type checks, notebooks, benchmarks), the tools that build and check the distributions.
 RUNTIME := $(VENV)/.stello-runtime
 DEV := $(VENV)/.stello-dev
+DIST_TOOLS := $(VENV)/.stello-dist-tools
 
-.PHONY: install test test-live live-server test-reliability test-server browser test-browser screenshots lint type check demo notebooks bench bench-quick clean
+.PHONY: install test test-live live-server test-reliability test-server browser test-browser screenshots lint type check demo dist notebooks bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,10 @@ $(RUNTIME): pyproject.toml Makefile | $(BIN)/python
 
 $(DEV): $(RUNTIME)
 	$(call pip_install,$(EDITABLE) -e '.[dev]')
+	touch $@
+
+$(DIST_TOOLS): | $(BIN)/python
+	$(call pip_install,build twine)
 	touch $@
 
 install: $(DEV)
@@ -84,6 +89,17 @@ check: lint type test
 
 demo: $(RUNTIME)
 	$(BIN)/stello-graph demo
+
+# The sdist and the wheel in dist/, built as a publisher builds them (an isolated build, the
+# wheel made from the sdist), then checked with twine. Any warning of the build fails the target.
+# setuptools warns that it skips byte-compiling where PYTHONDONTWRITEBYTECODE is set: the wheel
+# holds no bytecode either way, so the build runs without it.
+dist: $(DIST_TOOLS)
+	rm -rf dist && mkdir -p build
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m build --outdir dist . >build/dist.log 2>&1 \
+	  || { cat build/dist.log; exit 1; }
+	! grep -i 'warn' build/dist.log || { echo 'the build warned: see build/dist.log'; exit 1; }
+	$(BIN)/twine check --strict dist/*
 
 # Run every notebook headless; the executed copies, star maps included, land in NOTEBOOKS_OUT.
 notebooks: $(DEV)

@@ -1,4 +1,5 @@
-"""Packaging and public-surface checks: import boundary, `__all__`, the wheel, the README."""
+"""Public-surface checks: the import boundary, `__all__`, the extras' messages, the README
+(the distributions themselves: `tests/test_dist.py`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import re
 import subprocess
 import sys
 import types
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -30,10 +30,6 @@ CORE_MODULES = [
     "stello_graph.checkpoints",
     "stello_graph.checkpoints.backend",
 ]
-
-
-STATIC_FILES = sorted(p.name for p in (ROOT / "stello_graph/inspector/static").iterdir())
-"""The inspector's page: shipped in the wheel as they are (no build step)."""
 
 
 _IMPORT_EACH = """
@@ -114,29 +110,6 @@ def test_subpackages_are_symlinks() -> None:
         link = ROOT / "stello_graph" / name
         assert link.is_symlink()
         assert link.readlink() == Path("..") / name
-
-
-@pytest.mark.slow
-def test_wheel_contains_only_stello_graph(tmp_path: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    (wheel,) = tmp_path.glob("stello_graph-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    tops = {name.split("/")[0] for name in names}
-    assert {t for t in tops if not t.endswith(".dist-info")} == {"stello_graph"}
-    for required in (
-        "stello_graph/py.typed",
-        "stello_graph/nodes/__init__.py",
-        "stello_graph/checkpoints/__init__.py",
-        "stello_graph/checkpoints/sqlite.py",
-        "stello_graph/inspector/app.py",
-        *(f"stello_graph/inspector/static/{name}" for name in STATIC_FILES),
-    ):
-        assert required in names, required
 
 
 def readme_python_blocks() -> list[str]:
