@@ -7,13 +7,15 @@ NOTEBOOKS_OUT ?= build/notebooks
 BENCH_ARGS ?=
 
 # What each target installs into .venv, once (a stamp per set, each on top of the first):
-# the package and its runtime dependencies (`make demo`), the development toolchain (tests,
-# lint, type checks, notebooks, benchmarks), the tools that build and check the distributions.
+# the package and its runtime dependencies (`make demo`), the docs tools (`make docs`), the
+# development toolchain (tests, lint, type checks, notebooks, benchmarks), the tools that build
+# and check the distributions (`make dist`).
 RUNTIME := $(VENV)/.stello-runtime
+DOCS := $(VENV)/.stello-docs
 DEV := $(VENV)/.stello-dev
 DIST_TOOLS := $(VENV)/.stello-dist-tools
 
-.PHONY: install test test-live live-server test-reliability test-server browser test-browser screenshots lint type check demo dist notebooks bench bench-quick clean
+.PHONY: install test test-live live-server test-reliability test-server browser test-browser screenshots lint type check demo docs dist notebooks bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +34,10 @@ endef
 
 $(RUNTIME): pyproject.toml Makefile | $(BIN)/python
 	$(call pip_install,$(EDITABLE) -e .)
+	touch $@
+
+$(DOCS): $(RUNTIME)
+	$(call pip_install,$(EDITABLE) -e '.[docs]')
 	touch $@
 
 $(DEV): $(RUNTIME)
@@ -89,6 +95,13 @@ check: lint type test
 
 demo: $(RUNTIME)
 	$(BIN)/stello-graph demo
+
+# The documentation site (MkDocs, Material theme, the API pages made from the docstrings) in
+# build/site. --strict: a broken link, a page left out or a reference that cannot be resolved
+# fails the build. `mkdocs serve` (in .venv/bin) serves it while you edit. (The variable
+# silences Material's banner about MkDocs 2.0, printed on every build.)
+docs: $(DOCS)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The sdist and the wheel in dist/, built as a publisher builds them (an isolated build, the
 # wheel made from the sdist), then checked with twine. Any warning of the build fails the target.

@@ -1,10 +1,9 @@
-"""Public-surface checks: the import boundary, `__all__`, the extras' messages, the README
-(the distributions themselves: `tests/test_dist.py`)."""
+"""Public-surface checks: the import boundary, `__all__`, the extras' messages (the
+distributions themselves: `tests/test_dist.py`)."""
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import types
@@ -110,52 +109,3 @@ def test_subpackages_are_symlinks() -> None:
         link = ROOT / "stello_graph" / name
         assert link.is_symlink()
         assert link.readlink() == Path("..") / name
-
-
-def readme_python_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
-
-
-def test_readme_example_is_short() -> None:
-    blocks = readme_python_blocks()
-    assert blocks, "README has no python example"
-    assert len(blocks[0].strip().splitlines()) <= 10
-
-
-@pytest.mark.parametrize("index", range(len(readme_python_blocks())))
-def test_readme_examples_run(
-    index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    code = compile(readme_python_blocks()[index], f"README.md block {index}", "exec")
-    for run in ("first", "second"):  # a reader runs an example again, on the file it left
-        namespace: dict[str, object] = {"__name__": "__readme__"}
-        try:
-            exec(code, namespace)
-        finally:
-            for value in list(namespace.values()):
-                close = getattr(value, "close", None)
-                if type(value).__name__ in {"StelloAgent", "SqliteMainStorage"} and callable(close):
-                    close()
-        assert capsys.readouterr().out.strip(), f"the {run} run prints what it shows"
-
-
-@pytest.mark.slow
-def test_readme_examples_pass_mypy_strict_outside_the_clone(tmp_path: Path) -> None:
-    """What a user's type checker sees after `make install` (an editable install in compat
-    mode: a path entry, not an import hook): run from a directory outside the clone, mypy
-    finds `stello_graph` and its `py.typed`, and every README example passes `--strict`."""
-    files = []
-    for index, block in enumerate(readme_python_blocks()):
-        path = tmp_path / f"readme_{index}.py"
-        path.write_text(block, encoding="utf-8")
-        files.append(path.name)
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), *files],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    hint = "\n(`Cannot find implementation` means an import-hook editable install: `make install`)"
-    assert done.returncode == 0, done.stdout + done.stderr + hint
