@@ -1,8 +1,11 @@
-"""The distributions `make dist` publishes: what the sdist and the wheel hold."""
+"""The distributions `make dist` publishes: what the sdist and the wheel hold, and the wheel
+installed alone in a new environment, used from outside the clone as a reader would use it."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -12,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._docs import ROOT, examples, same_output
+
 STATIC_FILES = sorted(p.name for p in (ROOT / "stello_graph/inspector/static").iterdir())
 """The inspector's page: shipped as it is (no build step)."""
 
@@ -86,3 +90,60 @@ def test_the_wheel_holds_only_stello_graph_and_its_license(dists: Dists) -> None
     metadata = archive.read(f"{info}/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata.splitlines()
     assert archive.read(f"{info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+
+
+def _new_environment(where: Path, wheel: Path) -> Path:
+    """A virtual environment holding the wheel and its runtime dependencies only (from the
+    package index, through uv and its cache where this environment has uv)."""
+    uv = Path(sys.executable).with_name("uv")
+    if uv.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+        install = [str(uv), "pip", "install", "--quiet", "--python", str(where / "bin/python")]
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+        install = [str(where / "bin/python"), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*install, str(wheel)], check=True, capture_output=True)
+    return where / "bin"
+
+
+@pytest.mark.slow
+def test_the_wheel_alone_runs_the_readme_example_and_the_command(
+    dists: Dists, tmp_path: Path
+) -> None:
+    """What a user gets from `pip install stello-graph`: the first README example and the
+    `stello-graph` command, run in a directory outside the clone."""
+    bin_ = _new_environment(tmp_path / "env", dists.wheel)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
+
+    found = run(str(bin_ / "python"), "-c", "import stello_graph; print(stello_graph.__file__)")
+    assert Path(found.stdout.strip()).is_relative_to(tmp_path / "env"), found.stderr
+    first = examples(ROOT / "README.md")[0]
+    assert first.output is not None
+    (work / "example.py").write_text(first.code, encoding="utf-8")
+    done = run(str(bin_ / "python"), "example.py")
+    assert done.returncode == 0, done.stderr
+    assert same_output(done.stdout, first.output), done.stdout
+
+    demo = run(str(bin_ / "stello-graph"), "demo")
+    assert demo.returncode == 0, demo.stderr
+    assert "I opened three branches: Pricing, Onboarding, Growth" in demo.stdout
+    tree = run(str(bin_ / "stello-graph"), "tree", "--db", "stello-demo.db")
+    assert tree.returncode == 0, tree.stderr
+    assert [line.split()[-2] for line in tree.stdout.splitlines()[1:4]] == [
+        "Pricing",
+        "Onboarding",
+        "Growth",
+    ]
+    export = run(str(bin_ / "stello-graph"), "export", "--db", "stello-demo.db")
+    assert export.returncode == 0, export.stderr
+    labels = [s["label"] for s in json.loads(export.stdout)["sessions"]]
+    assert labels[1:] == ["Pricing", "Onboarding", "Growth"]
+
+    extra = run(str(bin_ / "python"), "-c", "import stello_graph.inspector")
+    assert 'pip install "stello-graph[inspector]"' in extra.stderr
+    shutil.rmtree(tmp_path / "env")  # a few hundred MB: not kept until pytest's cleanup
