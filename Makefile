@@ -2,12 +2,20 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.stello-installed
 PYTEST_ARGS ?=
 NOTEBOOKS_OUT ?= build/notebooks
 BENCH_ARGS ?=
 
-.PHONY: install test test-live live-server test-reliability test-server browser test-browser screenshots lint type check demo notebooks bench bench-quick clean
+# What each target installs into .venv, once (a stamp per set, each on top of the first):
+# the package and its runtime dependencies (`make demo`), the docs tools (`make docs`), the
+# development toolchain (tests, lint, type checks, notebooks, benchmarks), the tools that build
+# and check the distributions (`make dist`).
+RUNTIME := $(VENV)/.stello-runtime
+DOCS := $(VENV)/.stello-docs
+DEV := $(VENV)/.stello-dev
+DIST_TOOLS := $(VENV)/.stello-dist-tools
+
+.PHONY: install test test-live live-server test-reliability test-server browser test-browser screenshots lint type check demo docs dist notebooks bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,15 +25,32 @@ $(BIN)/python:
 # outside the clone then find `stello_graph` and its `py.typed`.
 EDITABLE := --config-settings editable_mode=compat
 
-$(STAMP): pyproject.toml Makefile | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv \
-	  && $(BIN)/uv pip install --quiet --python $(BIN)/python $(EDITABLE) -e '.[dev]' \
-	  || $(BIN)/python -m pip install --quiet --disable-pip-version-check $(EDITABLE) -e '.[dev]'
-	touch $(STAMP)
+# `$(call pip_install,ARGS)`: with uv where it installs (much faster), else with pip.
+define pip_install
+$(BIN)/python -m pip install --quiet --disable-pip-version-check uv \
+  && $(BIN)/uv pip install --quiet --python $(BIN)/python $(1) \
+  || $(BIN)/python -m pip install --quiet --disable-pip-version-check $(1)
+endef
 
-install: $(STAMP)
+$(RUNTIME): pyproject.toml Makefile | $(BIN)/python
+	$(call pip_install,$(EDITABLE) -e .)
+	touch $@
 
-test: $(STAMP)
+$(DOCS): $(RUNTIME)
+	$(call pip_install,$(EDITABLE) -e '.[docs]')
+	touch $@
+
+$(DEV): $(RUNTIME)
+	$(call pip_install,$(EDITABLE) -e '.[dev]')
+	touch $@
+
+$(DIST_TOOLS): | $(BIN)/python
+	$(call pip_install,build twine)
+	touch $@
+
+install: $(DEV)
+
+test: $(DEV)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The live suite: a real model (SmolLM2-135M-Instruct) behind llama-cpp-python's OpenAI API on
@@ -33,17 +58,17 @@ test: $(STAMP)
 test-live: live-server
 	$(BIN)/python -m pytest -m live tests/live $(PYTEST_ARGS)
 
-live-server: $(STAMP)
+live-server: $(DEV)
 	$(BIN)/python -m tests.live.llama_server install
 
 # Crash, concurrency, fault, bad-input and isolation suites, with CI counts
 # (RELIABILITY_FULL=1 for the full local counts; see RELIABILITY.md).
-test-reliability: $(STAMP)
+test-reliability: $(DEV)
 	$(BIN)/python -m pytest -m reliability tests/reliability $(PYTEST_ARGS)
 
 # The graph served by `langgraph dev` on 127.0.0.1 (offline model, no --allow-blocking),
 # driven with langgraph-sdk; the suite starts and stops the server itself.
-test-server: $(STAMP)
+test-server: $(DEV)
 	$(BIN)/python -m pytest -m server tests/server $(PYTEST_ARGS)
 
 # The inspector page in a real headless Chromium (Debian's, installed by `make browser` where
@@ -51,7 +76,7 @@ test-server: $(STAMP)
 browser:
 	bash .ci/browser.sh
 
-test-browser: $(STAMP) browser
+test-browser: $(DEV) browser
 	$(BIN)/python -m pytest -m browser tests/browser $(PYTEST_ARGS)
 
 # The README's screenshots of the inspector, as the browser tests take them.
@@ -59,30 +84,48 @@ screenshots: test-browser
 	mkdir -p docs
 	for view in tree session context events large; do cp build/inspector/$$view.png docs/inspector-$$view.png; done
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-type: $(STAMP)
+type: $(DEV)
 	$(BIN)/mypy stello_graph tests
 
 check: lint type test
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(BIN)/stello-graph demo
 
+# The documentation site (MkDocs, Material theme, the API pages made from the docstrings) in
+# build/site. --strict: a broken link, a page left out or a reference that cannot be resolved
+# fails the build. `mkdocs serve` (in .venv/bin) serves it while you edit. (The variable
+# silences Material's banner about MkDocs 2.0, printed on every build.)
+docs: $(DOCS)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The sdist and the wheel in dist/, built as a publisher builds them (an isolated build, the
+# wheel made from the sdist), then checked with twine. Any warning of the build fails the target.
+# setuptools warns that it skips byte-compiling where PYTHONDONTWRITEBYTECODE is set: the wheel
+# holds no bytecode either way, so the build runs without it.
+dist: $(DIST_TOOLS)
+	rm -rf dist && mkdir -p build
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m build --outdir dist . >build/dist.log 2>&1 \
+	  || { cat build/dist.log; exit 1; }
+	! grep -i 'warn' build/dist.log || { echo 'the build warned: see build/dist.log'; exit 1; }
+	$(BIN)/twine check --strict dist/*
+
 # Run every notebook headless; the executed copies, star maps included, land in NOTEBOOKS_OUT.
-notebooks: $(STAMP)
+notebooks: $(DEV)
 	rm -rf $(NOTEBOOKS_OUT) && mkdir -p $(NOTEBOOKS_OUT)
 	cp notebooks/*.ipynb $(NOTEBOOKS_OUT)/
 	$(BIN)/jupyter execute --inplace $(NOTEBOOKS_OUT)/*.ipynb
 
 # The benchmark suite against plain LangGraph (minutes; not part of `make test`). Pass groups
 # or --out FILE in BENCH_ARGS, e.g. `make bench BENCH_ARGS="overhead --out figures.json"`.
-bench: $(STAMP)
+bench: $(DEV)
 	$(BIN)/python -m tests.benchmarks $(BENCH_ARGS)
 
-bench-quick: $(STAMP)
+bench-quick: $(DEV)
 	$(BIN)/python -m tests.benchmarks --quick $(BENCH_ARGS)
 
 clean:

@@ -379,8 +379,11 @@ class Session(SessionBase):
                 end) instead of the whole history; `context` then applies to that part.
             system_prompt: the child's system prompt; by default it inherits this one's.
             prompt: the child's opening assistant line.
-            model, tools: override this session's model and tools for the child.
-            tags, metadata, id: the child's meta.
+            model: the child's model, instead of this session's.
+            tools: the child's tools, instead of this session's.
+            tags: the child's tags.
+            metadata: the child's metadata.
+            id: the child's id (default: a new one).
             compress_fn: the summariser for `context="compress"` (default: the compression
                 policy's, else `llm_compressor` with this session's model).
 

@@ -18,7 +18,6 @@ integration are made by the model too.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -176,10 +175,10 @@ def _walkthrough(agent: StelloAgent, out: TextIO, db: Path) -> Path:
     tree = agent.tree()
     svg = db.with_suffix(".svg")
     svg.write_text(tree.render_svg(), encoding="utf-8")
-    say("\n5. The tree")
+    say(f"\n5. The tree: {len(tree)} sessions")
     say(str(tree))
     say(f"\nStar map: {svg} (open it in a browser)")
     say(f"Go on:    stello-graph chat --db {db} --model scripted")
     say(f"          stello-graph tree --db {db}")
-    say("\n" + json.dumps({"sessions": len(tree), "db": str(db), "svg": str(svg)}))
+    say(f"          stello-graph inspect --db {db}   (the inspector extra)")
     return svg

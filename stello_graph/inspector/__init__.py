@@ -9,6 +9,15 @@ needs the `inspector` extra (`pip install "stello-graph[inspector]"`).
 
 from __future__ import annotations
 
+try:  # the extra's web framework: say how to get it rather than fail on the bare import
+    import starlette  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError(
+        'stello_graph.inspector needs its extra: pip install "stello-graph[inspector]" '
+        f"({exc.name} is missing).",
+        name=exc.name,
+    ) from None
+
 from stello_graph.inspector._events import EVENT_TYPES, EventSource, PollingEventSource
 from stello_graph.inspector._views import context_view, records_page, session_view, tree_view
 from stello_graph.inspector.app import create_app

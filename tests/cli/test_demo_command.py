@@ -26,6 +26,17 @@ def test_demo_walks_through_and_leaves_a_database(cli: RunCli, tmp_path: Path) -
     assert "insight -> Pricing: Onboarding should show the 3-project cap up front." in run.out
     assert "insight still pending: False" in run.out
     assert f"stello-graph chat --db {db} --model scripted" in run.out
+    assert "5. The tree: 4 sessions" in run.out
+    last = run.out.strip().splitlines()[-1]  # the walkthrough ends on its hints, in prose
+    assert last.split() == [
+        "stello-graph",
+        "inspect",
+        "--db",
+        str(db),
+        "(the",
+        "inspector",
+        "extra)",
+    ]
     with SqliteMainStorage(db) as storage:
         main = storage.get_main_session()
         assert main is not None

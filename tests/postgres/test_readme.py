@@ -1,30 +1,27 @@
-"""The README's "Scaling out" example, run against the test PostgreSQL."""
+"""The documentation's PostgreSQL examples (marked `<!-- test: postgres -->`), run against
+the test PostgreSQL."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
-README = Path(__file__).parents[2] / "README.md"
+from tests._docs import Example, examples_needing, same_output
+
+URL = '"postgresql://app@db.internal:5432/app"'
+"""The address the examples name; the test's own database stands in for it."""
+EXAMPLES = examples_needing("postgres")
 
 
-def scaling_out_example() -> str:
-    text = README.read_text(encoding="utf-8")
-    section = text.split("## Scaling out", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```py\n(.*?)```", section, flags=re.DOTALL)
-    assert len(blocks) == 1
-    return str(blocks[0])
+def test_the_scaling_out_example_is_marked() -> None:
+    assert [example.page.name for example in EXAMPLES] == ["postgres.md"]
 
 
-def test_the_scaling_out_example_runs(
-    postgres_dsn: str, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("example", EXAMPLES, ids=[example.name for example in EXAMPLES])
+def test_the_postgres_examples_run(
+    example: Example, postgres_dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = scaling_out_example()
-    url_line = 'URL = "postgresql://app@db.internal:5432/app"'
-    assert url_line in code
-    code = code.replace(url_line, f"URL = {postgres_dsn!r}")
+    assert URL in example.code and example.output is not None
+    code = example.code.replace(URL, repr(postgres_dsn))
     for _ in range(2):  # and again on the database the first run left
-        exec(compile(code, "README.md (Scaling out)", "exec"), {"__name__": "readme"})
-        assert capsys.readouterr().out == "Noted.\n"
+        exec(compile(code, example.name, "exec"), {"__name__": "__docs__"})
+        assert same_output(capsys.readouterr().out, example.output)

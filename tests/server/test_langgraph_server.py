@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 from typing import Any
 
 import pytest
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.schema import Command, Config, StreamMode
 
+from tests._docs import Example, examples_needing, same_output
 from tests.server.conftest import MAX_OPEN_TREES
-from tests.server.langgraph_dev import ROOT, DevServer
+from tests.server.langgraph_dev import DevServer
 
 pytestmark = pytest.mark.server
 
@@ -272,12 +272,10 @@ async def test_time_travel_is_refused(client: LangGraphClient) -> None:
         await client.threads.update_state(thread, {"content": "edited"})
 
 
-def readme_client() -> str:
-    """The README's `langgraph-sdk` client (a `py` block of "Deploy on LangGraph Server")."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Deploy on LangGraph Server", 1)[1].split("\n## ", 1)[0]
-    [block] = re.findall(r"```py\n(.*?)```", section, flags=re.DOTALL)
-    return str(block)
+def docs_client() -> Example:
+    """The docs' `langgraph-sdk` client (the example of the server guide marked `server`)."""
+    [example] = examples_needing("server")
+    return example
 
 
 async def test_turns_through_the_server_are_consolidated_in_the_background(
@@ -307,15 +305,17 @@ async def test_turns_through_the_server_are_consolidated_in_the_background(
     assert memory is not None and "note" in memory
 
 
-def test_the_readme_client(dev_server: DevServer, capsys: pytest.CaptureFixture[str]) -> None:
-    code = readme_client().replace("http://127.0.0.1:2024", dev_server.url)
-    namespace: dict[str, Any] = {"__name__": "__readme__"}
+def test_the_docs_client(dev_server: DevServer, capsys: pytest.CaptureFixture[str]) -> None:
+    example = docs_client()
+    assert example.output is not None and "http://127.0.0.1:2024" in example.code
+    code = example.code.replace("http://127.0.0.1:2024", dev_server.url)
+    namespace: dict[str, Any] = {"__name__": "__docs__"}
     try:
-        exec(compile(code, "README.md client", "exec"), namespace)
+        exec(compile(code, example.name, "exec"), namespace)
     finally:  # the snippet leaves its client open: close its socket here, not in the GC
         if "client" in namespace:
             namespace["client"].http.client.close()
-    assert capsys.readouterr().out.strip() == "(scripted) You said: Hello"
+    assert same_output(capsys.readouterr().out, example.output)
 
 
 def test_no_blocking_call_on_the_event_loop(dev_server: DevServer) -> None:
