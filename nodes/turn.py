@@ -32,7 +32,6 @@ from langgraph.types import Overwrite
 
 from stello_graph._base import SessionBase, TurnContext
 from stello_graph._context import message_text
-from stello_graph._preparing import model_call_starts
 from stello_graph._text import storable_message
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
@@ -298,7 +297,6 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             ctx = await session.aturn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
             view, opened, records = _round(deps, state, opens, turn, ctx)
             prompt, choice = ctx.prompt(records), _tool_choice(view)
-            model_call_starts(config)  # the next gathered turn may prepare (`_preparing`)
             reply = await ainvoke_model(session, prompt, deps.model_timeout, choice)
             update, records = _replied(deps, view, opened, records, reply)
             if _asks_for_tools(reply):

@@ -7,8 +7,6 @@ session's lease.
 
 from __future__ import annotations
 
-import asyncio
-import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +22,6 @@ from langgraph.types import Command, Durability, Interrupt, StateSnapshot
 from stello_graph._base import ToolChoice, check_tool_choice
 from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
-from stello_graph._preparing import PREPARING_KEY, Pass, PreparingGate
 from stello_graph._stream import stoppable
 from stello_graph._threads import CheckpointThreads, arun_held, run_held
 from stello_graph._validate import check_id, check_text
@@ -99,7 +96,6 @@ class _Turns:
     _mux: EventMux
     _recorder: EventRecorder
     _last_session: str | None
-    _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PreparingGate]
 
     def config(self, session_id: str) -> RunnableConfig:
         """The LangGraph config of turns on `session_id` (its checkpoint thread).
@@ -219,31 +215,10 @@ class _Turns:
             await self._atarget(sid, tool_choice)
         back = self._handback(sid)
         async with self._aheld_run(sid, back) as lease:
-            held = await self._gate().enter()
-            try:
-                await self._aswitch(sid)
-                out = await self._turn_graph.ainvoke(
-                    payload, self._held_config(sid, held, lease), durability=self._durability
-                )
-            finally:
-                held.release()
+            await self._aswitch(sid)
+            config = self._threads.run_config(sid, lease)
+            out = await self._turn_graph.ainvoke(payload, config, durability=self._durability)
             return await self._afinished(sid, self._result(sid, out), lease)
-
-    def _gate(self) -> PreparingGate:
-        """The gate this event loop's turns prepare through, in order and a few at a time,
-        each until its first model call starts (`_preparing`)."""
-        loop = asyncio.get_running_loop()
-        gate = self._gates.get(loop)
-        if gate is None:
-            gate = self._gates[loop] = PreparingGate(loop)
-        return gate
-
-    def _held_config(self, sid: str, held: Pass, lease: Lease) -> RunnableConfig:
-        """The run's config (`CheckpointThreads.run_config`), with the pass its model node
-        gives up (`model_call_starts`)."""
-        config = self._threads.run_config(sid, lease)
-        config["configurable"][PREPARING_KEY] = held
-        return config
 
     @contextmanager
     def _held_run(self, sid: str, back: Handback) -> Iterator[Lease]:
@@ -386,13 +361,12 @@ class _Turns:
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         async with self._aheld_run(sid, _kept()) as lease:
-            held = await self._gate().enter()
             q = self._mux.open()
             try:
                 await self._aswitch(sid)
                 async for item in self._turn_graph.astream(
                     payload,
-                    self._held_config(sid, held, lease),
+                    self._threads.run_config(sid, lease),
                     stream_mode=stream_mode,  # type: ignore[arg-type]
                     durability=self._durability,
                 ):
@@ -403,7 +377,6 @@ class _Turns:
                 for event in self._mux.drain(q, modes, multi):
                     yield event
             finally:
-                held.release()
                 self._mux.close(q)
             ended = self._threads.ended_in_memory(sid) or not self.checkpointer
             state = None if ended else await self._turn_graph.aget_state(self.config(sid))

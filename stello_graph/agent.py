@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import weakref
 from collections.abc import Callable, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
@@ -216,7 +215,6 @@ class StelloAgent(_Turns, _Memory, _Tree):
             hold=self._owns_saver and self._prune and self._durability != "sync",
         )  # fmt: skip
         self._last_session: str | None = None
-        self._gates = weakref.WeakKeyDictionary()
         self._mux = EventMux()
         self._runtime.bus.subscribe(self._mux.forward)
         self._recorder = EventRecorder(self.storage)
