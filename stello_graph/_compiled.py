@@ -22,15 +22,11 @@ idempotent, names `configurable[REPLAY_KEY] = True` (`allow_replay(config)`).
 A run of the compiled graph of `build_graph` is counted on the graph's runtime while it runs
 (`StelloRuntime.running`, found through the graph's builder), so a server that closes idle
 trees never closes one under a run.
-
-The compiled turn graph (`StelloTurnGraph`) also skips LangGraph's START step: a new run's
-input goes straight to the state, with the edge to the model node, so the model runs in
-the run's first step.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -42,7 +38,7 @@ from stello_graph.errors import TimeTravelError
 from stello_graph.nodes._channels import RUN_INPUTS
 from stello_graph.nodes.deps import StelloRuntime
 
-__all__ = ["REPLAY_KEY", "StelloCompiledGraph", "StelloTurnGraph", "allow_replay", "fresh_input"]
+__all__ = ["REPLAY_KEY", "StelloCompiledGraph", "allow_replay", "fresh_input"]
 
 REPLAY_KEY = "stello_allow_replay"
 """The `configurable` key that lets one run start from an earlier checkpoint."""
@@ -105,9 +101,6 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             if not _is_latest(wanted, await saver.aget_tuple(query)):
                 raise TimeTravelError(_REPLAY)
 
-    def _fresh_input(self, input: Any) -> Any:
-        return fresh_input(input)
-
     def _runtime(self) -> StelloRuntime | None:
         """The runtime the graph was built on (`build_graph` keeps it on the builder, a
         field LangGraph keeps in every copy); `None` for a builder without one."""
@@ -122,7 +115,7 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
         self._refuse_replay(config)
-        run = super().stream(self._fresh_input(input), config, **kwargs)
+        run = super().stream(fresh_input(input), config, **kwargs)
         return run if self._runtime() is None else self._counted(run)
 
     def _counted(self, run: Iterator[Any]) -> Iterator[Any]:
@@ -134,7 +127,7 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     ) -> AsyncIterator[Any]:
         await self._arefuse_replay(config)
         with self._running():
-            async for item in super().astream(self._fresh_input(input), config, **kwargs):
+            async for item in super().astream(fresh_input(input), config, **kwargs):
                 yield item
 
     def bulk_update_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
@@ -148,33 +141,3 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
 
     async def aupdate_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
         raise TimeTravelError(_EDIT)
-
-
-class StelloTurnGraph(StelloCompiledGraph):
-    """The compiled turn graph (`stello_graph.graph.build_turn_graph`): a
-    `StelloCompiledGraph` whose new runs skip LangGraph's START step.
-
-    A `StateGraph` run writes its input to START, whose step (a task, its writes and a
-    checkpoint) only copies it into the state and takes the edge to the first node. Here
-    the input keys are the graph's input channels (set by `starting_at`, the edge's channel
-    last) and a new run's input also takes that edge itself, so the input checkpoint is
-    followed by the model's step. The checkpoints are the same as a START step leaves, one
-    fewer: either graph continues a thread the other began, and a thread whose run was
-    written to START (an earlier version's) still runs its START step. It keeps nothing
-    beside LangGraph's own fields, so `copy()` and `with_config()` keep working.
-    """
-
-    def starting_at(self, first: str, keys: Iterable[str]) -> StelloTurnGraph:
-        """Take new runs' inputs (`keys`) into the state and straight to the node whose edge
-        channel is `first`; unchanged when the compiled graph has no such channel."""
-        if first in self.channels and all(key in self.channels for key in keys):
-            self.input_channels = [*dict.fromkeys(keys), first]
-        return self
-
-    def _fresh_input(self, input: Any) -> Any:
-        fresh = fresh_input(input)
-        channels = self.input_channels
-        if isinstance(channels, str) or not isinstance(fresh, Mapping):
-            return fresh  # a graph left at START, a `Command`, or `None`
-        taken = {key: value for key, value in fresh.items() if key in channels}
-        return {**taken, channels[-1]: None}  # the edge to the first node (`starting_at`)

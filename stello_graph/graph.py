@@ -35,18 +35,15 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AnyMessage
-from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict, Unpack
 
-from stello_graph._compiled import StelloCompiledGraph, StelloTurnGraph
+from stello_graph._compiled import StelloCompiledGraph
 from stello_graph.config import StelloConfig, StelloSettings
-from stello_graph.nodes._channels import RUN_INPUTS
 from stello_graph.nodes._model_call import model_retry_policy
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.entry import make_enter_node
@@ -153,18 +150,6 @@ StelloGraph: TypeAlias = StelloStateGraph
 """The type of the graph `build_stello_graph` returns: its state, input and output schemas."""
 
 
-def _on_the_loop(route: Callable[[Any], Any]) -> RunnableCallable:
-    """`route` as a conditional edge that an async run calls on its event loop. LangGraph
-    runs a plain function's route in a worker thread: a thread handoff per step, which
-    waits for the interpreter lock while the loop runs other turns (BENCHMARKS.md, round
-    nine), for a lookup in the state. The sync path is LangGraph's own."""
-
-    async def aroute(state: Any) -> Any:
-        return route(state)
-
-    return RunnableCallable(route, aroute, name=route.__name__, trace=True)
-
-
 def build_graph(deps: StelloRuntime) -> StelloGraph:
     """The stello `StateGraph` over an existing `StelloRuntime`."""
     graph = StelloStateGraph(StelloState, input_schema=StelloInput, output_schema=StelloOutput)
@@ -182,24 +167,16 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     graph.add_node("next_level", make_next_level_node())
     graph.add_node("finish_tree", make_finish_tree_node(deps))
     starts = ["enter", "model", "fork", "consolidate", "integrate", "plan_tree"]
-    graph.add_conditional_edges(START, _on_the_loop(route_start), starts)
+    graph.add_conditional_edges(START, route_start, starts)
     graph.add_edge("enter", "model")
-    graph.add_conditional_edges(
-        "plan_tree", _on_the_loop(route_level), ["integrate_subtree", "finish_tree"]
-    )
+    graph.add_conditional_edges("plan_tree", route_level, ["integrate_subtree", "finish_tree"])
     graph.add_edge("integrate_subtree", "next_level")
-    graph.add_conditional_edges(
-        "next_level", _on_the_loop(route_level), ["integrate_subtree", "finish_tree"]
-    )
-    graph.add_conditional_edges("model", _on_the_loop(route_after_model), ["tools", END])
+    graph.add_conditional_edges("next_level", route_level, ["integrate_subtree", "finish_tree"])
+    graph.add_conditional_edges("model", route_after_model, ["tools", END])
     graph.add_edge("tools", "model")
     for last in ("fork", "consolidate", "integrate", "finish_tree"):
         graph.add_edge(last, END)
     return graph
-
-
-_FIRST_NODE = "model"
-"""The turn graph's first node: a new run's input goes straight to it (`StelloTurnGraph`)."""
 
 
 class TurnInput(TypedDict, total=False):
@@ -223,15 +200,14 @@ class TurnOutput(TypedDict, total=False):
 
 
 class TurnGraph(StateGraph[TurnState, None, TurnInput, TurnOutput]):
-    """The graph `build_turn_graph` returns; compiled, it is a `StelloTurnGraph` (runs start
-    fresh, time travel is refused, a new run's input goes straight to the model node)."""
+    """The graph `build_turn_graph` returns; compiled, it is a `StelloCompiledGraph` (runs
+    start fresh, time travel is refused)."""
 
-    def compile(self, *args: Any, **kwargs: Any) -> StelloTurnGraph:
+    def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
         compiled = super().compile(*args, **kwargs)
-        compiled.__class__ = StelloTurnGraph  # the same object, with the refusals
-        assert isinstance(compiled, StelloTurnGraph)
-        keys = [*TurnInput.__annotations__, *RUN_INPUTS]
-        return compiled.starting_at(f"branch:to:{_FIRST_NODE}", keys)
+        compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
+        assert isinstance(compiled, StelloCompiledGraph)
+        return compiled
 
 
 def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
@@ -241,16 +217,15 @@ def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
     of the turn's keys only (each superstep of LangGraph handles every channel of its
     graph, and the whole graph has more than twice as many). `StelloAgent` runs its turns
     on it; its checkpoints are the whole graph's, so either graph continues a thread the
-    other began. Compiled (`StelloTurnGraph`), a new run's input goes straight to the model
-    node: the run has no START step, one superstep and one checkpoint fewer per turn.
+    other began.
     """
     graph = TurnGraph(TurnState, input_schema=TurnInput, output_schema=TurnOutput)
     graph.add_node(
-        _FIRST_NODE, make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
+        "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
     )
     graph.add_node("tools", make_tools_node(deps))
-    graph.add_edge(START, _FIRST_NODE)
-    graph.add_conditional_edges("model", _on_the_loop(route_after_model), ["tools", END])
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", route_after_model, ["tools", END])
     graph.add_edge("tools", "model")
     return graph
 

@@ -1,10 +1,7 @@
-"""The compiled turn graph runs its model in a run's first step: no START step.
-
-A new run's input goes straight to the state with the edge to the model node
-(`StelloTurnGraph`), so a turn without tools is two checkpoints (its input, its model step)
-where a `StateGraph` run has three. Threads stay compatible both ways: the whole graph
-continues a turn the turn graph began, and a thread whose run was written to START (as an
-earlier version wrote it) still runs its START step.
+"""The turn graph and the whole graph share their threads: the whole graph continues a
+turn the turn graph began, and a run that crashed right after its input (before its START
+step) is resumed; the agent's own savers hold a run's first steps, with or without a START
+step (a thread an earlier version began has none).
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import StateGraph
 
 from stello_graph import StelloAgent
-from stello_graph._compiled import StelloTurnGraph
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.checkpoints._threaded_saver import HELD_CHECKPOINTS, HeldRuns
 from stello_graph.graph import build_turn_graph
@@ -47,26 +43,6 @@ def _steps(agent: StelloAgent, sid: str) -> list[tuple[str, int]]:
     return [(meta["source"], meta["step"]) for meta in found][::-1]
 
 
-def test_a_turn_is_its_input_and_its_model_step() -> None:
-    agent = _agent(ScriptedChatModel(default="ok"), prune_checkpoints=False)
-    assert isinstance(agent._turn_graph, StelloTurnGraph)
-    sid = agent.main_session_id
-    assert agent.turn(sid, "hello").content == "ok"
-    assert _steps(agent, sid) == [("input", -1), ("loop", 0)]
-    agent.close()
-
-
-def test_a_tool_round_adds_its_steps_after_the_first() -> None:
-    model = ScriptedChatModel([ScriptedChatModel.tool_call("lookup", {"query": "x"}), "done"])
-    agent = _agent(model, prune_checkpoints=False, tools=[lookup])
-    sid = agent.main_session_id
-    result = agent.turn(sid, "look it up")
-    assert result.content == "done" and result.tool_rounds == 1
-    assert _steps(agent, sid) == [("input", -1), ("loop", 0), ("loop", 1), ("loop", 2)]
-    assert [m.text for m in agent.session(sid).messages()][-2:] == ["fact about x", "done"]
-    agent.close()
-
-
 def _answering() -> tuple[ScriptedChatModel, StelloAgent, str, Any]:
     """A model with one answer, an agent that keeps its checkpoints, its main session and
     that session's thread config."""
@@ -92,7 +68,7 @@ def test_the_whole_graph_continues_a_turn_the_turn_graph_began() -> None:
 
 def test_a_run_written_to_start_still_runs_its_start_step() -> None:
     model, agent, sid, config = _answering()
-    # a run as an earlier version began it: its input on START, its START step done ...
+    # a run with its input on START and its START step done ...
     earlier = StateGraph.compile(build_turn_graph(agent._runtime), checkpointer=agent.checkpointer)
     earlier.invoke({"session_id": sid, "input": "q"}, config, interrupt_before=["model"])
     assert _steps(agent, sid) == [("input", -1), ("loop", 0)]
@@ -136,14 +112,3 @@ def test_a_run_with_a_start_step_is_held_up_to_its_first_node_step() -> None:
     assert _put(held, "2", "3", {"pending": 3})
     assert not _writes(held, "3")
     assert not _put(held, "3", "4", {"pending": 4})
-
-
-def test_a_copy_of_the_compiled_turn_graph_still_skips_start() -> None:
-    agent = _agent(ScriptedChatModel(default="ok"), prune_checkpoints=False)
-    sid = agent.main_session_id
-    copy = agent._turn_graph.with_config({"tags": ["copied"]})
-    assert isinstance(copy, StelloTurnGraph)
-    out = copy.invoke({"session_id": sid, "input": "hello"}, agent.config(sid))
-    assert out["content"] == "ok"
-    assert _steps(agent, sid) == [("input", -1), ("loop", 0)]
-    agent.close()
