@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, Self
 
 from langchain_core.messages import BaseMessage
-from langgraph._internal._typing import MISSING
 from langgraph.channels.base import BaseChannel, Value
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.errors import EmptyChannelError, InvalidUpdateError
+from langgraph.types import MISSING
 
 from stello_graph.errors import InvalidInputError
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
-from langgraph._internal._constants import CONFIG_KEY_TASK_ID
 from langgraph.graph.state import CompiledStateGraph
 
 from stello_graph._validate import check_id
@@ -41,8 +40,9 @@ def tool_name(label: str) -> str:
 
 
 def _in_graph(config: RunnableConfig | None) -> bool:
-    """Whether the tool runs as a task of a graph run (a tool node's call)."""
-    return bool(((config or {}).get("configurable") or {}).get(CONFIG_KEY_TASK_ID))
+    """Whether the tool runs as a task of a graph run (a tool node's call): LangGraph names
+    the task's node in the metadata of its config."""
+    return bool(((config or {}).get("metadata") or {}).get("langgraph_node"))
 
 
 def _answer(sid: str, result: TurnResult) -> str:
