@@ -26,6 +26,7 @@ __all__ = [
     "TURN_SEQ",
     "EncodedMessage",
     "EventRow",
+    "REMOVED_PAYLOAD",
     "MetaRow",
     "RecordTurn",
     "SessionRead",
@@ -59,6 +60,11 @@ EventRow = tuple[int, str, str | None, str, str]
 """`(cursor, kind, session_id, payload, at)` of one stored event: its cursor (strictly
 increasing within a tree), its kind, the session it is about (or `None`), its details as
 JSON text and its ISO timestamp."""
+
+REMOVED_PAYLOAD = '{"removed":true}'
+"""The details of a removed session's events once it is removed (`op_delete_sessions`): its
+labels, L2s and insights go with it, while the events keep their cursors, so a follower's
+cursor stays valid and a new event never takes the cursor of one it already read."""
 
 MetaRow = tuple[str, str, str, str, str, str, str, str]
 """`(id, label, role, status, tags, metadata, created_at, updated_at)` of a session."""

@@ -12,6 +12,7 @@ event loop.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from stello_graph.checkpoints._cache import RecordCache
 from stello_graph.checkpoints._rows import built, stored_meta, stored_node
 from stello_graph.checkpoints._schema import EVENTS, GLOBALS, NODES, RECORDS, ROWS, SESSIONS
 from stello_graph.checkpoints._serde import (
+    REMOVED_PAYLOAD,
     EncodedMessage,
     EventRow,
     MetaRow,
@@ -408,10 +410,16 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
 
     def op_delete_sessions(self, session_ids: list[str]) -> None:
         # Sessions that share a prefix of these copy it first (`_shared_l3`); then ON DELETE
-        # CASCADE removes the records and the node of each session.
+        # CASCADE removes the records and the node of each session. Their events keep their
+        # cursors, without their details (`REMOVED_PAYLOAD`): one pass over the tree's log.
         self._run(self._shared.release(session_ids))
         sql = f"DELETE FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         self._qmany(sql, [(self.tree_id, session_id) for session_id in session_ids])
+        self._q(
+            f"""UPDATE {EVENTS} SET payload = ? WHERE tree_id = ?
+                AND session_id IN (SELECT value FROM json_each(?))""",
+            (REMOVED_PAYLOAD, self.tree_id, json.dumps(session_ids)),
+        )
         for session_id in session_ids:
             self._cache.discard(session_id)
 
