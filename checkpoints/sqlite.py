@@ -12,7 +12,6 @@ event loop.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -415,11 +414,13 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         self._run(self._shared.release(session_ids))
         sql = f"DELETE FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         self._qmany(sql, [(self.tree_id, session_id) for session_id in session_ids])
-        self._q(
-            f"""UPDATE {EVENTS} SET payload = ? WHERE tree_id = ?
-                AND session_id IN (SELECT value FROM json_each(?))""",
-            (REMOVED_PAYLOAD, self.tree_id, json.dumps(session_ids)),
-        )
+        for start in range(0, len(session_ids), 500):  # SQLite binds 32,766 values at most
+            chunk = session_ids[start : start + 500]
+            self._q(
+                f"""UPDATE {EVENTS} SET payload = ? WHERE tree_id = ?
+                    AND session_id IN ({", ".join("?" * len(chunk))})""",
+                (REMOVED_PAYLOAD, self.tree_id, *chunk),
+            )
         for session_id in session_ids:
             self._cache.discard(session_id)
 
