@@ -27,6 +27,7 @@ from stello_graph.checkpoints._serde import (
     RecordTurn,
     SessionRead,
     decode_message,
+    decode_records,
     row_to_meta,
 )
 from stello_graph.checkpoints._shared_l3 import SharedPrefixes
@@ -262,7 +263,7 @@ class Statements(TreeStatements):
             # `_shared_l3`), and the stamp read above is the session's for these rows
             shared = yield from self.run(self.shared.rows(session_id, "data"))
             rows = [(stamp, None, data) for (data,) in shared or ()]
-        records = [decode_message(data) for _, _, data in rows if data is not None]
+        records = decode_records(session_id, [data for _, _, data in rows if data is not None])
         self.remember(session_id, stamp, records)
         return records
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from stello_graph.checkpoints._damage import ROLES, STATUSES, damaged_error, meta_damage
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import SessionMeta
 
@@ -31,6 +32,7 @@ __all__ = [
     "RecordTurn",
     "SessionRead",
     "decode_message",
+    "decode_records",
     "dumps",
     "encode_message",
     "from_iso",
@@ -336,15 +338,51 @@ def meta_to_row(meta: SessionMeta) -> MetaRow:
 
 
 def row_to_meta(row: Sequence[Any]) -> SessionMeta:
-    """The `SessionMeta` stored as `row` (see `MetaRow`)."""
+    """The `SessionMeta` stored as `row` (see `MetaRow`).
+
+    Raises:
+        DamagedDataError: the row is damaged (see `_damage`); the message names the column.
+    """
     sid, label, role, status, tags, metadata, created_at, updated_at = row
-    return SessionMeta(
-        id=sid,
-        label=label,
-        role=role,
-        status=status,
-        tags=tuple(json.loads(tags)),
-        metadata=json.loads(metadata),
-        created_at=from_iso(created_at),
-        updated_at=from_iso(updated_at),
-    )
+    try:
+        return SessionMeta(
+            id=sid,
+            label=label,
+            role=role,
+            status=status,
+            tags=tuple(json.loads(tags)),
+            metadata=json.loads(metadata),
+            created_at=from_iso(created_at),
+            updated_at=from_iso(updated_at),
+        )
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        column = (meta_damage(row) or ("row",))[0]
+        known = {"role": ROLES, "status": STATUSES}.get(column)
+        reason = f"{row[2 if column == 'role' else 3]!r} is none of {known}" if known else None
+        raise damaged_error(str(sid), column, reason or _reason(exc)) from exc
+
+
+def decode_records(
+    session_id: str,
+    stored: Iterable[str],
+    decode: Callable[[str], BaseMessage] = decode_message,
+) -> list[BaseMessage]:
+    """The messages of a session's stored records (`decode` of each, in order).
+
+    Raises:
+        DamagedDataError: a record does not decode; the message names it.
+    """
+    records: list[BaseMessage] = []
+    for data in stored:
+        try:
+            records.append(decode(data))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            column = f"data of its record {len(records) + 1}"
+            raise damaged_error(session_id, column, _reason(exc)) from exc
+    return records
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of `exc`, with its type."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
