@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from stello_graph._flow import arun, run
 from stello_graph._tree_text import tree_order
+from stello_graph.checkpoints._damage import shown, undecodable
 from stello_graph.checkpoints._rows import built
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
@@ -56,6 +57,9 @@ if TYPE_CHECKING:
 __all__ = ["Flow", "Op", "adrive", "drive", "one"]
 
 T = TypeVar("T")
+
+UNDECODABLE_EVENT = "undecodable"
+"""The key of a damaged event's details: `{"undecodable": <its stored text>}`."""
 
 _WAITER_TTL = 0.5
 """Seconds a turn waiting for a lease keeps its place as the next holder without asking
@@ -346,17 +350,32 @@ def remove_node(node_id: str, cascade: bool) -> Flow[list[str]]:
     children = yield Op("children", node_id)
     if children and not cascade:
         raise NodeHasChildrenError(node_id, len(children))
-    removed = [node_id]
+    removed, seen = [node_id], {node_id}
     index = 0
     while index < len(removed):  # breadth-first: every parent before its children
-        removed.extend(child.id for child in (yield Op("children", removed[index])))
+        for child in (yield Op("children", removed[index])):
+            if child.id in seen:  # its parents make a cycle (a damaged tree): cut it here,
+                # so that each node goes after the nodes that name it as their parent
+                yield Op("put_node", child.model_copy(update={"parent_id": None}))
+            else:
+                seen.add(child.id)
+                removed.append(child.id)
         index += 1
     yield Op("delete_sessions", removed[::-1])
     return removed
 
 
 def tree() -> Flow[list[TopologyNode]]:
-    return tree_order((yield Op("all_nodes")))
+    detached: set[str] = set()
+    nodes = tree_order((yield Op("all_nodes")), detached)
+    if not detached:
+        return nodes
+    return [  # no root reaches them (their parents make a cycle): marked, see `_damage`
+        node.model_copy(update={"damaged": (*node.damaged, "parent_id")})
+        if node.id in detached
+        else node
+        for node in nodes
+    ]
 
 
 # -- the event log ---------------------------------------------------------------------------
@@ -368,9 +387,19 @@ def append_event(kind: str, session_id: str | None, payload: str, at: str) -> Fl
 def events_after(cursor: int, limit: int) -> Flow[list[StoredEvent]]:
     rows: list[EventRow] = yield Op("events_after", cursor, limit)
     return [
-        StoredEvent(cursor=c, type=kind, session_id=sid, data=loads(payload), at=from_iso(at))
+        StoredEvent(cursor=c, type=kind, session_id=sid, data=_event_data(payload), at=from_iso(at))
         for c, kind, sid, payload, at in rows
     ]
+
+
+def _event_data(payload: str) -> dict[str, Any]:
+    """An event's stored details; of a damaged event (see `_damage`), what can be shown of
+    them, so that a reader following the log is never stuck on it."""
+    try:
+        data = None if undecodable(payload) else json.loads(payload)
+    except ValueError:
+        data = None
+    return data if isinstance(data, dict) else {UNDECODABLE_EVENT: shown(payload)}
 
 
 # -- branching: copied records, lineage, digests --------------------------------------------

@@ -40,7 +40,16 @@ from psycopg.conninfo import conninfo_to_dict
 
 from stello_graph.errors import InvalidInputError, StorageError, StorageUnavailableError
 
-__all__ = ["AsyncHooks", "Link", "Query", "Result", "SyncHooks", "Steps", "tree_lock_key"]
+__all__ = [
+    "AsyncHooks",
+    "Link",
+    "Query",
+    "Result",
+    "Steps",
+    "SyncHooks",
+    "lost_or_failed",
+    "tree_lock_key",
+]
 
 T = TypeVar("T")
 
@@ -89,6 +98,23 @@ def describe(conninfo: str) -> str:
     port = f":{parts['port']}" if parts.get("port") else ""
     user = f"{parts['user']}@" if parts.get("user") else ""
     return f"'postgresql://{user}{host}{port}/{parts.get('dbname') or ''}'"
+
+
+def lost_or_failed(exc: BaseException, where: str) -> StorageError:
+    """The typed error of a failure outside a `Link` (a checkpointer's pool): a connection
+    lost, refused or not given in time is `StorageUnavailableError`, anything else of the
+    database `StorageError`."""
+    state = getattr(exc, "sqlstate", None)
+    lost = isinstance(exc, psycopg.InterfaceError | psycopg_pool.PoolTimeout) or (
+        isinstance(exc, psycopg.OperationalError)
+        and (state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03"))
+    )
+    if lost:
+        return StorageUnavailableError(
+            f"The connection to PostgreSQL at {where} was lost or refused ({exc}). Nothing of "
+            "the unfinished operation was stored; retry it once the server is back."
+        )
+    return StorageError(f"PostgreSQL failed at {where}: {exc}")
 
 
 class Link:

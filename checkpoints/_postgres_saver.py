@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from functools import partial
 from typing import Any
 
@@ -33,14 +33,15 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
 
-from stello_graph.checkpoints._postgres_conn import describe
+from stello_graph.checkpoints._postgres_conn import describe, lost_or_failed
 from stello_graph.checkpoints._threaded_saver import (
     AsyncInThreads,
     HeldRuns,
     thread_of,
 )
-from stello_graph.errors import StorageUnavailableError
+from stello_graph.errors import InvalidInputError, StorageUnavailableError
 
 __all__ = ["StelloPostgresSaver", "postgres_saver"]
 
@@ -110,10 +111,11 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         if done is not None:
             return done
         thread = str(config["configurable"]["thread_id"])
-        with self._hold_lock:
-            self._write_held(thread)
-            self._disk.add(thread)
-        return super().put(config, checkpoint, metadata, new_versions)
+        with self._errors():
+            with self._hold_lock:
+                self._write_held(thread)
+                self._disk.add(thread)
+            return super().put(config, checkpoint, metadata, new_versions)
 
     def _in_memory_writes(
         self,
@@ -135,14 +137,15 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         if self._in_memory(self._in_memory_writes, config, writes, task_id, task_path, wait=True):
             return
         thread = str(config["configurable"]["thread_id"])
-        with self._hold_lock:
-            self._write_held(thread)
-            self._disk.add(thread)
-        super().put_writes(config, writes, task_id, task_path)
+        with self._errors():
+            with self._hold_lock:
+                self._write_held(thread)
+                self._disk.add(thread)
+            super().put_writes(config, writes, task_id, task_path)
 
     def flush(self) -> None:
         """Write everything held now."""
-        with self._hold_lock:
+        with self._errors(), self._hold_lock:
             for thread in list(self._held):
                 self._write_held(thread)
 
@@ -158,8 +161,9 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         if self._read_vouched(config):
             return None
-        self._flush_read(config)
-        found = super().get_tuple(config)
+        with self._errors():
+            self._flush_read(config)
+            found = super().get_tuple(config)
         thread = thread_of(config)
         if found is not None and thread is not None:
             with self._hold_lock:
@@ -174,8 +178,9 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        self._flush_read(config)
-        yield from super().list(config, filter=filter, before=before, limit=limit)
+        with self._errors():
+            self._flush_read(config)
+            yield from super().list(config, filter=filter, before=before, limit=limit)
 
     def _in_memory_delete(self, thread_id: str) -> bool:
         thread = str(thread_id)
@@ -193,14 +198,39 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         with self._hold_lock:
             self._held.pop(thread, None)
             self._disk.discard(thread)
-        super().delete_thread(thread)
+        with self._errors():
+            super().delete_thread(thread)
 
     def close(self) -> None:
-        """Write what is held, then close the saver's connection pool (or connection)."""
+        """Write what is held, then close the saver's connection pool (or connection).
+        What could not be written is forgotten: closing again does nothing."""
         try:
             self.flush()
         finally:
-            self.conn.close()
+            self._held.clear()
+            with self._errors():
+                self.conn.close()
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """A failure of the database in the block, raised as `StorageUnavailableError` (the
+        server went away: the pool replaces the connection for the next call) or
+        `StorageError`, the original its `__cause__`."""
+        try:
+            yield
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            conninfo = getattr(self.conn, "conninfo", None)
+            try:
+                where = describe(conninfo) if isinstance(conninfo, str) else "its database"
+            except InvalidInputError:
+                where = "its database"
+            error = lost_or_failed(exc, where)
+            if isinstance(error, StorageUnavailableError) and isinstance(self.conn, ConnectionPool):
+                # the pool's other connections died with this one: the next call gets a
+                # new one (once the server is back), not the next dead one
+                with suppress(psycopg.Error, psycopg_pool.PoolTimeout):
+                    self.conn.check()
+            raise error from exc
 
 
 def postgres_saver(conninfo: str, *, connect_timeout: float = 10.0) -> StelloPostgresSaver:

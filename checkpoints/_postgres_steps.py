@@ -21,11 +21,13 @@ from stello_graph.checkpoints._postgres_schema import EVENTS, GLOBALS, NODES, RE
 from stello_graph.checkpoints._postgres_tree import _META, _META_COUNT, TreeStatements
 from stello_graph.checkpoints._rows import built, stored_meta, stored_node
 from stello_graph.checkpoints._serde import (
+    REMOVED_PAYLOAD,
     EncodedMessage,
     MetaRow,
     RecordTurn,
     SessionRead,
     decode_message,
+    decode_records,
     row_to_meta,
 )
 from stello_graph.checkpoints._shared_l3 import SharedPrefixes
@@ -144,10 +146,13 @@ class Statements(TreeStatements):
     def delete_sessions(self, session_ids: list[str]) -> Steps[None]:
         # ON DELETE CASCADE removes each session's records and node; one statement, so the
         # nodes' parent references are checked once every listed node is gone. Sessions that
-        # share a prefix of these copy it first (`_shared_l3`).
+        # share a prefix of these copy it first (`_shared_l3`). Their events keep their
+        # cursors, without their details (`REMOVED_PAYLOAD`).
         yield from self.run(self.shared.release(list(session_ids)))
         sql = f"DELETE FROM {SESSIONS} WHERE tree_id = %s AND id = ANY(%s)"
         yield Query(sql, (self.tree_id, list(session_ids)))
+        sql = f"UPDATE {EVENTS} SET payload = %s WHERE tree_id = %s AND session_id = ANY(%s)"
+        yield Query(sql, (REMOVED_PAYLOAD, self.tree_id, list(session_ids)))
         for session_id in session_ids:
             self.cache.pop(session_id, None)
 
@@ -258,7 +263,7 @@ class Statements(TreeStatements):
             # `_shared_l3`), and the stamp read above is the session's for these rows
             shared = yield from self.run(self.shared.rows(session_id, "data"))
             rows = [(stamp, None, data) for (data,) in shared or ()]
-        records = [decode_message(data) for _, _, data in rows if data is not None]
+        records = decode_records(session_id, [data for _, _, data in rows if data is not None])
         self.remember(session_id, stamp, records)
         return records
 

@@ -171,25 +171,32 @@ _WALK = f"""WITH RECURSIVE walk(id, path) AS (
         SELECT 1 FROM {NODES} p WHERE p.tree_id = n.tree_id AND p.id = n.parent_id))
     UNION ALL
     SELECT c.id, w.path || lpad(c.position::text, 12, '0')
-    FROM walk w JOIN {NODES} c ON c.tree_id = %s AND c.parent_id = w.id)
+    FROM walk w JOIN {NODES} c ON c.tree_id = %s AND c.parent_id = w.id),
+every(id, path, detached) AS (
+    SELECT id, path, 0 FROM walk
+    UNION ALL
+    SELECT n.id, lpad(n.position::text, 12, '0'), 1 FROM {NODES} n
+    WHERE n.tree_id = %s AND n.id NOT IN (SELECT id FROM walk))
 """
-"""As SQLite's: ordered by `path`, the nodes in the tree's depth-first pre-order."""
+"""As SQLite's: ordered by `path`, the nodes in the tree's depth-first pre-order, then those
+no root reaches (`detached`: their parents make a cycle) in creation order."""
 
 _EXPORT: dict[str, str] = {
-    "nodes": f"""SELECT n.id, n.parent_id, n.label
-        FROM walk w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id ORDER BY w.path""",
+    "nodes": f"""SELECT n.id, n.parent_id, n.label, w.detached
+        FROM every w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
+        ORDER BY w.detached, w.path""",
     "sessions": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
             s.updated_at, n.parent_id, s.turn_count,
             (SELECT COUNT(*) FROM {RECORDS} r WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
             s.system_prompt, s.memory, s.insight
-        FROM walk w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
-        JOIN {SESSIONS} s ON s.tree_id = %s AND s.id = w.id ORDER BY w.path""",
+        FROM every w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
+        JOIN {SESSIONS} s ON s.tree_id = %s AND s.id = w.id ORDER BY w.detached, w.path""",
     "records": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
             s.updated_at, n.parent_id, s.turn_count,
             (SELECT COUNT(*) FROM {RECORDS} c WHERE c.tree_id = s.tree_id AND c.session_id = s.id),
             s.system_prompt, s.memory, s.insight, r.data
-        FROM walk w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
+        FROM every w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
         JOIN {SESSIONS} s ON s.tree_id = %s AND s.id = w.id
         LEFT JOIN {RECORDS} r ON r.tree_id = %s AND r.session_id = w.id
-        ORDER BY w.path, r.seq""",
+        ORDER BY w.detached, w.path, r.seq""",
 }

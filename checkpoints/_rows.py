@@ -4,7 +4,8 @@ Every value in a stello table was validated when it was written (`check_meta`, t
 paths' checks), so a whole-tree read (100,000 nodes, sessions or L2s) does not need pydantic to
 check each row once more: it costs more than the read itself. These builders give the same
 models a validated construction gives (equal, same `model_dump`, same fields set), filled
-directly.
+directly. A row damaged since it was written (see `_damage`) becomes a placeholder marked
+`damaged`, so one such row never makes the rest of the tree unreadable.
 """
 
 from __future__ import annotations
@@ -13,16 +14,27 @@ import gc
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from stello_graph.checkpoints._damage import (
+    ROLES,
+    STATUSES,
+    UNDECODABLE,
+    Undecodable,
+    meta_damage,
+    shown,
+    undecodable,
+)
 from stello_graph.checkpoints._serde import from_iso
 from stello_graph.models import ChildL2, SessionMeta, SessionStats, TopologyNode
 
 __all__ = [
     "built",
     "no_collection",
+    "placeholder_meta",
     "stats_from_row",
     "stored_l2",
     "stored_meta",
@@ -73,8 +85,8 @@ def built(make: Callable[[R], T], rows: Iterable[R]) -> list[T]:
 def stored_model(cls: type[M], values: dict[str, Any]) -> M:
     """A `cls` holding `values` as they are: every field given, of its declared type."""
     names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = set(cls.model_fields)
+    if names is None:  # as a validated construction sets them (`damaged`: only when given)
+        names = _FIELDS[cls] = {n for n, f in cls.model_fields.items() if not f.exclude}
     model = _new(cls)
     _set_dict(model, values)
     # Shared by every model built here (they are frozen): pydantic copies the set before
@@ -86,31 +98,98 @@ def stored_model(cls: type[M], values: dict[str, Any]) -> M:
     return model
 
 
+def _sound(text: object) -> bool:
+    return type(text) is not Undecodable
+
+
 def stored_node(row: Sequence[Any]) -> TopologyNode:
-    """The node of an `(id, parent_id, label)` row."""
-    return stored_model(TopologyNode, {"id": row[0], "parent_id": row[1], "label": row[2]})
+    """The node of an `(id, parent_id, label)` row; of a damaged one (text that is not
+    UTF-8), a placeholder marked `damaged` (see `_damage`)."""
+    nid, parent, label = row[0], row[1], row[2]
+    if _sound(nid) and _sound(label) and (parent is None or _sound(parent)):
+        return stored_model(
+            TopologyNode, {"id": nid, "parent_id": parent, "label": label, "damaged": ()}
+        )
+    columns = ("id", "parent_id", "label")
+    return stored_model(
+        TopologyNode,
+        {
+            "id": shown(nid),
+            "parent_id": None if parent is None else shown(parent),
+            "label": UNDECODABLE if undecodable(label) else label,
+            "damaged": tuple(c for c, v in zip(columns, row, strict=False) if undecodable(v)),
+        },
+    )
 
 
 def stored_l2(session_id: str, label: str, l2: str) -> ChildL2:
-    """The `ChildL2` of a session's stored L2."""
+    """The `ChildL2` of a session's stored L2 (a text that does not decode: `UNDECODABLE`)."""
+    if not (_sound(session_id) and _sound(label) and _sound(l2)):
+        session_id = shown(session_id)
+        label, l2 = (UNDECODABLE if undecodable(v) else v for v in (label, l2))
     return stored_model(ChildL2, {"session_id": session_id, "label": label, "l2": l2})
 
 
 def stored_meta(row: Sequence[Any]) -> SessionMeta:
     """The `SessionMeta` of a `MetaRow` (`(id, label, role, status, tags, metadata,
-    created_at, updated_at)`, as `_serde.meta_to_row` wrote it)."""
+    created_at, updated_at)`, as `_serde.meta_to_row` wrote it); of a damaged row, a
+    placeholder marked `damaged` with the columns that do not decode (see `_damage`)."""
+    sid, label, role, status, tags, metadata, created_at, updated_at = row
+    try:
+        if role in ROLES and status in STATUSES and _sound(sid) and _sound(label):
+            return stored_model(
+                SessionMeta,
+                {
+                    "id": sid,
+                    "label": label,
+                    "role": role,
+                    "status": status,
+                    "tags": () if tags == "[]" else _json_texts(tags),
+                    "metadata": {} if metadata == "{}" else _json_object(metadata),
+                    "created_at": from_iso(created_at),
+                    "updated_at": from_iso(updated_at),
+                    "damaged": (),
+                },
+            )
+    except (ValueError, TypeError):
+        pass
+    return placeholder_meta(row)
+
+
+def _json_texts(text: str) -> tuple[str, ...]:
+    found = json.loads(text) if _sound(text) else None
+    if not isinstance(found, list):
+        raise ValueError("not a list")
+    return tuple(found)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    found = json.loads(text) if _sound(text) else None
+    if not isinstance(found, dict):
+        raise ValueError("not an object")
+    return found
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def placeholder_meta(row: Sequence[Any]) -> SessionMeta:
+    """What a whole-tree read shows of a damaged `MetaRow`: every column that decodes, a
+    stand-in for each other one, and those columns in `damaged`."""
+    bad = meta_damage(row) or ("row",)
     sid, label, role, status, tags, metadata, created_at, updated_at = row
     return stored_model(
         SessionMeta,
         {
-            "id": sid,
-            "label": label,
-            "role": role,
-            "status": status,
-            "tags": () if tags == "[]" else tuple(json.loads(tags)),
-            "metadata": {} if metadata == "{}" else json.loads(metadata),
-            "created_at": from_iso(created_at),
-            "updated_at": from_iso(updated_at),
+            "id": shown(sid) if isinstance(sid, str) else str(sid),
+            "label": UNDECODABLE if "label" in bad else label,
+            "role": "standard" if "role" in bad else role,
+            "status": "active" if "status" in bad else status,
+            "tags": () if "tags" in bad else tuple(json.loads(tags)),
+            "metadata": {} if "metadata" in bad else json.loads(metadata),
+            "created_at": _EPOCH if "created_at" in bad else from_iso(created_at),
+            "updated_at": _EPOCH if "updated_at" in bad else from_iso(updated_at),
+            "damaged": bad,
         },
     )
 
@@ -118,14 +197,36 @@ def stored_meta(row: Sequence[Any]) -> SessionMeta:
 def stats_from_row(row: Sequence[Any]) -> SessionStats:
     """The `SessionStats` of a row of the SQL backends' session-stats statement: `(id,
     label, role, status, updated_at, parent_id, in_tree, turns, records, memory_through,
-    turns_since_memory, has_memory, has_insight, has_subtree_synthesis)`."""
+    turns_since_memory, has_memory, has_insight, has_subtree_synthesis)`; of a damaged row,
+    stand-ins for what does not decode, marked `damaged`."""
+    sid, label, role, status = row[0], row[1], row[2], row[3]
+    damaged: tuple[str, ...] = ()
+    if not (role in ROLES and status in STATUSES and _sound(sid) and _sound(label)):
+        damaged = tuple(
+            name
+            for name, bad in (
+                ("id", undecodable(sid)),
+                ("label", undecodable(label)),
+                ("role", role not in ROLES),
+                ("status", status not in STATUSES),
+            )
+            if bad
+        )
+        sid, label = shown(sid), UNDECODABLE if undecodable(label) else label
+        role = role if role in ROLES else "standard"
+        status = status if status in STATUSES else "active"
+    try:
+        updated_at = from_iso(row[4])
+    except ValueError:
+        updated_at, damaged = _EPOCH, (*damaged, "updated_at")
+    parent = row[5]
     return SessionStats(
-        id=row[0],
-        label=row[1],
-        role=row[2],
-        status=row[3],
-        updated_at=from_iso(row[4]),
-        parent_id=row[5],
+        id=sid,
+        label=label,
+        role=role,
+        status=status,
+        updated_at=updated_at,
+        parent_id=parent if parent is None or _sound(parent) else shown(parent),
         in_tree=bool(row[6]),
         turns=row[7],
         records=row[8],
@@ -134,4 +235,5 @@ def stats_from_row(row: Sequence[Any]) -> SessionStats:
         has_memory=bool(row[11]),
         has_insight=bool(row[12]),
         has_subtree_synthesis=bool(row[13]),
+        damaged=damaged,
     )

@@ -10,12 +10,13 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from stello_graph._validate import check_depth
+from stello_graph.checkpoints._damage import ROLES, STATUSES, damaged_error, meta_damage
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import SessionMeta
 
@@ -27,10 +28,12 @@ __all__ = [
     "TURN_SEQ",
     "EncodedMessage",
     "EventRow",
+    "REMOVED_PAYLOAD",
     "MetaRow",
     "RecordTurn",
     "SessionRead",
     "decode_message",
+    "decode_records",
     "dumps",
     "encode_message",
     "from_iso",
@@ -60,6 +63,11 @@ EventRow = tuple[int, str, str | None, str, str]
 """`(cursor, kind, session_id, payload, at)` of one stored event: its cursor (strictly
 increasing within a tree), its kind, the session it is about (or `None`), its details as
 JSON text and its ISO timestamp."""
+
+REMOVED_PAYLOAD = '{"removed":true}'
+"""The details of a removed session's events once it is removed (`op_delete_sessions`): its
+labels, L2s and insights go with it, while the events keep their cursors, so a follower's
+cursor stays valid and a new event never takes the cursor of one it already read."""
 
 MetaRow = tuple[str, str, str, str, str, str, str, str]
 """`(id, label, role, status, tags, metadata, created_at, updated_at)` of a session."""
@@ -333,15 +341,51 @@ def meta_to_row(meta: SessionMeta) -> MetaRow:
 
 
 def row_to_meta(row: Sequence[Any]) -> SessionMeta:
-    """The `SessionMeta` stored as `row` (see `MetaRow`)."""
+    """The `SessionMeta` stored as `row` (see `MetaRow`).
+
+    Raises:
+        DamagedDataError: the row is damaged (see `_damage`); the message names the column.
+    """
     sid, label, role, status, tags, metadata, created_at, updated_at = row
-    return SessionMeta(
-        id=sid,
-        label=label,
-        role=role,
-        status=status,
-        tags=tuple(json.loads(tags)),
-        metadata=json.loads(metadata),
-        created_at=from_iso(created_at),
-        updated_at=from_iso(updated_at),
-    )
+    try:
+        return SessionMeta(
+            id=sid,
+            label=label,
+            role=role,
+            status=status,
+            tags=tuple(json.loads(tags)),
+            metadata=json.loads(metadata),
+            created_at=from_iso(created_at),
+            updated_at=from_iso(updated_at),
+        )
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        column = (meta_damage(row) or ("row",))[0]
+        known = {"role": ROLES, "status": STATUSES}.get(column)
+        reason = f"{row[2 if column == 'role' else 3]!r} is none of {known}" if known else None
+        raise damaged_error(str(sid), column, reason or _reason(exc)) from exc
+
+
+def decode_records(
+    session_id: str,
+    stored: Iterable[str],
+    decode: Callable[[str], BaseMessage] = decode_message,
+) -> list[BaseMessage]:
+    """The messages of a session's stored records (`decode` of each, in order).
+
+    Raises:
+        DamagedDataError: a record does not decode; the message names it.
+    """
+    records: list[BaseMessage] = []
+    for data in stored:
+        try:
+            records.append(decode(data))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            column = f"data of its record {len(records) + 1}"
+            raise damaged_error(session_id, column, _reason(exc)) from exc
+    return records
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of `exc`, with its type."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

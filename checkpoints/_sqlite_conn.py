@@ -12,14 +12,26 @@ import os
 import random
 import sqlite3
 import time
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from stello_graph.checkpoints._cache import RecordCache
+from stello_graph.checkpoints._damage import damaged_error, tolerant_text, undecodable_column
 from stello_graph.checkpoints._schema import CHANGES
-from stello_graph.errors import InvalidInputError, StorageError
+from stello_graph.errors import DamagedDataError, InvalidInputError, StorageError
 
-__all__ = ["SqliteHooks", "connect", "connect_read_only"]
+__all__ = [
+    "SqliteHooks",
+    "connect",
+    "connect_read_only",
+    "failure",
+    "fetch_rows",
+    "quick_check",
+    "stream_rows",
+    "tolerant",
+]
 
 _BEGIN_RETRIES = 6
 
@@ -145,6 +157,102 @@ class SqliteHooks:
             self._conn.execute(sql)
         except sqlite3.Error as exc:
             raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
+
+
+# -- failures, and reads of damaged rows -----------------------------------------------------
+_DAMAGED_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def failure(exc: sqlite3.Error, where: str) -> StorageError:
+    """The typed error of a failed statement on the database `where`: a file whose pages do
+    not read (`database disk image is malformed`) is `DamagedDataError`."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _DAMAGED_CODES:
+        return DamagedDataError(
+            f"The database {where} is damaged: {exc}. Restore it from a backup; SQLite's "
+            "`.recover` command (sqlite3 FILE .recover) saves what can still be read."
+        )
+    return StorageError(f"SQLite failed on {where}: {exc}")
+
+
+@contextmanager
+def tolerant(conn: sqlite3.Connection) -> Iterator[None]:
+    """Texts that are not UTF-8 read as `_damage.tolerant_text` gives them, in the block."""
+    conn.text_factory = tolerant_text
+    try:
+        yield
+    finally:
+        conn.text_factory = str
+
+
+def fetch_rows(
+    conn: sqlite3.Connection,
+    sql: str,
+    params: Sequence[Any] | Mapping[str, Any],
+    where: str,
+    session_id: str | None = None,
+) -> list[Any]:
+    """Every row of a statement. A text that is not UTF-8 (a damaged row) fails a read of
+    `session_id` with `DamagedDataError` naming its column; a whole-tree read (no
+    `session_id`) reads the rows again with `tolerant_text`, so that one damaged row never
+    makes the rest of the tree unreadable (the builders of `_rows` mark it)."""
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.Error as exc:
+        column = undecodable_column(exc)
+        if column is None:
+            raise failure(exc, where) from exc
+        if session_id is not None:
+            raise damaged_error(session_id, column, exc) from exc
+    with tolerant(conn):
+        try:
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise failure(exc, where) from exc
+
+
+def stream_rows(
+    conn: sqlite3.Connection, sql: str, params: Sequence[Any] | Mapping[str, Any], where: str
+) -> Generator[Any, None, None]:
+    """The rows of a whole-tree read, one at a time, as `fetch_rows` reads them: after a
+    text that is not UTF-8 the statement runs again with `tolerant_text`, the rows already
+    handed over skipped (close the iterator when done with it early)."""
+    done = 0
+    try:
+        for row in conn.execute(sql, params):
+            yield row
+            done += 1
+        return
+    except sqlite3.Error as exc:
+        if undecodable_column(exc) is None:
+            raise failure(exc, where) from exc
+    with tolerant(conn):
+        try:
+            for index, row in enumerate(conn.execute(sql, params)):
+                if index >= done:
+                    yield row
+        except sqlite3.Error as exc:
+            raise failure(exc, where) from exc
+
+
+def quick_check(conn: sqlite3.Connection, where: str) -> None:
+    """SQLite's `PRAGMA quick_check` of the database (every page read once: a second or so
+    per gigabyte).
+
+    Raises:
+        DamagedDataError: it found damage (its first findings are in the message).
+    """
+    try:
+        found = [str(row[0]) for row in conn.execute("PRAGMA quick_check(5)")]
+    except sqlite3.DatabaseError as exc:
+        found = [str(exc)]
+    if found != ["ok"]:
+        lines = [line for text in found for line in text.splitlines() if "***" not in line]
+        raise DamagedDataError(
+            f"The database {where} is damaged: PRAGMA quick_check found: "
+            f"{'; '.join(lines[:5])}. Restore it from a backup; SQLite's `.recover` command "
+            "(sqlite3 FILE .recover) saves what can still be read."
+        )
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:

@@ -11,12 +11,14 @@ through `SqliteMainStorage`, which brings it up to date first.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from contextlib import closing
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints import _schema
+from stello_graph.checkpoints._damage import META_COLUMNS, row_damage
 from stello_graph.checkpoints._schema import NODES, RECORDS, ROWS, SESSIONS, read_version
 from stello_graph.checkpoints._shared_l3 import (
     Lookup,
@@ -25,22 +27,28 @@ from stello_graph.checkpoints._shared_l3 import (
     drive_sqlite,
     export_with_prefixes,
 )
-from stello_graph.checkpoints._sqlite_conn import connect_read_only
-from stello_graph.errors import StorageError
+from stello_graph.checkpoints._sqlite_conn import (
+    connect_read_only,
+    fetch_rows,
+    quick_check,
+    stream_rows,
+)
 
 if TYPE_CHECKING:
     from stello_graph.checkpoints.backend import ExportPart, RowSink
 
 __all__ = ["SessionMark", "TreeRows", "export_rows"]
 
-Query = Callable[[str, Mapping[str, Any]], Any]
-"""Runs one statement with named parameters and returns its rows (a cursor: iterated once)."""
+Query = Callable[[str, Mapping[str, Any]], Generator[Any, None, None]]
+"""Runs one statement with named parameters and yields its rows (`stream_rows`)."""
 Run = Callable[[Lookup[Any]], Any]
 """Drives shared-prefix statements (`_shared_l3`) on the same connection."""
 
-SessionMark = tuple[str, str, int, str | None, int | None]
-"""What a printed tree shows of a session: id, status, user turns, and its lineage
-(`forked_from`, `forked_at_turn`)."""
+SessionMark = tuple[str, str, int, str | None, int | None, tuple[str, ...]]
+"""What a printed tree shows of a session: id, status, user turns, its lineage
+(`forked_from`, `forked_at_turn`), and the columns of its row that do not decode."""
+
+META = ", ".join(META_COLUMNS)
 
 WALK = f"""WITH RECURSIVE walk(id, path) AS (
     SELECT n.id, printf('%012d', n.position) FROM {NODES} n
@@ -48,30 +56,40 @@ WALK = f"""WITH RECURSIVE walk(id, path) AS (
         SELECT 1 FROM {NODES} p WHERE p.tree_id = n.tree_id AND p.id = n.parent_id))
     UNION ALL
     SELECT c.id, w.path || printf('%012d', c.position)
-    FROM walk w JOIN {NODES} c ON c.tree_id = :tree AND c.parent_id = w.id)
+    FROM walk w JOIN {NODES} c ON c.tree_id = :tree AND c.parent_id = w.id),
+every(id, path, detached) AS (
+    SELECT id, path, 0 FROM walk
+    UNION ALL
+    SELECT n.id, printf('%012d', n.position), 1 FROM {NODES} n
+    WHERE n.tree_id = :tree AND n.id NOT IN (SELECT id FROM walk))
 """
 """Every node with its path of positions from its root: ordered by path, the tree's
-depth-first pre-order (`_flows.tree_order`: a node whose parent is missing is a root)."""
+depth-first pre-order (`_flows.tree_order`: a node whose parent is missing is a root). The
+nodes no root reaches (their parents make a cycle: a damaged tree) come after, `detached`,
+in creation order."""
 
 EXPORT: dict[str, str] = {
-    "nodes": f"""SELECT n.id, n.parent_id, n.label
-        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id ORDER BY w.path""",
+    "nodes": f"""SELECT n.id, n.parent_id, n.label, w.detached
+        FROM every w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
+        ORDER BY w.detached, w.path""",
     "sessions": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
             s.updated_at, n.parent_id, s.turn_count,
             (SELECT COUNT(*) FROM {ROWS} r WHERE r.l3_key = s.l3_key),
             s.system_prompt, s.memory, s.insight
-        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
-        JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id ORDER BY w.path""",
+        FROM every w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
+        JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id
+        ORDER BY w.detached, w.path""",
     "records": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
             s.updated_at, n.parent_id, s.turn_count,
             (SELECT COUNT(*) FROM {ROWS} c WHERE c.l3_key = s.l3_key),
             s.system_prompt, s.memory, s.insight, r.data
-        FROM walk w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
+        FROM every w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
         JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id
         LEFT JOIN {ROWS} r ON r.l3_key = s.l3_key
-        ORDER BY w.path, r.seq""",
+        ORDER BY w.detached, w.path, r.seq""",
 }
-"""The rows of each `ExportPart`, in the tree's depth-first pre-order (after `WALK`)."""
+"""The rows of each `ExportPart`, in the tree's depth-first pre-order (after `WALK`); a
+node's row ends with whether it is detached."""
 
 
 def export_rows(
@@ -83,13 +101,13 @@ def export_rows(
     (bounded, spilling to a temporary file) holds the whole order. Shared fork prefixes are
     resolved (`export_with_prefixes`)."""
     bases = run(shared.bases()) if part != "nodes" else {}
-    rows = query(WALK + EXPORT[part], {"tree": shared.tree_id})
     count = 0
-    for row in export_with_prefixes(
-        part, rows, bases, lambda base: run(shared.inherited(base, "data"))
-    ):
-        sink(row)
-        count += 1
+    with closing(query(WALK + EXPORT[part], {"tree": shared.tree_id})) as rows:
+        for row in export_with_prefixes(
+            part, rows, bases, lambda base: run(shared.inherited(base, "data"))
+        ):
+            sink(row)
+            count += 1
     return count
 
 
@@ -156,18 +174,30 @@ class TreeRows:
     ) -> None:
         self.close()
 
-    def _query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> sqlite3.Cursor:
-        try:
-            return self._conn.execute(sql, params)
-        except sqlite3.Error as exc:
-            raise StorageError(f"SQLite failed on {self._where}: {exc}") from exc
+    def _query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
+        return fetch_rows(self._conn, sql, params, self._where)
 
     def _run(self, steps: Lookup[T]) -> T:
-        return drive_sqlite(steps, lambda sql, params: self._query(sql, params).fetchall())
+        return drive_sqlite(steps, self._query)
+
+    def check(self) -> None:
+        """SQLite's `PRAGMA quick_check` of the file.
+
+        Raises:
+            DamagedDataError: the file is damaged (the message says what was found).
+        """
+        quick_check(self._conn, self._where)
 
     def export_rows(self, part: ExportPart, sink: RowSink) -> int:
         """What `SqliteMainStorage.export_rows(part, sink)` gives on the same file."""
-        return export_rows(self._query, self._run, self._shared, part, sink)
+        conn, where = self._conn, self._where
+        return export_rows(
+            lambda sql, params: stream_rows(conn, sql, params, where),
+            self._run,
+            self._shared,
+            part,
+            sink,
+        )
 
     def main_session(self) -> tuple[str, str | None] | None:
         """The id and synthesis of the tree's main session (the first created), if any."""
@@ -175,14 +205,14 @@ class TreeRows:
             f"""SELECT id, memory FROM {SESSIONS} WHERE tree_id = ? AND role = 'main'
             ORDER BY created_seq LIMIT 1""",
             (self.tree_id,),
-        ).fetchone()
-        return None if row is None else (row[0], row[1])
+        )
+        return None if not row else (row[0][0], row[0][1])
 
     def session_marks(self) -> list[SessionMark]:
         """Every session's `SessionMark`, in creation order."""
         rows = self._query(
-            f"""SELECT id, status, turn_count, forked_from, forked_at_turn FROM {SESSIONS}
-            WHERE tree_id = ? ORDER BY created_seq""",
+            f"""SELECT id, status, turn_count, forked_from, forked_at_turn, {META}
+            FROM {SESSIONS} WHERE tree_id = ? ORDER BY created_seq""",
             (self.tree_id,),
         )
-        return [tuple(row) for row in rows]
+        return [(*row[:5], row_damage(row[5:])) for row in rows]

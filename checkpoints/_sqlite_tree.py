@@ -13,6 +13,7 @@ from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, sto
 from stello_graph.checkpoints._schema import NODES, ROWS, SESSIONS
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T
 from stello_graph.checkpoints._shell import FIELDS
+from stello_graph.checkpoints._sqlite_conn import stream_rows
 from stello_graph.checkpoints._sqlite_rows import export_rows
 from stello_graph.digest import ROLE_CODE, STATUS_CODE, DigestRow
 from stello_graph.errors import StorageError
@@ -39,7 +40,9 @@ class SqliteTreeReads:
     """The whole-tree read primitives of `SqliteMainStorage` (a base of it)."""
 
     tree_id: str
+    path: str
     _shared: SharedPrefixes
+    _conn: sqlite3.Connection
 
     if TYPE_CHECKING:
 
@@ -47,10 +50,17 @@ class SqliteTreeReads:
             self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
         ) -> sqlite3.Cursor: ...
 
-        def _run(self, steps: Lookup[T]) -> T: ...
+        def _fetch(
+            self,
+            sql: str,
+            params: Sequence[Any] | Mapping[str, Any] = (),
+            session_id: str | None = None,
+        ) -> list[Any]: ...
+
+        def _run(self, steps: Lookup[T], session_id: str | None = None) -> T: ...
 
     def op_l2s(self) -> list[ChildL2]:
-        rows = self._q(
+        rows = self._fetch(
             f"""SELECT id, label, memory FROM {SESSIONS}
             WHERE tree_id = ? AND role = 'standard' AND status = 'active'
                 AND memory IS NOT NULL
@@ -63,7 +73,7 @@ class SqliteTreeReads:
         # Per session, through the records' primary key. A session's seqs are contiguous
         # (appends take `next_seq` on, a trim drops the oldest), so the records after the L2
         # cursor (a count from the first record) are those from MIN(seq) + memory_through on.
-        rows = self._q(
+        rows = self._fetch(
             f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
                 n.id IS NOT NULL, s.turn_count,
                 (SELECT COUNT(*) FROM {ROWS} r
@@ -80,20 +90,20 @@ class SqliteTreeReads:
             WHERE s.tree_id = ? ORDER BY s.created_seq""",
             (self.tree_id,),
         )
-        patched = self._run(self._shared.patch(rows.fetchall(), 8, 10))
+        patched = self._run(self._shared.patch(rows, 8, 10))
         return [stats_from_row(row) for row in patched]
 
     def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
         assert FIELDS.issuperset(names)
         columns = "".join(f", {name}" for name in names)
         sql = f"SELECT id{columns} FROM {SESSIONS} WHERE tree_id = ? ORDER BY created_seq"
-        return [tuple(row) for row in self._q(sql, (self.tree_id,))]
+        return [tuple(row) for row in self._fetch(sql, (self.tree_id,))]
 
     def op_digests(self) -> list[DigestRow]:
         # The records after the L2 cursor are those from MIN(seq) + memory_through on (see
         # `op_session_stats`); a session without records counts none. The parent is the
         # row's copy of its node's (`node_parent`, kept by the nodes' triggers): no join.
-        rows = self._q(
+        rows = self._fetch(
             f"""SELECT s.id, s.label, {ROLE_CODE}, {STATUS_CODE}, s.updated_at, s.node_parent,
                 s.turn_count, s.memory,
                 CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
@@ -105,27 +115,34 @@ class SqliteTreeReads:
             FROM {SESSIONS} s WHERE s.tree_id = ? ORDER BY s.created_seq""",
             (self.tree_id,),
         )
-        return self._run(self._shared.patch(rows.fetchall(), None, 8))
+        return self._run(self._shared.patch(rows, None, 8))
 
     def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
-        rows = self._q(
+        rows: list[L2Row] = self._fetch(
             f"""SELECT created_seq, id, label, memory FROM {SESSIONS}
             WHERE tree_id = ? AND role = 'standard' AND status = 'active'
                 AND memory IS NOT NULL AND created_seq > ?
             ORDER BY created_seq LIMIT ?""",
             (self.tree_id, after, limit),
         )
-        return rows.fetchall()
+        return rows
 
     def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
-        return export_rows(self._q, self._run, self._shared, part, sink)
+        conn, where = self._conn, repr(self.path)
+        return export_rows(
+            lambda sql, params: stream_rows(conn, sql, params, where),
+            self._run,
+            self._shared,
+            part,
+            sink,
+        )
 
     def op_topology_text(self) -> TopologyText | None:
         # One statement, so one snapshot; the nodes' ordered subquery is not flattened into
         # an aggregate (SQLite keeps its ORDER BY), so they come in creation order. The
         # sessions come in the table's order (a scan: ordering them costs a third more).
         try:
-            row = self._q(_TOPOLOGY_TEXT, {"tree": self.tree_id}).fetchone()
+            row = self._fetch(_TOPOLOGY_TEXT, {"tree": self.tree_id})[0]
         except StorageError as exc:
             if getattr(exc.__cause__, "sqlite_errorcode", None) == sqlite3.SQLITE_TOOBIG:
                 return None  # longer than SQLite's longest value: `topology_parts` then
@@ -134,4 +151,4 @@ class SqliteTreeReads:
 
     def op_all_nodes(self) -> list[TopologyNode]:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? ORDER BY position"
-        return built(stored_node, self._q(sql, (self.tree_id,)))
+        return built(stored_node, self._fetch(sql, (self.tree_id,)))

@@ -137,6 +137,7 @@ def check_meta(value: object) -> SessionMeta:
     """A `SessionMeta` with a usable id."""
     meta = check_instance(value, SessionMeta, "meta")
     check_identifier(meta.id, "meta.id")
+    _not_a_placeholder(meta.damaged, f"The meta of session {meta.id!r}")
     return meta
 
 
@@ -144,10 +145,21 @@ def check_node(value: object) -> TopologyNode:
     """A `TopologyNode` with usable ids."""
     node = check_instance(value, TopologyNode, "node")
     check_identifier(node.id, "node.id")
+    _not_a_placeholder(node.damaged, f"Node {node.id!r}")
     if node.parent_id is not None:
         check_identifier(node.parent_id, "node.parent_id")
     check_text(node.label, "node.label")
     return node
+
+
+def _not_a_placeholder(damaged: tuple[str, ...], what: str) -> None:
+    """Refuse to store a whole-tree read's stand-in for a damaged row as if it were data."""
+    if damaged:
+        raise InvalidInputError(
+            f"{what} is a placeholder for a damaged row (columns: "
+            f"{', '.join(damaged)}); storing it would write its stand-ins. Give the values "
+            "to keep: model_copy(update={..., 'damaged': ()})."
+        )
 
 
 # -- the arguments of one storage method, checked together ---------------------------------

@@ -186,7 +186,9 @@ class StorageBackend(Protocol):
         ...
 
     def op_delete_sessions(self, session_ids: list[str]) -> None:
-        """Delete the sessions with all their data and their nodes (children come first)."""
+        """Delete the sessions with all their data and their nodes (children come first),
+        and replace the details of their events by `_serde.REMOVED_PAYLOAD` (each event
+        keeps its cursor: none of a removed session's text stays in the log)."""
         ...
 
     # -- L3 records -----------------------------------------------------------------------

@@ -16,10 +16,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints._inline import InlineAsyncPrimitives
 from stello_graph.checkpoints._serde import (
+    REMOVED_PAYLOAD,
     EncodedMessage,
     EventRow,
     MetaRow,
@@ -403,6 +405,11 @@ class InMemoryMainStorage(BackendStorage, InlineAsyncPrimitives):
             if session_id in self._nodes:
                 self._pop(self._nodes, session_id)
             self._pop(self._sessions, session_id)
+        gone = set(session_ids)
+        for index, row in enumerate(self._events):
+            if row[2] in gone and row[3] != REMOVED_PAYLOAD:
+                self._log.record(partial(self._events.__setitem__, index, row))
+                self._events[index] = (*row[:3], REMOVED_PAYLOAD, row[4])
 
     # -- globals --------------------------------------------------------------------------
     def op_get_global(self, key: str) -> str | None:

@@ -38,6 +38,7 @@ from stello_graph.checkpoints._threaded_saver import (
     thread_of,
 )
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
+from stello_graph.errors import StorageError
 
 __all__ = ["HELD_CHECKPOINTS", "StelloSqliteSaver", "open_sqlite", "sqlite_saver"]
 
@@ -100,8 +101,10 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
     @contextmanager
     def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
         """`SqliteSaver.cursor`; a writing one first deletes the threads deleted since the
-        last write, in its own transaction."""
-        with self.lock:
+        last write, in its own transaction. Every statement of the saver runs in one: a
+        failure of SQLite (a full disk, a file gone read-only) is raised as `StorageError`,
+        the original its `__cause__`."""
+        with self.lock, _sqlite_errors(self.conn):
             self.setup()
             cur = self.conn.cursor()
             try:
@@ -304,11 +307,33 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
                 cur.execute("DELETE FROM writes WHERE thread_id = ?", (thread,))
 
     def close(self) -> None:
-        """Write what is held (and delete the deleted threads' rows), close the connection."""
+        """Write what is held (and delete the deleted threads' rows), close the connection.
+        What could not be written is forgotten: closing again does nothing."""
         try:
             self.flush()
         finally:
-            self.conn.close()
+            self._held.clear()
+            self._deleted.clear()
+            with _sqlite_errors(self.conn):
+                self.conn.close()
+
+
+@contextmanager
+def _sqlite_errors(conn: sqlite3.Connection) -> Iterator[None]:
+    """A failure of SQLite in the block, raised as `StorageError` (its `__cause__`)."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        where = _file_of(conn)
+        raise StorageError(f"LangGraph's checkpointer failed on {where}: {exc}") from exc
+
+
+def _file_of(conn: sqlite3.Connection) -> str:
+    try:
+        files = {name: file for _, name, file in conn.execute("PRAGMA database_list")}
+    except sqlite3.Error:
+        return "its SQLite database"
+    return repr(files.get("main") or ":memory:")
 
 
 def sqlite_saver(

@@ -19,15 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import stello_graph.checkpoints._schema as _schema
 from stello_graph.checkpoints._cache import RecordCache
+from stello_graph.checkpoints._flows import one
 from stello_graph.checkpoints._rows import built, stored_meta, stored_node
 from stello_graph.checkpoints._schema import EVENTS, GLOBALS, NODES, RECORDS, ROWS, SESSIONS
 from stello_graph.checkpoints._serde import (
+    REMOVED_PAYLOAD,
     EncodedMessage,
     EventRow,
     MetaRow,
     RecordTurn,
     SessionRead,
     decode_message,
+    decode_records,
     row_to_meta,
 )
 from stello_graph.checkpoints._shared_l3 import (
@@ -37,7 +40,13 @@ from stello_graph.checkpoints._shared_l3 import (
     drive_sqlite,
 )
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
-from stello_graph.checkpoints._sqlite_conn import SqliteHooks, connect
+from stello_graph.checkpoints._sqlite_conn import (
+    SqliteHooks,
+    connect,
+    failure,
+    fetch_rows,
+    quick_check,
+)
 from stello_graph.checkpoints._sqlite_tree import SqliteTreeReads
 from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.checkpoints._validate import check_non_negative, check_tree_id
@@ -148,6 +157,18 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         except sqlite3.Error as exc:
             raise StorageError(f"Cannot open the database {where}: {exc}") from exc
 
+    def check(self) -> None:
+        """Read every page of the database once (SQLite's `PRAGMA quick_check`: about a
+        second per gigabyte), as `stello-graph tree` and `export` do before reading a file.
+
+        Raises:
+            DamagedDataError: the file is damaged (the message says what was found).
+        """
+        self._txn.read(one("quick_check"))
+
+    def op_quick_check(self) -> None:
+        quick_check(self._conn, repr(self.path))
+
     def close(self) -> None:
         """Close the connection (when the storage opened it); waits for a running transaction."""
         if not self._closed:
@@ -178,20 +199,37 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         try:
             return self._conn.execute(sql, params)
         except sqlite3.Error as exc:
-            raise StorageError(f"SQLite failed on {self.path!r}: {exc}") from exc
+            raise failure(exc, repr(self.path)) from exc
+
+    def _fetch(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] = (),
+        session_id: str | None = None,
+    ) -> list[Any]:
+        """The rows of a read of `session_id` (its damaged row: `DamagedDataError`), or of a
+        whole-tree read (no `session_id`: damaged rows come back to be marked, see
+        `fetch_rows`). A statement that reads only numbers may use `_q` itself."""
+        return fetch_rows(self._conn, sql, params, repr(self.path), session_id)
+
+    def _one(self, sql: str, params: Sequence[Any], session_id: str) -> Any:
+        """The first row of a read of `session_id` (see `_fetch`), or `None`."""
+        rows = self._fetch(sql, params, session_id)
+        return rows[0] if rows else None
 
     def _qmany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         try:
             self._conn.executemany(sql, rows)
         except sqlite3.Error as exc:
-            raise StorageError(f"SQLite failed on {self.path!r}: {exc}") from exc
+            raise failure(exc, repr(self.path)) from exc
 
     def _sync_cache(self) -> None:
         self._hooks.sync()
 
-    def _run(self, steps: Lookup[T]) -> T:
-        """Run shared-prefix statements (`_shared_l3`) on the connection."""
-        return drive_sqlite(steps, lambda sql, params: self._q(sql, params).fetchall())
+    def _run(self, steps: Lookup[T], session_id: str | None = None) -> T:
+        """Run shared-prefix statements (`_shared_l3`) on the connection: for a read of
+        `session_id`, or of the whole tree (see `_fetch`)."""
+        return drive_sqlite(steps, lambda sql, params: self._fetch(sql, params, session_id))
 
     # -- sessions -------------------------------------------------------------------------
     def op_session_exists(self, session_id: str) -> bool:
@@ -200,7 +238,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
 
     def op_get_session(self, session_id: str) -> SessionMeta | None:
         sql = f"SELECT {_META} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
-        row = self._q(sql, (self.tree_id, session_id)).fetchone()
+        row = self._one(sql, (self.tree_id, session_id), session_id)
         return None if row is None else row_to_meta(row)
 
     def op_put_session(self, row: MetaRow) -> None:
@@ -231,12 +269,12 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
             where.append("status = ?")
             params.append(status)
         sql = f"SELECT {_META} FROM {SESSIONS} WHERE {' AND '.join(where)} ORDER BY created_seq"
-        return built(stored_meta, self._q(sql, params))
+        return built(stored_meta, self._fetch(sql, params))
 
     def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         assert FIELDS.issuperset(names)
         sql = f"SELECT {', '.join(names)} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
-        row = self._q(sql, (self.tree_id, session_id)).fetchone()
+        row = self._one(sql, (self.tree_id, session_id), session_id)
         return None if row is None else tuple(row)
 
     def op_read_session(
@@ -245,7 +283,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         assert FIELDS.issuperset(names)
         columns = "".join(f", {name}" for name in names)
         sql = f"SELECT {_META}{columns} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
-        row = self._q(sql, (self.tree_id, session_id)).fetchone()
+        row = self._one(sql, (self.tree_id, session_id), session_id)
         if row is None:
             return None
         meta, values = row_to_meta(row[:_META_COUNT]), tuple(row[_META_COUNT:])
@@ -297,14 +335,15 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         cached = self._cache.get(session_id)
         if cached is not None:
             return cached
-        rows = self._run(self._shared.rows(session_id, "data")) or []
-        records = [decode_message(data) for (data,) in rows]
+        rows = self._run(self._shared.rows(session_id, "data"), session_id) or []
+        records = decode_records(session_id, [data for (data,) in rows], decode_message)
         self._cache.put(session_id, records)
         return records
 
     def op_turns(self, session_id: str) -> list[RecordTurn]:
         turns, turn_id = [], ""
-        for stored, turn_seq in self._run(self._shared.rows(session_id, "turn_id, turn_seq")) or ():
+        found = self._run(self._shared.rows(session_id, "turn_id, turn_seq"), session_id)
+        for stored, turn_seq in found or ():
             turn_id = stored or turn_id  # the first record of a run carries the turn's id
             turns.append((turn_id, turn_seq))
         return turns
@@ -315,12 +354,13 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
                 SELECT 1 FROM {ROWS} INDEXED BY stello_records_turns
                 WHERE l3_key = s.l3_key AND turn_id = ?)
             FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"""
-        row = self._q(sql, (turn_id, self.tree_id, session_id)).fetchone()
+        row = self._one(sql, (turn_id, self.tree_id, session_id), session_id)
         if row is None or row[2]:
             return row is not None
         if row[0] is None:
             return False
-        return self._run(self._shared.has_turn(self._run(self._shared.prefix(*row[:2])), turn_id))
+        segments = self._run(self._shared.prefix(*row[:2]), session_id)
+        return self._run(self._shared.has_turn(segments, turn_id), session_id)
 
     def op_count(self, session_id: str) -> int:
         self._sync_cache()
@@ -387,7 +427,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? AND id = ?"
-        row = self._q(sql, (self.tree_id, node_id)).fetchone()
+        row = self._one(sql, (self.tree_id, node_id), node_id)
         return None if row is None else _node(row)
 
     def op_put_node(self, node: TopologyNode) -> None:
@@ -404,14 +444,22 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     def op_children(self, parent_id: str) -> list[TopologyNode]:
         sql = f"""SELECT id, parent_id, label FROM {NODES}
             WHERE tree_id = ? AND parent_id = ? ORDER BY position"""
-        return [stored_node(row) for row in self._q(sql, (self.tree_id, parent_id))]
+        return [stored_node(row) for row in self._fetch(sql, (self.tree_id, parent_id))]
 
     def op_delete_sessions(self, session_ids: list[str]) -> None:
         # Sessions that share a prefix of these copy it first (`_shared_l3`); then ON DELETE
-        # CASCADE removes the records and the node of each session.
+        # CASCADE removes the records and the node of each session. Their events keep their
+        # cursors, without their details (`REMOVED_PAYLOAD`): one pass over the tree's log.
         self._run(self._shared.release(session_ids))
         sql = f"DELETE FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         self._qmany(sql, [(self.tree_id, session_id) for session_id in session_ids])
+        for start in range(0, len(session_ids), 500):  # SQLite binds 32,766 values at most
+            chunk = session_ids[start : start + 500]
+            self._q(
+                f"""UPDATE {EVENTS} SET payload = ? WHERE tree_id = ?
+                    AND session_id IN ({", ".join("?" * len(chunk))})""",
+                (REMOVED_PAYLOAD, self.tree_id, *chunk),
+            )
         for session_id in session_ids:
             self._cache.discard(session_id)
 
@@ -444,7 +492,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     def op_events_after(self, cursor: int, limit: int) -> list[EventRow]:
         sql = f"""SELECT cursor, kind, session_id, payload, at FROM {EVENTS}
             WHERE tree_id = ? AND cursor > ? ORDER BY cursor LIMIT ?"""
-        return [tuple(row) for row in self._q(sql, (self.tree_id, cursor, limit))]
+        return [tuple(row) for row in self._fetch(sql, (self.tree_id, cursor, limit))]
 
 
 def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:

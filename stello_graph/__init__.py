@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from stello_graph.digest import SessionDigest
     from stello_graph.errors import (
         ConsolidationError,
+        DamagedDataError,
         DuplicateLabelError,
         DuplicateSessionError,
         ForeignDatabaseError,
@@ -103,6 +104,7 @@ _LAZY: dict[str, str] = {
     "CompressionPolicy": "stello_graph.compression",
     "SessionDigest": "stello_graph.digest",
     "ConsolidationError": "stello_graph.errors",
+    "DamagedDataError": "stello_graph.errors",
     "DuplicateLabelError": "stello_graph.errors",
     "DuplicateSessionError": "stello_graph.errors",
     "ForeignDatabaseError": "stello_graph.errors",
@@ -260,6 +262,7 @@ __all__ = [
     "SchemaVersionError",
     "NotADatabaseError",
     "ForeignDatabaseError",
+    "DamagedDataError",
     "StorageUnavailableError",
     "UnknownProfileError",
     "SplitGuardError",

@@ -3,6 +3,7 @@ lineage of forks and the sessions' digests."""
 
 from __future__ import annotations
 
+from stello_graph._event_log import EventRecorder
 from stello_graph._flow import arun, run
 from stello_graph._threads import CheckpointThreads
 from stello_graph._validate import check_id
@@ -34,6 +35,7 @@ class _Tree:
     _leases: SessionLeases
     main: MainSession
     _threads: CheckpointThreads
+    _recorder: EventRecorder
 
     # The tree reads raise `NodeNotFoundError` for an id without a node (an unknown id, or a
     # session made outside the tree); an empty answer always means a node that has none.
@@ -144,8 +146,9 @@ class _Tree:
 
         The checkpoint threads of every removed session go too (a turn in flight, or kept
         turns when checkpoints are not pruned, under the current or the earlier thread id),
-        and what was published of it to the agent's store, so none of its text stays
-        behind and a new session given the same id starts clean.
+        and what was published of it to the agent's store; its events in the tree's stored
+        log keep their cursors but lose their details (labels, L2s, insights). So none of
+        its text stays behind and a new session given the same id starts clean.
 
         Raises:
             NodeHasChildrenError: the session has children and `cascade` is false.
@@ -157,6 +160,7 @@ class _Tree:
         if children and not cascade:
             raise NodeHasChildrenError(sid, len(children))
         with self._leases.hold(sid):
+            self._recorder.flush()  # its events queued so far are stored, then blanked
             removed = self.storage.remove_node(sid, cascade=cascade)
             for gone in removed:
                 self._threads.drop(gone)
@@ -173,6 +177,7 @@ class _Tree:
         if children and not cascade:
             raise NodeHasChildrenError(sid, len(children))
         async with self._leases.ahold(sid):
+            await self._recorder.aflush()
             removed = await self.storage.aremove_node(sid, cascade=cascade)
             for gone in removed:
                 await self._threads.adrop(gone)

@@ -9,6 +9,15 @@ from collections.abc import Callable
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+from stello_graph.checkpoints._damage import (
+    ROLES,
+    STATUSES,
+    UNDECODABLE,
+    meta_damage,
+    shown,
+    undecodable,
+)
+
 if TYPE_CHECKING:
     from stello_graph.checkpoints._sqlite_rows import TreeRows
     from stello_graph.checkpoints.backend import ExportPart, RowSink
@@ -16,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXPORT_FORMAT",
     "RowReader",
+    "damage_of",
     "head_of",
     "node_entry",
     "session_entries",
@@ -25,6 +35,9 @@ __all__ = [
 
 EXPORT_FORMAT = "stello-graph.export/1"
 """The `format` field of an export; the number changes with its shape."""
+
+UNDECODABLE_RECORD = "undecodable"
+"""The key of a record that does not decode, in an export: `{"undecodable": <its text>}`."""
 
 _ITEM = "\n    "
 """What comes before each line of a list item: the items of the export's two lists sit at the
@@ -47,35 +60,85 @@ def _json_time(text: str) -> str:
 
 
 def _entry(row: tuple[Any, ...]) -> dict[str, Any]:
-    """The export entry of a session row (`ExportPart` `"sessions"`), without records."""
+    """The export entry of a session row (`ExportPart` `"sessions"`), without records; of a
+    damaged row, what decodes, stand-ins, and its columns that do not (`"damaged"`)."""
     sid, label, role, status, tags, metadata, created, updated = row[:8]
     parent_id, turns, record_count, system_prompt, memory, insight = row[8:14]
-    standard = role == "standard"
+    try:
+        entry = {
+            "id": sid,
+            "label": label,
+            "role": role,
+            "status": status,
+            "tags": [] if tags == "[]" else _loaded(tags, list),
+            "metadata": {} if metadata == "{}" else _loaded(metadata, dict),
+            "created_at": _json_time(created),
+            "updated_at": _json_time(updated),
+        }
+        sound = role in ROLES and status in STATUSES and not any(map(undecodable, row[:14]))
+    except (ValueError, TypeError):
+        sound = False
+    if not sound:
+        entry, damaged = _placeholder(row)
+    standard = entry["role"] == "standard"
+    entry.update(
+        parent_id=parent_id,
+        turns=turns,
+        record_count=record_count,
+        system_prompt=system_prompt,
+        l2=memory if standard else None,
+        insight=insight if standard else None,
+    )
+    if not sound:
+        if undecodable(parent_id):
+            entry["parent_id"], damaged = shown(parent_id), (*damaged, "parent_id")
+        for key, column, value in (
+            ("system_prompt", "system_prompt", system_prompt),
+            ("l2", "memory", memory),
+            ("insight", "insight", insight),
+        ):
+            if undecodable(value):
+                entry[key], damaged = UNDECODABLE, (*damaged, column)
+        entry["damaged"] = list(damaged)
+    return entry
+
+
+def _loaded(text: str, kind: type) -> Any:
+    value = json.loads(text)
+    if not isinstance(value, kind):
+        raise ValueError(f"not a JSON {kind.__name__}")
+    return value
+
+
+def _placeholder(row: tuple[Any, ...]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The meta part of a damaged session row's entry, and its columns that do not decode."""
+    bad = meta_damage(row[:8])
+    sid, label, role, status, tags, metadata, created, updated = row[:8]
     return {
-        "id": sid,
-        "label": label,
-        "role": role,
-        "status": status,
-        "tags": [] if tags == "[]" else json.loads(tags),
-        "metadata": {} if metadata == "{}" else json.loads(metadata),
-        "created_at": _json_time(created),
-        "updated_at": _json_time(updated),
-        "parent_id": parent_id,
-        "turns": turns,
-        "record_count": record_count,
-        "system_prompt": system_prompt,
-        "l2": memory if standard else None,
-        "insight": insight if standard else None,
-    }
+        "id": shown(sid),
+        "label": UNDECODABLE if "label" in bad else label,
+        "role": "standard" if "role" in bad else role,
+        "status": "active" if "status" in bad else status,
+        "tags": [] if "tags" in bad else json.loads(tags),
+        "metadata": {} if "metadata" in bad else json.loads(metadata),
+        "created_at": None if "created_at" in bad else _json_time(created),
+        "updated_at": None if "updated_at" in bad else _json_time(updated),
+    }, bad
 
 
 def _record_dict(data: str) -> dict[str, Any]:
-    """A stored record as `messages_to_dict` gives it (the message decoded: LangChain)."""
+    """A stored record as `messages_to_dict` gives it (the message decoded: LangChain); a
+    record that does not decode, as `{"undecodable": <its stored text>}`."""
     from langchain_core.messages import message_to_dict
 
     from stello_graph.checkpoints._serde import decode_message
 
-    return message_to_dict(decode_message(data))
+    if not undecodable(data):
+        try:
+            return message_to_dict(decode_message(data))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            pass
+    return {UNDECODABLE_RECORD: shown(data)}
 
 
 def session_entries(
@@ -88,12 +151,15 @@ def session_entries(
     held: list[dict[str, Any]] = []  # the entry being filled: one session's records at most
 
     def take(row: tuple[Any, ...]) -> None:
-        if held and held[0]["id"] != row[0]:
+        if held and held[0]["id"] != shown(row[0]):
             emit(held.pop())
         if not held:
             held.append({**_entry(row), "records": []})
         if row[14] is not None:
-            held[0]["records"].append(_record_dict(row[14]))
+            record = _record_dict(row[14])
+            held[0]["records"].append(record)
+            if UNDECODABLE_RECORD in record and "records" not in held[0].get("damaged", ()):
+                held[0]["damaged"] = [*held[0].get("damaged", ()), "records"]
 
     reader.export_rows("records", take)
     if held:
@@ -101,35 +167,68 @@ def session_entries(
 
 
 def node_entry(row: tuple[Any, ...]) -> dict[str, Any]:
-    return {"id": row[0], "parent_id": row[1], "label": row[2]}
+    """The export entry of a node row (`ExportPart` `"nodes"`): a label that does not
+    decode is `"(undecodable)"`, marked `"damaged"`; a node no root reaches (its parents
+    make a cycle) is marked `"detached"`."""
+    nid, parent, label = row[0], row[1], row[2]
+    entry: dict[str, Any] = {"id": nid, "parent_id": parent, "label": label}
+    damaged = [c for c, v in zip(("id", "parent_id", "label"), row, strict=False) if undecodable(v)]
+    if damaged:
+        entry.update(id=shown(nid), parent_id=None if parent is None else shown(parent))
+        entry.update(damaged=damaged, label=UNDECODABLE if "label" in damaged else label)
+    if len(row) > 3 and row[3]:
+        entry["detached"] = True
+    return entry
 
 
 def head_of(tree_id: str, main: tuple[str, str | None] | None) -> dict[str, Any]:
     """The export's first members, from the main session's id and synthesis."""
+    synthesis = main[1] if main else None
     return {
         "format": EXPORT_FORMAT,
         "tree_id": tree_id,
-        "main_session_id": main[0] if main else None,
-        "synthesis": main[1] if main else None,
+        "main_session_id": shown(main[0]) if main else None,
+        "synthesis": UNDECODABLE if undecodable(synthesis) else synthesis,
     }
 
 
-def write_export_rows(rows: TreeRows, out: TextIO, *, records: bool = False) -> None:
-    """What `write_export` writes for the storage of the same SQLite file, read from `rows`
-    (one snapshot, no model built: what `stello-graph export` runs)."""
-    write_rows(rows, head_of(rows.tree_id, rows.main_session()), out, records)
+def write_export_rows(
+    rows: TreeRows, out: TextIO, *, records: bool = False
+) -> dict[str, tuple[str, ...]]:
+    """What `write_export` writes (and returns) for the storage of the same SQLite file,
+    read from `rows` (one snapshot, no model built: what `stello-graph export` runs)."""
+    return write_rows(rows, head_of(rows.tree_id, rows.main_session()), out, records)
 
 
-def write_rows(reader: RowReader, head: dict[str, Any], out: TextIO, records: bool) -> None:
+def write_rows(
+    reader: RowReader, head: dict[str, Any], out: TextIO, records: bool
+) -> dict[str, tuple[str, ...]]:
+    """Write the export; return what it marked `damaged` (or `detached`), by id."""
+    damaged: dict[str, tuple[str, ...]] = {}
     text = json.dumps(head, indent=2, ensure_ascii=False)
     out.write(text[:-2] + ',\n  "nodes": ')  # the head's members, without its closing brace
-    _write_list(out, lambda emit: reader.export_rows("nodes", lambda r: emit(node_entry(r))))
+    _write_list(
+        out, lambda emit: reader.export_rows("nodes", lambda r: emit(node_entry(r))), damaged
+    )
     out.write(',\n  "sessions": ')
-    _write_list(out, lambda emit: session_entries(reader, records, emit))
+    _write_list(out, lambda emit: session_entries(reader, records, emit), damaged)
     out.write("\n}")
+    return damaged
 
 
-def _write_list(out: TextIO, produce: Callable[[Callable[[dict[str, Any]], None]], object]) -> None:
+def damage_of(entry: dict[str, Any], found: dict[str, tuple[str, ...]]) -> None:
+    """Add what an export entry marks (`damaged`, `detached`) to `found`, by id."""
+    columns = [*entry.get("damaged", ()), *(["parent_id"] if entry.get("detached") else [])]
+    if columns:
+        sid = entry["id"]
+        found[sid] = tuple(dict.fromkeys((*found.get(sid, ()), *columns)))
+
+
+def _write_list(
+    out: TextIO,
+    produce: Callable[[Callable[[dict[str, Any]], None]], object],
+    damaged: dict[str, tuple[str, ...]],
+) -> None:
     """Write the items `produce` emits as a JSON list at the second level of indentation."""
     first = [True]
 
@@ -137,6 +236,8 @@ def _write_list(out: TextIO, produce: Callable[[Callable[[dict[str, Any]], None]
         text = _dumps_entry(item).replace("\n", _ITEM)
         out.write(("[" if first[0] else ",") + _ITEM + text)
         first[0] = False
+        if "damaged" in item or "detached" in item:
+            damage_of(item, damaged)
 
     produce(emit)
     out.write("[]" if first[0] else "\n  ]")

@@ -6,10 +6,19 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
+from stello_graph.checkpoints._damage import UNDECODABLE, shown, undecodable
+
 if TYPE_CHECKING:
     from stello_graph.lineage import ForkPoint
 
-__all__ = ["TOPOLOGY_SESSION_COLUMNS", "NodeRow", "TopologyText", "tree_order", "tree_text"]
+__all__ = [
+    "TOPOLOGY_SESSION_COLUMNS",
+    "NodeRow",
+    "TopologyText",
+    "marked_rows",
+    "tree_order",
+    "tree_text",
+]
 
 
 class _Node(Protocol):
@@ -61,9 +70,13 @@ class TopologyText(NamedTuple):
 N = TypeVar("N", bound=_Node)
 
 
-def tree_order(nodes: Sequence[N]) -> list[N]:
+def tree_order(nodes: Sequence[N], detached: set[str] | None = None) -> list[N]:
     """`nodes` (in creation order) in depth-first pre-order, siblings in creation order; a
-    node whose parent is not among them is a root."""
+    node whose parent is not among them is a root.
+
+    Every node is in the result: those no root reaches (their parents make a cycle: a
+    damaged tree) come last, each cycle walked from its first-created node as if that were
+    a root; their ids go to `detached`, when given."""
     ids = {node.id for node in nodes}
     roots: list[N] = []
     children: dict[str, list[N]] = {}
@@ -86,11 +99,66 @@ def tree_order(nodes: Sequence[N]) -> list[N]:
                 break
         else:
             stack.pop()
+    if len(ordered) < len(nodes):
+        _walk_cycles(nodes, children, ordered, detached)
     return ordered
 
 
+def _walk_cycles(
+    nodes: Sequence[N],
+    children: dict[str, list[N]],
+    ordered: list[N],
+    detached: set[str] | None,
+) -> None:
+    """Append to `ordered` the nodes it lacks (no root reaches them), each cycle from its
+    first-created node on."""
+    seen = {node.id for node in ordered}
+    for start in nodes:
+        if start.id in seen:
+            continue
+        if detached is not None:
+            detached.add(start.id)
+        seen.add(start.id)
+        ordered.append(start)
+        stack = [iter(children.get(start.id, ()))]
+        while stack:
+            for node in stack[-1]:
+                if node.id in seen:
+                    continue
+                seen.add(node.id)
+                ordered.append(node)
+                stack.append(iter(children.get(node.id, ())))
+                break
+            else:
+                stack.pop()
+
+
+def marked_rows(
+    rows: Sequence[NodeRow], detached: Collection[str]
+) -> tuple[list[NodeRow], dict[str, tuple[str, ...]]]:
+    """`rows` (from `tree_order`) as a view shows them, and the damage of each node that
+    needs a stand-in: a text that does not decode (`"(undecodable)"` for a label), or a
+    node of `detached` (then a root: `parent_id`)."""
+    damage: dict[str, tuple[str, ...]] = {}
+    marked = []
+    for row in rows:
+        bad = [name for name, value in zip(NodeRow._fields, row, strict=True) if undecodable(value)]
+        parent = None if row.id in detached else row.parent_id
+        if row.id in detached and "parent_id" not in bad:
+            bad.append("parent_id")
+        if bad:
+            label = UNDECODABLE if "label" in bad else row.label
+            row = NodeRow(shown(row.id), None if parent is None else shown(parent), label)
+            damage[row.id] = tuple(bad)
+        marked.append(row)
+    return marked, damage
+
+
 def tree_text(
-    nodes: Sequence[_Node], archived: Collection[str], lineage: Mapping[str, ForkPoint]
+    nodes: Sequence[_Node],
+    archived: Collection[str],
+    lineage: Mapping[str, ForkPoint],
+    damaged: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
     """The tree as indented text, one session per line (`Topology.render_text`).
 
@@ -98,7 +166,10 @@ def tree_text(
         nodes: every node, parents before children, siblings in creation order.
         archived: the ids of the archived sessions.
         lineage: the fork point of each forked session, by id.
+        damaged: the columns of each damaged session that do not decode (`parent_id`: its
+            node was detached from a cycle, and is shown as a root).
     """
+    damaged = damaged or {}
     by_id = {node.id: node for node in nodes}
     children: dict[str | None, list[_Node]] = {}
     for node in nodes:
@@ -126,6 +197,11 @@ def tree_text(
         status = " [archived]" if node.id in archived else ""
         label = node.label or "(no label)"
         lines.append(f"{prefix}{branch}{label}{status}  ({node.id}){forked(node)}")
+        bad = damaged.get(node.id, ())
+        if "parent_id" in bad:
+            lines[-1] += "  [detached: its parents make a cycle]"
+        if [column for column in bad if column != "parent_id"]:
+            lines[-1] += f"  [damaged: {', '.join(c for c in bad if c != 'parent_id')}]"
         kids = children.get(node.id, [])
         below = prefix + ("" if top else ("    " if last else "│   "))
         stack.extend(

@@ -336,11 +336,12 @@ class StelloAgent(_Turns, _Memory, _Tree):
         if isinstance(self._turn_saver, KeptTurnSaver):
             self._turn_saver.flush()  # a run that nothing ended (none, unless one was cut off)
         close_saver = getattr(self.checkpointer, "close", None)
-        if self._owns_saver and close_saver is not None:
-            close_saver()
-        if self._owns_storage:
+        try:
+            if self._owns_saver and close_saver is not None:
+                close_saver()
+        finally:  # the storage is closed even when the saver could not write what it held
             close = getattr(self.storage, "close", None)
-            if close is not None:
+            if self._owns_storage and close is not None:
                 close()
 
     async def aclose(self) -> None:

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stello_graph._copies import ashared_records, shared_records
 from stello_graph._flow import Call, Flow, Storage
 from stello_graph._validate import check_id
+from stello_graph.checkpoints._damage import UNDECODABLE, shown, undecodable
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import SessionMeta, SessionRole, SessionStatus, TopologyNode
 from stello_graph.storage import SessionStorage
@@ -85,6 +86,8 @@ class SessionDigest:
             inherited ones included, without an L2): how much a consolidation would add.
         insight: the pending insight, not yet shown to the session, or `None`.
         last_activity: when the session last changed (`updated_at`: its meta or its L3).
+        damaged: the columns of a damaged row that do not decode (see `DamagedDataError`),
+            shown with stand-ins (the label `"(undecodable)"`, ...); empty when sound.
     """
 
     id: str
@@ -97,6 +100,7 @@ class SessionDigest:
     stale_turns: int
     insight: str | None
     last_activity: datetime
+    damaged: tuple[str, ...] = ()
 
 
 def check_status(value: object) -> SessionStatus | None:
@@ -113,25 +117,74 @@ _SET = {f.name: getattr(SessionDigest, f.name).__set__ for f in fields(SessionDi
 _set_id, _set_label, _set_role = _SET["id"], _SET["label"], _SET["role"]
 _set_status, _set_parent, _set_turns = _SET["status"], _SET["parent_id"], _SET["turns"]
 _set_l2, _set_stale, _set_insight = _SET["l2"], _SET["stale_turns"], _SET["insight"]
-_set_at = _SET["last_activity"]
+_set_at, _set_damaged = _SET["last_activity"], _SET["damaged"]
 
 
 def digest_from_row(row: DigestRow) -> SessionDigest:
-    """The `SessionDigest` of a backend's row (its values as the backend wrote them)."""
+    """The `SessionDigest` of a backend's row (its values as the backend wrote them); of a
+    damaged row, stand-ins for what does not decode, marked `damaged`."""
     sid, label, role, status, updated_at, parent_id, turns, memory, stale, insight = row
-    at = datetime.fromisoformat(updated_at)  # written with its offset (`_serde.to_iso`)
+    role, status = _ROLE.get(role, role), _STATUS.get(status, status)
+    damaged: tuple[str, ...] = ()
+    try:
+        at = datetime.fromisoformat(updated_at)  # written with its offset (`_serde.to_iso`)
+        sound = role in _ROLES and status in _STATUSES
+        sound = sound and not any(undecodable(v) for v in (sid, label, parent_id, memory, insight))
+    except (ValueError, TypeError):
+        at, sound = _EPOCH, False
+    if not sound:
+        sid, label, role, status, parent_id, memory, insight, damaged = _stand_ins(row)
     digest = _new(SessionDigest)
     _set_id(digest, sid)
     _set_label(digest, label)
-    _set_role(digest, _ROLE.get(role, role))
-    _set_status(digest, _STATUS.get(status, status))
+    _set_role(digest, role)
+    _set_status(digest, status)
     _set_parent(digest, parent_id)
     _set_turns(digest, turns)
     _set_l2(digest, memory)
     _set_stale(digest, stale)
     _set_insight(digest, insight)
     _set_at(digest, at if at.tzinfo is not None else at.replace(tzinfo=UTC))
+    _set_damaged(digest, damaged)
     return digest
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _stand_ins(row: DigestRow) -> tuple[Any, ...]:
+    """A damaged digest row's values, a stand-in for each that does not decode, and the
+    columns of those."""
+    sid, label, role, status, updated_at, parent_id, _, memory, _, insight = row
+    role, status = _ROLE.get(role, role), _STATUS.get(status, status)
+    try:
+        datetime.fromisoformat(updated_at)
+        dated = True
+    except (ValueError, TypeError):
+        dated = False
+    damaged = [
+        name
+        for name, bad in (
+            *((name, undecodable(v)) for name, v in (("id", sid), ("label", label))),
+            ("role", role not in _ROLES),
+            ("status", status not in _STATUSES),
+            ("updated_at", not dated),
+            ("parent_id", undecodable(parent_id)),
+            ("memory", undecodable(memory)),
+            ("insight", undecodable(insight)),
+        )
+        if bad
+    ]
+    return (
+        shown(sid),
+        UNDECODABLE if undecodable(label) else label,
+        role if role in _ROLES else "standard",
+        status if status in _STATUSES else "active",
+        None if parent_id is None else shown(parent_id),
+        UNDECODABLE if undecodable(memory) else memory,
+        UNDECODABLE if undecodable(insight) else insight,
+        tuple(damaged),
+    )
 
 
 def digests_flow(status: object = None) -> Flow[list[SessionDigest]]:

@@ -41,6 +41,7 @@ derive from the other branches::
         ├── SchemaVersionError           the database was written by a newer schema
         ├── NotADatabaseError            the file is not a SQLite database
         ├── ForeignDatabaseError         another application's database, not stello's
+        ├── DamagedDataError             stored data that does not decode (a row, a file)
         └── StorageUnavailableError      the database server cannot be reached, or went away
 """
 
@@ -50,6 +51,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "ConsolidationError",
+    "DamagedDataError",
     "DuplicateLabelError",
     "DuplicateSessionError",
     "ForeignDatabaseError",
@@ -362,6 +364,17 @@ class ForeignDatabaseError(StorageError):
     (`SqliteMainStorage(path, allow_foreign_tables=True)`); the file is left untouched. A
     PostgreSQL database is refused when it holds tables named like stello's that stello did
     not make.
+    """
+
+
+class DamagedDataError(StorageError):
+    """Stored data cannot be read back: a session's row holds a value that does not decode
+    (text that is not UTF-8, a JSON column that is not JSON, an unknown role or status), or
+    the database file fails SQLite's `PRAGMA quick_check`.
+
+    A read of the damaged session raises it, naming the session and the column; whole-tree
+    reads (`tree()`, `digests()`, the export, the inspector) show every other session as it
+    is and the damaged one as a placeholder marked `damaged` with its columns.
     """
 
 

@@ -21,7 +21,8 @@ Example:
     >>> data["format"], json.loads(json.dumps(data)) == data
     ('stello-graph.export/1', True)
     >>> out = io.StringIO()
-    >>> write_export(agent.storage, out)
+    >>> write_export(agent.storage, out)  # returns the damaged sessions it marked
+    {}
     >>> out.getvalue() == json.dumps(data, indent=2, ensure_ascii=False)
     True
 """
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from stello_graph._export_rows import (
     EXPORT_FORMAT,
     RowReader,
+    damage_of,
     head_of,
     node_entry,
     session_entries,
@@ -80,7 +82,9 @@ def export_tree(storage: MainStorage, *, records: bool = False) -> dict[str, Any
     return {**_head(storage), "nodes": nodes, "sessions": sessions}
 
 
-def write_export(storage: MainStorage, out: TextIO, *, records: bool = False) -> None:
+def write_export(
+    storage: MainStorage, out: TextIO, *, records: bool = False
+) -> dict[str, tuple[str, ...]]:
     """Write the export of `storage` to `out`: the text of `json.dumps(export_tree(storage,
     records=records), indent=2, ensure_ascii=False)`, written entry by entry as the tree is
     read (each part of it in one pass on a stello storage), so memory stays flat whatever
@@ -91,12 +95,21 @@ def write_export(storage: MainStorage, out: TextIO, *, records: bool = False) ->
         out: a text stream (a file, `sys.stdout`).
         records: also include every session's L3 records (LangChain message dicts; decoding
             them loads LangChain).
+
+    Returns:
+        The sessions of a damaged tree the export marks, by id: the columns of each it shows
+        with stand-ins (`"damaged"`), `parent_id` for a node no root reaches (`"detached"`:
+        its parents make a cycle). Empty for a sound tree.
     """
     reader = _streams(storage)
     if reader is None:
-        out.write(json.dumps(export_tree(storage, records=records), indent=2, ensure_ascii=False))
-        return
-    write_rows(reader, _head(storage), out, records)
+        data = export_tree(storage, records=records)
+        out.write(json.dumps(data, indent=2, ensure_ascii=False))
+        damaged: dict[str, tuple[str, ...]] = {}
+        for entry in (*data["nodes"], *data["sessions"]):
+            damage_of(entry, damaged)
+        return damaged
+    return write_rows(reader, _head(storage), out, records)
 
 
 # -- a storage without `export_rows`: one read per session --------------------------------
@@ -106,9 +119,18 @@ def _export_by_session(storage: MainStorage, records: bool) -> dict[str, Any]:
     tree = Topology.read(storage)
     return {
         **_head(storage),
-        "nodes": [node.model_dump(mode="json") for node in tree.nodes],
+        "nodes": [_marked(node.model_dump(mode="json"), node.damaged) for node in tree.nodes],
         "sessions": list(_entries_by_session(storage, tree, records)),
     }
+
+
+def _marked(entry: dict[str, Any], damaged: tuple[str, ...]) -> dict[str, Any]:
+    """An entry of a model, marked as the streamed export marks its row."""
+    if "parent_id" in damaged:
+        entry["detached"] = True
+    if [column for column in damaged if column != "parent_id"]:
+        entry["damaged"] = [column for column in damaged if column != "parent_id"]
+    return entry
 
 
 def _entries_by_session(
@@ -119,7 +141,7 @@ def _entries_by_session(
         if meta is None:
             continue
         standard = meta.role == "standard"
-        entry: dict[str, Any] = meta.model_dump(mode="json")
+        entry: dict[str, Any] = _marked(meta.model_dump(mode="json"), meta.damaged)
         entry["parent_id"] = node.parent_id
         entry["turns"] = tree.turns.get(node.id, 0)
         entry["record_count"] = storage.count_records(node.id)

@@ -65,6 +65,10 @@ class SessionMeta(BaseModel):
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
     """When the session last changed: its meta, or records appended to its L3."""
+    damaged: tuple[str, ...] = Field(default=(), exclude=True, repr=False)
+    """The stored columns that could not be decoded, when this meta is a whole-tree read's
+    placeholder for a damaged row (see `DamagedDataError`): each shows a stand-in (the label
+    `"(undecodable)"`, no tags, ...). Empty for every sound row; never stored."""
 
 
 class TopologyNode(BaseModel):
@@ -77,6 +81,10 @@ class TopologyNode(BaseModel):
     """`None` marks the root (the main session)."""
     label: str = ""
     """A copy of the session's label, so the tree can be drawn without loading sessions."""
+    damaged: tuple[str, ...] = Field(default=(), exclude=True, repr=False)
+    """The stored columns that could not be decoded (the label of a damaged row), or
+    `"parent_id"` for a node whose parents make a cycle: a whole-tree read shows such a
+    node as a root (`parent_id=None`) after the tree. Empty for every sound node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +189,7 @@ class SessionStats:
         turns_since_memory: user turns among the records after `memory_through`: how stale
             the L2 is (every turn, when there is no L2).
         has_memory / has_insight / has_subtree_synthesis: whether each is stored.
+        damaged: the columns of a damaged row (see `DamagedDataError`); empty when sound.
     """
 
     id: str
@@ -197,6 +206,8 @@ class SessionStats:
     has_memory: bool
     has_insight: bool
     has_subtree_synthesis: bool
+    damaged: tuple[str, ...] = ()
+    """The columns of the session's row that could not be decoded (stand-ins are shown)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,9 +24,11 @@ from stello_graph._tree_text import (
     TOPOLOGY_SESSION_COLUMNS,
     NodeRow,
     TopologyText,
+    marked_rows,
     tree_order,
     tree_text,
 )
+from stello_graph.checkpoints._damage import marked, row_damage, shown, undecodable
 from stello_graph.lineage import ForkPoint
 from stello_graph.models import SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
@@ -208,14 +210,28 @@ class Topology:
     # -- the rows: what every view reads --------------------------------------------------
     @cached_property
     def _rows(self) -> list[NodeRow]:
-        """Every node as a row, in `nodes`' order."""
+        """Every node as a row, in `nodes`' order; a node detached from a cycle is a root
+        (see `damaged`), a label that does not decode `"(undecodable)"`."""
         text = self._text
         if text is None:
-            return [NodeRow(node.id, node.parent_id, node.label) for node in self.nodes]
+            return [
+                NodeRow(
+                    node.id, None if "parent_id" in node.damaged else node.parent_id, node.label
+                )
+                for node in self.nodes
+            ]
         from stello_graph.checkpoints._rows import no_collection
 
+        detached: set[str] = set()
+        flagged = undecodable(text.nodes)
         with no_collection():
-            return tree_order([NodeRow(*row) for row in json.loads(text.nodes)])
+            parsed = json.loads(text.nodes)
+            if flagged:  # read from rows that are not UTF-8: their texts marked
+                parsed = [[marked(value) for value in row] for row in parsed]
+            rows = tree_order([NodeRow(*row) for row in parsed], detached)
+        if detached or flagged:
+            rows, self.__dict__["_node_damage"] = marked_rows(rows, detached)
+        return rows
 
     @cached_property
     def _session_rows(self) -> dict[str, list[Any]]:
@@ -224,7 +240,11 @@ class Topology:
         from stello_graph.checkpoints._rows import no_collection
 
         with no_collection():
-            return {row[0]: row for row in json.loads(self._text.sessions)}
+            rows = json.loads(self._text.sessions)
+        if undecodable(self._text.sessions):  # ids too: keyed as the nodes show them
+            rows = [[marked(value) for value in row] for row in rows]
+            return {shown(row[0]): row for row in rows}
+        return {row[0]: row for row in rows}
 
     @cached_property
     def _shown(self) -> dict[str, list[Any]]:
@@ -254,9 +274,16 @@ class Topology:
         `Topology` made of models), else one built for the call."""
         if self._text is None or "nodes" in self.__dict__:
             return self._by_id[row.id]
+        return self._node_of(row)
+
+    def _node_of(self, row: NodeRow) -> TopologyNode:
         from stello_graph.checkpoints._rows import stored_node
 
-        return stored_node(row)
+        node = stored_node(row)
+        damage = self.__dict__.get("_node_damage")
+        if damage and row.id in damage:
+            return node.model_copy(update={"damaged": damage[row.id]})
+        return node
 
     @cached_property
     def _by_id(self) -> dict[str, TopologyNode]:
@@ -266,9 +293,9 @@ class Topology:
     @cached_property
     def nodes(self) -> tuple[TopologyNode, ...]:
         """Every node, parents before children, siblings in creation order."""
-        from stello_graph.checkpoints._rows import built, stored_node
+        from stello_graph.checkpoints._rows import built
 
-        return tuple(built(stored_node, self._rows))
+        return tuple(built(self._node_of, self._rows))
 
     @cached_property
     def sessions(self) -> Mapping[str, SessionMeta]:
@@ -328,10 +355,29 @@ class Topology:
 
     __hash__ = None  # type: ignore[assignment]
 
+    @cached_property
+    def damaged(self) -> Mapping[str, tuple[str, ...]]:
+        """The sessions of a damaged tree, by id: the columns of each that do not decode (a
+        label, tags, metadata, a role or status; see `DamagedDataError`), shown with
+        stand-ins in `nodes` and `sessions`, and `parent_id` for a node detached from a
+        cycle of parents (shown as a root after the tree). Empty for a sound tree."""
+        rows = self._rows
+        found: dict[str, tuple[str, ...]] = dict(self.__dict__.get("_node_damage", {}))
+        if self._text is None:
+            for node in self.nodes:
+                if node.damaged:
+                    found[node.id] = node.damaged
+            metas = {sid: meta.damaged for sid, meta in self.sessions.items() if meta.damaged}
+        else:
+            metas = {sid: bad for sid, row in self._shown.items() if (bad := row_damage(row))}
+        for sid, columns in metas.items():
+            found[sid] = tuple(dict.fromkeys((*found.get(sid, ()), *columns)))
+        return {row.id: found[row.id] for row in rows if row.id in found} if found else {}
+
     def render_text(self) -> str:
-        """The tree as indented text, one session per line."""
+        """The tree as indented text, one session per line (damaged ones marked)."""
         archived = {sid for sid, status in self._statuses.items() if status == "archived"}
-        return tree_text(self._rows, archived, self.lineage)
+        return tree_text(self._rows, archived, self.lineage, self.damaged)
 
     def __str__(self) -> str:
         return self.render_text()
@@ -362,30 +408,41 @@ class Topology:
             }
         from stello_graph.checkpoints._serde import from_iso
 
+        damaged = self.damaged
         return {
-            sid: (row[_ROLE], row[_STATUS], from_iso(row[_UPDATED]).isoformat())
+            sid: (
+                (row[_ROLE], row[_STATUS], from_iso(row[_UPDATED]).isoformat())
+                if sid not in damaged
+                else self._placeholder_fields(sid)
+            )
             for sid, row in self._shown.items()
         }
+
+    def _placeholder_fields(self, session_id: str) -> tuple[str, str, str]:
+        meta = self.sessions[session_id]
+        return meta.role, meta.status, meta.updated_at.isoformat()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable form: nodes with their session's label, role, status, turns,
         lineage (`forked_from`, `forked_at_turn`) and last change (ISO 8601)."""
         fields, turns, lineage = self._meta_fields(), self.turns, self.lineage
+        damaged = self.damaged
         out: list[dict[str, Any]] = []
         for node in self._rows:
             role, status, updated_at = fields.get(node.id, (None, None, None))
             point = lineage.get(node.id)
-            out.append(
-                {
-                    "id": node.id,
-                    "parent_id": node.parent_id,
-                    "label": node.label,
-                    "role": role,
-                    "status": status,
-                    "turns": turns.get(node.id, 0),
-                    "forked_from": point.source_id if point else None,
-                    "forked_at_turn": point.at_turn if point else None,
-                    "updated_at": updated_at,
-                }
-            )
+            entry: dict[str, Any] = {
+                "id": node.id,
+                "parent_id": node.parent_id,
+                "label": node.label,
+                "role": role,
+                "status": status,
+                "turns": turns.get(node.id, 0),
+                "forked_from": point.source_id if point else None,
+                "forked_at_turn": point.at_turn if point else None,
+                "updated_at": updated_at,
+            }
+            if node.id in damaged:
+                entry["damaged"] = list(damaged[node.id])
+            out.append(entry)
         return {"nodes": out}

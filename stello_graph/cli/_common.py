@@ -84,6 +84,11 @@ class Console:
         self.stderr.write(f"stello-graph: error: {text}\n")
         self.stderr.flush()
 
+    def warning(self, text: str) -> None:
+        """Something the user should know about the output: on stderr."""
+        self.stderr.write(f"stello-graph: warning: {text}\n")
+        self.stderr.flush()
+
     def read(self, prompt: str) -> str | None:
         """One line typed by the user, without its newline; `None` at the end of input."""
         if self.interactive:

@@ -9,10 +9,13 @@ start); an older file, and the star map, go through `SqliteMainStorage` and `Top
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from stello_graph._export_rows import EXPORT_FORMAT, write_export_rows
-from stello_graph._tree_text import NodeRow, tree_text
+from stello_graph._tree_text import NodeRow, marked_rows, tree_order, tree_text
+from stello_graph.checkpoints._damage import shown, undecodable
 from stello_graph.checkpoints._sqlite_rows import TreeRows
 from stello_graph.cli._common import CliError, Console, check_tree, open_tree
 from stello_graph.lineage import ForkPoint
@@ -24,18 +27,48 @@ def _summary(sessions: int, archived: int, turns: int) -> str:
     return f"{sessions} session(s), {archived} archived, {turns} turn(s)"
 
 
-def _printed(rows: TreeRows) -> tuple[str, str]:
-    """The tree's text and summary line, as `Topology.read(storage)` gives them."""
+def _printed(rows: TreeRows) -> tuple[str, str, dict[str, tuple[str, ...]]]:
+    """The tree's text and summary line, as `Topology.read(storage)` gives them (a damaged
+    tree's too: what does not decode, and nodes detached from a cycle, marked)."""
     nodes: list[NodeRow] = []
-    rows.export_rows("nodes", lambda row: nodes.append(NodeRow(*row)))
+    unreached: list[bool] = []
+
+    def take(row: tuple[Any, ...]) -> None:
+        nodes.append(NodeRow(*row[:3]))
+        unreached.append(bool(row[3]))
+
+    rows.export_rows("nodes", take)
+    damaged: dict[str, tuple[str, ...]] = {}
+    if any(unreached) or any(undecodable(value) for node in nodes for value in node):
+        detached: set[str] = set()
+        nodes, damaged = marked_rows(tree_order(nodes, detached), detached)
     ids = {node.id for node in nodes}
-    marks = [mark for mark in rows.session_marks() if mark[0] in ids]
-    archived = {sid for sid, status, *_ in marks if status == "archived"}
+    marks = [mark for mark in rows.session_marks() if shown(mark[0]) in ids]
+    archived = {shown(sid) for sid, status, *_ in marks if status == "archived"}
     lineage = {
-        sid: ForkPoint(sid, source, at) for sid, _, _, source, at in marks if source is not None
+        shown(sid): ForkPoint(shown(sid), shown(source), at)
+        for sid, _, _, source, at, _ in marks
+        if source is not None
     }
+    for sid, *_, bad in marks:
+        if bad:
+            key = shown(sid)
+            damaged[key] = tuple(dict.fromkeys((*damaged.get(key, ()), *bad)))
     turns = sum(mark[2] for mark in marks)
-    return tree_text(nodes, archived, lineage), _summary(len(nodes), len(archived), turns)
+    text = tree_text(nodes, archived, lineage, damaged)
+    return text, _summary(len(nodes), len(archived), turns), damaged
+
+
+def _warn_damaged(console: Console, damaged: Mapping[str, Sequence[str]], how: str) -> None:
+    """Say on stderr that the output holds stand-ins for what does not decode."""
+    if damaged:
+        listed = ", ".join(f"{sid} ({', '.join(columns)})" for sid, columns in damaged.items())
+        console.warning(
+            f"{len(damaged)} session(s) of this tree are damaged, {how} marked (stand-ins "
+            "for the columns that do not decode; parent_id: its parents make a cycle, shown "
+            f"as a root): {listed}. Write their values again, or restore the file from a "
+            "backup."
+        )
 
 
 def run_tree(args: argparse.Namespace, console: Console) -> int:
@@ -45,14 +78,18 @@ def run_tree(args: argparse.Namespace, console: Console) -> int:
     rows = None if args.svg else TreeRows.open(path, args.tree_id)
     if rows is not None:
         with rows:
-            text, summary = _printed(rows)
+            rows.check()
+            text, summary, damaged = _printed(rows)
         console.say(text or "(empty tree)")
         console.say(summary)
+        _warn_damaged(console, damaged, "shown")
         return 0
     from stello_graph.topology import Topology  # builds models: pydantic
 
     with open_tree(path, args.tree_id) as storage:
+        storage.check()
         tree = Topology.read(storage)
+        _warn_damaged(console, tree.damaged, "shown")
     if args.svg == "-":
         console.write(tree.render_svg(size=args.size) + "\n")
         return 0
@@ -75,11 +112,14 @@ def run_export(args: argparse.Namespace, console: Console) -> int:
     rows = TreeRows.open(path, args.tree_id)
     if rows is not None:
         with rows:
-            write_export_rows(rows, console.stdout, records=args.records)
+            rows.check()
+            damaged = write_export_rows(rows, console.stdout, records=args.records)
     else:
         from stello_graph.export import write_export  # the storage's models: pydantic
 
         with open_tree(path, args.tree_id) as storage:
-            write_export(storage, console.stdout, records=args.records)  # streamed as read
+            storage.check()
+            damaged = write_export(storage, console.stdout, records=args.records)
     console.say()
+    _warn_damaged(console, damaged, "exported")
     return 0

@@ -1,8 +1,8 @@
 """The command line: parse it, run the command, turn failures into messages and exit codes.
 
 Exit codes: 0 done; 1 the command failed at run time (a model or storage error); 2 bad usage
-or input (unknown option, a file that is not a stello-graph database, no model configured);
-130 interrupted.
+or input (unknown option, a file that is not a stello-graph database or is damaged, no model
+configured); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from stello_graph.cli._common import NOT_A_TREE, USAGE_ERROR, CliError, Console, probe_database
 from stello_graph.cli._provider import ProviderSettings, build_chat_model
-from stello_graph.errors import ForeignDatabaseError, InvalidInputError, StelloError
+from stello_graph.errors import (
+    DamagedDataError,
+    ForeignDatabaseError,
+    InvalidInputError,
+    StelloError,
+)
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -256,7 +261,7 @@ def main(
     except CliError as exc:
         console.error(str(exc))
         return exc.code
-    except (InvalidInputError, ForeignDatabaseError) as exc:  # a bad argument or input file
+    except (InvalidInputError, ForeignDatabaseError, DamagedDataError) as exc:  # bad input
         console.error(str(exc))
         return USAGE_ERROR
     except StelloError as exc:

@@ -191,7 +191,10 @@ class PollingEventSource:
 
     def _diff(self, before: dict[str, _Seen], after: dict[str, _Seen]) -> None:
         for sid in before.keys() - after.keys():
-            self._seen_change("session_removed", sid, label=before[sid].label)
+            # none of a removed session's text stays: its earlier events go, and this one
+            # names it by id (as its events in the stored log, whose details are gone)
+            self._events = deque((e for e in self._events if e["session_id"] != sid), _KEPT)
+            self._seen_change("session_removed", sid)
         for sid, new in after.items():
             old = before.get(sid)
             if old is None:

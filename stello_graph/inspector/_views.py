@@ -6,6 +6,7 @@ so the API is the same whatever serves it (the Starlette app, a test, a notebook
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -21,6 +22,7 @@ from stello_graph._context import (
 )
 from stello_graph._flow import run
 from stello_graph._topology_slot import TopologySlot
+from stello_graph._tree_text import tree_order
 from stello_graph.compression import CompressionPolicy, plan_cut
 from stello_graph.errors import SessionNotFoundError
 from stello_graph.models import SessionMeta, SessionStats
@@ -85,26 +87,28 @@ def _turns_after(storage: MainStorage, session_id: str, through: int) -> int:
 TREE_FIELDS = (
     *("id", "parent_id", "label", "role", "status", "depth", "turns", "records"),
     *("memory_through", "stale_turns", "has_l2", "has_insight", "has_subtree_synthesis"),
-    *("failures", "updated_at"),
+    *("failures", "updated_at", "damaged"),
 )
-"""The columns of each row of `GET /api/tree`, in order."""
+"""The columns of each row of `GET /api/tree`, in order (`damaged`: the columns of a
+damaged session's row shown with stand-ins, `parent_id` for a node whose parents make a
+cycle, shown as a root after the tree; see `DamagedDataError`)."""
 
 
 def _in_tree_order(stats: list[SessionStats]) -> list[tuple[SessionStats, int]]:
     """The sessions that have a node, in `get_tree` order (depth-first, siblings in creation
-    order), each with its depth; a node whose parent is missing counts as a root."""
-    placed = [s for s in stats if s.in_tree]
-    ids = {s.id for s in placed}
-    children: dict[str | None, list[SessionStats]] = {}
-    for s in placed:
-        children.setdefault(s.parent_id if s.parent_id in ids else None, []).append(s)
-    ordered: list[tuple[SessionStats, int]] = []
-    stack = [(s, 0) for s in reversed(children.get(None, []))]
-    while stack:
-        s, depth = stack.pop()
-        ordered.append((s, depth))
-        stack.extend((kid, depth + 1) for kid in reversed(children.get(s.id, [])))
-    return ordered
+    order), each with its depth; a node whose parent is missing counts as a root, and so
+    does one whose parents make a cycle (marked `damaged`, after the tree)."""
+    detached: set[str] = set()
+    ordered = tree_order([s for s in stats if s.in_tree], detached)
+    depths: dict[str, int] = {}
+    placed: list[tuple[SessionStats, int]] = []
+    for s in ordered:
+        if s.id in detached:
+            s = replace(s, parent_id=None, damaged=(*s.damaged, "parent_id"))
+        depth = 0 if s.parent_id is None else depths.get(s.parent_id, -1) + 1
+        depths[s.id] = depth
+        placed.append((s, depth))
+    return placed
 
 
 def tree_view(storage: MainStorage, *, compact: bool = False) -> dict[str, Any]:
@@ -127,6 +131,7 @@ def tree_view(storage: MainStorage, *, compact: bool = False) -> dict[str, Any]:
             *(s.id, s.parent_id, s.label, s.role, s.status, depth, s.turns, s.records),
             *(s.memory_through, s.turns_since_memory, s.has_memory, s.has_insight),
             *(s.has_subtree_synthesis, failures.get(s.id, 0), s.updated_at.isoformat()),
+            list(s.damaged),
         ]
         for s, depth in _in_tree_order(stats)
     ]

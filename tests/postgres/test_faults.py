@@ -9,10 +9,15 @@ from typing import Any
 import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
+from langgraph.checkpoint.base import empty_checkpoint
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
+from stello_graph import StelloAgent
 from stello_graph.checkpoints import PostgresMainStorage
+from stello_graph.checkpoints._postgres_saver import postgres_saver
 from stello_graph.checkpoints._postgres_schema import SCHEMA_VERSION
 from stello_graph.errors import (
     ForeignDatabaseError,
@@ -22,6 +27,7 @@ from stello_graph.errors import (
     StorageUnavailableError,
 )
 from stello_graph.models import SessionMeta
+from stello_graph.testing import ScriptedChatModel
 
 
 def _schema_of(dsn: str) -> str:
@@ -205,3 +211,63 @@ def test_the_tree_lock_times_out_with_a_clear_error(postgres_dsn: str) -> None:
                 waiter.put_session(SessionMeta(id="t", label="T"))
         assert waiter.get_session("t") is None
         assert _schema_of(postgres_dsn).startswith("stello_t")
+
+
+# -- the checkpointer: a server gone away reaches the caller typed --------------------------
+def _saver_calls(saver: Any, config: Any) -> dict[str, Any]:
+    """Each call of the saver that reads or writes the database."""
+    stored = {"configurable": {**config["configurable"], "checkpoint_id": "c1"}}
+    checkpoint = {**empty_checkpoint(), "id": "c2"}
+    return {
+        "get_tuple": lambda: saver.get_tuple(config),
+        "list": lambda: list(saver.list(config)),
+        "put": lambda: saver.put(config, checkpoint, {"source": "loop", "step": 1}, {}),
+        "put_writes": lambda: saver.put_writes(stored, [("channel", "value")], "task"),
+        "delete_thread": lambda: saver.delete_thread("t"),
+    }
+
+
+@pytest.mark.parametrize("call", ["get_tuple", "list", "put", "put_writes", "delete_thread"])
+def test_a_checkpointer_that_lost_its_connection_raises_storage_unavailable(
+    postgres_dsn: str, call: str
+) -> None:
+    saver = postgres_saver(postgres_dsn)
+    try:
+        config: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        saver.put(config, {**empty_checkpoint(), "id": "c1"}, {"source": "input", "step": -1}, {})
+        assert _terminate_others(postgres_dsn) >= 1
+        with pytest.raises(StorageUnavailableError, match="was lost or refused") as caught:
+            _saver_calls(saver, config)[call]()
+        assert isinstance(caught.value.__cause__, psycopg.OperationalError)
+        assert "retry" in str(caught.value)
+        _saver_calls(saver, config)[call]()  # the pool replaced the connection
+    finally:
+        saver.close()
+
+
+def test_a_turn_whose_checkpointer_lost_its_connection_raises_storage_unavailable(
+    postgres_dsn: str,
+) -> None:
+    model = ScriptedChatModel(
+        respond=lambda messages: (
+            ScriptedChatModel.tool_call("lookup", {"query": "x"})
+            if messages[-1].type == "human"
+            else "done"
+        )
+    )
+    with StelloAgent(model=model, storage=postgres_dsn, tools=[_lookup]) as agent:
+        sid = agent.main_session_id
+        assert agent.turn(sid, "first").content == "done"
+        _terminate_others(postgres_dsn)
+        with pytest.raises(StorageUnavailableError):
+            agent.storage.get_session(sid)  # the storage's connection: reported once
+        with pytest.raises(StorageUnavailableError) as caught:
+            agent.turn(sid, "second")  # the checkpointer's pool connection is gone too
+        assert isinstance(caught.value.__cause__, psycopg.Error)
+        assert agent.turn(sid, "third").content == "done"
+
+
+@tool
+def _lookup(query: str) -> str:
+    """Look a fact up."""
+    return f"fact about {query}"

@@ -51,11 +51,14 @@ from stello_graph import (
     TopologyNode,
 )
 from stello_graph.checkpoints import SqliteMainStorage
+from stello_graph.errors import DamagedDataError
 from stello_graph.export import export_tree
+from stello_graph.inspector._views import tree_nodes, tree_view
 from stello_graph.testing import ScriptedChatModel
 from tests._postgres import POSTGRES
 from tests.reliability import _scenario as sc
 from tests.reliability.conftest import Figures
+from tests.storage.test_damaged_rows import DAMAGES, make_tree
 
 pytestmark = pytest.mark.reliability
 
@@ -756,3 +759,173 @@ def test_cli_bad_input(
     assert match in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert (dump(w.path), w.path.with_suffix(".txt").read_bytes()) == before
+
+
+# -- damaged data -----------------------------------------------------------------------------
+@pytest.fixture(params=["sqlite", *(["postgres"] if POSTGRES.wanted else [])])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """A SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "postgres":
+        return POSTGRES.dsn_for(tmp_path)
+    return tmp_path / "damaged.db"
+
+
+def raw_dump(database: Path | str) -> list[str]:
+    """Every row of every table, as stored (texts that are not UTF-8 included)."""
+    if isinstance(database, str):
+        import psycopg
+
+        with psycopg.connect(database, autocommit=True) as server:
+            tables = server.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema()"
+            ).fetchall()
+            found = [
+                repr((table, *row))
+                for (table,) in tables
+                for row in server.execute(f'SELECT * FROM "{table}"').fetchall()
+            ]
+        return sorted(found)
+    conn = sqlite3.connect(database)
+    conn.text_factory = bytes
+    try:
+        sql = "SELECT name FROM sqlite_master WHERE type = 'table'"
+        tables = [table.decode() for (table,) in conn.execute(sql)]
+        rows = [(t, row) for t in tables for row in conn.execute(f'SELECT * FROM "{t}"')]
+        return sorted(repr((table, *row)) for table, row in rows)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+async def test_damaged_rows_leave_the_tree_readable(
+    database: Path | str, damage: str, figures: Figures
+) -> None:
+    """A row damaged outside stello (see `tests/storage/test_damaged_rows.py`): every whole-tree
+    read, sync and async, shows every session and marks the damaged one; every read of the
+    damaged session raises `DamagedDataError` naming it and the column; none of them writes."""
+    t = make_tree(database)
+    make, column = DAMAGES[damage]
+    make(t)
+    ids = {t.main, t.child, t.grandchild, t.sibling}
+    before = raw_dump(database)
+    with t.agent() as agent:
+        s = agent.storage
+        whole: dict[str, Callable[[], Any]] = {
+            "tree": lambda: [n.id for n in agent.tree().nodes],
+            "tree text": lambda: [r["id"] for r in agent.tree().to_dict()["nodes"]],
+            "atree": lambda: agent.atree(),
+            "digests": lambda: [d.id for d in agent.digests()],
+            "adigests": lambda: agent.adigests(),
+            "list_sessions": lambda: [m.id for m in s.list_sessions()],
+            "alist_sessions": lambda: s.alist_sessions(),
+            "get_tree": lambda: [n.id for n in s.get_tree()],
+            "aget_tree": lambda: s.aget_tree(),
+            "session stats": lambda: [x.id for x in s.list_session_stats()],  # type: ignore[attr-defined]
+            "export": lambda: [e["id"] for e in export_tree(s, records=True)["sessions"]],
+            "inspector tree": lambda: [n["id"] for n in tree_nodes(tree_view(s))],
+        }
+        for name, read in whole.items():
+            found = await settle(read())
+            if hasattr(found, "nodes"):  # a Topology
+                found = [n.id for n in found.nodes]
+            elif found and not isinstance(found[0], str):
+                found = [getattr(x, "id", None) for x in found]
+            assert set(found) == ids, name
+            figures.add("whole-tree reads checked")
+        marked = agent.tree().damaged
+        assert list(marked) == ([] if column == "records" else [t.child])
+        assert column in marked.get(t.child, (column,))
+        reads: dict[str, Callable[[], Any]] = {
+            "digest": lambda: agent.digest(t.child),
+            **(
+                {"list_records": lambda: s.list_records(t.child)}
+                if column == "records"
+                else {
+                    "session": lambda: agent.session(t.child),
+                    "asession": lambda: agent.asession(t.child),
+                    "get_session": lambda: s.get_session(t.child),
+                }
+            ),
+        }
+        name = "data of its record 1" if column == "records" else column
+        for what, read in reads.items() if column != "parent_id" else ():
+            with pytest.raises(DamagedDataError, match=re.escape(f"column '{name}'")) as caught:
+                await settle(read())
+            assert t.child in str(caught.value), what
+            figures.add("reads of the damaged session checked")
+        assert raw_dump(database) == before  # no read wrote (nor mended) anything
+        if column != "parent_id":  # refused too (on PostgreSQL its lease's token moves)
+            with pytest.raises(DamagedDataError, match=re.escape(f"column '{name}'")):
+                agent.turn(t.child, "hi")
+        assert agent.turn(t.sibling, "still works").content == "ok"
+
+
+DAMAGED_FILE_CASES: dict[str, tuple[Callable[[Path, dict[str, str]], None], int, str]] = {
+    "a label that is not UTF-8": (
+        lambda db, ids: _raw(db, "UPDATE stello_nodes SET label = CAST(X'FF' AS TEXT) "
+                             "WHERE id = ?", ids["child"]),
+        0, "[damaged: label]"),
+    "tags that are not JSON": (
+        lambda db, ids: _raw(db, "UPDATE stello_sessions SET tags = '[' WHERE id = ?", ids["zed"]),
+        0, "[damaged: tags]"),
+    "a cycle of parents": (
+        lambda db, ids: _raw(db, "UPDATE stello_nodes SET parent_id = ? WHERE id = ?",
+                             ids["grandchild"], ids["child"]),
+        0, "[detached: its parents make a cycle]"),
+    "damaged pages": (lambda db, ids: _corrupt(db), 2, "is damaged: PRAGMA quick_check found"),
+}  # fmt: skip
+
+
+def _raw(db: Path, sql: str, *params: str) -> None:
+    with sqlite3.connect(db) as conn:
+        conn.execute(sql, params)
+    conn.close()
+
+
+def _corrupt(db: Path) -> None:
+    """Noise over the root page of the records' b-tree (a table the probe does not read)."""
+    import random
+
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+        sql = "SELECT rootpage FROM sqlite_master WHERE name = 'stello_record_rows'"
+        root = conn.execute(sql).fetchone()[0]
+    conn.close()
+    with db.open("r+b") as f:  # the page's cell pointers and first cells
+        f.seek((root - 1) * size + 8)
+        f.write(random.Random(7).randbytes(400))
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_FILE_CASES))
+@pytest.mark.parametrize("command", ["tree", "export"])
+def test_cli_on_damaged_files(
+    world_factory: Callable[[str], World], case: str, command: str, figures: Figures
+) -> None:
+    """`stello-graph tree` / `export` in a process of their own: damaged rows are shown marked
+    (exit 0, a warning), damaged pages refused (exit 2); never a traceback, the file as it was."""
+    w = world_factory("tree")
+    with w.agent as agent:
+        for n in range(12):  # the last pages of the file hold records
+            agent.turn(w.child, f"u-0-{n}-" + "x" * 400)
+    damage, code, match = DAMAGED_FILE_CASES[case]
+    damage(w.path, {"main": w.main, "child": w.child, "grandchild": w.grandchild, "zed": w.zed})
+    before = w.path.read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_CLI, command, "--db", str(w.path)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    if code == 0:
+        assert "warning:" in done.stderr
+        assert (
+            match in done.stdout
+            if command == "tree"
+            else '"damaged"' in done.stdout or ('"detached"' in done.stdout)
+        )
+    else:
+        assert match in done.stderr and done.stdout == ""
+    assert w.path.read_bytes() == before
+    figures.add("damaged-file CLI cases")

@@ -18,10 +18,13 @@ Each runs on a SQLite file and, when there is one, on a PostgreSQL database (a s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import sqlite3
 import threading
 import time
 from collections import Counter, defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,8 @@ from stello_graph import (
     StelloEvent,
     ToolRoundLimitError,
 )
+from stello_graph.checkpoints import SqliteMainStorage, StelloSqliteSaver
+from stello_graph.errors import StorageError
 from stello_graph.testing import ScriptedChatModel
 from tests._postgres import POSTGRES
 from tests.reliability import _scenario as sc
@@ -59,6 +64,7 @@ pytestmark = pytest.mark.reliability
 
 TURNS = count("fault_turns", ci=150, full=600)
 MEMORY_OPS = count("fault_memory_ops", ci=150, full=600)
+STORAGE_FAULT_OPS = count("storage_fault_ops", ci=80, full=400)
 SHARE = 30
 """Percent of model calls that fail or ask for a failing tool call."""
 MAX_ATTEMPTS = 3
@@ -398,3 +404,138 @@ def test_background_failures_are_retried_and_reported(
     assert not problems, "\n".join(problems[:40])
     for label in doomed:
         assert snap.sessions[ids[label]].memory is None
+
+
+# -- the database: a full disk, a file gone read-only, a server gone away -------------------
+class DatabaseFaults:
+    """Makes the agent's database fail for the storage and the checkpointer alike, and mends
+    it: on SQLite the disk fills (the file cannot grow by a page) or the file turns
+    read-only, for both of the agent's connections; on PostgreSQL the server ends every
+    connection (as a restart does)."""
+
+    def __init__(self, database: Path | str) -> None:
+        self.database = database
+        self.postgres = isinstance(database, str)
+        self.conns: list[sqlite3.Connection] = []
+        if not self.postgres:  # the storage's connection, given to it (`SqliteMainStorage`)
+            self.conns.append(
+                sqlite3.connect(database, check_same_thread=False, isolation_level=None)
+            )
+
+    def storage(self) -> Any:
+        if self.postgres:
+            return self.database  # a URL: the agent opens the storage and the checkpointer
+        return SqliteMainStorage(self.conns[0])
+
+    def watch(self, agent: StelloAgent) -> None:
+        if not self.postgres:
+            assert isinstance(agent.checkpointer, StelloSqliteSaver)
+            self.conns.append(agent.checkpointer.conn)
+
+    def kinds(self) -> tuple[str, ...]:
+        return ("gone",) if self.postgres else ("full", "read-only")
+
+    def inject(self, kind: str) -> None:
+        if kind == "gone":
+            import psycopg
+
+            with psycopg.connect(str(self.database), autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                    "current_database() AND pid <> pg_backend_pid() "
+                    "AND backend_type = 'client backend'"
+                )
+            return
+        for conn in self.conns:
+            if kind == "full":
+                size = conn.execute("PRAGMA page_count").fetchone()[0]
+                conn.execute(f"PRAGMA max_page_count = {size}")
+            else:
+                conn.execute("PRAGMA query_only = ON")
+
+    def mend(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(sqlite3.ProgrammingError):  # closed with the agent
+                conn.execute("PRAGMA max_page_count = 1073741823")
+                conn.execute("PRAGMA query_only = OFF")
+
+
+def _database_cause(error: BaseException) -> BaseException | None:
+    """The database's own error behind `error`, following its causes."""
+    import psycopg
+
+    seen = error.__cause__
+    while seen is not None and not isinstance(seen, sqlite3.Error | psycopg.Error):
+        seen = seen.__cause__
+    return seen
+
+
+def test_database_failures_reach_the_caller_typed(
+    database: Path | str, seed: int, figures: Figures
+) -> None:
+    rng = random.Random(seed)
+    faults = DatabaseFaults(database)
+    agent = StelloAgent(
+        model=ScriptedChatModel(respond=sc.respond),
+        storage=faults.storage(),
+        tools=sc.tools(),
+        consolidate_fn=sc.consolidate,
+        integrate_fn=sc.Integrator(0),
+    )
+    faults.watch(agent)
+    problems: list[str] = []
+    sessions = [
+        agent.main_session_id,
+        *(agent.fork(agent.main_session_id, f"f{i}").id for i in range(3)),
+    ]
+
+    def attempt(name: str, op: Any) -> None:
+        try:
+            op()
+            figures.add(f"{name}: ok")
+        except NothingToIntegrateError:
+            figures.add(f"{name}: nothing to integrate")
+        except StorageError as exc:
+            figures.add(f"{name}: {type(exc).__name__}")
+            if _database_cause(exc) is None:
+                problems.append(f"{name}: {type(exc).__name__} without the database's error: {exc}")
+        except Exception as exc:
+            problems.append(f"{name}: untyped {type(exc).__module__}.{type(exc).__name__}: {exc}")
+
+    try:
+        for n in range(STORAGE_FAULT_OPS):
+            kind = rng.choice(faults.kinds()) if rng.random() < 0.3 else None
+            if kind is not None:
+                faults.inject(kind)
+                figures.add(f"faults: {kind}")
+            sid, text = rng.choice(sessions), f"sf-{n}-" + "x" * rng.choice((10, 20_000))
+            what = rng.random()
+            if what < 0.4:
+                attempt("turns", partial(agent.turn, sid, text))
+            elif what < 0.7:
+                attempt("turns", lambda sid=sid, text=text: asyncio.run(agent.aturn(sid, text)))
+            elif what < 0.8:
+                attempt("forks", partial(agent.fork, sid, f"fork-{n}"))
+            elif what < 0.9 and sid != agent.main_session_id:
+                attempt("consolidations", partial(agent.consolidate, sid))
+            else:
+                attempt("integrations", agent.integrate)
+            faults.mend()
+        # mended, everything works again: a connection lost is reported once (by the storage
+        # and by the checkpointer's pool, each the first time it is used), then replaced
+        attempt("reads after the faults", lambda: agent.storage.get_tree())
+        for sid in sessions:
+            attempt("first turns after the faults", partial(agent.turn, sid, f"first-{sid}"))
+            assert agent.turn(sid, f"after-{sid}").content.startswith(f"re:after-{sid}")
+        faults.inject(faults.kinds()[-1])
+        attempt("close", agent.close)
+    finally:
+        faults.mend()
+        agent.close()
+        for conn in faults.conns[:1]:
+            conn.close()
+    failed = sum(v for k, v in figures.values.items() if k.endswith("Error"))
+    assert failed > 0, figures.values  # the faults did reach operations
+    snap = Snapshot.read(database)
+    problems += integrity_problems(database) + structural_problems(snap, strict=False)
+    assert not problems, "\n".join(problems[:40])

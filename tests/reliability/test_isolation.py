@@ -85,12 +85,21 @@ class TreeModel:
         return found
 
 
+STELLO_TABLES = (
+    "stello_sessions",
+    "stello_records",
+    "stello_nodes",
+    "stello_globals",
+    "stello_events",
+)
+
+
 def tree_rows(path: Path) -> dict[str, list[Any]]:
     """Every row of every tree: stello tables and LangGraph checkpoint threads."""
     conn = sqlite3.connect(path)
     try:
         rows: dict[str, list[Any]] = {tree: [] for tree in TREES}
-        for table in ("stello_sessions", "stello_records", "stello_nodes", "stello_globals"):
+        for table in STELLO_TABLES:
             for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3"):
                 rows[row[0]].append((table, *row))
         for table in ("checkpoints", "writes"):
@@ -111,7 +120,7 @@ def postgres_tree_rows(dsn: str) -> dict[str, list[Any]]:
 
     rows: dict[str, list[Any]] = {tree: [] for tree in TREES}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for table in ("stello_sessions", "stello_records", "stello_nodes", "stello_globals"):
+        for table in STELLO_TABLES:
             for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3"):
                 rows[row[0]].append((table, *row))
         for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
@@ -314,10 +323,16 @@ class TreesInOneFile(RuleBasedStateMachine):
         sid = pick([s for s, m in model.sessions.items() if m.role == "standard"], index)
         if sid is None:
             return
-        removed = self.agents[tree].storage.remove_node(sid, cascade=True)
+        storage = self.agents[tree].storage
+        removed = storage.remove_node(sid, cascade=True)
         assert set(removed) == model.subtree(sid)
         for gone in removed:
             del model.sessions[gone]
+        # their events keep their cursors, and none of their text (labels, L2s, insights)
+        events = storage.events_after(0, limit=10_000)
+        assert [e.data for e in events if e.session_id in removed] == [
+            {"removed": True} for e in events if e.session_id in removed
+        ]
         self._step(tree, "remove subtree")
 
     # -- invariants -----------------------------------------------------------------------

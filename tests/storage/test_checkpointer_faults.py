@@ -1,0 +1,89 @@
+"""The agent's SQLite checkpointer on a full disk or a file gone read-only: its failures reach
+the caller as `StorageError`, the original as `__cause__`, and the agent recovers afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.tools import tool
+
+from stello_graph import StelloAgent
+from stello_graph.checkpoints import SqliteMainStorage, StelloSqliteSaver
+from stello_graph.errors import StorageError
+from stello_graph.testing import ScriptedChatModel
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look a fact up."""
+    return f"fact about {query}"
+
+
+def _respond(messages: list[BaseMessage]) -> AIMessage | str:
+    """A tool round (the checkpointer writes its steps), then the answer."""
+    if messages[-1].type == "human":
+        return ScriptedChatModel.tool_call("lookup", {"query": messages[-1].text[:20]})
+    return "done"
+
+
+def _turn(agent: StelloAgent, sid: str, text: str, mode: str) -> None:
+    if mode == "sync":
+        agent.turn(sid, text)
+    else:
+        asyncio.run(agent.aturn(sid, text))
+
+
+def _full(conn: sqlite3.Connection) -> None:
+    """The disk is full for `conn`: the file cannot grow by a page."""
+    size = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {size}")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_full_disk_fails_the_turn_with_storage_error(tmp_path: Path, mode: str) -> None:
+    db = tmp_path / "tree.db"
+    conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
+    with (
+        SqliteMainStorage(conn) as storage,
+        StelloAgent(
+            model=ScriptedChatModel(respond=_respond), storage=storage, tools=[lookup]
+        ) as agent,
+    ):
+        saver = agent.checkpointer
+        assert isinstance(saver, StelloSqliteSaver)
+        sid = agent.main_session_id
+        assert agent.turn(sid, "first").content == "done"
+        _full(saver.conn)
+        big = "x" * 50_000
+        with pytest.raises(StorageError, match="database or disk is full") as caught:
+            _turn(agent, sid, big, mode)
+        assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+        assert str(db) in str(caught.value)
+        saver.conn.execute("PRAGMA max_page_count = 1073741823")  # room again
+        assert agent.turn(sid, "after").content == "done"
+
+
+def test_a_file_gone_read_only_fails_close_with_storage_error_and_still_closes(
+    tmp_path: Path,
+) -> None:
+    agent = StelloAgent(
+        model=ScriptedChatModel(respond=_respond),
+        storage=tmp_path / "tree.db",
+        tools=[lookup],
+        prune_checkpoints=False,
+    )
+    child = agent.fork(agent.main_session_id, "child").id
+    agent.turn(child, "hello")
+    agent.remove(child)  # its checkpoints are deleted with the saver's next write (or close)
+    saver = agent.checkpointer
+    assert isinstance(saver, StelloSqliteSaver)
+    saver.conn.execute("PRAGMA query_only = ON")  # as a file system gone read-only
+    with pytest.raises(StorageError, match="readonly database") as caught:
+        agent.close()
+    assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+    with pytest.raises(StorageError, match="closed"):
+        agent.storage.get_session(agent.main_session_id)  # the storage was closed all the same
