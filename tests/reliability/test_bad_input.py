@@ -475,24 +475,6 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
     return tmp_path / "backends.db"
 
 
-def dump_any(database: Path | str) -> list[str]:
-    """Every row of every table of the database (LangGraph's included), in a fixed order."""
-    if isinstance(database, Path):
-        return dump(database)
-    import psycopg
-
-    with psycopg.connect(database, autocommit=True) as conn:
-        tables = conn.execute(
-            "SELECT table_name FROM information_schema.tables "
-            "WHERE table_schema = current_schema() ORDER BY 1"
-        ).fetchall()
-        return sorted(
-            repr((table, *row))
-            for (table,) in tables
-            for row in conn.execute(f'SELECT * FROM "{table}"').fetchall()
-        )
-
-
 BackendCall = Callable[[StelloAgent, str, Path | str], Any]
 
 BACKEND_CASES: dict[str, tuple[BackendCall, type[BaseException], str]] = {
@@ -535,14 +517,14 @@ async def test_deep_and_malformed_input_on_each_backend(
     try:
         child = agent.fork(agent.main_session_id, "Child").id
         agent.turn(child, f"u-0-{child}")
-        before, tree_before = dump_any(database), export_tree(agent.storage, records=True)
+        before, tree_before = raw_dump(database), export_tree(agent.storage, records=True)
         with pytest.raises(error, match=re.escape(match)):
             await settle(call(agent, child, database))
         if error is ModelCallError:
             assert export_tree(agent.storage, records=True) == tree_before
             assert_no_reply_checkpointed(agent, child)
         else:
-            assert dump_any(database) == before
+            assert raw_dump(database) == before
     finally:
         agent.close()
     figures.set("backend", "sqlite" if isinstance(database, Path) else "postgres")
@@ -762,16 +744,9 @@ def test_cli_bad_input(
 
 
 # -- damaged data -----------------------------------------------------------------------------
-@pytest.fixture(params=["sqlite", *(["postgres"] if POSTGRES.wanted else [])])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
-    """A SQLite file, or a PostgreSQL schema of its own."""
-    if request.param == "postgres":
-        return POSTGRES.dsn_for(tmp_path)
-    return tmp_path / "damaged.db"
-
-
 def raw_dump(database: Path | str) -> list[str]:
-    """Every row of every table, as stored (texts that are not UTF-8 included)."""
+    """Every row of every table (LangGraph's included), as stored (texts that are not UTF-8
+    included), in a fixed order."""
     if isinstance(database, str):
         import psycopg
 
