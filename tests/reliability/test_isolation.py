@@ -430,3 +430,72 @@ def test_trees_in_one_postgres_database_never_see_or_touch_each_other(
     figures.set("state machine runs", POSTGRES_EXAMPLES)
     for key, value in sorted(STATS.items()):
         figures.set(key, value)
+
+
+# -- many tree ids in one server process --------------------------------------------------------
+SERVER_TREES = count("server_trees", ci=12, full=120)
+SERVER_TURNS = count("server_turns", ci=40, full=400)
+OPEN_LIMIT = 3
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def server_database(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """The server module on a SQLite file or a PostgreSQL database, at most `OPEN_LIMIT`
+    trees open; every tree closed at the end."""
+    from stello_graph import server
+
+    if request.param == "postgres" and not POSTGRES.wanted:
+        pytest.skip(f"PostgreSQL {POSTGRES.describe()}")
+    uri = POSTGRES.dsn_for(tmp_path) if request.param == "postgres" else str(tmp_path / "s.db")
+    monkeypatch.setenv(server.MODEL_ENV, "scripted")
+    monkeypatch.setenv(server.DATABASE_ENV, uri)
+    monkeypatch.setenv(server.MAX_OPEN_TREES_ENV, str(OPEN_LIMIT))
+    server.close_trees()
+    yield uri
+    server.close_trees()
+
+
+def test_a_server_process_keeps_few_trees_open_and_loses_nothing(
+    server_database: str, figures: Figures, seed: int
+) -> None:
+    """Turns on many tree ids in random order through the server's graph factory: never more
+    than `STELLO_MAX_OPEN_TREES` trees open, the process's open files bounded, and every
+    tree, closed and reopened any number of times, holds exactly its own turns."""
+    import os
+    import random
+
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from stello_graph import server
+    from stello_graph.agent import _open_storage
+
+    rng = random.Random(seed)
+    names = [f"user-{n}" for n in range(SERVER_TREES)]
+    said: dict[str, list[str]] = {name: [] for name in names}
+    files: list[int] = []
+    for step in range(SERVER_TURNS):
+        name = names[step] if step < len(names) else rng.choice(names)
+        config: Any = {"configurable": {"tree_id": name, "thread_id": f"{name}-{step}"}}
+        graph = server.make_graph(config).compile(checkpointer=InMemorySaver())
+        text = f"{name} says {step}"
+        out = graph.invoke({"messages": [{"role": "user", "content": text}]}, config)
+        assert out["content"] == f"(scripted) You said: {text}"
+        said[name].append(text)
+        assert len(server._trees) <= OPEN_LIMIT
+        files.append(len(os.listdir("/proc/self/fd")))
+    assert max(files[len(names) :] or files) <= files[OPEN_LIMIT] + 4  # not two more per tree
+    server.close_trees()
+    for name in names:
+        storage = _open_storage(server_database, name)
+        try:
+            main = storage.get_main_session()
+            assert main is not None
+            stored = [m.text for m in storage.list_records(main.id, role="human")]
+            assert stored == said[name]  # its own turns, in order, none of another tree
+        finally:
+            storage.close()  # type: ignore[attr-defined]
+    figures.set("trees", len(names))
+    figures.set("turns", SERVER_TURNS)
+    figures.set("most open files", max(files))
