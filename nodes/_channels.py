@@ -36,7 +36,7 @@ from langchain_core.messages import BaseMessage
 from langgraph.channels.base import BaseChannel, Value
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.errors import EmptyChannelError, InvalidUpdateError
-from langgraph.types import MISSING
+from langgraph.types import MISSING  # type: ignore[attr-defined]  # public module, no __all__ entry
 
 from stello_graph.errors import InvalidInputError
 
