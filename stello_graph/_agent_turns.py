@@ -7,7 +7,7 @@ session's lease.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +22,7 @@ from langgraph.types import Command, Durability, Interrupt, StateSnapshot
 from stello_graph._base import ToolChoice, check_tool_choice
 from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
-from stello_graph._stream import stoppable
+from stello_graph._stream import in_own_context, stoppable
 from stello_graph._threads import CheckpointThreads, arun_held, run_held
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import (
@@ -312,6 +312,15 @@ class _Turns:
         tokens are still being read may find the turn stored (the session's turn count
         tells).
         """
+        return in_own_context(self._stream(session_id, text, stream_mode, tool_choice))
+
+    def _stream(
+        self,
+        session_id: str,
+        text: str,
+        stream_mode: str | Sequence[str],
+        tool_choice: ToolChoice,
+    ) -> Generator[Any, None, None]:
         sid, payload = self._begin(session_id, text, tool_choice)
         if tool_choice is not None:
             self._target(sid, tool_choice)

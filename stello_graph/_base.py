@@ -14,7 +14,7 @@ in `stello_graph.nodes` use them):
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -307,7 +307,7 @@ class SessionBase(SessionContext):
         self._runnable()
         return SessionStream(self._stream_turn(human))
 
-    def _stream_turn(self, human: HumanMessage) -> Iterator[str | SendResult]:
+    def _stream_turn(self, human: HumanMessage) -> Generator[str | SendResult, None, None]:
         back = _freed_by_commit()  # the commit frees the lease
         with self._leases().hold(self._id, handback=back) as lease:
             ctx = self.turn_context()

@@ -1,5 +1,6 @@
 """Stream objects returned by `Session.stream` / `astream`: text chunks, then `.result`;
-and `stoppable`, which lets the caller of a sync stream stop it at any moment."""
+`stoppable`, which lets the caller of a sync stream stop it at any moment; and
+`in_own_context`, which lets any thread close it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 from stello_graph.errors import StreamNotFinishedError
 from stello_graph.models import SendResult
 
-__all__ = ["AsyncSessionStream", "SessionStream", "stoppable"]
+__all__ = ["AsyncSessionStream", "SessionStream", "in_own_context", "stoppable"]
 
 T = TypeVar("T")
 
@@ -73,6 +74,27 @@ def stoppable(
         worker.join()
 
 
+def in_own_context(source: Generator[T, None, None]) -> Generator[T, None, None]:
+    """`source`, each step run in a context of its own (a copy of its caller's).
+
+    A sync stream holds its session (context variables set when it starts, reset when it
+    ends) across its yields. Run in the caller's context, a stream closed from another
+    thread (a UI's stop button) reset them in the closer's context, which raised
+    `ValueError` there and left the session held in the starter's. Here they are set and
+    reset in the stream's own context, whichever thread advances or closes it.
+    """
+    context = contextvars.copy_context()
+    try:
+        while True:
+            try:
+                item = context.run(next, source)
+            except StopIteration:
+                return
+            yield item
+    finally:
+        context.run(source.close)
+
+
 class SessionStream(Iterator[str]):
     """Iterates over the reply's text chunks (`str`); `result` is the `SendResult` afterwards.
 
@@ -83,8 +105,8 @@ class SessionStream(Iterator[str]):
         True
     """
 
-    def __init__(self, source: Iterator[str | SendResult]) -> None:
-        self._source = source
+    def __init__(self, source: Generator[str | SendResult, None, None]) -> None:
+        self._source = in_own_context(source)
         self._result: SendResult | None = None
 
     def __iter__(self) -> SessionStream:

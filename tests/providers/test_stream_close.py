@@ -107,6 +107,52 @@ def test_closing_a_session_stream_stops_the_call(
     _assert_nothing_stored(agent, session.id, server)
 
 
+def _close_elsewhere(stream: Any) -> BaseException | None:
+    """Close `stream` from another thread (a UI's stop button); what the close raised."""
+    raised: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            stream.close()
+        except BaseException as exc:
+            raised.append(exc)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive()
+    return raised[0] if raised else None
+
+
+def test_an_agent_stream_closed_from_another_thread_frees_its_session(
+    slow_agent: Callable[..., StelloAgent], server: FakeOpenAI
+) -> None:
+    """The closer raised `ValueError: <Token> was created in a different Context`, and the
+    thread that started the stream still held the session: its next turn was refused with
+    `SessionBusyError`."""
+    server.add(Reply(content="Short."))
+    agent = slow_agent()
+    sid = agent.main_session_id
+    stream = agent.stream(sid, "Tell me everything.")
+    next(stream)
+    assert _close_elsewhere(stream) is None
+    _assert_nothing_stored(agent, sid, server)
+    assert agent.turn(sid, "Briefly.").content == "Short."  # the starter's thread is free
+
+
+def test_a_session_stream_closed_from_another_thread_frees_its_session(
+    slow_agent: Callable[..., StelloAgent], server: FakeOpenAI
+) -> None:
+    server.add(Reply(content="Short."))
+    agent = slow_agent()
+    session = agent.main
+    stream = session.stream("Tell me everything.")
+    next(stream)
+    assert _close_elsewhere(stream) is None
+    _assert_nothing_stored(agent, session.id, server)
+    assert session.send("Briefly.").content == "Short."
+
+
 async def test_closing_an_async_agent_stream_stops_the_call(
     slow_agent: Callable[..., StelloAgent], server: FakeOpenAI
 ) -> None:
