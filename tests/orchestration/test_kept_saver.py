@@ -125,8 +125,8 @@ def test_a_failed_turn_is_written_and_resumes() -> None:
     sid = agent.main_session_id
     with pytest.raises(ModelCallError):
         agent.turn(sid, "hello")
-    history = _history(agent, sid)  # the run's input, on disk, with the step's error
-    assert len(history) == 1 and history[0].metadata["source"] == "input"
+    history = _history(agent, sid)  # the run's input and its START step, on disk, with the
+    assert [c.metadata["source"] for c in history] == ["loop", "input"]  # model step's error
     assert history[0].pending_writes
     result = agent.resume(sid)
     assert result.content == "back"
@@ -166,9 +166,9 @@ def test_other_durabilities_are_langgraphs(durability: str) -> None:
     sid = agent.main_session_id
     agent.turn(sid, "one")
     agent.turn(sid, "two")
-    # "sync": LangGraph's every checkpoint, two a turn (its input, its model step); "exit":
-    # the last of each run
-    assert len(_history(agent, sid)) == (4 if durability == "sync" else 2)
+    # "sync": LangGraph's every checkpoint, three a turn (its input, its START step, its model
+    # step); "exit": the last of each run
+    assert len(_history(agent, sid)) == (6 if durability == "sync" else 2)
     agent.close()
 
 
