@@ -18,8 +18,10 @@ writes `None` for each of them a new run's input leaves out (`RUN_INPUTS`), so a
 inherits them from a run before it, finished or failed.
 
 `RunMessages` is the `messages` key: a `RunInput` holding a list of messages. Nodes write
-it wrapped in `TurnRecords`, which LangGraph's `messages` stream mode does not look into,
-so the turn's records are the run's output without being echoed as stream tokens.
+it wrapped in LangGraph's `Overwrite`, which its `messages` stream mode does not look into,
+so the turn's records are the run's output without being echoed as stream tokens (and a
+checkpoint holds only LangGraph's and LangChain's own classes: its strict msgpack mode
+loads it).
 
 What a finished run leaves is checkpointed small, since a kept thread stores it once per
 turn: `pending` (committed, the same records as `messages`) as empty, `messages` in stello's
@@ -29,18 +31,17 @@ compact record form, the mark of a finished run's value as a short key.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, Self
 
 from langchain_core.messages import BaseMessage
 from langgraph.channels.base import BaseChannel, Value
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.errors import EmptyChannelError, InvalidUpdateError
-from langgraph.types import MISSING  # type: ignore[attr-defined]  # public module, no __all__ entry
+from langgraph.types import MISSING, Overwrite  # type: ignore[attr-defined]  # not in __all__
 
 from stello_graph.errors import InvalidInputError
 
-__all__ = ["RUN_INPUTS", "RunAggregate", "RunInput", "RunMessages", "RunValue", "TurnRecords"]
+__all__ = ["RUN_INPUTS", "RunAggregate", "RunInput", "RunMessages", "RunValue"]
 
 RUN_INPUTS = ("session_id", "messages")
 """The input keys that last a run (`RunInput`); a new run's input that lacks one clears it."""
@@ -146,13 +147,6 @@ class RunInput(RunValue[Value]):
         return super().update(values)
 
 
-@dataclass(frozen=True, slots=True)
-class TurnRecords:
-    """A node's write of the turn's records to `messages` (see the module docstring)."""
-
-    records: list[BaseMessage]
-
-
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
@@ -195,7 +189,7 @@ def _packed(messages: Any) -> list[str] | None:
 
 
 class RunMessages(RunInput[list[Any]]):
-    """The `messages` key: the input's messages, then the turn's records (`TurnRecords`).
+    """The `messages` key: the input's messages, then the turn's records (as `Overwrite`).
 
     A finished run's messages are checkpointed in stello's compact record form (`_PACKED`):
     a kept thread stores them in the checkpoint of every turn, and LangChain's own form of a
@@ -208,7 +202,7 @@ class RunMessages(RunInput[list[Any]]):
         self._packed: list[str] | None = None  # the stale value's packed form, once made
 
     def _accept(self, value: Any) -> Any:
-        return list(value.records) if isinstance(value, TurnRecords) else value
+        return list(value.value) if isinstance(value, Overwrite) else value
 
     def update(self, values: Sequence[Any]) -> bool:
         changed = super().update(values)

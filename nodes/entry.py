@@ -20,11 +20,11 @@ from typing import Any
 
 from langchain_core.messages import HumanMessage, RemoveMessage, convert_to_messages
 from langchain_core.runnables import RunnableConfig
+from langgraph.types import Overwrite
 
 from stello_graph._context import message_text
 from stello_graph._validate import check_id
 from stello_graph.errors import InvalidInputError, MainSessionNotFoundError
-from stello_graph.nodes._channels import TurnRecords
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.state import TurnState
@@ -122,4 +122,4 @@ def turn_output(state: TurnState) -> TurnState:
     message_id = _input_id(state)
     if records and message_id and isinstance(records[0], HumanMessage):
         records[0] = records[0].model_copy(update={"id": message_id})
-    return {"messages": TurnRecords(records)}  # type: ignore[typeddict-item]
+    return {"messages": Overwrite(records)}  # type: ignore[typeddict-item]
