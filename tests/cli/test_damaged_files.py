@@ -6,7 +6,6 @@ naming the session and the column. No traceback either way."""
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import sqlite3
 from pathlib import Path
@@ -18,6 +17,7 @@ from stello_graph.checkpoints import SqliteMainStorage
 from stello_graph.errors import DamagedDataError
 from stello_graph.testing import ScriptedChatModel
 from stello_graph.topology import Topology
+from tests._helpers import corrupt_pages
 from tests.cli.conftest import RunCli
 
 
@@ -111,21 +111,6 @@ def test_a_command_that_reads_a_damaged_session_exits_2_naming_it(
     assert demo_db.read_bytes() == before
 
 
-def _corrupt_pages(db: Path) -> None:
-    """Overwrite the first page of the records' b-tree (its root) with noise: the kind of
-    damage SQLite's `quick_check` finds, in a table the command's first probe does not
-    read."""
-    with sqlite3.connect(db) as conn:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        size = conn.execute("PRAGMA page_size").fetchone()[0]
-        sql = "SELECT rootpage FROM sqlite_master WHERE name = 'stello_record_rows'"
-        root = conn.execute(sql).fetchone()[0]
-    conn.close()
-    with db.open("r+b") as f:  # the page's cell pointers and first cells
-        f.seek((root - 1) * size + 8)
-        f.write(random.Random(7).randbytes(400))
-
-
 @pytest.fixture(scope="module")
 def big_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tree whose last pages hold records (made once: copy it before damaging it)."""
@@ -142,7 +127,7 @@ def test_a_file_whose_pages_are_damaged_is_refused(
     cli: RunCli, big_template: Path, tmp_path: Path, command: str
 ) -> None:
     db = _copy(big_template, tmp_path / "big.db")
-    _corrupt_pages(db)
+    corrupt_pages(db)
     run = cli(command, "--db", str(db))
     assert run.code == 2
     assert f"The database {str(db)!r} is damaged: PRAGMA quick_check found: " in run.err
@@ -154,6 +139,6 @@ def test_a_storage_check_reports_damaged_pages(big_template: Path, tmp_path: Pat
     db = _copy(big_template, tmp_path / "big.db")
     with SqliteMainStorage(db) as storage:
         storage.check()  # a sound file
-    _corrupt_pages(db)
+    corrupt_pages(db)
     with SqliteMainStorage(db) as storage, pytest.raises(DamagedDataError, match="quick_check"):
         storage.check()

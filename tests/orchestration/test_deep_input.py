@@ -5,7 +5,6 @@ after the model call)."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +22,7 @@ from stello_graph._validate import MAX_DEPTH, too_deep
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.export import export_tree
 from stello_graph.testing import ScriptedChatModel
+from tests._helpers import settle
 from tests.orchestration.conftest import AgentFactory
 
 
@@ -52,16 +52,6 @@ PROFILE = ForkProfile(name="reviewer", system_prompt="You review {topic}.")
 
 def stored(agent: StelloAgent) -> Any:
     return export_tree(agent.storage, records=True)
-
-
-async def settle(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    if hasattr(value, "__aiter__"):
-        return [item async for item in value]
-    if hasattr(value, "__next__"):
-        return list(value)
-    return value
 
 
 def test_depth_is_measured_without_recursion() -> None:

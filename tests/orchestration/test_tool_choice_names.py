@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from langchain_core.tools import tool
 from stello_graph import InvalidInputError, Session, StelloAgent
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.testing import ScriptedChatModel
+from tests._helpers import settle
 
 
 @tool
@@ -37,16 +37,6 @@ def dump(path: Path) -> list[str]:
         return list(conn.iterdump())
     finally:
         conn.close()
-
-
-async def settle(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    if hasattr(value, "__aiter__"):
-        return [item async for item in value]
-    if hasattr(value, "__next__"):
-        return list(value)
-    return value
 
 
 @pytest.fixture

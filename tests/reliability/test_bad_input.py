@@ -55,6 +55,7 @@ from stello_graph.errors import DamagedDataError
 from stello_graph.export import export_tree
 from stello_graph.inspector._views import tree_nodes, tree_view
 from stello_graph.testing import ScriptedChatModel
+from tests._helpers import corrupt_pages, settle
 from tests._postgres import POSTGRES
 from tests.reliability import _scenario as sc
 from tests.reliability.conftest import Figures
@@ -147,17 +148,6 @@ def world_factory(
     yield make
     for agent in opened:
         agent.close()
-
-
-async def settle(value: Any) -> Any:
-    """Await `value` if the call returned a coroutine; drain it if it returned an iterator."""
-    if inspect.isawaitable(value):
-        return await value
-    if hasattr(value, "__aiter__"):
-        return [item async for item in value]
-    if hasattr(value, "__next__"):
-        return list(value)
-    return value
 
 
 @dataclass(frozen=True)
@@ -848,7 +838,7 @@ DAMAGED_FILE_CASES: dict[str, tuple[Callable[[Path, dict[str, str]], None], int,
         lambda db, ids: _raw(db, "UPDATE stello_nodes SET parent_id = ? WHERE id = ?",
                              ids["grandchild"], ids["child"]),
         0, "[detached: its parents make a cycle]"),
-    "damaged pages": (lambda db, ids: _corrupt(db), 2, "is damaged: PRAGMA quick_check found"),
+    "damaged pages": (lambda db, ids: corrupt_pages(db), 2, "is damaged: PRAGMA quick_check found"),
 }  # fmt: skip
 
 
@@ -856,21 +846,6 @@ def _raw(db: Path, sql: str, *params: str) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute(sql, params)
     conn.close()
-
-
-def _corrupt(db: Path) -> None:
-    """Noise over the root page of the records' b-tree (a table the probe does not read)."""
-    import random
-
-    with sqlite3.connect(db) as conn:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        size = conn.execute("PRAGMA page_size").fetchone()[0]
-        sql = "SELECT rootpage FROM sqlite_master WHERE name = 'stello_record_rows'"
-        root = conn.execute(sql).fetchone()[0]
-    conn.close()
-    with db.open("r+b") as f:  # the page's cell pointers and first cells
-        f.seek((root - 1) * size + 8)
-        f.write(random.Random(7).randbytes(400))
 
 
 @pytest.mark.parametrize("case", list(DAMAGED_FILE_CASES))
