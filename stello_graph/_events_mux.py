@@ -43,9 +43,15 @@ class EventMux:
         finally:
             _QUIET.reset(token)
 
+    @staticmethod
+    def is_quiet() -> bool:
+        """Whether the running code is inside `quiet()`: one of the agent's own operations,
+        asked for by its caller, whose events are its result rather than background work."""
+        return _QUIET.get()
+
     def forward(self, event: StelloEvent) -> None:
         """Background events go to the custom streams running now, else to the next one."""
-        if event.streamed or _QUIET.get():
+        if event.streamed or self.is_quiet():
             return
         with self._lock:
             targets = list(self._streams)

@@ -10,12 +10,14 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests._docs import ROOT, examples, same_output
+from tests._postgres import POSTGRES
 
 STATIC_FILES = sorted(p.name for p in (ROOT / "stello_graph/inspector/static").iterdir())
 """The inspector's page: shipped as it is (no build step)."""
@@ -95,15 +97,24 @@ def test_the_wheel_holds_only_stello_graph_and_its_license(dists: Dists) -> None
 def _new_environment(where: Path, wheel: Path) -> Path:
     """A virtual environment holding the wheel and its runtime dependencies only (from the
     package index, through uv and its cache where this environment has uv)."""
-    uv = Path(sys.executable).with_name("uv")
-    if uv.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
-        install = [str(uv), "pip", "install", "--quiet", "--python", str(where / "bin/python")]
-    else:
-        subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
-        install = [str(where / "bin/python"), "-m", "pip", "install", "--quiet"]
-    subprocess.run([*install, str(wheel)], check=True, capture_output=True)
+    without_pip = ["--without-pip"] if _uv().exists() else []
+    subprocess.run([sys.executable, "-m", "venv", *without_pip, str(where)], check=True)
+    _install(where, str(wheel))
     return where / "bin"
+
+
+def _uv() -> Path:
+    return Path(sys.executable).with_name("uv")
+
+
+def _install(where: Path, *requirements: str) -> None:
+    """Install `requirements` into the environment at `where`."""
+    python = str(where / "bin/python")
+    if _uv().exists():
+        install = [str(_uv()), "pip", "install", "--quiet", "--python", python]
+    else:
+        install = [python, "-m", "pip", "install", "--quiet"]
+    subprocess.run([*install, *requirements], check=True, capture_output=True)
 
 
 @pytest.mark.slow
@@ -111,7 +122,8 @@ def test_the_wheel_alone_runs_the_readme_example_and_the_command(
     dists: Dists, tmp_path: Path
 ) -> None:
     """What a user gets from `pip install stello-graph`: the first README example and the
-    `stello-graph` command, run in a directory outside the clone."""
+    `stello-graph` command, run in a directory outside the clone; then, with the `postgres`
+    extra installed too, `demo`, `tree` and `export` on a PostgreSQL database."""
     bin_ = _new_environment(tmp_path / "env", dists.wheel)
     work = tmp_path / "work"
     work.mkdir()
@@ -129,21 +141,34 @@ def test_the_wheel_alone_runs_the_readme_example_and_the_command(
     assert done.returncode == 0, done.stderr
     assert same_output(done.stdout, first.output), done.stdout
 
-    demo = run(str(bin_ / "stello-graph"), "demo")
+    _demo_tree_export(run, bin_)  # `demo` on its default file
+
+    extra = run(str(bin_ / "python"), "-c", "import stello_graph.inspector")
+    assert 'pip install "stello-graph[inspector]"' in extra.stderr
+    if POSTGRES.wanted:  # the same commands on PostgreSQL, with the extra they need
+        _install(tmp_path / "env", f"{dists.wheel}[postgres]")
+        _demo_tree_export(run, bin_, "--db", POSTGRES.dsn_for(tmp_path), "--tree", "wheel")
+    shutil.rmtree(tmp_path / "env")  # a few hundred MB: not kept until pytest's cleanup
+
+
+def _demo_tree_export(
+    run: Callable[..., subprocess.CompletedProcess[str]], bin_: Path, *options: str
+) -> None:
+    """`demo` fills the tree `options` name (default: the file `stello-demo.db`); `tree` and
+    `export` print it."""
+    command = str(bin_ / "stello-graph")
+    demo = run(command, "demo", *options)
+    options = options or ("--db", "stello-demo.db")
     assert demo.returncode == 0, demo.stderr
     assert "I opened three branches: Pricing, Onboarding, Growth" in demo.stdout
-    tree = run(str(bin_ / "stello-graph"), "tree", "--db", "stello-demo.db")
+    tree = run(command, "tree", *options)
     assert tree.returncode == 0, tree.stderr
     assert [line.split()[-2] for line in tree.stdout.splitlines()[1:4]] == [
         "Pricing",
         "Onboarding",
         "Growth",
     ]
-    export = run(str(bin_ / "stello-graph"), "export", "--db", "stello-demo.db")
+    export = run(command, "export", *options)
     assert export.returncode == 0, export.stderr
     labels = [s["label"] for s in json.loads(export.stdout)["sessions"]]
     assert labels[1:] == ["Pricing", "Onboarding", "Growth"]
-
-    extra = run(str(bin_ / "python"), "-c", "import stello_graph.inspector")
-    assert 'pip install "stello-graph[inspector]"' in extra.stderr
-    shutil.rmtree(tmp_path / "env")  # a few hundred MB: not kept until pytest's cleanup

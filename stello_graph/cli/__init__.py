@@ -1,12 +1,15 @@
 """The `stello-graph` command: a guided demo, a terminal chat, and views of a stored tree.
 
 ```text
-stello-graph demo   [--db FILE] [--model NAME]       the walkthrough (offline by default)
-stello-graph chat   [--db FILE] [--model NAME]       chat over a topology, with /commands
-stello-graph tree   [--db FILE] [--svg OUT]          print the tree; write its star map
-stello-graph export [--db FILE] [--records]          the tree, sessions, L2 and synthesis as JSON
-stello-graph inspect [--db FILE] [--port N] [--write] the tree in a local web page
+stello-graph demo    [--db DB] [--model NAME]       the walkthrough (offline by default)
+stello-graph chat    [--db DB] [--model NAME]       chat over a topology, with /commands
+stello-graph tree    [--db DB] [--svg OUT]          print the tree; write its star map
+stello-graph export  [--db DB] [--records]          the tree, sessions, L2 and synthesis as JSON
+stello-graph inspect [--db DB] [--port N] [--write] the tree in a local web page
 ```
+
+`DB` is a SQLite file or a `postgresql://` DSN (the `postgres` extra), for every command;
+`--tree ID` (alias `--tree-id`) names the tree of it (default: `default`).
 
 `main` is also callable from Python (`main(["tree", "--db", "ideas.db"])`): it returns the
 exit code instead of exiting, and takes the streams, the environment and the chat model to

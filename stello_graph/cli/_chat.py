@@ -3,8 +3,9 @@
 Plain lines are turns on the current session, streamed token by token; lines starting with
 `/` are commands (`/help`). Background consolidation and integration run while you type: the
 prompt shows `⋯` while they do, and their results and failures are reported before the next
-prompt. Ctrl-C during a reply stops it: the turn is committed in one transaction at its end,
-so a stopped turn leaves nothing behind. Ctrl-C at the prompt, `/quit` or Ctrl-D leave.
+prompt (`/consolidate` and `/integrate` report their own results at once). Ctrl-C during a
+reply stops it: the turn is committed in one transaction at its end, so a stopped turn leaves
+nothing behind. Ctrl-C at the prompt, `/quit` or Ctrl-D leave.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
+from stello_graph._events_mux import EventMux
 from stello_graph.cli._common import Console
 from stello_graph.errors import NothingToIntegrateError, StelloError
 from stello_graph.events import StelloEvent
@@ -149,7 +151,9 @@ class ChatRepl:
 
     def _on_event(self, event: StelloEvent) -> None:
         # Runs on the worker that did the job: only queue; the REPL reports between prompts.
-        if not event.streamed and event.type in _BACKGROUND:
+        # The events of the user's own /consolidate and /integrate (the agent's operations,
+        # run quiet) are not background work: those commands print their results.
+        if not event.streamed and event.type in _BACKGROUND and not EventMux.is_quiet():
             self._events.put(event)
 
     def _report_background(self) -> None:
@@ -242,19 +246,22 @@ class ChatRepl:
         if self.current == self.agent.main_session_id:
             raise CommandError("the main session does not consolidate; /integrate reads the L2s")
         l2 = self.agent.consolidate(self.current)
-        shown = l2 if l2 is not None else "(nothing to consolidate yet: talk first)"
-        self.io.say(f"L2 of {self._label(self.current)}: {shown}")
+        whose = self._label(self.current)
+        if l2 is None:
+            self.io.say(f"nothing to consolidate in {whose} yet: talk first")
+        else:
+            self.io.say(f"✓ consolidated {whose} into its L2: {l2}")
 
     def cmd_integrate(self, arg: str) -> None:
         try:
             result = self.agent.integrate()
         except NothingToIntegrateError:
             raise CommandError("nothing to integrate yet: /consolidate a branch first") from None
+        count = len(result.insights)
+        self.io.say(f"✓ integrated the branches; {count} insight(s) sent")
         self.io.say(f"synthesis: {result.synthesis}")
         for session_id, insight in result.insights.items():
             self.io.say(f"  insight → {self._label(session_id)}: {insight}")
-        if not result.insights:
-            self.io.say(self.io.dim("  (no insights this time)"))
 
     def cmd_insight(self, arg: str) -> None:
         storage = self.agent.storage

@@ -1,4 +1,5 @@
-"""What the commands share: the error that ends a command, the console, database checks."""
+"""What the commands share: the error that ends a command, the console, and the one way the
+commands open the database `--db` names (a SQLite file or a `postgresql://` DSN)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
 if TYPE_CHECKING:
-    from stello_graph.checkpoints import SqliteMainStorage
+    from stello_graph.checkpoints import BackendStorage, SqliteMainStorage
 
 __all__ = [
     "NOT_A_TREE",
@@ -20,6 +21,9 @@ __all__ = [
     "CliError",
     "Console",
     "DbKind",
+    "check_tree",
+    "is_dsn",
+    "open_storage",
     "open_tree",
     "probe_database",
 ]
@@ -169,6 +173,11 @@ NOT_A_TREE = {
 }
 
 
+def _no_tree(where: str, tree_id: str, trees: list[str]) -> CliError:
+    found = ", ".join(map(repr, trees)) or "none"
+    return CliError(f"{where} has no tree {tree_id!r} (trees: {found}); name one with --tree ID.")
+
+
 def check_tree(path: Path, tree_id: str) -> None:
     """Check that `path` is a stello-graph database holding `tree_id`, without changing it.
 
@@ -179,8 +188,7 @@ def check_tree(path: Path, tree_id: str) -> None:
     if kind != "stello":
         raise CliError(f"{str(path)!r} {NOT_A_TREE[kind]}.")
     if tree_id not in trees:
-        found = ", ".join(map(repr, trees)) or "none"
-        raise CliError(f"{str(path)!r} has no tree {tree_id!r} (trees: {found}); use --tree-id.")
+        raise _no_tree(repr(str(path)), tree_id, trees)
 
 
 def open_tree(path: Path, tree_id: str) -> SqliteMainStorage:
@@ -197,3 +205,107 @@ def open_tree(path: Path, tree_id: str) -> SqliteMainStorage:
         return SqliteMainStorage(path, tree_id=tree_id)
     except StelloError as exc:
         raise CliError(f"{str(path)!r}: {exc}") from exc
+
+
+def is_dsn(db: str) -> bool:
+    """Whether `--db` names a PostgreSQL database (a `postgresql://` URL), not a SQLite file."""
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def open_storage(
+    db: str, tree_id: str, *, create: bool = False, allow_foreign_tables: bool = False
+) -> tuple[BackendStorage, str]:
+    """Open the tree `tree_id` of the database `--db` names: the one way every command opens
+    it, a SQLite file or a `postgresql://` DSN alike.
+
+    Without `create`, the tree must exist: the database is checked first without changing
+    it (no file is made, no table added). With `create` (`chat`, `demo`), the database and the
+    tree are made when missing; `allow_foreign_tables` lets stello-graph add its tables to
+    a SQLite file holding another application's (`--allow-foreign-tables`).
+
+    Returns:
+        The storage, and how to show the database: a file's absolute path, a DSN without its
+        password.
+
+    Raises:
+        CliError: the database cannot be opened, or holds no tree `tree_id` (without
+            `create`); the message says what to pass instead.
+    """
+    if is_dsn(db):
+        return _open_postgres(db, tree_id, create=create)
+    path = Path(db)
+    if not create:
+        return open_tree(path, tree_id), str(path.resolve())
+    _check_writable(path)
+    from stello_graph.checkpoints import SqliteMainStorage
+    from stello_graph.errors import ForeignDatabaseError
+
+    try:
+        storage = SqliteMainStorage(
+            path, tree_id=tree_id, allow_foreign_tables=allow_foreign_tables
+        )
+    except ForeignDatabaseError as exc:  # the library's fix is a Python argument: say the flag
+        found = str(exc).partition(" Name another file")[0]
+        raise CliError(
+            f"{found} Name another file with --db, or pass --allow-foreign-tables to add "
+            "stello-graph's tables to this one."
+        ) from None
+    return storage, str(path.resolve())
+
+
+def _check_writable(path: Path) -> None:
+    if not path.parent.is_dir():
+        raise CliError(f"cannot create {str(path)!r}: no directory {str(path.parent)!r}.")
+    kind, _ = probe_database(path)
+    if kind == "locked":
+        raise CliError(f"{str(path)!r} {NOT_A_TREE[kind]}.")
+    if kind in ("directory", "not-sqlite"):
+        label = "is a directory" if kind == "directory" else "is not a SQLite database"
+        raise CliError(f"{str(path)!r} {label}; name another file with --db FILE.")
+
+
+def _open_postgres(dsn: str, tree_id: str, *, create: bool) -> tuple[BackendStorage, str]:
+    """A `PostgresMainStorage` on `dsn`; without `create`, only over an existing tree."""
+    try:
+        from stello_graph.checkpoints import postgres
+        from stello_graph.checkpoints._postgres_conn import describe
+    except ImportError as exc:
+        raise CliError(
+            'PostgreSQL storage needs its extra: pip install "stello-graph[postgres]" '
+            f"({exc.name} is missing)."
+        ) from None
+    from stello_graph.errors import StorageError
+
+    where = describe(dsn)  # without the password
+    try:
+        if not create:
+            trees = _postgres_trees(dsn)
+            if trees is None:
+                raise CliError(f"{where} is a PostgreSQL database without stello-graph data.")
+            if tree_id not in trees:
+                raise _no_tree(where, tree_id, trees)
+        storage = postgres.PostgresMainStorage(dsn, tree_id=tree_id)
+    except StorageError as exc:  # its message names the database without its password
+        raise CliError(str(exc)) from None
+    return storage, where.strip("'")
+
+
+def _postgres_trees(dsn: str) -> list[str] | None:
+    """The trees of the PostgreSQL database `dsn` names (`None`: it holds no stello-graph
+    tables), read without changing it (opening a storage would add the tables)."""
+    from stello_graph.checkpoints import _postgres_schema as schema
+    from stello_graph.checkpoints._postgres_conn import Link, Query
+
+    link = Link(dsn, connect_timeout=10.0, lock_timeout=10.0)
+    try:
+        conn = link.acquire()
+        try:
+            tables = [name for (name,) in link.run(conn, Query(schema.STELLO_TABLES)).rows]
+            if schema.SESSIONS not in tables:
+                return None
+            query = Query(f"SELECT DISTINCT tree_id FROM {schema.SESSIONS} ORDER BY tree_id")
+            return [tree for (tree,) in link.run(conn, query).rows]
+        finally:
+            link.release(conn)
+    finally:
+        link.close()

@@ -1,9 +1,10 @@
 """`stello-graph tree` and `stello-graph export`: read a stored tree, never change its data
 (a file of an older schema version is brought up to date first, as every open does).
 
-A file at the current schema version is read through `TreeRows` (one read-only snapshot, no
-model built, neither pydantic nor LangChain imported: the process is mostly Python's own
-start); an older file, and the star map, go through `SqliteMainStorage` and `Topology`.
+A SQLite file at the current schema version is read through `TreeRows` (one read-only
+snapshot, no model built, neither pydantic nor LangChain imported: the process is mostly
+Python's own start); an older file, the star map and a PostgreSQL database go through the
+storage (`open_storage`) and `Topology` / `write_export`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stello_graph._export_rows import EXPORT_FORMAT, write_export_rows
 from stello_graph._tree_text import NodeRow, marked_rows, tree_order, tree_text
 from stello_graph.checkpoints._damage import shown, undecodable
 from stello_graph.checkpoints._sqlite_rows import TreeRows
-from stello_graph.cli._common import CliError, Console, check_tree, open_tree
+from stello_graph.cli._common import CliError, Console, check_tree, is_dsn, open_storage
 from stello_graph.lineage import ForkPoint
+
+if TYPE_CHECKING:
+    from stello_graph.checkpoints import BackendStorage
 
 __all__ = ["EXPORT_FORMAT", "run_export", "run_tree"]
 
@@ -71,11 +75,33 @@ def _warn_damaged(console: Console, damaged: Mapping[str, Sequence[str]], how: s
         )
 
 
-def run_tree(args: argparse.Namespace, console: Console) -> int:
-    """Print the tree as text; with `--svg OUT`, also write its star map (`-`: stdout only)."""
+def _rows(args: argparse.Namespace) -> TreeRows | None:
+    """The fast reader of a SQLite file at the current schema version (`None`: read it
+    through the storage); checks first that the file holds the tree."""
+    if is_dsn(args.db):
+        return None
     path = Path(args.db)
     check_tree(path, args.tree_id)
-    rows = None if args.svg else TreeRows.open(path, args.tree_id)
+    return TreeRows.open(path, args.tree_id)
+
+
+def _opened(args: argparse.Namespace) -> BackendStorage:
+    """The storage of the tree, its pages checked first when it is a SQLite file."""
+    from stello_graph.checkpoints import SqliteMainStorage  # the storage's models: pydantic
+
+    storage, _ = open_storage(args.db, args.tree_id)
+    if isinstance(storage, SqliteMainStorage):  # PRAGMA quick_check: SQLite's alone
+        try:
+            storage.check()
+        except BaseException:
+            storage.close()
+            raise
+    return storage
+
+
+def run_tree(args: argparse.Namespace, console: Console) -> int:
+    """Print the tree as text; with `--svg OUT`, also write its star map (`-`: stdout only)."""
+    rows = None if args.svg else _rows(args)
     if rows is not None:
         with rows:
             rows.check()
@@ -86,8 +112,7 @@ def run_tree(args: argparse.Namespace, console: Console) -> int:
         return 0
     from stello_graph.topology import Topology  # builds models: pydantic
 
-    with open_tree(path, args.tree_id) as storage:
-        storage.check()
+    with _opened(args) as storage:
         tree = Topology.read(storage)
         _warn_damaged(console, tree.damaged, "shown")
     if args.svg == "-":
@@ -107,9 +132,7 @@ def run_tree(args: argparse.Namespace, console: Console) -> int:
 
 def run_export(args: argparse.Namespace, console: Console) -> int:
     """Print the tree as JSON: nodes, sessions (meta, turns, L2, insight), the synthesis."""
-    path = Path(args.db)
-    check_tree(path, args.tree_id)
-    rows = TreeRows.open(path, args.tree_id)
+    rows = _rows(args)
     if rows is not None:
         with rows:
             rows.check()
@@ -117,8 +140,7 @@ def run_export(args: argparse.Namespace, console: Console) -> int:
     else:
         from stello_graph.export import write_export  # the storage's models: pydantic
 
-        with open_tree(path, args.tree_id) as storage:
-            storage.check()
+        with _opened(args) as storage:
             damaged = write_export(storage, console.stdout, records=args.records)
     console.say()
     _warn_damaged(console, damaged, "exported")

@@ -11,10 +11,9 @@ import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import redirect_stderr, redirect_stdout
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from stello_graph.cli._common import NOT_A_TREE, USAGE_ERROR, CliError, Console, probe_database
+from stello_graph.cli._common import USAGE_ERROR, CliError, Console, open_storage
 from stello_graph.cli._provider import ProviderSettings, build_chat_model
 from stello_graph.errors import (
     DamagedDataError,
@@ -54,10 +53,14 @@ def _model_options(parser: argparse.ArgumentParser, default_help: str) -> None:
 
 
 def _db_options(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument("--db", metavar="FILE", default=default, help=f"default: {default}")
     parser.add_argument(
-        "--tree-id", metavar="ID", default="default", help="which tree of the file (default)"
-    )
+        "--db", metavar="DB", default=default,
+        help=f"a SQLite file or a postgresql:// DSN (default: {default})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tree", "--tree-id", dest="tree_id", metavar="ID", default="default",
+        help="which tree of the database (default: default)",
+    )  # fmt: skip
 
 
 def _map_size(text: str) -> float:
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser("demo", help="a guided walkthrough (offline by default)")
-    demo.add_argument("--db", metavar="FILE", default=DEMO_DB, help=f"default: {DEMO_DB}")
+    _db_options(demo, DEMO_DB)
     _model_options(demo, "Default: scripted.")
     demo.set_defaults(run=_run_demo)
     chat = commands.add_parser("chat", help="chat over a topology in the terminal")
@@ -93,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--manual", action="store_true", help="no background work: only /consolidate, /integrate"
     )
+    chat.add_argument(
+        "--allow-foreign-tables", action="store_true",
+        help="add stello-graph's tables to a SQLite file that holds another application's",
+    )  # fmt: skip
     chat.set_defaults(run=_run_chat)
     tree = commands.add_parser("tree", help="print a stored tree; write its star map (SVG)")
     _db_options(tree, CHAT_DB)
@@ -115,13 +122,7 @@ def _inspect_parser(commands: Any) -> None:
     inspect = commands.add_parser(
         "inspect", help="browse a stored tree in a local web page (extra: inspector)"
     )
-    inspect.add_argument(
-        "--db", metavar="FILE", default=CHAT_DB, help=f"a SQLite file (default: {CHAT_DB})"
-    )
-    inspect.add_argument(
-        "--tree", "--tree-id", dest="tree_id", metavar="ID", default="default",
-        help="which tree of the file (default)",
-    )  # fmt: skip
+    _db_options(inspect, CHAT_DB)
     inspect.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     inspect.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0: a free port"
@@ -168,19 +169,8 @@ def _run_demo(
         model = build_chat_model(settings)
     from stello_graph.cli import demo
 
-    demo.run(console.stdout, Path(args.db), model=model)
+    demo.run(console.stdout, args.db, model=model, tree_id=args.tree_id)
     return 0
-
-
-def _writable_db(path: Path) -> None:
-    if not path.parent.is_dir():
-        raise CliError(f"cannot create {str(path)!r}: no directory {str(path.parent)!r}.")
-    kind, _ = probe_database(path)
-    if kind == "locked":
-        raise CliError(f"{str(path)!r} {NOT_A_TREE[kind]}.")
-    if kind in ("directory", "not-sqlite"):
-        label = "is a directory" if kind == "directory" else "is not a SQLite database"
-        raise CliError(f"{str(path)!r} {label}; name another file with --db FILE.")
 
 
 def _run_chat(
@@ -198,8 +188,9 @@ def _run_chat(
     else:
         model = build_chat_model(settings)
         name = f"{settings.model} at {settings.endpoint}"
-    db = Path(args.db)
-    _writable_db(db)
+    storage, shown = open_storage(
+        args.db, args.tree_id, create=True, allow_foreign_tables=args.allow_foreign_tables
+    )
     from stello_graph.agent import StelloAgent
     from stello_graph.cli._chat import ChatRepl
     from stello_graph.schedule import Schedule
@@ -207,16 +198,16 @@ def _run_chat(
     schedule = None if args.manual else Schedule(
         consolidate_every_n_turns=5, consolidate_on_switch=True, integrate_after_consolidate=True
     )  # fmt: skip
-    agent = StelloAgent(
-        model=model,
-        storage=db,
-        tree_id=args.tree_id,
-        consolidate_fn=consolidate_fn,
-        integrate_fn=integrate_fn,
-        schedule=schedule,
-    )
-    console.say(console.dim(f"Database: {db.resolve()} (tree {args.tree_id!r})"))
-    return ChatRepl(agent, console, model_name=name).run()
+    with storage:  # the agent does not close a storage it was given
+        agent = StelloAgent(
+            model=model,
+            storage=storage,
+            consolidate_fn=consolidate_fn,
+            integrate_fn=integrate_fn,
+            schedule=schedule,
+        )
+        console.say(console.dim(f"Database: {shown} (tree {args.tree_id!r})"))
+        return ChatRepl(agent, console, model_name=name).run()
 
 
 # -- entry point ----------------------------------------------------------------------------

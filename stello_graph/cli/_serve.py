@@ -12,12 +12,10 @@ import socket
 import threading
 import webbrowser
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from stello_graph.cli._common import CliError, Console, open_tree
-from stello_graph.errors import StorageError
+from stello_graph.cli._common import CliError, Console, open_storage
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -25,7 +23,7 @@ if TYPE_CHECKING:
     from stello_graph.agent import StelloAgent
     from stello_graph.storage import MainStorage
 
-__all__ = ["DEFAULT_PORT", "listen", "open_storage", "run_inspect"]
+__all__ = ["DEFAULT_PORT", "listen", "run_inspect"]
 
 DEFAULT_PORT = 8321
 """The port `inspect` listens on unless told otherwise (`--port 0`: any free port)."""
@@ -38,30 +36,6 @@ def _check_extra() -> None:
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise CliError(f"{_EXTRA} ({exc.name} is missing).") from None
-
-
-def _open_postgres(dsn: str, tree_id: str) -> MainStorage:
-    try:
-        from stello_graph.checkpoints import postgres
-    except ImportError as exc:
-        raise CliError(
-            'PostgreSQL storage needs its extra: pip install "stello-graph[postgres]" '
-            f"({exc.name} is missing)."
-        ) from None
-    try:
-        opened: MainStorage = postgres.PostgresMainStorage(dsn, tree_id=tree_id)
-    except StorageError as exc:  # the message names the database without its password
-        raise CliError(str(exc)) from None
-    return opened
-
-
-def open_storage(db: str, tree_id: str) -> tuple[MainStorage, str]:
-    """The storage `--db` names and how to show it: a SQLite file (refused unless it holds
-    a stello-graph tree `tree_id`) or a `postgresql://` DSN (shown without its password)."""
-    if db.startswith(("postgresql://", "postgres://")):
-        return _open_postgres(db, tree_id), db.split("@")[-1]
-    path = Path(db)
-    return open_tree(path, tree_id), str(path.resolve())
 
 
 def listen(host: str, port: int) -> socket.socket:

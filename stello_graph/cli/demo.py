@@ -2,7 +2,8 @@
 
 Offline by default, with a scripted model, on the embedded SQLite default: a file in the
 current directory (`stello-demo.db`, made afresh on each run; a file the demo did not make is
-never overwritten). The flow:
+never overwritten). On PostgreSQL (`--db postgresql://...`) it fills a tree that is still
+empty (`--tree ID`; nothing is ever deleted there). The flow:
 
 1. the user asks the main session to brainstorm; the model forks three branches itself
    (its `create_session` tool calls);
@@ -18,6 +19,8 @@ integration are made by the model too.
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -90,7 +93,7 @@ def _question(label: str) -> str:
     return known[0] if known else f"Let's focus on {label}: what matters most? Keep it short."
 
 
-def _fresh(db: Path) -> None:
+def _fresh(db: Path, tree_id: str) -> None:
     """Remove a previous demo database; refuse any other file."""
     if not db.parent.is_dir():
         raise InvalidInputError(f"Cannot create {str(db)!r}: no directory {str(db.parent)!r}.")
@@ -101,7 +104,7 @@ def _fresh(db: Path) -> None:
         kind, _ = probe_database(db)
         made_by_demo = False
         if kind == "stello":
-            with SqliteMainStorage(db) as storage:
+            with SqliteMainStorage(db, tree_id=tree_id) as storage:
                 made_by_demo = storage.get_global(MARK) is not None
         if not made_by_demo:
             raise InvalidInputError(
@@ -116,37 +119,68 @@ def _indent(text: str | None) -> str:
     return (text or "(none)").strip().replace("\n", "\n          ")
 
 
-def run(out: TextIO = sys.stdout, db: Path = DB, *, model: BaseChatModel | None = None) -> Path:
+def run(
+    out: TextIO = sys.stdout,
+    db: str | os.PathLike[str] = DB,
+    *,
+    model: BaseChatModel | None = None,
+    tree_id: str = "default",
+) -> Path:
     """Run the walkthrough, printing to `out`; return the path of the star map it wrote.
 
     Args:
         out: where the walkthrough is told.
-        db: the database to make (a previous demo database there is replaced).
+        db: the database to make (a previous demo database there is replaced), or a
+            `postgresql://` DSN (the star map is then written to the current directory).
         model: a chat model to run the flow against (default: the scripted one, offline).
+        tree_id: the tree to fill (on PostgreSQL, one that holds no session yet).
 
     Raises:
-        InvalidInputError: `db` exists and was not made by the demo.
+        InvalidInputError: `db` exists and was not made by the demo, or the tree of a
+            PostgreSQL database already holds sessions.
     """
-    _fresh(db)
-    scripted = model is None
-    agent = StelloAgent(
-        model=_brainstorm_model() if model is None else model,
-        storage=str(db),
-        consolidate_fn=_summarise if scripted else None,
-        integrate_fn=_integrate if scripted else None,
-        system_prompt=SYSTEM_PROMPT,
-    )
-    with agent:
-        agent.storage.put_global(MARK, {"version": 1})
-        svg = _walkthrough(agent, out, db)
+    from stello_graph.cli._common import is_dsn, open_storage
+
+    target, dsn = os.fspath(db), is_dsn(os.fspath(db))
+    if not dsn:
+        _fresh(Path(target), tree_id)
+    storage, shown = open_storage(target, tree_id, create=True)
+    with storage:
+        if storage.get_main_session() is not None:  # a file is made afresh; a PostgreSQL tree
+            # is never emptied
+            raise InvalidInputError(
+                f"Tree {tree_id!r} of {shown} already holds sessions; the demo starts from an "
+                "empty tree: name another with --tree ID."
+            )
+        scripted = model is None
+        agent = StelloAgent(
+            model=_brainstorm_model() if model is None else model,
+            storage=storage,
+            consolidate_fn=_summarise if scripted else None,
+            integrate_fn=_integrate if scripted else None,
+            system_prompt=SYSTEM_PROMPT,
+        )
+        with agent:
+            agent.storage.put_global(MARK, {"version": 1})
+            svg = (DB if dsn else Path(target)).with_suffix(".svg")
+            _walkthrough(agent, out, shown, svg)
+    _go_on(out, shown if dsn else target, tree_id)  # a DSN without its password
     return svg
 
 
-def _walkthrough(agent: StelloAgent, out: TextIO, db: Path) -> Path:
+def _go_on(out: TextIO, db: str, tree_id: str) -> None:
+    named = f"--db {shlex.quote(db)}"
+    named += "" if tree_id == "default" else f" --tree {shlex.quote(tree_id)}"
+    print(f"Go on:    stello-graph chat {named} --model scripted", file=out)
+    print(f"          stello-graph tree {named}", file=out)
+    print(f"          stello-graph inspect {named}   (the inspector extra)", file=out)
+
+
+def _walkthrough(agent: StelloAgent, out: TextIO, shown: str, svg: Path) -> None:
     def say(text: str = "") -> None:
         print(text, file=out)
 
-    say(f"Database: {db.resolve()}")
+    say(f"Database: {shown}")
     main = agent.main_session_id
     say("\n1. Brainstorm in the main session")
     say(f"   user : {KICKOFF}\n   model: {_indent(agent.turn(main, KICKOFF).content)}")
@@ -173,12 +207,7 @@ def _walkthrough(agent: StelloAgent, out: TextIO, db: Path) -> Path:
         pending = agent.storage.get_insight(target.id) is not None
         say(f"   insight still pending: {pending}")
     tree = agent.tree()
-    svg = db.with_suffix(".svg")
     svg.write_text(tree.render_svg(), encoding="utf-8")
     say(f"\n5. The tree: {len(tree)} sessions")
     say(str(tree))
     say(f"\nStar map: {svg} (open it in a browser)")
-    say(f"Go on:    stello-graph chat --db {db} --model scripted")
-    say(f"          stello-graph tree --db {db}")
-    say(f"          stello-graph inspect --db {db}   (the inspector extra)")
-    return svg

@@ -63,8 +63,10 @@ def test_every_command_in_one_session(cli: RunCli, tmp_path: Path) -> None:
         "⑂ forked 'Pricing'",
         "Pricing › (scripted) You said: free tier?",
         "you   › free tier?",
-        "L2 of 'Pricing': Discussed: free tier?.",
+        "✓ consolidated 'Pricing' into its L2: Discussed: free tier?.",
         "Growth › (scripted) You said: where do users come from?",
+        "✓ consolidated 'Growth' into its L2: Discussed: where do users come from?.",
+        "✓ integrated the branches; 2 insight(s) sent",
         "synthesis: Pricing: Discussed: free tier?. | Growth: Discussed: where do users",
         "  insight → 'Pricing': Related branches: Growth",
         "  an insight is waiting: it goes with your next message",
@@ -87,6 +89,7 @@ def test_every_command_in_one_session(cli: RunCli, tmp_path: Path) -> None:
         HELP,
     ]
     assert out.count("error: usage: /history [N]") == 2  # `x`, and `²` (not an ASCII digit)
+    assert "✓ background" not in out  # --manual: no background work, nothing reported as such
     position = 0
     for text in expected:  # in this order
         found = out.find(text, position)
@@ -239,6 +242,21 @@ def test_background_work_left_at_exit_is_finished_and_reported(cli: RunCli, tmp_
     with SqliteMainStorage(db) as storage:
         (archived,) = storage.list_sessions(status="archived")
         assert storage.get_memory(archived.id) == "Discussed: idea."
+
+
+@pytest.mark.parametrize("mode", [["--manual"], []], ids=["manual", "scheduled"])
+def test_own_consolidate_and_integrate_report_their_results_not_background_work(
+    cli: RunCli, tmp_path: Path, mode: list[str]
+) -> None:
+    """The user's /consolidate and /integrate print their results, once; only the schedule's
+    own jobs are reported as `background:` (here none runs: no switch, no fifth turn)."""
+    lines = "/fork A\nidea\n/consolidate\n/integrate\n/wait\n"
+    run = cli("chat", "--db", str(tmp_path / "own.db"), "--model", "scripted", *mode, input=lines)
+    assert run.code == 0, run.err
+    assert run.out.count("✓ consolidated 'A' into its L2: Discussed: idea.\n") == 1
+    assert run.out.count("✓ integrated the branches; 0 insight(s) sent\n") == 1
+    assert "synthesis: A: Discussed: idea.\n" in run.out
+    assert "background:" not in run.out
 
 
 def test_nothing_configured(cli: RunCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

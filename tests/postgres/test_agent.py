@@ -69,7 +69,7 @@ def test_an_agent_on_a_server_that_is_down(postgres_dsn: str) -> None:
 
 
 def test_the_inspector_opens_a_postgresql_url(postgres_dsn: str) -> None:
-    from stello_graph.cli._serve import open_storage
+    from stello_graph.cli._common import open_storage
 
     with StelloAgent(model=ScriptedChatModel(default="ok"), storage=postgres_dsn) as agent:
         main = agent.main_session_id
@@ -78,6 +78,6 @@ def test_the_inspector_opens_a_postgresql_url(postgres_dsn: str) -> None:
         assert isinstance(storage, PostgresMainStorage)
         assert storage.get_main_session() is not None
         assert storage.get_main_session().id == main  # type: ignore[union-attr]
-        assert shown.startswith("127.0.0.1:")
+        assert shown.startswith("postgresql://stello@127.0.0.1:")
     finally:
-        storage.close()  # type: ignore[attr-defined]
+        storage.close()

@@ -706,8 +706,8 @@ CLI_CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "not a SQLite database"),
     ("export of a missing file", lambda db: ["export", "--db", str(db.with_suffix(".none"))],
      "no such file"),
-    ("tree of an unknown tree id", lambda db: ["tree", "--db", str(db), "--tree-id", "nope"],
-     "nope"),
+    ("tree of an unknown tree id", lambda db: ["tree", "--db", str(db), "--tree", "nope"],
+     "no tree 'nope'"),
     ("chat with no model configured", lambda db: ["chat", "--db", str(db)],
      "no chat model configured"),
 ]  # fmt: skip
