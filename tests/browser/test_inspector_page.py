@@ -14,7 +14,7 @@ import pytest
 from stello_graph.agent import StelloAgent
 from stello_graph.checkpoints import SqliteMainStorage
 from stello_graph.cli import _offline
-from tests.browser.conftest import Server, Shot, serve
+from tests.browser.conftest import VIEWPORT, Server, Shot, serve
 
 pytestmark = pytest.mark.browser
 
@@ -42,6 +42,36 @@ def test_the_map_and_the_list_show_the_tree(page: Any, server: Server, shot: Sho
     assert "4 sessions" in page.inner_text("#counts")
     assert page.inner_text("#mode") == "read-only"
     shot(page, "tree")
+
+
+def test_a_damaged_session_is_shown_marked_beside_the_others(
+    browser: Any, demo_file: Path, tmp_path: Path
+) -> None:
+    """One byte that is not UTF-8 in a stored label: the page still shows the whole tree,
+    the damaged session with its stand-in label and marked; opening it names the column
+    (its reads answer 500, which the browser logs: a page of its own, not `page`)."""
+    import sqlite3
+
+    db = tmp_path / "damaged.db"
+    shutil.copy(demo_file, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "UPDATE stello_sessions SET label = CAST(X'FF' AS TEXT) WHERE label = 'Pricing'"
+        )
+    conn.close()
+    page = browser.new_page(viewport=VIEWPORT)
+    with SqliteMainStorage(db) as storage, serve(storage, db) as server:
+        _open(page, server.url)
+        rows = page.locator(".vrow .lbl").all_inner_texts()
+        assert rows == ["Main Session", "(undecodable)", "Onboarding", "Growth"]
+        marked = page.locator(".vrow:has(.damaged)")
+        assert marked.count() == 1 and "(undecodable)" in marked.inner_text()
+        assert "label" in (marked.locator(".damaged").get_attribute("title") or "")
+        marked.click()
+        panel = page.locator("#tab-session")
+        panel.locator(".empty").wait_for(timeout=TIMEOUT)
+        assert "column 'label'" in panel.inner_text()
+    page.close()
 
 
 def test_a_session_shows_its_transcript_and_memory(page: Any, server: Server, shot: Shot) -> None:

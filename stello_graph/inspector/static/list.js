@@ -73,6 +73,8 @@ export class SessionList {
       stale,
       node.has_insight ? el("span", { title: "insight pending", style: "color:var(--insight)" }, "◆") : null,
       node.failures ? el("span.fail", { title: `${node.failures} background failure(s)` }, `⚠${node.failures}`) : null,
+      node.damaged && node.damaged.length
+        ? el("span.fail.damaged", { title: `stored data that does not decode: ${node.damaged.join(", ")}` }, "damaged") : null,
       el("span.num", { title: "turns" }, String(node.turns)),
     );
     return row;
