@@ -19,6 +19,7 @@ from langgraph.types import RetryPolicy
 from typing_extensions import Unpack
 
 from stello_graph._base import SessionBase
+from stello_graph._calls import sync_tool
 from stello_graph._claims import JobClaims
 from stello_graph._validate import check_chat_model, check_id, check_tools
 from stello_graph.compression import CompressionPolicy
@@ -325,8 +326,10 @@ class StelloRuntime:
         with self._lock:
             node = self._tool_nodes.get(key)
             if node is None:
-                node = ToolNode(
-                    tools, messages_key="pending", handle_tool_errors=tool_error_message
+                node = ToolNode(  # async-only tools run on sync turns too (`sync_tool`)
+                    [sync_tool(t) for t in tools],
+                    messages_key="pending",
+                    handle_tool_errors=tool_error_message,
                 )
                 self._tool_nodes[key] = node
         return node

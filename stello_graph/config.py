@@ -89,7 +89,9 @@ class StelloConfig:
     model: BaseChatModel | None = None
     """The default chat model of every session (any LangChain chat model)."""
     tools: Sequence[Any] = ()
-    """Tools every session's model is given (LangChain tools or functions)."""
+    """Tools every session's model is given (LangChain tools or functions, sync or async:
+    an async-only tool, such as an MCP tool, runs on sync turns too, on a private event
+    loop in a worker thread)."""
     builtin_tools: Sequence[str] = ("create_session",)
     """Built-in tools to add (`"create_session"`; `"activate_skill"` is added whenever
     skills are registered); `()` for none."""
