@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langgraph.prebuilt import ToolNode
@@ -19,6 +19,7 @@ from langgraph.types import RetryPolicy
 from typing_extensions import Unpack
 
 from stello_graph._base import SessionBase
+from stello_graph._calls import sync_tool
 from stello_graph._claims import JobClaims
 from stello_graph._validate import check_chat_model, check_id, check_tools
 from stello_graph.compression import CompressionPolicy
@@ -104,7 +105,7 @@ class StelloRuntime:
         """The settings (frozen)."""
         self.storage: MainStorage = storage
         self.bus: EventBus = EventBus() if bus is None else bus
-        model = self.config.model
+        model = self.model
         self.consolidate_fn: ConsolidateFn | None = self.config.consolidate_fn or (
             llm_consolidator(model) if model is not None else None
         )
@@ -158,7 +159,7 @@ class StelloRuntime:
     # -- the settings, read-only (documented on `StelloConfig`) ---------------------------
     @property
     def model(self) -> BaseChatModel | None:
-        return self.config.model
+        return cast("BaseChatModel | None", self.config.model)  # a name is built by then
 
     @property
     def tools(self) -> tuple[Any, ...]:
@@ -278,17 +279,17 @@ class StelloRuntime:
         self,
         session_id: str,
         *,
-        model: BaseChatModel | None = None,
+        model: BaseChatModel | str | None = None,
         tools: Sequence[Any] | None = None,
     ) -> None:
-        """Give one session its own model and/or tools (kept in memory, not in storage)."""
-        if model is not None:
-            check_chat_model(model)
+        """Give one session its own model (or a model's name, `check_chat_model`) and/or
+        tools (kept in memory, not in storage)."""
+        own: BaseChatModel | None = None if model is None else check_chat_model(model)
         if tools is not None:
             tools = check_tools(tools)
         with self._lock:
             self._overrides[session_id] = _Overrides(
-                model, tuple(tools) if tools is not None else None
+                own, tuple(tools) if tools is not None else None
             )
             self._sessions.pop(session_id, None)
 
@@ -325,8 +326,10 @@ class StelloRuntime:
         with self._lock:
             node = self._tool_nodes.get(key)
             if node is None:
-                node = ToolNode(
-                    tools, messages_key="pending", handle_tool_errors=tool_error_message
+                node = ToolNode(  # async-only tools run on sync turns too (`sync_tool`)
+                    [sync_tool(t) for t in tools],
+                    messages_key="pending",
+                    handle_tool_errors=tool_error_message,
                 )
                 self._tool_nodes[key] = node
         return node

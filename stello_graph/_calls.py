@@ -1,19 +1,23 @@
 """Calling user functions that may be sync or async, from sync or async code.
 
 Sync code calling an async function runs it on a private event loop in a worker thread (never
-`asyncio.run` on the caller's thread: Jupyter already runs a loop there). Async code calling a
-sync function runs it in a worker thread so the caller's loop is never blocked.
+`asyncio.run` on the caller's thread: Jupyter already runs a loop there), in a copy of the
+caller's context (LangGraph's run config, stello's session holds), as `asyncio.to_thread`
+does the other way. Async code calling a sync function runs it in a worker thread so the
+caller's loop is never blocked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-__all__ = ["call_async", "call_sync"]
+__all__ = ["call_async", "call_sync", "sync_tool"]
 
 T = TypeVar("T")
 
@@ -30,7 +34,10 @@ def _run_in_thread(awaitable: Awaitable[T]) -> T:
         except BaseException as exc:  # re-raised on the calling thread
             box["error"] = exc
 
-    thread = threading.Thread(target=target, name="stello-async-call", daemon=True)
+    context = contextvars.copy_context()
+    thread = threading.Thread(
+        target=context.run, args=(target,), name="stello-async-call", daemon=True
+    )
     thread.start()
     thread.join()
     if "error" in box:
@@ -67,3 +74,33 @@ async def call_async(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+def sync_tool(tool: Any) -> Any:
+    """`tool`, runnable on a sync path too.
+
+    An async-only tool (a `StructuredTool` with a coroutine and no function: `@tool async
+    def`, `StructuredTool.from_function(coroutine=...)`, every MCP tool; or a bare async
+    function, which LangGraph's `ToolNode` makes into one) refuses `invoke` with
+    `NotImplementedError`. Its twin is a copy whose function runs the coroutine to the end
+    on a private loop in a worker thread, in the caller's context (so `interrupt()` and the
+    injected `ToolRuntime` work); name, description, argument schema and every other field
+    are the tool's, and `ainvoke` still awaits the coroutine itself. Other tools are
+    returned as they are.
+    """
+    from langchain_core.tools import BaseTool, StructuredTool
+    from langchain_core.tools import tool as make_tool
+
+    if not isinstance(tool, BaseTool) and _is_async(tool):
+        tool = make_tool(tool)
+    if isinstance(tool, StructuredTool) and tool.func is None and tool.coroutine is not None:
+        return tool.model_copy(update={"func": _blocking(tool.coroutine)})
+    return tool
+
+
+def _blocking(coroutine: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+    @functools.wraps(coroutine)  # the same signature and hints: LangChain reads them
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _run_in_thread(coroutine(*args, **kwargs))
+
+    return run

@@ -20,6 +20,7 @@ from stello_graph._context import SanitizedHistory
 from stello_graph._topology_slot import TopologySlot
 from stello_graph._turn_parts import ContextParts, ModelInput, TurnContext, _with_turns
 from stello_graph._validate import (
+    check_chat_model,
     check_label,
     check_metadata,
     check_optional_text,
@@ -49,7 +50,7 @@ class SessionCore:
         meta: SessionMeta,
         storage: SessionStorage,
         *,
-        model: BaseChatModel | None = None,
+        model: BaseChatModel | str | None = None,
         tools: Sequence[Any] | None = None,
         compression: CompressionPolicy | None = None,
     ) -> None:
@@ -57,7 +58,9 @@ class SessionCore:
         self._compression = compression
         self._meta = meta
         self._storage = storage
-        self._model = model
+        self._model: BaseChatModel | None = (
+            None if model is None else check_chat_model(model)  # a name is built once
+        )
         self._tools: list[Any] = list(tools) if tools else []
         self._bound: Runnable[ModelInput, Any] | None = None
         self._history = SanitizedHistory()  # the history shown at the last model call

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from stello_graph.errors import InvalidInputError
+from stello_graph.errors import InvalidInputError, ModelNotConfiguredError
 
 __all__ = [
     "MAX_DEPTH",
@@ -17,6 +17,7 @@ __all__ = [
     "MAX_LABEL_CHARS",
     "MAX_TAG_CHARS",
     "MAX_TREE_ID_CHARS",
+    "MODEL_PROVIDERS",
     "check_chat_model",
     "check_depth",
     "check_id",
@@ -28,6 +29,7 @@ __all__ = [
     "check_text",
     "check_tools",
     "check_tree_id",
+    "model_provider",
     "new_id",
     "too_deep",
 ]
@@ -44,6 +46,15 @@ MAX_DEPTH = 64
 tags, profile variables, a `tool_choice`, and the arguments of a model's tool calls.
 Real documents stay far below it; deeper ones fail in serializers (JSON at about 1,000
 levels, LangGraph's checkpoint serializer at a few hundred), so they are refused up front."""
+MODEL_PROVIDERS = (
+    "anthropic", "anthropic_bedrock", "azure_ai", "azure_openai", "baseten", "bedrock",
+    "bedrock_converse", "bedrock_mantle_anthropic", "bedrock_mantle_openai", "cohere",
+    "deepseek", "fireworks", "google_anthropic_vertex", "google_genai", "google_vertexai",
+    "groq", "huggingface", "ibm", "langsmith", "litellm", "meta", "mistralai", "nvidia",
+    "ollama", "openai", "openrouter", "perplexity", "together", "upstage", "xai",
+)  # fmt: skip
+"""The providers of LangChain's `init_chat_model`, the `provider` of a `"provider:model"`
+name (each needs its integration package: `langchain-anthropic`, ...)."""
 _V = TypeVar("_V")
 _CONTROL = {chr(c) for c in range(32)} - {"\t", "\n", "\r"}
 
@@ -216,13 +227,62 @@ def check_metadata(value: object) -> dict[str, Any]:
 
 
 def check_chat_model(value: object, what: str = "model") -> Any:
-    """A LangChain chat model: anything with `invoke` and `stream` (checked before it is used,
-    so a wrong value fails where it is given, not at the session's next turn)."""
+    """A LangChain chat model: anything with `invoke` and `stream`, or the name of one as
+    LangChain's `init_chat_model` (and `create_agent`) take it: `"provider:model"`
+    (`"openai:gpt-4o-mini"`, `"anthropic:claude-sonnet-4-5"`) or a name whose provider it
+    infers (`"gpt-4o-mini"`). A name is built into its chat model here, once.
+
+    Checked (and built) before it is used, so a wrong value fails where it is given, not at
+    the session's next turn.
+
+    Raises:
+        InvalidInputError: not a chat model, or a name of no provider `init_chat_model` knows.
+        ModelNotConfiguredError: the provider's integration package is not installed, or
+            its client refused to be built (no API key, ...).
+    """
+    if isinstance(value, str):
+        return _chat_model_named(value, what)
     if not callable(getattr(value, "invoke", None)) or not callable(getattr(value, "stream", None)):
         raise InvalidInputError(
-            f"{what} must be a LangChain chat model (e.g. ChatOpenAI(...)), got {value!r:.80}."
+            f"{what} must be a LangChain chat model (e.g. ChatOpenAI(...)) or its name "
+            f"('openai:gpt-4o-mini'), got {value!r:.80}."
         )
     return value
+
+
+def model_provider(name: str) -> str | None:
+    """The provider a `"provider:model"` name starts with, when `init_chat_model` knows it
+    (`"anthropic"` for `"anthropic:claude-sonnet-4-5"`); `None` for any other name (a bare
+    one, or a server's `"llama3.2:1b"`)."""
+    provider, colon, _ = name.partition(":")
+    return provider if colon and provider in MODEL_PROVIDERS else None
+
+
+def _chat_model_named(name: str, what: str) -> Any:
+    if not name.strip():
+        raise InvalidInputError(f"{what} is an empty name; name a model ('openai:gpt-4o-mini').")
+    from langchain.chat_models import init_chat_model
+    from pydantic import ValidationError
+
+    try:
+        return init_chat_model(name)
+    except ImportError as exc:  # the provider's integration package is missing
+        raise ModelNotConfiguredError(f"{what} {_shown(name)}: {exc}.") from exc
+    except ValidationError as exc:
+        raise ModelNotConfiguredError(
+            f"{what} {_shown(name)} could not be built: {exc.errors()[0]['msg']}."
+        ) from exc
+    except ValueError as exc:  # the provider is unknown, or cannot be inferred
+        raise InvalidInputError(
+            f"{what} {_shown(name)} names no provider LangChain's init_chat_model knows: "
+            "write it as 'provider:model' (e.g. 'openai:gpt-4o-mini'), the provider one of "
+            f"{', '.join(MODEL_PROVIDERS)}; or pass a chat model object (for an "
+            "OpenAI-compatible server: stello_graph.providers.local_chat_model(base_url, name))."
+        ) from exc
+    except Exception as exc:  # the provider's client refused its settings (no API key, ...)
+        raise ModelNotConfiguredError(
+            f"{what} {_shown(name)} could not be built: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def check_tools(value: object, what: str = "tools", *, schemas: bool = False) -> list[Any]:

@@ -133,8 +133,9 @@ class ForkOptions(TypedDict, total=False):
     skills: Sequence[str]
     """The child's skills allow-list; inherited when left out; any registered skills, even
     ones the source lacks (unlike the model's `create_session`, the caller is trusted)."""
-    model: BaseChatModel
-    """The child's own chat model (kept in memory, not in storage)."""
+    model: BaseChatModel | str
+    """The child's own chat model, or its name (`"openai:gpt-4o-mini"`, built at once by
+    `init_chat_model`; kept in memory, not in storage)."""
     tools: Sequence[Any]
     """The child's own tools (kept in memory, not in storage)."""
 
@@ -155,7 +156,8 @@ class StelloAgent(_Turns, _Memory, _Tree):
             `postgresql://` URL opens a `PostgresMainStorage` and a LangGraph
             `PostgresSaver` on that database (the `postgres` extra).
         config: the settings (`StelloConfig`, each field documented there); `model` is
-            required.
+            required: a chat model, or its name as LangChain's `init_chat_model` takes it
+            (`"openai:gpt-4o-mini"`), built before anything is opened.
         **settings: fields of `StelloConfig` as keywords (`model=`, `tools=`,
             `schedule=`, ...), overriding `config`'s.
 
@@ -369,7 +371,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
             raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
         # model and tools are applied once the fork ran: check them before it runs
         if options.get("model") is not None:
-            check_chat_model(options["model"])
+            options["model"] = check_chat_model(options["model"])  # a name is built once
         if options.get("tools") is not None:
             check_tools(options["tools"])
         spec = {k: v for k, v in options.items() if k not in ("model", "tools")}

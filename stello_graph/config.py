@@ -86,10 +86,17 @@ class StelloConfig:
     compiles the graph and opens the storage itself.
     """
 
-    model: BaseChatModel | None = None
-    """The default chat model of every session (any LangChain chat model)."""
+    model: BaseChatModel | str | None = None
+    """The default chat model of every session: any LangChain chat model, or its name as
+    `init_chat_model` takes it (`"openai:gpt-4o-mini"`, `"anthropic:claude-sonnet-4-5"`),
+    built when the config is made (reading it back gives the model). An unknown provider is
+    an `InvalidInputError`; a provider whose integration package is not installed
+    (`pip install langchain-anthropic`) or whose client cannot be built (no API key) a
+    `ModelNotConfiguredError`."""
     tools: Sequence[Any] = ()
-    """Tools every session's model is given (LangChain tools or functions)."""
+    """Tools every session's model is given (LangChain tools or functions, sync or async:
+    an async-only tool, such as an MCP tool, runs on sync turns too, on a private event
+    loop in a worker thread)."""
     builtin_tools: Sequence[str] = ("create_session",)
     """Built-in tools to add (`"create_session"`; `"activate_skill"` is added whenever
     skills are registered); `()` for none."""
@@ -164,7 +171,7 @@ class StelloConfig:
 
     def __post_init__(self) -> None:
         if self.model is not None:
-            check_chat_model(self.model)
+            _set(self, "model", check_chat_model(self.model))
         rounds = self.max_tool_rounds
         if not isinstance(rounds, int) or rounds < 0:
             raise InvalidInputError(f"max_tool_rounds must be an int >= 0, got {rounds!r}.")
@@ -229,7 +236,7 @@ class StelloSettings(TypedDict, total=False):
     Documented on `StelloConfig`; a test holds the two to the same names and types.
     """
 
-    model: BaseChatModel | None
+    model: BaseChatModel | str | None
     tools: Sequence[Any]
     builtin_tools: Sequence[str]
     max_tool_rounds: int

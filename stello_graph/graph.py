@@ -231,7 +231,7 @@ def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
 
 
 def build_stello_graph(
-    model: BaseChatModel | None,
+    model: BaseChatModel | str | None,
     storage: MainStorage,
     /,
     *,
@@ -241,7 +241,8 @@ def build_stello_graph(
     """The stello orchestration as an uncompiled LangGraph `StateGraph`.
 
     Args:
-        model: the chat model of every session (`None`: the config's).
+        model: the chat model of every session, or its name as LangChain's
+            `init_chat_model` takes it (`"openai:gpt-4o-mini"`; `None`: the config's).
         storage: the tree's `MainStorage`.
         config: the settings (`StelloConfig`, each field documented there); its
             agent-only fields (`checkpointer`, `durability`, ...) are not used here: compile

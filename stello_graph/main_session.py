@@ -106,13 +106,14 @@ class MainOptions(TypedDict, total=False):
     and `load`.
 
     Attributes:
-        model: the chat model of its turns.
+        model: the chat model of its turns, or its name (`"openai:gpt-4o-mini"`, built by
+            LangChain's `init_chat_model` before anything is stored).
         tools: the tools bound to that model.
         integrate_fn: how `integrate` makes the synthesis and insights (`llm_integrator`).
         compression: when and how a long history is summarised in prompts.
     """
 
-    model: BaseChatModel | None
+    model: BaseChatModel | str | None
     tools: Sequence[Any] | None
     integrate_fn: IntegrateFn | None
     compression: CompressionPolicy | None
@@ -153,7 +154,7 @@ class MainSession(SessionBase):
         meta: SessionMeta,
         storage: MainStorage,
         *,
-        model: BaseChatModel | None = None,
+        model: BaseChatModel | str | None = None,
         tools: Sequence[Any] | None = None,
         integrate_fn: IntegrateFn | None = None,
         compression: CompressionPolicy | None = None,
@@ -184,8 +185,10 @@ class MainSession(SessionBase):
             MainSessionExistsError: the tree already has a main session.
         """
         meta = new_meta("main", label, (), None, id)
-        run(_create_flow(meta, check_optional_text(system_prompt, "system_prompt")), storage)
-        return cls(meta, storage, **options)
+        prompt = check_optional_text(system_prompt, "system_prompt")
+        session = cls(meta, storage, **options)  # the options are checked before the write
+        run(_create_flow(meta, prompt), storage)
+        return session
 
     @classmethod
     async def acreate(
@@ -200,8 +203,9 @@ class MainSession(SessionBase):
         """Async twin of `create`."""
         meta = new_meta("main", label, (), None, id)
         prompt = check_optional_text(system_prompt, "system_prompt")
+        session = cls(meta, storage, **options)  # the options are checked before the write
         await arun(_create_flow(meta, prompt), storage)
-        return cls(meta, storage, **options)
+        return session
 
     @classmethod
     def load(

@@ -25,6 +25,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig
 
 from stello_graph._context import message_text, transcript
+from stello_graph._validate import check_chat_model
 from stello_graph.models import ChildL2, IntegrationResult
 
 __all__ = [
@@ -131,8 +132,8 @@ class LLMConsolidator:
 
     kind: ClassVar[str] = "consolidate"
 
-    def __init__(self, model: BaseChatModel, prompt: str | None = None) -> None:
-        self.model = model
+    def __init__(self, model: BaseChatModel | str, prompt: str | None = None) -> None:
+        self.model: BaseChatModel = check_chat_model(model)
         self.prompt = prompt or DEFAULT_CONSOLIDATE_PROMPT
 
     def messages(self, current_l2: str | None, records: Sequence[BaseMessage]) -> list[BaseMessage]:
@@ -160,7 +161,7 @@ class LLMCompressor(LLMConsolidator):
 
     kind: ClassVar[str] = "compress"
 
-    def __init__(self, model: BaseChatModel, prompt: str | None = None) -> None:
+    def __init__(self, model: BaseChatModel | str, prompt: str | None = None) -> None:
         super().__init__(model, prompt or DEFAULT_COMPRESS_PROMPT)
 
     def messages(self, current_l2: str | None, records: Sequence[BaseMessage]) -> list[BaseMessage]:
@@ -171,21 +172,23 @@ class LLMCompressor(LLMConsolidator):
         return [SystemMessage(content=self.prompt), HumanMessage(content=body)]
 
 
-def llm_compressor(model: BaseChatModel, prompt: str | None = None) -> LLMCompressor:
+def llm_compressor(model: BaseChatModel | str, prompt: str | None = None) -> LLMCompressor:
     """A `CompressFn` that asks `model` for a compact memo of the earlier conversation.
 
     Args:
-        model: any LangChain chat model.
+        model: any LangChain chat model, or its name (`"openai:gpt-4o-mini"`, built by
+            LangChain's `init_chat_model`).
         prompt: the system prompt of the compressing call (default `DEFAULT_COMPRESS_PROMPT`).
     """
     return LLMCompressor(model, prompt)
 
 
-def llm_consolidator(model: BaseChatModel, prompt: str | None = None) -> LLMConsolidator:
+def llm_consolidator(model: BaseChatModel | str, prompt: str | None = None) -> LLMConsolidator:
     """A `ConsolidateFn` that asks `model` to update the L2 summary with the new records.
 
     Args:
-        model: any LangChain chat model.
+        model: any LangChain chat model, or its name (`"openai:gpt-4o-mini"`, built by
+            LangChain's `init_chat_model`).
         prompt: the system prompt of the summarising call (default `DEFAULT_CONSOLIDATE_PROMPT`).
     """
     return LLMConsolidator(model, prompt)
@@ -267,8 +270,8 @@ def parse_integration(text: str, children: Sequence[ChildL2]) -> IntegrationResu
 class LLMIntegrator:
     """An `IntegrateFn` backed by a chat model (made by `llm_integrator`)."""
 
-    def __init__(self, model: BaseChatModel, prompt: str | None = None) -> None:
-        self.model = model
+    def __init__(self, model: BaseChatModel | str, prompt: str | None = None) -> None:
+        self.model: BaseChatModel = check_chat_model(model)
         self.prompt = prompt or DEFAULT_INTEGRATE_PROMPT
 
     def messages(
@@ -302,11 +305,12 @@ class LLMIntegrator:
         return parse_integration(message_text(reply.content), children)
 
 
-def llm_integrator(model: BaseChatModel, prompt: str | None = None) -> LLMIntegrator:
+def llm_integrator(model: BaseChatModel | str, prompt: str | None = None) -> LLMIntegrator:
     """An `IntegrateFn` that asks `model` for a synthesis and per-branch insights as JSON.
 
     Args:
-        model: any LangChain chat model.
+        model: any LangChain chat model, or its name (`"openai:gpt-4o-mini"`, built by
+            LangChain's `init_chat_model`).
         prompt: the system prompt of the integrating call (default `DEFAULT_INTEGRATE_PROMPT`).
     """
     return LLMIntegrator(model, prompt)

@@ -42,7 +42,9 @@ class ForkProfile:
         prompt: the default opening assistant line.
         tools: the tools of sessions made with it (default: the agent's).
         skills: the skills allow-list of sessions made with it (default: inherited).
-        model: the chat model of sessions made with it (default: the agent's).
+        model: the chat model of sessions made with it, or its name
+            (`"anthropic:claude-sonnet-4-5"`, built when the profile is made; default: the
+            agent's).
     """
 
     name: str
@@ -67,7 +69,8 @@ class ForkProfile:
         if self.tools is not None:
             check_tools(self.tools, f"Profile {self.name!r}: tools")
         if self.model is not None:
-            check_chat_model(self.model, f"Profile {self.name!r}: model")
+            built = check_chat_model(self.model, f"Profile {self.name!r}: model")
+            object.__setattr__(self, "model", built)  # a name, built once (frozen: made now)
 
     def _own_prompt(self, variables: Mapping[str, str]) -> str | None:
         if not callable(self.system_prompt):

@@ -12,8 +12,11 @@ environment once per process:
 * `STELLO_DATABASE_URI`: where the trees live, a SQLite path (default `stello.db`) or a
   `postgresql://` DSN, opened as `StelloAgent(storage=...)` opens such a string.
 * `STELLO_MODEL`: `scripted` for an offline model that quotes the user (and calls a tool
-  for a message `/call NAME {"arg": ...}`: see `scripted_model`), otherwise a model name
-  for `ChatOpenAI`, which reads `OPENAI_BASE_URL` and `OPENAI_API_KEY`.
+  for a message `/call NAME {"arg": ...}`: see `scripted_model`); a `provider:model` name
+  (`anthropic:claude-sonnet-4-5`, `openai:gpt-4o-mini`), built by LangChain's
+  `init_chat_model` with the provider's own variables (`ANTHROPIC_API_KEY`, ...);
+  otherwise a model name for `ChatOpenAI`, which reads `OPENAI_BASE_URL` and
+  `OPENAI_API_KEY` (see `_env_model`).
 * `STELLO_TOOLS` (optional): tools every session's model is given, as comma-separated
   `module:attribute` paths, each attribute a tool or a list of tools.
 * `STELLO_CONSOLIDATE_EVERY` (optional, default `8`): consolidate a session every N user
@@ -84,7 +87,13 @@ from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 
 from stello_graph._context import message_text
-from stello_graph._validate import check_tools, check_tree_id
+from stello_graph._validate import (
+    MODEL_PROVIDERS,
+    check_chat_model,
+    check_tools,
+    check_tree_id,
+    model_provider,
+)
 from stello_graph.agent import DEFAULT_DB, _open_storage
 from stello_graph.config import StelloConfig
 from stello_graph.errors import InvalidInputError, ModelNotConfiguredError
@@ -112,7 +121,8 @@ __all__ = [
 DATABASE_ENV = "STELLO_DATABASE_URI"
 """The environment variable naming the database (a SQLite path or a `postgresql://` DSN)."""
 MODEL_ENV = "STELLO_MODEL"
-"""The environment variable naming the model (`scripted`, or a `ChatOpenAI` model name)."""
+"""The environment variable naming the model (`scripted`, `provider:model`, or a `ChatOpenAI`
+model name)."""
 TOOLS_ENV = "STELLO_TOOLS"
 """The environment variable listing the sessions' tools (`module:attribute`, comma-separated)."""
 
@@ -165,17 +175,40 @@ def scripted_model() -> BaseChatModel:
 
 # -- the environment ------------------------------------------------------------------------
 def _env_model() -> tuple[BaseChatModel, dict[str, Any]]:
-    """The model `STELLO_MODEL` names, and the memory functions that go with it."""
+    """The model `STELLO_MODEL` names, and the memory functions that go with it.
+
+    A `provider:model` name whose provider LangChain's `init_chat_model` knows is built by it.
+    Any other name is a model name for `ChatOpenAI`, as it always was: a bare one
+    (`gpt-4o-mini`), an OpenAI fine-tune (`ft:...`), or, with `OPENAI_BASE_URL` set, any
+    name of that server, colons included (Ollama's `llama3.2:1b`). Without `OPENAI_BASE_URL`
+    a name with another prefix is refused: it would reach OpenAI as a model name.
+
+    Raises:
+        ModelNotConfiguredError: `STELLO_MODEL` is not set, or names a provider whose
+            integration package is not installed (`pip install langchain-anthropic`).
+        InvalidInputError: a `prefix:model` name of no known provider.
+    """
     name = os.environ.get(MODEL_ENV, "").strip()
     if not name:
         raise ModelNotConfiguredError(
-            f"Set {MODEL_ENV}: 'scripted' for the offline model, or a model name for "
-            "ChatOpenAI (with OPENAI_BASE_URL / OPENAI_API_KEY)."
+            f"Set {MODEL_ENV}: 'scripted' for the offline model, 'provider:model' for "
+            "LangChain's init_chat_model ('anthropic:claude-sonnet-4-5'), or a model name "
+            "for ChatOpenAI (with OPENAI_BASE_URL / OPENAI_API_KEY)."
         )
     if name == "scripted":
         from stello_graph.cli._offline import integrate, summarise
 
         return scripted_model(), {"consolidate_fn": summarise, "integrate_fn": integrate}
+    if model_provider(name) is not None:
+        return check_chat_model(name, MODEL_ENV), {}
+    prefix, colon, _ = name.partition(":")
+    if colon and prefix != "ft" and not os.environ.get("OPENAI_BASE_URL"):
+        raise InvalidInputError(
+            f"{MODEL_ENV}={name!r}: {prefix!r} is no provider LangChain's init_chat_model "
+            f"knows (one of {', '.join(MODEL_PROVIDERS)}). Write 'provider:model', a bare "
+            "OpenAI model name, or set OPENAI_BASE_URL to the OpenAI-compatible server "
+            "that serves this name."
+        )
     from langchain_openai import ChatOpenAI
 
     return ChatOpenAI(model=name), {}
@@ -385,8 +418,10 @@ def make_graph(config: RunnableConfig) -> StelloGraph:
             `"default"`).
 
     Raises:
-        ModelNotConfiguredError: `STELLO_MODEL` is not set.
-        InvalidInputError: a bad `tree_id`, `STELLO_TOOLS` or `STELLO_MAX_OPEN_TREES`.
+        ModelNotConfiguredError: `STELLO_MODEL` is not set, or names a model that cannot be
+            built here (its provider's integration package is not installed, ...).
+        InvalidInputError: a bad `tree_id`, `STELLO_MODEL` (a provider LangChain does not
+            know), `STELLO_TOOLS` or `STELLO_MAX_OPEN_TREES`.
     """
     settings = _env_settings()
     key = _key(_tree_id(config), None, settings)
@@ -426,8 +461,10 @@ async def amake_graph(config: RunnableConfig) -> AsyncIterator[StelloGraph]:
     a task of that loop, may hold the database's write lock the opening waits for).
 
     Raises:
-        ModelNotConfiguredError: `STELLO_MODEL` is not set.
-        InvalidInputError: a bad `tree_id`, `STELLO_TOOLS` or `STELLO_MAX_OPEN_TREES`.
+        ModelNotConfiguredError: `STELLO_MODEL` is not set, or names a model that cannot be
+            built here (its provider's integration package is not installed, ...).
+        InvalidInputError: a bad `tree_id`, `STELLO_MODEL` (a provider LangChain does not
+            know), `STELLO_TOOLS` or `STELLO_MAX_OPEN_TREES`.
     """
     tree = await _ahold(_tree_id(config))
     try:

@@ -81,7 +81,8 @@ class SessionOptions(TypedDict, total=False):
     """How a `Session` object runs (nothing of it is stored): the options of `create`, `load`.
 
     Attributes:
-        model: the chat model of its turns.
+        model: the chat model of its turns, or its name (`"openai:gpt-4o-mini"`, built by
+            LangChain's `init_chat_model` before anything is stored).
         tools: the tools bound to that model (LangChain tools or tool schemas).
         consolidate_fn: how `consolidate` distils L3 into the L2 (e.g. `llm_consolidator`).
         compression: when and how a long history is summarised in prompts.
@@ -89,7 +90,7 @@ class SessionOptions(TypedDict, total=False):
             line (`TopologySlot`; needs a storage with a tree).
     """
 
-    model: BaseChatModel | None
+    model: BaseChatModel | str | None
     tools: Sequence[Any] | None
     consolidate_fn: ConsolidateFn | None
     compression: CompressionPolicy | None
@@ -123,7 +124,7 @@ class Session(SessionBase):
         meta: SessionMeta,
         storage: SessionStorage,
         *,
-        model: BaseChatModel | None = None,
+        model: BaseChatModel | str | None = None,
         tools: Sequence[Any] | None = None,
         consolidate_fn: ConsolidateFn | None = None,
         compression: CompressionPolicy | None = None,
@@ -153,8 +154,10 @@ class Session(SessionBase):
             InvalidInputError: a bad label, tags, metadata, id or system prompt.
         """
         meta = new_meta("standard", label, tags, metadata, id)
-        run(_create_flow(meta, check_optional_text(system_prompt, "system_prompt")), storage)
-        return cls(meta, storage, **options)
+        prompt = check_optional_text(system_prompt, "system_prompt")
+        session = cls(meta, storage, **options)  # the options are checked before the write
+        run(_create_flow(meta, prompt), storage)
+        return session
 
     @classmethod
     async def acreate(
@@ -171,8 +174,9 @@ class Session(SessionBase):
         """Async twin of `create`."""
         meta = new_meta("standard", label, tags, metadata, id)
         prompt = check_optional_text(system_prompt, "system_prompt")
+        session = cls(meta, storage, **options)  # the options are checked before the write
         await arun(_create_flow(meta, prompt), storage)
-        return cls(meta, storage, **options)
+        return session
 
     @classmethod
     def load(
@@ -360,7 +364,7 @@ class Session(SessionBase):
         at_turn: int | None = None,
         system_prompt: str | None = None,
         prompt: str | None = None,
-        model: BaseChatModel | None = None,
+        model: BaseChatModel | str | None = None,
         tools: Sequence[Any] | None = None,
         tags: Sequence[str] = (),
         metadata: dict[str, Any] | None = None,
@@ -379,7 +383,8 @@ class Session(SessionBase):
                 end) instead of the whole history; `context` then applies to that part.
             system_prompt: the child's system prompt; by default it inherits this one's.
             prompt: the child's opening assistant line.
-            model: the child's model, instead of this session's.
+            model: the child's model (or its name, `"openai:gpt-4o-mini"`), instead of this
+                session's.
             tools: the child's tools, instead of this session's.
             tags: the child's tags.
             metadata: the child's metadata.
@@ -402,7 +407,7 @@ class Session(SessionBase):
         (this session, and the user turn its context ends at) is stored with it
         (`storage.get_lineage(child.id)`).
         """
-        _check_child_setup(model, tools)
+        model = _check_child_setup(model, tools)
         req = ForkRequest.build(
             self._id,
             label,
@@ -425,7 +430,7 @@ class Session(SessionBase):
         at_turn: int | None = None,
         system_prompt: str | None = None,
         prompt: str | None = None,
-        model: BaseChatModel | None = None,
+        model: BaseChatModel | str | None = None,
         tools: Sequence[Any] | None = None,
         tags: Sequence[str] = (),
         metadata: dict[str, Any] | None = None,
@@ -433,7 +438,7 @@ class Session(SessionBase):
         compress_fn: CompressFn | None = None,
     ) -> Session:
         """Async twin of `fork`."""
-        _check_child_setup(model, tools)
+        model = _check_child_setup(model, tools)
         req = ForkRequest.build(
             self._id,
             label,
@@ -473,12 +478,11 @@ class Session(SessionBase):
         return meta
 
 
-def _check_child_setup(model: object, tools: object) -> None:
-    """A fork's own model and tools, checked before the child is written."""
-    if model is not None:
-        check_chat_model(model)
+def _check_child_setup(model: object, tools: object) -> BaseChatModel | None:
+    """A fork's own model (a name built) and tools, checked before the child is written."""
     if tools is not None:
         check_tools(tools, schemas=True)
+    return None if model is None else check_chat_model(model)
 
 
 def _archived(meta: SessionMeta) -> SessionMeta:

@@ -4,6 +4,7 @@ offline model."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,6 +162,54 @@ def test_a_model_name_means_chat_openai(env: Path, monkeypatch: pytest.MonkeyPat
     model = server.open_tree("openai").model
     assert type(model).__name__ == "ChatOpenAI"
     assert getattr(model, "model_name", None) == "gpt-test"
+
+
+@pytest.mark.parametrize(
+    ("name", "base_url", "built", "model_name"),
+    [
+        ("anthropic:claude-sonnet-4-5", None, "ChatAnthropic", "claude-sonnet-4-5"),
+        ("openai:gpt-4o-mini", "http://127.0.0.1:9/v1", "ChatOpenAI", "gpt-4o-mini"),
+        ("gpt-4o-mini", None, "ChatOpenAI", "gpt-4o-mini"),
+        ("ft:gpt-4o-mini:acme::x1", None, "ChatOpenAI", "ft:gpt-4o-mini:acme::x1"),
+        ("llama3.2:1b", "http://127.0.0.1:9/v1", "ChatOpenAI", "llama3.2:1b"),
+        ("mistral:7b", "http://127.0.0.1:9/v1", "ChatOpenAI", "mistral:7b"),
+    ],
+    ids=["anthropic", "openai", "bare", "fine-tune", "server tag", "server tag, no provider"],
+)
+def test_provider_model_names_go_through_init_chat_model(
+    env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    base_url: str | None,
+    built: str,
+    model_name: str,
+) -> None:
+    monkeypatch.setenv(server.MODEL_ENV, name)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    if base_url is None:
+        monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    else:
+        monkeypatch.setenv("OPENAI_BASE_URL", base_url)
+    server.make_graph(tree("named"))
+    model = server.open_tree("named").model
+    assert type(model).__name__ == built
+    assert (getattr(model, "model_name", None) or getattr(model, "model", None)) == model_name
+
+
+def test_a_model_name_that_cannot_be_built_fails_at_start(
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.setenv(server.MODEL_ENV, "anthropc:claude-sonnet-4-5")  # a typo
+    with pytest.raises(InvalidInputError, match="'anthropc' is no provider") as caught:
+        server.make_graph(tree("a"))
+    assert "STELLO_MODEL='anthropc:claude-sonnet-4-5'" in str(caught.value)
+    monkeypatch.setitem(sys.modules, "langchain_upstage", None)  # not installed
+    monkeypatch.setenv(server.MODEL_ENV, "upstage:solar-pro")
+    with pytest.raises(ModelNotConfiguredError, match="pip install langchain-upstage"):
+        server.make_graph(tree("a"))
+    assert not env.exists()  # refused before the database was opened
 
 
 def test_postgres_dsns_go_to_the_storage_factory(

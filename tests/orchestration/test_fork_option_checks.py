@@ -25,7 +25,7 @@ def lookup(query: str) -> str:
 
 
 BAD_OPTIONS = [
-    ({"model": "notamodel"}, "model must be a LangChain chat model"),
+    ({"model": "notamodel"}, "model 'notamodel' names no provider"),
     ({"model": 42}, "model must be a LangChain chat model"),
     ({"tools": "abc"}, "tools must be a list or tuple of tools, got str"),
     ({"tools": [lookup, 42]}, "tools[1] must be a LangChain tool or a callable, got 42"),
@@ -92,9 +92,10 @@ async def test_session_fork_refuses_before_writing(
         (lambda f: f(tools="abc"), "tools must be a list or tuple of tools, got str"),
         (lambda f: f(tools=[None]), "tools[0] must be a LangChain tool or a callable, got None"),
         (lambda f: ForkProfile(name="p", tools="abc"), "tools must be a list or tuple"),
-        (lambda f: ForkProfile(name="p", model="gpt"), "model must be a LangChain chat model"),
+        (lambda f: ForkProfile(name="p", model="gpt"), "Profile 'p': model 'gpt' names no"),
+        (lambda f: ForkProfile(name="p", model=42), "model must be a LangChain chat model"),
     ],
-    ids=["agent-tools-str", "agent-tools-none", "profile-tools", "profile-model"],
+    ids=["agent-tools-str", "agent-tools-none", "profile-tools", "profile-name", "profile-model"],
 )
 def test_agent_and_profile_refuse_bad_tools_and_models(
     make_agent: AgentFactory, make: Callable[[AgentFactory], object], match: str

@@ -382,7 +382,7 @@ CASES: list[Case] = [
          SessionNotFoundError, "'nope' does not exist"),
     # -- fork options applied after the fork, and options that need another ----------------
     Case("fork with a model that is not a chat model",
-         lambda w: w.agent.fork(w.child, "x", model="notamodel"),  # type: ignore[arg-type]
+         lambda w: w.agent.fork(w.child, "x", model=42),  # type: ignore[arg-type]
          InvalidInputError, "model must be a LangChain chat model"),
     Case("fork with tools as a string", lambda w: w.agent.afork(w.child, "x", tools="abc"),
          InvalidInputError, "tools must be a list or tuple of tools, got str"),
