@@ -43,7 +43,8 @@ def _model_options(parser: argparse.ArgumentParser, default_help: str) -> None:
     parser.add_argument(
         "--model",
         metavar="NAME",
-        help=f"chat model name (env STELLO_MODEL); 'scripted' is offline. {default_help}",
+        help="chat model (env STELLO_MODEL): a server's model name, 'provider:model' "
+        f"(e.g. anthropic:claude-sonnet-4-5), or 'scripted' (offline). {default_help}",
     )
     parser.add_argument(
         "--base-url",

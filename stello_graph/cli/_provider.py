@@ -5,6 +5,9 @@
   OpenAI-compatible server — a local Ollama, vLLM or llama.cpp server, or a hosted one.
   `OPENAI_API_KEY` is sent when set (local servers accept any key).
 * `--model NAME` with only `OPENAI_API_KEY`: OpenAI itself.
+* `--model PROVIDER:MODEL` (`anthropic:claude-sonnet-4-5`, `openai:gpt-4o-mini`, ...): built
+  by LangChain's `init_chat_model`, which reads the provider's own key from the environment
+  (a provider LangChain does not know stays a server's model name, such as `llama3.2:1b`).
 
 `langchain-openai` is imported only when a provider model is built, so commands that need no
 model start fast.
@@ -36,6 +39,8 @@ no chat model configured. Choose one:
     OPENAI_BASE_URL=http://127.0.0.1:11434/v1 stello-graph chat --model llama3.2
   OpenAI:
     OPENAI_API_KEY=sk-... stello-graph chat --model gpt-4o-mini
+  any provider LangChain knows, by name (its key in its own variable):
+    ANTHROPIC_API_KEY=... stello-graph chat --model anthropic:claude-sonnet-4-5
   offline, with a scripted model that echoes you:
     stello-graph chat --model scripted
 (`STELLO_MODEL=NAME` works like `--model NAME`.)"""
@@ -73,22 +78,42 @@ class ProviderSettings:
         return self.model == SCRIPTED
 
     @property
+    def provider(self) -> str | None:
+        """The provider a `provider:model` name names, when LangChain knows it."""
+        from stello_graph._validate import model_provider
+
+        return None if self.model is None else model_provider(self.model)
+
+    @property
     def endpoint(self) -> str:
         """Where requests go, for messages (never the key)."""
+        if self.provider is not None:
+            return f"{self.provider} (LangChain's init_chat_model)"
         return self.base_url or "OpenAI (api.openai.com)"
 
 
 def build_chat_model(settings: ProviderSettings) -> BaseChatModel:
-    """A `ChatOpenAI` for `settings` (which must name a provider model).
+    """The chat model `settings` name: a `provider:model` name through LangChain's
+    `init_chat_model`, any other through an OpenAI-compatible client.
 
     Raises:
-        CliError: no model name, or no endpoint to send it to.
+        CliError: no model name, no endpoint to send it to, or a `provider:model` name that
+            cannot be built (its integration package or key is missing).
     """
     if settings.model is None and (settings.base_url or settings.api_key):
         variable = "OPENAI_BASE_URL" if settings.base_url else "OPENAI_API_KEY"
         raise CliError(f"{variable} is set: name the model with --model NAME (or STELLO_MODEL).")
     if settings.model is None or settings.offline:
         raise CliError(NOT_CONFIGURED)
+    if settings.provider is not None:
+        from stello_graph._validate import check_chat_model
+        from stello_graph.errors import StelloError
+
+        try:
+            built: BaseChatModel = check_chat_model(settings.model, "--model")
+        except StelloError as exc:
+            raise CliError(str(exc)) from None
+        return built
     if settings.base_url is None and settings.api_key is None:
         raise CliError(
             f"--model {settings.model} needs a server: set OPENAI_BASE_URL (or --base-url) "

@@ -64,18 +64,20 @@ def _agent_factory(
     args: argparse.Namespace, env: Mapping[str, str], model: BaseChatModel | None
 ) -> Callable[[MainStorage], StelloAgent]:
     """How writes get their agent: the given model, the one `--model` / `STELLO_MODEL` name,
-    or the offline scripted one (with offline consolidation and integration)."""
+    or the offline scripted one (with offline consolidation and integration). A named model
+    is built here, when the command starts with `--write`: a name that cannot be built stops
+    the command at once, not at the page's first write."""
     from stello_graph.cli._provider import ProviderSettings, build_chat_model
 
     settings = ProviderSettings.from_env(env, model=args.model, base_url=args.base_url)
+    chosen = model
+    if chosen is None and args.write and settings.model is not None and not settings.offline:
+        chosen = build_chat_model(settings)
 
     def make(storage: MainStorage) -> StelloAgent:
         from stello_graph.agent import StelloAgent
         from stello_graph.cli import _offline
 
-        chosen = model
-        if chosen is None and settings.model is not None and not settings.offline:
-            chosen = build_chat_model(settings)
         if chosen is None:
             return StelloAgent(
                 model=_offline.echo_model(),

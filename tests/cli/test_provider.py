@@ -105,3 +105,44 @@ def test_an_unreachable_server_is_an_error_line(cli: RunCli, tmp_path: Path) -> 
     run = cli("chat", "--db", str(db), "--model", "m", "--manual", input="hi\n", env=env)
     assert run.code == 0
     assert "error: " in run.out and "Connection" in run.out
+
+
+def test_a_provider_model_name_is_built_by_init_chat_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--model anthropic:...` went to OpenAI as a model name (with OPENAI_API_KEY set) or was
+    refused as needing a server; it is LangChain's provider model, built offline here."""
+    from langchain_anthropic import ChatAnthropic
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")  # built, never called
+    settings = ProviderSettings.from_env(
+        {"OPENAI_API_KEY": "k"}, model="anthropic:claude-sonnet-4-5"
+    )
+    assert settings.endpoint.startswith("anthropic")
+    model = build_chat_model(settings)
+    assert isinstance(model, ChatAnthropic) and model.model == "claude-sonnet-4-5"
+    local = ProviderSettings(model="llama3.2:1b", base_url="http://127.0.0.1:9/v1")
+    assert isinstance(build_chat_model(local), ChatOpenAI)  # a server's tagged name
+
+
+def test_a_provider_model_that_cannot_be_built_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "langchain_upstage", None)  # not installed
+    with pytest.raises(CliError, match="langchain-upstage"):
+        build_chat_model(ProviderSettings(model="upstage:solar-pro"))
+
+
+def test_inspect_with_write_refuses_a_model_it_cannot_build_at_start(
+    cli: RunCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "langchain_upstage", None)
+    db = tmp_path / "t.db"
+    SqliteMainStorage(db).close()
+    from stello_graph import StelloAgent
+    from stello_graph.testing import ScriptedChatModel
+
+    StelloAgent(model=ScriptedChatModel(default="-"), storage=db).close()
+    run = cli("inspect", "--db", str(db), "--write", "--no-browser", "--port", "0",
+              "--model", "upstage:solar-pro")  # fmt: skip
+    assert run.code == 2 and "langchain-upstage" in run.err
