@@ -163,7 +163,7 @@ def test_writes_use_the_offline_model_unless_one_is_named(demo_db: Path) -> None
     from stello_graph.checkpoints import SqliteMainStorage
     from stello_graph.cli._serve import _agent_factory
 
-    args = argparse.Namespace(model=None, base_url=None)
+    args = argparse.Namespace(model=None, base_url=None, write=True)
     with SqliteMainStorage(demo_db) as storage:
         agent = _agent_factory(args, {}, None)(storage)
         with agent:
