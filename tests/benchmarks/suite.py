@@ -68,6 +68,12 @@ def _postgres(scale: Scale) -> list[Figure]:
     return postgres_figures(scale)
 
 
+def _server(scale: Scale) -> list[Figure]:
+    from tests.benchmarks.server import server_figures
+
+    return server_figures(scale)
+
+
 GROUPS: dict[str, Callable[[Scale], list[Figure]]] = {
     "overhead": _overhead,
     "scale": _scale,
@@ -78,6 +84,7 @@ GROUPS: dict[str, Callable[[Scale], list[Figure]]] = {
     "inspector": _inspector,
     "branching": _branching,
     "postgres": _postgres,
+    "server": _server,
 }
 """Figure groups by name, in the order they run."""
 

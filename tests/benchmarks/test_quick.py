@@ -21,6 +21,7 @@ EXPECTED = {
     "branching": ["10a", "10b", "10c", "10d", "10e"],
     # the quick scale starts no processes (11e, 11f, 11k); skipped without PostgreSQL
     "postgres": ["11a", "11b", "11c", "11d", "11g", "11h", "11i", "11j"],
+    "server": ["12a", "12b", "12c"],  # skipped: the quick scale starts no server
 }
 
 

@@ -91,14 +91,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def running_server(workdir: Path, **env: str) -> Iterator[DevServer]:
-    """Start `langgraph dev` in `workdir` with the given extra environment; stop it after."""
+def running_server(
+    workdir: Path, config: Path = ROOT / "langgraph.json", jobs: int | None = None, **env: str
+) -> Iterator[DevServer]:
+    """Start `langgraph dev` in `workdir` with the given extra environment, serving the graphs
+    of `config` with at most `jobs` runs at once (the server's default: 10); stop it after."""
     port = free_port()
     log = workdir / "langgraph-dev.log"
     cli = Path(sys.executable).parent / "langgraph"
     command = [
         str(cli), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1",
-        "--port", str(port), "--config", str(ROOT / "langgraph.json"),
+        "--port", str(port), "--config", str(config),
+        *(["--n-jobs-per-worker", str(jobs)] if jobs else []),
     ]  # fmt: skip
     environ = {
         **os.environ,
