@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -53,6 +55,8 @@ KILLS = count("kills", ci=50, full=200)
 POSTGRES_KILLS = count("kills_postgres", ci=20, full=100)
 EPOCH = 25
 """Rounds played on one database file before starting a new one."""
+KEEP = os.environ.get("RELIABILITY_KEEP")
+"""A directory where a failing round leaves a copy of its SQLite file and acks."""
 
 
 def _wait_ready(ack: Path, run: int, proc: subprocess.Popen[bytes], err: Path) -> None:
@@ -111,7 +115,19 @@ def verify(db: Path | str, ack: Path, figures: Figures) -> None:
     problems += found
     figures.add("acknowledged operations re-checked (all verifications)", checked)
     figures.add("verifications")
+    if problems and KEEP and isinstance(db, Path):
+        problems.insert(0, f"database and acks kept in {_keep(db, ack, Path(KEEP))}")
     assert not problems, "\n".join(problems[:40])
+
+
+def _keep(db: Path, ack: Path, where: Path) -> Path:
+    """Copy the database (with its WAL) and the acks into a new directory under `where`."""
+    where.mkdir(parents=True, exist_ok=True)
+    kept = Path(tempfile.mkdtemp(prefix=f"{db.stem}-", dir=where))
+    for path in (db, db.with_name(db.name + "-wal"), ack):
+        if path.exists():
+            shutil.copy2(path, kept / path.name)
+    return kept
 
 
 def _in_flight_text(agent: StelloAgent, sid: str) -> str:
