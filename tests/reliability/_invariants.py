@@ -227,13 +227,36 @@ def _insight_problems(snap: Snapshot) -> list[str]:
     return problems
 
 
-def _insight_kept(
-    snap: Snapshot, sid: str, insight: str, seen: dict[str, Counter[str]], ordered: bool
-) -> bool:
-    """Pending, delivered once, or replaced by a later integration's insight (by design).
+def _written_after(other: str, acked: str, integrations: set[tuple[int, int]]) -> bool:
+    """Whether the synthesis or insight `other` may have been written after `acked`, one of
+    an acknowledged integration, and so replaced it by design.
 
-    Unordered (integrations from several processes), any other insight of the session that
-    is pending or delivered counts as the one that replaced it.
+    A writer's acknowledged integrations ran one after another on its main thread: among
+    them, and across runs (a driver is killed before the next starts), `(run, k)` is the
+    order of their writes. Not so for a scheduled integration of the same run (a `(run, k)`
+    no acknowledgement names): it runs on the scheduler's worker meanwhile, `k` is drawn
+    when the integrate function is called, not when the result is written, and overlapping
+    integrations each write what they computed, the last one winning. One that started
+    before an acknowledged one (a smaller `k`) may thus write after it, over its synthesis
+    and insights.
+    """
+    key, mine = sc.order_key(other), sc.order_key(acked)
+    return key > mine or (key[0] == mine[0] and key not in integrations)
+
+
+def _insight_kept(
+    snap: Snapshot,
+    sid: str,
+    insight: str,
+    seen: dict[str, Counter[str]],
+    integrations: set[tuple[int, int]] | None,
+) -> bool:
+    """Pending, delivered once, or replaced by an insight written after it (by design).
+
+    `integrations`: the `(run, k)` of the acknowledged integrations, which tell what may
+    have been written after `insight` (`_written_after`); `None` (integrations from several
+    processes, unordered): any other insight of the session that is pending or delivered
+    counts as the one that replaced it.
     """
     data = snap.sessions.get(sid)
     if data is None:
@@ -241,9 +264,9 @@ def _insight_kept(
     if data.insight == insight or seen[sid][insight] == 1:
         return True
     others = [i for i in [data.insight, *seen[sid]] if i and i != insight]
-    if not ordered:
+    if integrations is None:
         return bool(others)
-    return any(sc.order_key(i) > sc.order_key(insight) for i in others)
+    return any(_written_after(i, insight, integrations) for i in others)
 
 
 def ack_problems(
@@ -251,11 +274,14 @@ def ack_problems(
 ) -> tuple[list[str], int]:
     """Every acknowledged operation fully present; returns (problems, operations checked).
 
-    `ordered`: the acks come from one writer, so a later integration (by `order_key`) is
-    the one whose synthesis and insights replaced an earlier one's.
+    `ordered`: the acks come from one writer, whose acknowledged integrations ran one after
+    another (with, at most, its scheduled ones meanwhile): what replaced an acknowledged
+    synthesis or insight was written after it (`_written_after`).
     """
     problems: list[str] = []
     seen = delivered(snap)
+    acked = {sc.order_key(a["synthesis"]) for a in acks if a["op"] == "integrate"}
+    integrations = acked if ordered else None
     checked = 0
     synthesis = snap.sessions[snap.main_id].memory if snap.main_id else None
     for ack in acks:
@@ -292,11 +318,13 @@ def ack_problems(
                 problems.append(f"acked L2 of {ack['sid']} covered {ack['covers']}, now {got}")
         elif op == "integrate":
             if synthesis is None or (
-                ordered and sc.order_key(synthesis) < sc.order_key(ack["synthesis"])
+                integrations is not None
+                and synthesis != ack["synthesis"]
+                and not _written_after(synthesis, ack["synthesis"], integrations)
             ):
                 problems.append(f"acked synthesis {ack['synthesis']} replaced by older {synthesis}")
             for sid, insight in ack["insights"].items():
-                if not _insight_kept(snap, sid, insight, seen, ordered):
+                if not _insight_kept(snap, sid, insight, seen, integrations):
                     problems.append(f"acked insight {insight} for {sid} lost")
         else:
             problems.append(f"unknown ack {ack!r}")

@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from stello_graph import SessionArchivedError, StelloAgent
+from stello_graph import ChildL2, IntegrationResult, Schedule, SessionArchivedError, StelloAgent
 from stello_graph.testing import ScriptedChatModel
 from tests._postgres import POSTGRES
 from tests.reliability import _scenario as sc
@@ -52,6 +55,8 @@ KILLS = count("kills", ci=50, full=200)
 POSTGRES_KILLS = count("kills_postgres", ci=20, full=100)
 EPOCH = 25
 """Rounds played on one database file before starting a new one."""
+KEEP = os.environ.get("RELIABILITY_KEEP")
+"""A directory where a failing round leaves a copy of its SQLite file and acks."""
 
 
 def _wait_ready(ack: Path, run: int, proc: subprocess.Popen[bytes], err: Path) -> None:
@@ -110,7 +115,19 @@ def verify(db: Path | str, ack: Path, figures: Figures) -> None:
     problems += found
     figures.add("acknowledged operations re-checked (all verifications)", checked)
     figures.add("verifications")
+    if problems and KEEP and isinstance(db, Path):
+        problems.insert(0, f"database and acks kept in {_keep(db, ack, Path(KEEP))}")
     assert not problems, "\n".join(problems[:40])
+
+
+def _keep(db: Path, ack: Path, where: Path) -> Path:
+    """Copy the database (with its WAL) and the acks into a new directory under `where`."""
+    where.mkdir(parents=True, exist_ok=True)
+    kept = Path(tempfile.mkdtemp(prefix=f"{db.stem}-", dir=where))
+    for path in (db, db.with_name(db.name + "-wal"), ack):
+        if path.exists():
+            shutil.copy2(path, kept / path.name)
+    return kept
 
 
 def _in_flight_text(agent: StelloAgent, sid: str) -> str:
@@ -201,3 +218,68 @@ def test_sigkill_at_random_moments(
     figures.set("database files", len(files))
     figures.set("acknowledged operations", len(acked))
     figures.set("acknowledged operations by kind", dict(Counter(a["op"] for a in acked)))
+
+
+class _HeldIntegrator:
+    """`sc.Integrator`'s names (`syn-<run>-<k>`, an insight `ins-<run>-<k>-<i>` for every
+    child); its first call, once `k` is drawn, waits until `go` is set."""
+
+    def __init__(self, run: int) -> None:
+        self.run, self.k = run, 0
+        self.waiting, self.go = threading.Event(), threading.Event()
+
+    def __call__(self, children: list[ChildL2], current: str | None) -> IntegrationResult:
+        self.k += 1
+        k = self.k
+        if k == 1:
+            self.waiting.set()
+            assert self.go.wait(30)
+        insights = {c.session_id: f"ins-{self.run}-{k}-{i}" for i, c in enumerate(children)}
+        return IntegrationResult(synthesis=f"syn-{self.run}-{k}", insights=insights)
+
+
+def test_a_scheduled_integration_may_write_after_an_acknowledged_one(tmp_path: Path) -> None:
+    """What the oracle takes for "written after" an acknowledged integration.
+
+    As in a driver, a scheduled integration runs on the scheduler's worker while the caller
+    integrates by hand: the scheduled one draws `k` = 1, the caller's `k` = 2 and writes,
+    then the scheduled one writes over it (the last writer wins). That state keeps the
+    acknowledged integration's guarantees (what replaced it was written after it), so the
+    oracle accepts it; had `k` = 1 been acknowledged too, the same state would be the
+    later acknowledged integration lost, which it refuses.
+    """
+    db = tmp_path / "race.db"
+    integrator = _HeldIntegrator(7)
+    schedule = Schedule(consolidate_every_n_turns=1, integrate_after_consolidate=True)
+    agent = StelloAgent(
+        model=ScriptedChatModel(respond=sc.respond),
+        storage=db,
+        consolidate_fn=sc.consolidate,
+        integrate_fn=integrator,
+        schedule=schedule,
+    )
+    try:
+        child = agent.fork(agent.main_session_id, "a").id
+        agent.turn(child, "u-7-1")  # its scheduled consolidation asks for an integration
+        assert integrator.waiting.wait(30)
+        by_hand = agent.integrate()
+        integrator.go.set()
+        assert agent.drain(30)
+        assert agent.failures() == []
+        assert agent.storage.get_memory(agent.main_session_id) == "syn-7-1"
+        assert agent.storage.get_insight(child) == "ins-7-1-0"
+    finally:
+        integrator.go.set()
+        agent.close()
+    acked = {"op": "integrate", "synthesis": by_hand.synthesis, "insights": by_hand.insights}
+    assert acked == {"op": "integrate", "synthesis": "syn-7-2", "insights": {child: "ins-7-2-0"}}
+    snap = Snapshot.read(db)
+    assert ack_problems(snap, [acked]) == ([], 1)
+    earlier = {"op": "integrate", "synthesis": "syn-7-1", "insights": {child: "ins-7-1-0"}}
+    assert ack_problems(snap, [earlier, acked]) == (
+        [
+            "acked synthesis syn-7-2 replaced by older syn-7-1",
+            f"acked insight ins-7-2-0 for {child} lost",
+        ],
+        2,
+    )
