@@ -25,10 +25,11 @@ from langchain_core.messages import (
     BaseMessage,
     HumanMessage,
     ToolMessage,
+    convert_to_messages,
 )
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_RESUMING
-from langgraph.types import Overwrite
+from langgraph.types import Command, Overwrite
 
 from stello_graph._base import SessionBase, TurnContext
 from stello_graph._context import message_text
@@ -315,7 +316,7 @@ def route_after_model(state: State) -> Literal["tools", "__end__"]:
 
 
 # -- tools ----------------------------------------------------------------------------------
-_NONE: State = {"pending": []}
+_NONE: dict[str, Any] = {"messages": []}
 """The tool node's output for a reply whose every call was unreadable."""
 
 
@@ -323,6 +324,12 @@ def _last_reply(state: State) -> AIMessage:
     last = state["pending"][-1]
     assert isinstance(last, AIMessage), "the tools node runs after a reply"
     return last
+
+
+def _tool_input(state: State) -> dict[str, Any]:
+    """What the `ToolNode` is given: the state, with the turn so far as its `messages`, the
+    key a LangGraph tool's `Command(update={"messages": [...]})` writes."""
+    return {**state, "messages": state["pending"]}
 
 
 def _announce(deps: StelloDeps, state: State) -> list[dict[str, Any]]:
@@ -352,13 +359,57 @@ def _unreadable_calls(state: State) -> list[ToolMessage]:
     ]
 
 
-def _tool_update(deps: StelloDeps, state: State, calls: list[Any], out: Any) -> State:
-    if not isinstance(out, dict) or "pending" not in out:
+_COMMAND_FORMS = (
+    'a stello turn takes from a tool its result or `Command(update={"messages": '
+    "[ToolMessage(..., tool_call_id=...)]})`"
+)
+
+
+def _command_results(command: Command[Any]) -> list[BaseMessage]:
+    """The ToolMessages of a tool's `Command`, which stand for its result; any other form is
+    refused, since a stello turn has no other state for it to write to."""
+    if command.graph == Command.PARENT:
         raise StelloUsageError(
-            "A tool returned a Command; stello turns accept tools that return content only."
+            f"A tool returned a Command to the parent graph (goto={command.goto!r}), a "
+            "handoff: a stello turn cannot hand off out of its session; "
+            f"{_COMMAND_FORMS}. To hand off between agents, let the parent graph route "
+            "between them (a supervisor calling `StelloAgent.as_tool`)."
         )
+    update = command.update if isinstance(command.update, dict) else {}
+    others = [
+        *(sorted(k for k in update if k != "messages")),
+        *(["goto"] if command.goto else []),
+        *(["resume"] if command.resume is not None else []),
+    ]
+    if others or not isinstance(command.update, dict):
+        raise StelloUsageError(
+            f"A tool returned a Command with {others or [type(command.update).__name__]!r}; "
+            f"{_COMMAND_FORMS} (no other state keys, no goto)."
+        )
+    messages = convert_to_messages(update.get("messages") or [])
+    stray = [type(m).__name__ for m in messages if not isinstance(m, ToolMessage)]
+    if stray:
+        raise StelloUsageError(
+            f"A tool returned a Command whose messages hold {stray!r}; {_COMMAND_FORMS}."
+        )
+    return messages
+
+
+def _tool_results(out: Any) -> list[BaseMessage]:
+    """The results in a `ToolNode`'s output: a dict of messages, or (when a tool returned a
+    `Command`) a list of such dicts and Commands."""
+    found: list[BaseMessage] = []
+    for item in out if isinstance(out, list) else [out]:
+        if isinstance(item, Command):
+            found.extend(_command_results(item))
+        else:
+            found.extend(item["messages"])
+    return found
+
+
+def _tool_update(deps: StelloDeps, state: State, calls: list[Any], out: Any) -> State:
     # a tool's output is not the user's text: a lone surrogate in it is mended, not refused
-    results = [storable_message(m) for m in [*out["pending"], *_unreadable_calls(state)]]
+    results = [storable_message(m) for m in [*_tool_results(out), *_unreadable_calls(state)]]
     for msg in results:
         emit(deps.bus, "tool_result", state["session_id"], name=getattr(msg, "name", None),
              tool_call_id=getattr(msg, "tool_call_id", None), content=message_text(msg.content),
@@ -378,7 +429,7 @@ def make_tools_node(deps: StelloDeps) -> StelloNode:
         sid = state["session_id"]
         with turn_lease(deps.leases, sid, state) as held, deps.leases.busy(held.lease):
             calls = _announce(deps, state)
-            out = deps.tool_node(sid).invoke(state, config) if calls else _NONE
+            out = deps.tool_node(sid).invoke(_tool_input(state), config) if calls else _NONE
             return {**_tool_update(deps, state, calls, out), **held.update()}
 
     async def atools(state: State, config: RunnableConfig) -> State:
@@ -387,7 +438,7 @@ def make_tools_node(deps: StelloDeps) -> StelloNode:
             with deps.leases.busy(held.lease):
                 calls = _announce(deps, state)
                 node = await deps.atool_node(sid)
-                out = await node.ainvoke(state, config) if calls else _NONE
+                out = await node.ainvoke(_tool_input(state), config) if calls else _NONE
                 return {**_tool_update(deps, state, calls, out), **held.update()}
 
     return StelloNode("tools", tools, atools)
