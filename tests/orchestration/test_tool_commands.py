@@ -1,18 +1,20 @@
 """Tools that return a LangGraph `Command`, as tools are written for `create_agent` and
-`langgraph-swarm`: `Command(update={"messages": [ToolMessage(...)]})` is the tool's result;
-every other form (other state keys, a `goto`, a handoff to the parent graph) is refused by
-name, before anything of the turn is stored."""
+`langgraph-swarm`: `Command(update={"messages": [ToolMessage(...)]})` is the tool's result; a
+handoff to the parent graph reaches it, the turn left unstored; every other form (other state
+keys, a `goto`, a handoff with no parent graph) is refused by name, before anything of the turn
+is stored."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.types import Command
+from langgraph_swarm import create_handoff_tool, create_swarm
 
 from stello_graph import MainSession, build_stello_graph
 from stello_graph.checkpoints import InMemoryMainStorage
@@ -106,28 +108,56 @@ def test_a_command_writing_other_state_is_refused_by_key(make_agent: AgentFactor
     assert len(model.prompts) == 1  # the model never saw a result
 
 
-def test_a_handoff_out_of_a_stello_subgraph_is_refused_and_stores_nothing() -> None:
+def _swarm(storage: InMemoryMainStorage) -> tuple[Any, ScriptedChatModel]:
+    """A `langgraph-swarm` of a stello graph ("desk") that hands off to a `create_agent` one."""
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("transfer_to_billing", {}), "Desk."])
+    handoff = create_handoff_tool(agent_name="billing")
+    desk = build_stello_graph(model, storage, tools=[handoff]).compile(name="desk")
+    billing = create_agent(ScriptedChatModel(default="Billing here."), [], name="billing")
+    swarm = create_swarm([desk, billing], default_active_agent="desk")
+    return swarm.compile(checkpointer=InMemorySaver()), model
+
+
+def _handed_off(out: dict[str, Any]) -> None:
+    assert out["active_agent"] == "billing"
+    said = [(m.type, m.content) for m in out["messages"]]
+    assert said == [
+        ("human", "Refund me."),  # once: the parent's message, not a second copy of it
+        ("ai", ""),
+        ("tool", "Successfully transferred to billing"),
+        ("ai", "Billing here."),
+    ]
+
+
+def test_a_swarm_handoff_reaches_the_parent_and_leaves_the_turn_unstored() -> None:
     storage = InMemoryMainStorage()
     main = MainSession.create(storage)
-    model = ScriptedChatModel(
-        [ScriptedChatModel.tool_call("transfer_to_billing", {}), "Back here.", "Again."]
-    )
-    stello = build_stello_graph(model, storage, tools=[transfer_to_billing]).compile(name="stello")
-    reached: list[str] = []
-
-    def billing(state: MessagesState) -> dict[str, Any]:
-        reached.append("billing")
-        return {}
-
-    parent = StateGraph(MessagesState)
-    parent.add_node("stello", stello)
-    parent.add_node("billing", billing)
-    parent.add_edge(START, "stello")
-    app = parent.compile(checkpointer=InMemorySaver())
+    app, model = _swarm(storage)
     ask: Any = {"messages": [HumanMessage("Refund me.")]}
-    with pytest.raises(StelloUsageError, match=r"goto='billing'\), a handoff"):
-        app.invoke(ask, {"configurable": {"thread_id": "t1", "session_id": main.id}})
-    assert reached == []
-    assert storage.list_records(main.id) == []  # nothing of the turn is stored
+    _handed_off(app.invoke(ask, {"configurable": {"thread_id": "t1", "session_id": main.id}}))
+    assert storage.list_records(main.id) == []  # the turn left the session: nothing stored
     again = app.invoke(ask, {"configurable": {"thread_id": "t2", "session_id": main.id}})
-    assert again["messages"][-1].content == "Back here."  # the session takes its next turn
+    assert again["messages"][-1].content == "Desk."  # the lease is free: the next turn runs
+    assert [r.content for r in storage.list_records(main.id)] == ["Refund me.", "Desk."]
+    assert len(model.prompts) == 2
+
+
+async def test_an_async_swarm_handoff_reaches_the_parent() -> None:
+    storage = InMemoryMainStorage()
+    main = MainSession.create(storage)
+    app, _ = _swarm(storage)
+    ask: Any = {"messages": [HumanMessage("Refund me.")]}
+    _handed_off(await app.ainvoke(ask, {"configurable": {"thread_id": "t", "session_id": main.id}}))
+    assert storage.list_records(main.id) == []
+
+
+def test_a_handoff_with_no_parent_graph_is_refused_and_stores_nothing(
+    make_agent: AgentFactory,
+) -> None:
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("transfer_to_billing", {}), "Again."])
+    agent = make_agent(model=model, tools=[transfer_to_billing])
+    sid = agent.main_session_id
+    with pytest.raises(StelloUsageError, match=r"goto='billing'\), but this stello graph runs "):
+        agent.turn(sid, "Refund me.")
+    assert agent.session(sid).messages() == []
+    assert agent.turn(sid, "Hello?").content == "Again."  # the lease is free
