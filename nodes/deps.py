@@ -328,7 +328,7 @@ class StelloRuntime:
             if node is None:
                 node = ToolNode(  # async-only tools run on sync turns too (`sync_tool`)
                     [sync_tool(t) for t in tools],
-                    messages_key="pending",
+                    messages_key="messages",  # the turn so far (`turn._tool_input`)
                     handle_tool_errors=tool_error_message,
                 )
                 self._tool_nodes[key] = node

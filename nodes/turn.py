@@ -25,10 +25,12 @@ from langchain_core.messages import (
     BaseMessage,
     HumanMessage,
     ToolMessage,
+    convert_to_messages,
 )
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_RESUMING
-from langgraph.types import Overwrite
+from langgraph.errors import ParentCommand
+from langgraph.types import Command, Overwrite
 
 from stello_graph._base import SessionBase, TurnContext
 from stello_graph._context import message_text
@@ -49,6 +51,7 @@ from stello_graph.nodes._lease import TurnLease, apark, aturn_lease, park, turn_
 from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_cancel
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
+from stello_graph.nodes.entry import turn_output
 from stello_graph.nodes.scheduling import TREE_TURNS_KEY
 from stello_graph.nodes.state import TurnState
 
@@ -315,7 +318,7 @@ def route_after_model(state: State) -> Literal["tools", "__end__"]:
 
 
 # -- tools ----------------------------------------------------------------------------------
-_NONE: State = {"pending": []}
+_NONE: dict[str, Any] = {"messages": []}
 """The tool node's output for a reply whose every call was unreadable."""
 
 
@@ -323,6 +326,15 @@ def _last_reply(state: State) -> AIMessage:
     last = state["pending"][-1]
     assert isinstance(last, AIMessage), "the tools node runs after a reply"
     return last
+
+
+def _tool_input(state: State) -> dict[str, Any]:
+    """What the `ToolNode` is given: the state, with the turn so far as its `messages`, the
+    key a LangGraph tool's `Command(update={"messages": [...]})` writes (the user message
+    under the id a parent graph gave it, as `turn_output` shows it: a handoff that passes the
+    turn on to the parent adds no second copy of it)."""
+    records: Overwrite = turn_output(state)["messages"]  # type: ignore[assignment]
+    return {**state, "messages": records.value}
 
 
 def _announce(deps: StelloDeps, state: State) -> list[dict[str, Any]]:
@@ -352,13 +364,69 @@ def _unreadable_calls(state: State) -> list[ToolMessage]:
     ]
 
 
-def _tool_update(deps: StelloDeps, state: State, calls: list[Any], out: Any) -> State:
-    if not isinstance(out, dict) or "pending" not in out:
+_COMMAND_FORMS = (
+    'a stello turn takes from a tool its result or `Command(update={"messages": '
+    "[ToolMessage(..., tool_call_id=...)]})`"
+)
+
+
+def _command_results(command: Command[Any]) -> list[BaseMessage]:
+    """The ToolMessages of a tool's `Command`, which stand for its result; any other form is
+    refused, since a stello turn has no other state for it to write to, and so is a handoff
+    when there is no parent graph to take it (`_tool_results` passes it on when there is)."""
+    if command.graph == Command.PARENT:
         raise StelloUsageError(
-            "A tool returned a Command; stello turns accept tools that return content only."
+            f"A tool handed off to the parent graph (goto={command.goto!r}), but this stello "
+            "graph runs with no parent graph (a turn of `StelloAgent`, a run of the graph "
+            "itself): a handoff needs it run as an agent or node of a parent graph "
+            "(`create_swarm`, `StateGraph.add_node`); "
+            f"{_COMMAND_FORMS}."
         )
+    update = command.update if isinstance(command.update, dict) else {}
+    others = [
+        *(sorted(k for k in update if k != "messages")),
+        *(["goto"] if command.goto else []),
+        *(["resume"] if command.resume is not None else []),
+    ]
+    if others or not isinstance(command.update, dict):
+        raise StelloUsageError(
+            f"A tool returned a Command with {others or [type(command.update).__name__]!r}; "
+            f"{_COMMAND_FORMS} (no other state keys, no goto)."
+        )
+    messages = convert_to_messages(update.get("messages") or [])
+    stray = [type(m).__name__ for m in messages if not isinstance(m, ToolMessage)]
+    if stray:
+        raise StelloUsageError(
+            f"A tool returned a Command whose messages hold {stray!r}; {_COMMAND_FORMS}."
+        )
+    return messages
+
+
+def _tool_results(out: Any, config: RunnableConfig) -> list[BaseMessage]:
+    """The results in a `ToolNode`'s output: a dict of messages, or (when a tool returned a
+    `Command`) a list of such dicts and Commands. A handoff to the parent graph
+    (`langgraph-swarm`'s) goes there as it is when there is one, the turn left unstored: the
+    lease is released on the way out (`turn_lease`)."""
+    # a subgraph's node runs under a namespace of two parts or more, "|"-separated
+    nested = "|" in str(config.get("configurable", {}).get("checkpoint_ns", ""))
+    for item in out if isinstance(out, list) else []:
+        if isinstance(item, Command) and item.graph == Command.PARENT and nested:
+            raise ParentCommand(item)
+    found: list[BaseMessage] = []
+    for item in out if isinstance(out, list) else [out]:
+        if isinstance(item, Command):
+            found.extend(_command_results(item))
+        else:
+            found.extend(item["messages"])
+    return found
+
+
+def _tool_update(
+    deps: StelloDeps, state: State, calls: list[Any], out: Any, config: RunnableConfig
+) -> State:
     # a tool's output is not the user's text: a lone surrogate in it is mended, not refused
-    results = [storable_message(m) for m in [*out["pending"], *_unreadable_calls(state)]]
+    found = [*_tool_results(out, config), *_unreadable_calls(state)]
+    results = [storable_message(m) for m in found]
     for msg in results:
         emit(deps.bus, "tool_result", state["session_id"], name=getattr(msg, "name", None),
              tool_call_id=getattr(msg, "tool_call_id", None), content=message_text(msg.content),
@@ -378,8 +446,8 @@ def make_tools_node(deps: StelloDeps) -> StelloNode:
         sid = state["session_id"]
         with turn_lease(deps.leases, sid, state) as held, deps.leases.busy(held.lease):
             calls = _announce(deps, state)
-            out = deps.tool_node(sid).invoke(state, config) if calls else _NONE
-            return {**_tool_update(deps, state, calls, out), **held.update()}
+            out = deps.tool_node(sid).invoke(_tool_input(state), config) if calls else _NONE
+            return {**_tool_update(deps, state, calls, out, config), **held.update()}
 
     async def atools(state: State, config: RunnableConfig) -> State:
         sid = state["session_id"]
@@ -387,7 +455,7 @@ def make_tools_node(deps: StelloDeps) -> StelloNode:
             with deps.leases.busy(held.lease):
                 calls = _announce(deps, state)
                 node = await deps.atool_node(sid)
-                out = await node.ainvoke(state, config) if calls else _NONE
-                return {**_tool_update(deps, state, calls, out), **held.update()}
+                out = await node.ainvoke(_tool_input(state), config) if calls else _NONE
+                return {**_tool_update(deps, state, calls, out, config), **held.update()}
 
     return StelloNode("tools", tools, atools)

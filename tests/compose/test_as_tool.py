@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.types import Command, interrupt
 
-from stello_graph import StelloAgent
+from stello_graph import MainSession, StelloAgent, build_stello_graph
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.errors import InvalidInputError
 from stello_graph.testing import ScriptedChatModel
@@ -101,3 +102,45 @@ def test_outside_a_graph_the_tool_is_a_turn(agent: StelloAgent) -> None:
     with pytest.raises(InvalidInputError, match="resume"):
         ask.invoke({"question": "Deploy it?"})
     assert agent.resume(ops.id, "ok").content == "Deployed, as approved."
+
+
+def _tokens(seen: list[Any]) -> list[str]:
+    return [str(chunk.content) for chunk, _ in seen if isinstance(chunk, AIMessageChunk)]
+
+
+def test_inner_tokens_reach_a_messages_stream_with_subgraphs_true() -> None:
+    """LangGraph's `messages` stream leaves out a subgraph's model tokens unless the run asks
+    for them with `subgraphs=True`; the guide shows that one line, and this is it."""
+    inner = ScriptedChatModel(default="inner words here")
+    with StelloAgent(model=inner, storage=InMemoryMainStorage()) as found:
+        ops = found.fork(found.main_session_id, "Ops")
+        tools = [found.as_tool(ops.id)]
+        outer = create_agent(outer_model(), tools, checkpointer=InMemorySaver())
+        ask: Any = {"messages": [HumanMessage("Ship?")]}
+        plain = list(outer.stream(ask, config(), stream_mode="messages"))
+        assert "inner" not in "".join(_tokens(plain))  # the answer arrives whole, as the result
+        again: Any = {"configurable": {"thread_id": "again"}}
+        outer = create_agent(outer_model(), tools, checkpointer=InMemorySaver())
+        seen = list(outer.stream(ask, again, stream_mode="messages", subgraphs=True))
+    tokens = _tokens([item for ns, item in seen if ns])  # from the stello turn inside the tool
+    assert tokens[:3] == ["inner", " words", " here"]
+
+
+def test_a_stello_subgraphs_tokens_reach_a_messages_stream_with_subgraphs_true() -> None:
+    storage = InMemoryMainStorage()
+    MainSession.create(storage)
+    graph = build_stello_graph(ScriptedChatModel(default="sub graph words"), storage)
+    parent = StateGraph(MessagesState)
+    parent.add_node("stello", graph.compile(name="stello"))
+    parent.add_edge(START, "stello")
+    app = parent.compile(checkpointer=InMemorySaver())
+    ask: Any = {"messages": [HumanMessage("Hi")]}
+    plain = list(app.stream(ask, {"configurable": {"thread_id": "a"}}, stream_mode="messages"))
+    assert _tokens(plain) == []  # only the parent's state update: the reply, whole
+    seen = list(
+        app.stream(
+            ask, {"configurable": {"thread_id": "b"}}, stream_mode="messages", subgraphs=True
+        )
+    )
+    tokens = _tokens([item for ns, item in seen if ns])
+    assert "".join(tokens) == "sub graph words" and len(tokens) > 1
