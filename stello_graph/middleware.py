@@ -1,0 +1,265 @@
+"""`StelloMiddleware`: a stello session behind LangChain v1's `create_agent`.
+
+The agent keeps running as LangChain runs it (its model, its tools, its other middleware);
+the middleware gives each run a session of a stello tree and the session's context:
+
+* The run's session is the one its `StelloContext` names (LangGraph's `context=`), else the
+  thread's: a thread's first run makes a new child of the main session, labelled from its
+  first message, and later runs on the thread continue it (the binding is kept in the
+  agent's state, `stello_session_id`).
+* Every model call is shown what a stello turn shows (the session's system message with its
+  insight and compression summary, L3 with tool-call groups whole) and then the run's own
+  messages; the agent's own system prompt comes first.
+* At the run's end its messages are committed to L3 in one storage call, under the session's
+  lease; a run that fails or stops at an interrupt commits nothing and keeps the insight.
+* `trim_state=True` keeps only the current run's messages in the agent's state: L3 holds
+  the whole conversation, so checkpoints stay as large as one run.
+
+Example:
+    >>> from langchain.agents import create_agent
+    >>> from stello_graph.checkpoints import InMemoryMainStorage
+    >>> from stello_graph.testing import ScriptedChatModel
+    >>> from langgraph.checkpoint.memory import InMemorySaver
+    >>> stello = StelloMiddleware(storage=InMemoryMainStorage())
+    >>> agent = create_agent(ScriptedChatModel(default="Hi!"), [], middleware=[stello],
+    ...                      checkpointer=InMemorySaver())
+    >>> out = agent.invoke({"messages": [{"role": "user", "content": "Hello"}]},
+    ...                    {"configurable": {"thread_id": "t1"}})
+    >>> [m.text for m in stello.session(out["stello_session_id"]).messages()]
+    ['Hello', 'Hi!']
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Annotated, Any, NotRequired
+
+from langchain.agents.middleware.types import (
+    AgentMiddleware,
+    AgentState,
+    ModelRequest,
+    ModelResponse,
+    OmitFromInput,
+    PrivateStateAttr,
+)
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage, RemoveMessage, SystemMessage
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
+from langgraph.runtime import Runtime
+from typing_extensions import TypedDict
+
+from stello_graph._base import SessionBase, TurnContext
+from stello_graph._context import message_text, sanitize_history
+from stello_graph.compression import CompressionPolicy
+from stello_graph.config import StelloConfig
+from stello_graph.errors import InvalidInputError
+from stello_graph.main_session import MainSession
+from stello_graph.nodes._commit import _acommit, _adone, _commit, _done
+from stello_graph.nodes._lease import aturn_lease, turn_lease
+from stello_graph.nodes.deps import StelloRuntime
+from stello_graph.nodes.ops import arun_fork, run_fork
+from stello_graph.schedule import Schedule
+from stello_graph.storage import MainStorage
+
+__all__ = ["StelloContext", "StelloMiddleware", "StelloMiddlewareState"]
+
+_LABEL = 60  # characters of the first message a thread's session is labelled with
+
+
+class StelloContext(TypedDict, total=False):
+    """What a run may name through LangGraph's `context=`: the tree and the session it
+    continues (the thread's session otherwise)."""
+
+    tree_id: str
+    session_id: str
+
+
+class StelloMiddlewareState(AgentState[Any]):
+    """The agent's state, with the thread's session and where its uncommitted run begins."""
+
+    stello_session_id: NotRequired[Annotated[str, OmitFromInput]]
+    stello_start: NotRequired[Annotated[int, PrivateStateAttr]]
+    stello_insight: NotRequired[Annotated[str | None, PrivateStateAttr]]
+
+
+def _named(runtime: Runtime[Any] | None, key: str) -> str | None:
+    context = getattr(runtime, "context", None)
+    value = context.get(key) if isinstance(context, dict) else getattr(context, key, None)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise InvalidInputError(f"StelloContext {key!r} must be a non-empty string, got {value!r}.")
+    return value
+
+
+def _label(messages: Sequence[BaseMessage]) -> str:
+    text = " ".join(message_text(messages[0].content).split()) if messages else ""
+    return (text[: _LABEL - 1] + "…" if len(text) > _LABEL else text) or "Thread"
+
+
+class StelloMiddleware(AgentMiddleware[StelloMiddlewareState, Any]):
+    """A stello session per thread (or per `StelloContext`) for `create_agent`.
+
+    Args:
+        storage: a `MainStorage`, a SQLite path or a `postgresql://` URL (as `StelloAgent`
+            takes it); a path or URL opens the tree a run's `StelloContext` names.
+        model: a chat model (or its `"provider:model"` name) for compression and the
+            schedule's consolidation and integration; the agent's own model answers.
+        schedule: background consolidation / integration after committed runs.
+        compression: automatic compression of each session's prompt.
+        trim_state: keep only the current run's messages in the agent's state.
+        tree_id: the tree a path or URL opens by default.
+    """
+
+    state_schema = StelloMiddlewareState
+
+    def __init__(
+        self,
+        *,
+        storage: MainStorage | str | os.PathLike[str] | None = None,
+        model: BaseChatModel | str | None = None,
+        schedule: Schedule | None = None,
+        compression: CompressionPolicy | None = None,
+        trim_state: bool = False,
+        tree_id: str = "default",
+    ) -> None:
+        super().__init__()
+        self._config = StelloConfig(
+            model=model, schedule=schedule, compression=compression, tree_id=tree_id
+        )
+        self._storage = storage
+        self._trim = trim_state
+        self._runtimes: dict[str, tuple[StelloRuntime, str]] = {}
+        self.tools = []
+        self._tree(None)  # a bad storage or tree fails here, not in the first run
+
+    # -- the tree and the run's session -----------------------------------------------------
+    def _tree(self, tree_id: str | None) -> tuple[StelloRuntime, str]:
+        """The runtime and main session id of `tree_id` (default: the middleware's tree)."""
+        from stello_graph.agent import _open_storage
+
+        tree = tree_id or self._config.tree_id
+        if tree not in self._runtimes:
+            storage = _open_storage(self._storage, tree)
+            if storage.tree_id != tree:
+                raise InvalidInputError(
+                    f"StelloContext names tree {tree!r}, but the middleware's storage holds "
+                    f"tree {storage.tree_id!r}: pass a path or URL to open any tree."
+                )
+            found = storage.get_main_session()
+            main = found.id if found is not None else MainSession.create(storage).id
+            self._runtimes[tree] = StelloRuntime(storage, self._config), main
+        return self._runtimes[tree]
+
+    def close(self) -> None:
+        """Close the storages the middleware opened itself (from a path or URL)."""
+        if not hasattr(self._storage, "get_tree"):
+            for runtime, _ in self._runtimes.values():
+                getattr(runtime.storage, "close", lambda: None)()
+        self._runtimes.clear()
+
+    def session(self, session_id: str, tree_id: str | None = None) -> SessionBase:
+        """The `Session` object of a session of the tree (default: the middleware's)."""
+        return self._tree(tree_id)[0].session(session_id)
+
+    def _start(self, state: StelloMiddlewareState) -> int:
+        return min(state.get("stello_start", 0), len(state["messages"]))
+
+    def _opened(
+        self, state: StelloMiddlewareState, sid: str, insight: str | None
+    ) -> dict[str, Any]:
+        update: dict[str, Any] = {"stello_session_id": sid, "stello_insight": insight}
+        if self._trim:
+            run = state["messages"][self._start(state) :]
+            update["messages"] = [RemoveMessage(id=REMOVE_ALL_MESSAGES), *run]
+            update["stello_start"] = 0
+        return update
+
+    def _fork_state(self, state: StelloMiddlewareState, main: str) -> Any:
+        label = _label(state["messages"][self._start(state) :])
+        return {"session_id": main, "fork": {"label": label}}
+
+    def before_agent(
+        self, state: StelloMiddlewareState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        tree, main = self._tree(_named(runtime, "tree_id"))
+        sid = _named(runtime, "session_id") or state.get("stello_session_id")
+        if sid is None:
+            sid = run_fork(tree, self._fork_state(state, main))["forked"]["session_id"]
+        return self._opened(state, sid, tree.session(sid).open_turn(operation="an agent run"))
+
+    async def abefore_agent(
+        self, state: StelloMiddlewareState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        tree, main = self._tree(_named(runtime, "tree_id"))
+        sid = _named(runtime, "session_id") or state.get("stello_session_id")
+        if sid is None:
+            forked = await arun_fork(tree, self._fork_state(state, main))
+            sid = forked["forked"]["session_id"]
+        session = await tree.asession(sid)
+        return self._opened(state, sid, await session.aopen_turn(operation="an agent run"))
+
+    # -- the model call ---------------------------------------------------------------------
+    def _request(self, request: ModelRequest, ctx: TurnContext) -> ModelRequest:
+        state: Any = request.state
+        run = sanitize_history(request.messages[self._start(state) :])
+        parts = [m.text for m in (request.system_message, ctx.system) if m is not None]
+        system = SystemMessage("\n\n".join(parts)) if parts else None
+        messages: list[Any] = [*ctx.history, *run]
+        return request.override(messages=messages, system_message=system)
+
+    def _run_session(self, request: ModelRequest) -> tuple[SessionBase, Any]:
+        state: Any = request.state
+        tree = self._tree(_named(request.runtime, "tree_id"))[0]
+        return tree.session(state["stello_session_id"]), state.get("stello_insight")
+
+    def wrap_model_call(
+        self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]
+    ) -> ModelResponse:
+        session, insight = self._run_session(request)
+        ctx = session.turn_context(operation="an agent run", insight=insight)
+        return handler(self._request(request, ctx))
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest,
+        handler: Callable[[ModelRequest], Awaitable[ModelResponse]],
+    ) -> ModelResponse:
+        session, insight = self._run_session(request)
+        ctx = await session.aturn_context(operation="an agent run", insight=insight)
+        return await handler(self._request(request, ctx))
+
+    # -- the commit: the `commit` node's steps (`stello_graph.nodes._commit`) ---------------
+    def _records(self, state: StelloMiddlewareState) -> list[BaseMessage]:
+        """The run's messages, whole tool-call groups only (a run that failed or was left at
+        an interrupt before this one leaves its messages to it, its open calls dropped)."""
+        return sanitize_history(state["messages"][self._start(state) :])
+
+    def _committed(self, state: StelloMiddlewareState) -> dict[str, Any]:
+        return {"stello_start": len(state["messages"]), "stello_insight": None}
+
+    def after_agent(
+        self, state: StelloMiddlewareState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        tree = self._tree(_named(runtime, "tree_id"))[0]
+        session, records = tree.session(state["stello_session_id"]), self._records(state)
+        if records:
+            turn, shown = records[0].id, state.get("stello_insight")
+            with turn_lease(tree.leases, session.id, {}, park=False) as held:
+                stored = turn is not None and tree.storage.has_turn(session.id, turn)
+                counts = _commit(tree, session, held, None if stored else (records, shown, turn))
+            _done(tree, session, {"insight": shown}, records, counts)
+        return self._committed(state)
+
+    async def aafter_agent(
+        self, state: StelloMiddlewareState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        tree = self._tree(_named(runtime, "tree_id"))[0]
+        session, records = await tree.asession(state["stello_session_id"]), self._records(state)
+        if records:
+            turn, shown = records[0].id, state.get("stello_insight")
+            async with aturn_lease(tree.leases, session.id, {}, park=False) as held:
+                stored = turn is not None and await tree.storage.ahas_turn(session.id, turn)
+                todo = None if stored else (records, shown, turn)
+                counts = await _acommit(tree, session, held, todo)
+            await _adone(tree, session, {"insight": shown}, records, counts)
+        return self._committed(state)
