@@ -32,7 +32,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, NotRequired
 
 from langchain.agents.middleware.types import (
@@ -43,23 +43,21 @@ from langchain.agents.middleware.types import (
     OmitFromInput,
     PrivateStateAttr,
 )
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, RemoveMessage, SystemMessage
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.runtime import Runtime
-from typing_extensions import TypedDict
+from typing_extensions import TypedDict, Unpack
 
 from stello_graph._base import SessionBase, TurnContext
 from stello_graph._context import message_text, sanitize_history
-from stello_graph.compression import CompressionPolicy
-from stello_graph.config import StelloConfig
+from stello_graph.config import StelloConfig, StelloSettings
 from stello_graph.errors import InvalidInputError
 from stello_graph.main_session import MainSession
 from stello_graph.nodes._commit import _acommit, _adone, _commit, _done
 from stello_graph.nodes._lease import aturn_lease, turn_lease
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.ops import arun_fork, run_fork
-from stello_graph.schedule import Schedule
+from stello_graph.schedule import BackgroundFailure, StorageFailureLog
 from stello_graph.storage import MainStorage
 
 __all__ = ["StelloContext", "StelloMiddleware", "StelloMiddlewareState"]
@@ -96,18 +94,23 @@ def _label(messages: Sequence[BaseMessage]) -> str:
     return (text[: _LABEL - 1] + "…" if len(text) > _LABEL else text) or "Thread"
 
 
-class StelloMiddleware(AgentMiddleware[StelloMiddlewareState, Any]):
+class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
     """A stello session per thread (or per `StelloContext`) for `create_agent`.
 
     Args:
         storage: a `MainStorage`, a SQLite path or a `postgresql://` URL (as `StelloAgent`
-            takes it); a path or URL opens the tree a run's `StelloContext` names.
-        model: a chat model (or its `"provider:model"` name) for compression and the
-            schedule's consolidation and integration; the agent's own model answers.
-        schedule: background consolidation / integration after committed runs.
-        compression: automatic compression of each session's prompt.
+            takes it); a path or URL opens whichever tree a run's `StelloContext` names.
         trim_state: keep only the current run's messages in the agent's state.
-        tree_id: the tree a path or URL opens by default.
+        config: the settings (`StelloConfig`). The agent's own model answers and its own
+            tools run; the middleware uses `model` (a chat model or its `"provider:model"`
+            name) for compression and the memory functions, and `consolidate_fn`,
+            `integrate_fn`, `schedule`, `compression`, `store`, `profiles`, `split_guard`,
+            `unique_labels`, `topology_slot`, `lease_ttl`, `tree_id` (the tree a path
+            opens by default) and, for a tree it creates, `system_prompt` and `main_label`.
+        **settings: fields of `StelloConfig` as keywords, overriding `config`'s.
+
+    Call `close` (or use it as a context manager) to finish background work and close the
+    storage it opened.
     """
 
     state_schema = StelloMiddlewareState
@@ -116,16 +119,12 @@ class StelloMiddleware(AgentMiddleware[StelloMiddlewareState, Any]):
         self,
         *,
         storage: MainStorage | str | os.PathLike[str] | None = None,
-        model: BaseChatModel | str | None = None,
-        schedule: Schedule | None = None,
-        compression: CompressionPolicy | None = None,
         trim_state: bool = False,
-        tree_id: str = "default",
+        config: StelloConfig | None = None,
+        **settings: Unpack[StelloSettings],
     ) -> None:
         super().__init__()
-        self._config = StelloConfig(
-            model=model, schedule=schedule, compression=compression, tree_id=tree_id
-        )
+        self._config = StelloConfig.merge(config, settings)
         self._storage = storage
         self._trim = trim_state
         self._runtimes: dict[str, tuple[StelloRuntime, str]] = {}
@@ -145,28 +144,53 @@ class StelloMiddleware(AgentMiddleware[StelloMiddlewareState, Any]):
                     f"StelloContext names tree {tree!r}, but the middleware's storage holds "
                     f"tree {storage.tree_id!r}: pass a path or URL to open any tree."
                 )
-            found = storage.get_main_session()
-            main = found.id if found is not None else MainSession.create(storage).id
+            found, cfg = storage.get_main_session(), self._config
+            main = (
+                found.id
+                if found is not None
+                else MainSession.create(
+                    storage, label=cfg.main_label, system_prompt=cfg.system_prompt
+                ).id
+            )
             self._runtimes[tree] = StelloRuntime(storage, self._config), main
         return self._runtimes[tree]
 
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for the schedule's background work; False on timeout."""
+        scheduled = [r.scheduler for r, _ in self._runtimes.values() if r.scheduler is not None]
+        drained = [scheduler.drain(timeout) for scheduler in scheduled]  # each one, always
+        return all(drained)
+
+    def failures(self, tree_id: str | None = None) -> list[BackgroundFailure]:
+        """The schedule's failures kept so far in a tree (default: the middleware's)."""
+        runtime = self._tree(tree_id)[0]
+        if runtime.scheduler is not None:
+            return runtime.scheduler.failures()
+        return StorageFailureLog(runtime.storage).read()
+
     def close(self) -> None:
-        """Close the storages the middleware opened itself (from a path or URL)."""
-        if not hasattr(self._storage, "get_tree"):
-            for runtime, _ in self._runtimes.values():
+        """Finish background work; close the storages opened from a path or URL."""
+        for runtime, _ in self._runtimes.values():
+            if runtime.scheduler is not None:
+                runtime.scheduler.close(wait=True)
+            if not hasattr(self._storage, "get_tree"):
                 getattr(runtime.storage, "close", lambda: None)()
         self._runtimes.clear()
+
+    def __enter__(self) -> StelloMiddleware:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def session(self, session_id: str, tree_id: str | None = None) -> SessionBase:
         """The `Session` object of a session of the tree (default: the middleware's)."""
         return self._tree(tree_id)[0].session(session_id)
 
-    def _start(self, state: StelloMiddlewareState) -> int:
-        return min(state.get("stello_start", 0), len(state["messages"]))
+    def _start(self, state: Mapping[str, Any]) -> int:
+        return min(int(state.get("stello_start") or 0), len(state["messages"]))
 
-    def _opened(
-        self, state: StelloMiddlewareState, sid: str, insight: str | None
-    ) -> dict[str, Any]:
+    def _opened(self, state: Mapping[str, Any], sid: str, insight: str | None) -> dict[str, Any]:
         update: dict[str, Any] = {"stello_session_id": sid, "stello_insight": insight}
         if self._trim:
             run = state["messages"][self._start(state) :]
@@ -174,12 +198,12 @@ class StelloMiddleware(AgentMiddleware[StelloMiddlewareState, Any]):
             update["stello_start"] = 0
         return update
 
-    def _fork_state(self, state: StelloMiddlewareState, main: str) -> Any:
+    def _fork_state(self, state: Mapping[str, Any], main: str) -> Any:
         label = _label(state["messages"][self._start(state) :])
         return {"session_id": main, "fork": {"label": label}}
 
     def before_agent(
-        self, state: StelloMiddlewareState, runtime: Runtime[Any]
+        self, state: Mapping[str, Any], runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         tree, main = self._tree(_named(runtime, "tree_id"))
         sid = _named(runtime, "session_id") or state.get("stello_session_id")
@@ -188,7 +212,7 @@ class StelloMiddleware(AgentMiddleware[StelloMiddlewareState, Any]):
         return self._opened(state, sid, tree.session(sid).open_turn(operation="an agent run"))
 
     async def abefore_agent(
-        self, state: StelloMiddlewareState, runtime: Runtime[Any]
+        self, state: Mapping[str, Any], runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         tree, main = self._tree(_named(runtime, "tree_id"))
         sid = _named(runtime, "session_id") or state.get("stello_session_id")
@@ -229,17 +253,15 @@ class StelloMiddleware(AgentMiddleware[StelloMiddlewareState, Any]):
         return await handler(self._request(request, ctx))
 
     # -- the commit: the `commit` node's steps (`stello_graph.nodes._commit`) ---------------
-    def _records(self, state: StelloMiddlewareState) -> list[BaseMessage]:
+    def _records(self, state: Mapping[str, Any]) -> list[BaseMessage]:
         """The run's messages, whole tool-call groups only (a run that failed or was left at
         an interrupt before this one leaves its messages to it, its open calls dropped)."""
         return sanitize_history(state["messages"][self._start(state) :])
 
-    def _committed(self, state: StelloMiddlewareState) -> dict[str, Any]:
+    def _committed(self, state: Mapping[str, Any]) -> dict[str, Any]:
         return {"stello_start": len(state["messages"]), "stello_insight": None}
 
-    def after_agent(
-        self, state: StelloMiddlewareState, runtime: Runtime[Any]
-    ) -> dict[str, Any] | None:
+    def after_agent(self, state: Mapping[str, Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
         tree = self._tree(_named(runtime, "tree_id"))[0]
         session, records = tree.session(state["stello_session_id"]), self._records(state)
         if records:
@@ -251,7 +273,7 @@ class StelloMiddleware(AgentMiddleware[StelloMiddlewareState, Any]):
         return self._committed(state)
 
     async def aafter_agent(
-        self, state: StelloMiddlewareState, runtime: Runtime[Any]
+        self, state: Mapping[str, Any], runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         tree = self._tree(_named(runtime, "tree_id"))[0]
         session, records = await tree.asession(state["stello_session_id"]), self._records(state)

@@ -11,14 +11,17 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain.agents.middleware import HumanInTheLoopMiddleware
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
 
 from stello_graph import (
     CompressionPolicy,
     InvalidInputError,
     ModelNotConfiguredError,
+    Schedule,
     SessionNotFoundError,
     StelloContext,
     StelloMiddleware,
@@ -251,3 +254,46 @@ def test_a_storage_of_another_tree_is_refused() -> None:
     agent = _agent(ScriptedChatModel(default="ok"), stello)
     with pytest.raises(InvalidInputError, match="'other'"):
         _ask(agent, "t1", "Hi", context={"tree_id": "other"})
+
+
+def test_the_schedule_consolidates_and_a_failure_deletes_nothing(storage: MainStorage) -> None:
+    seen: list[list[str]] = []
+
+    def consolidate(current: str | None, records: list[BaseMessage]) -> str:
+        seen.append(_texts(records))
+        if len(seen) == 2:
+            raise RuntimeError("summariser down")
+        return f"L2 of {len(records)} records"
+
+    schedule = Schedule(consolidate_every_n_turns=2, recover_every=None)
+    with StelloMiddleware(storage=storage, schedule=schedule, consolidate_fn=consolidate) as stello:
+        agent = _agent(ScriptedChatModel(default="ok"), stello)
+        for i in range(4):
+            sid = _ask(agent, "t1", f"message {i}")["stello_session_id"]
+            assert stello.drain(10)
+            if i == 1:
+                assert stello.session(sid).memory() == "L2 of 4 records"  # type: ignore[attr-defined]
+        assert seen[0] == ["message 0", "ok", "message 1", "ok"]
+        [failure] = stello.failures()
+        assert failure.session_id == sid and "summariser down" in failure.message
+        assert len(_l3(stello, sid)) == 8
+        assert stello.session(sid).memory() == "L2 of 4 records"  # type: ignore[attr-defined]
+
+
+def test_an_interrupted_run_commits_at_its_resumed_end(storage: MainStorage) -> None:
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("lookup", {"query": "x"}), "done"])
+    stello = StelloMiddleware(storage=storage, trim_state=True)
+    approval = HumanInTheLoopMiddleware(interrupt_on={"lookup": True})
+    agent = create_agent(
+        model, [lookup], middleware=[stello, approval], checkpointer=InMemorySaver()
+    )
+    config: Any = {"configurable": {"thread_id": "t1"}}
+    paused = agent.invoke({"messages": [{"role": "user", "content": "Look up x"}]}, config)
+    assert paused["__interrupt__"]
+    sid = paused["stello_session_id"]
+    assert _l3(stello, sid) == []  # nothing committed while the run waits
+    stello.session(sid).set_insight("Be quick.")  # type: ignore[attr-defined]
+    done = agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+    assert done["messages"][-1].text == "done"
+    assert _l3(stello, sid) == ["Look up x", "", "found x", "done"]
+    assert storage.get_insight(sid) == "Be quick."  # the run showed none: a newer one is kept
