@@ -79,6 +79,7 @@ class StelloMiddlewareState(AgentState[Any]):
     stello_session_id: NotRequired[Annotated[str, OmitFromInput]]
     stello_start: NotRequired[Annotated[int, PrivateStateAttr]]
     stello_insight: NotRequired[Annotated[str | None, PrivateStateAttr]]
+    stello_tree_id: NotRequired[Annotated[str, PrivateStateAttr]]
 
 
 def _named(runtime: Runtime[Any] | None, key: str) -> str | None:
@@ -190,8 +191,15 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
     def _start(self, state: Mapping[str, Any]) -> int:
         return min(int(state.get("stello_start") or 0), len(state["messages"]))
 
-    def _opened(self, state: Mapping[str, Any], sid: str, insight: str | None) -> dict[str, Any]:
+    def _run_tree(self, state: Mapping[str, Any]) -> StelloRuntime:
+        """The tree of the run under way (a resumed run names no context again)."""
+        return self._tree(state.get("stello_tree_id"))[0]
+
+    def _opened(
+        self, state: Mapping[str, Any], tree: StelloRuntime, sid: str, insight: str | None
+    ) -> dict[str, Any]:
         update: dict[str, Any] = {"stello_session_id": sid, "stello_insight": insight}
+        update["stello_tree_id"] = tree.storage.tree_id
         if self._trim:
             run = state["messages"][self._start(state) :]
             update["messages"] = [RemoveMessage(id=REMOVE_ALL_MESSAGES), *run]
@@ -202,25 +210,38 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         label = _label(state["messages"][self._start(state) :])
         return {"session_id": main, "fork": {"label": label}}
 
+    def _bound(
+        self, state: Mapping[str, Any], runtime: Runtime[Any]
+    ) -> tuple[StelloRuntime, str, str | None]:
+        """The run's tree, its main session, and the session the run names or the thread
+        is bound to (`None`: a new one to fork)."""
+        named, bound = _named(runtime, "tree_id"), state.get("stello_tree_id")
+        tree, main = self._tree(named or bound)
+        same = named is None or tree.storage.tree_id == bound
+        return (
+            tree,
+            main,
+            _named(runtime, "session_id") or (state.get("stello_session_id") if same else None),
+        )
+
     def before_agent(
         self, state: Mapping[str, Any], runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        tree, main = self._tree(_named(runtime, "tree_id"))
-        sid = _named(runtime, "session_id") or state.get("stello_session_id")
+        tree, main, sid = self._bound(state, runtime)
         if sid is None:
             sid = run_fork(tree, self._fork_state(state, main))["forked"]["session_id"]
-        return self._opened(state, sid, tree.session(sid).open_turn(operation="an agent run"))
+        insight = tree.session(sid).open_turn(operation="an agent run")
+        return self._opened(state, tree, sid, insight)
 
     async def abefore_agent(
         self, state: Mapping[str, Any], runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        tree, main = self._tree(_named(runtime, "tree_id"))
-        sid = _named(runtime, "session_id") or state.get("stello_session_id")
+        tree, main, sid = self._bound(state, runtime)
         if sid is None:
             forked = await arun_fork(tree, self._fork_state(state, main))
             sid = forked["forked"]["session_id"]
         session = await tree.asession(sid)
-        return self._opened(state, sid, await session.aopen_turn(operation="an agent run"))
+        return self._opened(state, tree, sid, await session.aopen_turn(operation="an agent run"))
 
     # -- the model call ---------------------------------------------------------------------
     def _request(self, request: ModelRequest, ctx: TurnContext) -> ModelRequest:
@@ -233,8 +254,9 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
 
     def _run_session(self, request: ModelRequest) -> tuple[SessionBase, Any]:
         state: Any = request.state
-        tree = self._tree(_named(request.runtime, "tree_id"))[0]
-        return tree.session(state["stello_session_id"]), state.get("stello_insight")
+        return self._run_tree(state).session(state["stello_session_id"]), state.get(
+            "stello_insight"
+        )
 
     def wrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]
@@ -262,7 +284,7 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         return {"stello_start": len(state["messages"]), "stello_insight": None}
 
     def after_agent(self, state: Mapping[str, Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
-        tree = self._tree(_named(runtime, "tree_id"))[0]
+        tree = self._run_tree(state)
         session, records = tree.session(state["stello_session_id"]), self._records(state)
         if records:
             turn, shown = records[0].id, state.get("stello_insight")
@@ -275,7 +297,7 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
     async def aafter_agent(
         self, state: Mapping[str, Any], runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        tree = self._tree(_named(runtime, "tree_id"))[0]
+        tree = self._run_tree(state)
         session, records = await tree.asession(state["stello_session_id"]), self._records(state)
         if records:
             turn, shown = records[0].id, state.get("stello_insight")

@@ -126,6 +126,12 @@ def test_stello_context_names_a_tree_of_the_file(tmp_path: Path) -> None:
     assert _texts(stello.session(sid, "work").messages()) == ["Hello", "ok"]
     with pytest.raises(SessionNotFoundError):
         stello.session(sid)  # not a session of the default tree
+    again = _ask(agent, "t1", "Still here?")  # the thread stays on its tree
+    assert again["stello_session_id"] == sid
+    assert len(stello.session(sid, "work").messages()) == 4
+    moved = _ask(agent, "t1", "Elsewhere", context={"tree_id": "default"})
+    assert moved["stello_session_id"] != sid
+    assert _l3(stello, moved["stello_session_id"]) == ["Elsewhere", "ok"]
     with pytest.raises(InvalidInputError, match="session_id"):
         _ask(agent, "t2", "Hello", context={"session_id": ""})
     stello.close()
