@@ -44,6 +44,7 @@ from langchain.agents.middleware.types import (
     PrivateStateAttr,
 )
 from langchain_core.messages import BaseMessage, RemoveMessage, SystemMessage
+from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.runtime import Runtime
 from typing_extensions import TypedDict, Unpack
@@ -51,11 +52,12 @@ from typing_extensions import TypedDict, Unpack
 from stello_graph._base import SessionBase, TurnContext
 from stello_graph._context import message_text, sanitize_history
 from stello_graph.config import StelloConfig, StelloSettings
-from stello_graph.errors import InvalidInputError
+from stello_graph.errors import InvalidInputError, StelloError
 from stello_graph.main_session import MainSession
 from stello_graph.nodes._commit import _acommit, _adone, _commit, _done
 from stello_graph.nodes._lease import aturn_lease, turn_lease
-from stello_graph.nodes.deps import StelloRuntime
+from stello_graph.nodes.builtin_tools import BuiltinTools, CreateSessionArgs, _description
+from stello_graph.nodes.deps import StelloRuntime, tool_error_message
 from stello_graph.nodes.ops import arun_fork, run_fork
 from stello_graph.schedule import BackgroundFailure, StorageFailureLog
 from stello_graph.storage import MainStorage
@@ -129,8 +131,8 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         self._storage = storage
         self._trim = trim_state
         self._runtimes: dict[str, tuple[StelloRuntime, str]] = {}
-        self.tools = []
-        self._tree(None)  # a bad storage or tree fails here, not in the first run
+        tree = self._tree(None)[0]  # a bad storage or tree fails here, not in the first run
+        self.tools = [] if tree._builtins._create is None else [self._create_session_tool(tree)]
 
     # -- the tree and the run's session -----------------------------------------------------
     def _tree(self, tree_id: str | None) -> tuple[StelloRuntime, str]:
@@ -242,6 +244,36 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
             sid = forked["forked"]["session_id"]
         session = await tree.asession(sid)
         return self._opened(state, tree, sid, await session.aopen_turn(operation="an agent run"))
+
+    # -- the model's create_session (`stello_graph.nodes.builtin_tools`) ---------------------
+    def _fork_args(self, args: Mapping[str, Any]) -> tuple[BuiltinTools, dict[str, Any]]:
+        """The tool's arguments as the turn graph's `create_session` takes them."""
+        state = args["state"]
+        run = {"session_id": state["stello_session_id"], "pending": self._records(state)}
+        return self._run_tree(state)._builtins, {**args, "state": run}
+
+    def _create_session_tool(self, tree: StelloRuntime) -> BaseTool:
+        def create_session(**args: Any) -> dict[str, str] | str:
+            builtins, fork = self._fork_args(args)
+            try:
+                return builtins._fork(fork)
+            except StelloError as exc:  # the model reads it and can try again
+                return tool_error_message(exc)
+
+        async def acreate_session(**args: Any) -> dict[str, str] | str:
+            builtins, fork = self._fork_args(args)
+            try:
+                return await builtins._afork(fork)
+            except StelloError as exc:
+                return tool_error_message(exc)
+
+        return StructuredTool.from_function(
+            func=create_session,
+            coroutine=acreate_session,
+            name="create_session",
+            description=_description(tree),
+            args_schema=CreateSessionArgs,
+        )
 
     # -- the model call ---------------------------------------------------------------------
     def _request(self, request: ModelRequest, ctx: TurnContext) -> ModelRequest:

@@ -303,3 +303,28 @@ def test_an_interrupted_run_commits_at_its_resumed_end(storage: MainStorage) -> 
     assert done["messages"][-1].text == "done"
     assert _l3(stello, sid) == ["Look up x", "", "found x", "done"]
     assert storage.get_insight(sid) == "Be quick."  # the run showed none: a newer one is kept
+
+
+def test_the_model_forks_a_branch_with_create_session(storage: MainStorage) -> None:
+    model = ScriptedChatModel(
+        [
+            "noted",
+            ScriptedChatModel.tool_call(
+                "create_session", {"label": "Pricing", "context": "inherit"}
+            ),
+            ScriptedChatModel.tool_call("create_session", {"label": "X", "profile": "nope"}),
+            "branched",
+        ]
+    )
+    stello = StelloMiddleware(storage=storage)
+    agent = _agent(model, stello)
+    sid = _ask(agent, "t1", "We sell seats")["stello_session_id"]
+    out = _ask(agent, "t1", "Open a branch on pricing")
+    [created, refused] = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    [child] = storage.get_children(sid)
+    assert child.label == "Pricing" and child.id in created.text
+    assert _l3(stello, child.id) == ["We sell seats", "noted"]  # the run itself is not in L3 yet
+    assert refused.text.startswith("Error: UnknownProfileError")
+    assert _l3(stello, sid)[-1] == "branched"
+    assert "create_session" in [t.name for t in stello.tools]
+    assert StelloMiddleware(storage=storage, builtin_tools=()).tools == []
