@@ -60,6 +60,7 @@ from stello_graph.nodes.builtin_tools import BuiltinTools, CreateSessionArgs, _d
 from stello_graph.nodes.deps import StelloRuntime, tool_error_message
 from stello_graph.nodes.ops import arun_fork, run_fork
 from stello_graph.schedule import BackgroundFailure, StorageFailureLog
+from stello_graph.session import Session
 from stello_graph.storage import MainStorage
 
 __all__ = ["StelloContext", "StelloMiddleware", "StelloMiddlewareState"]
@@ -186,9 +187,15 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def session(self, session_id: str, tree_id: str | None = None) -> SessionBase:
-        """The `Session` object of a session of the tree (default: the middleware's)."""
-        return self._tree(tree_id)[0].session(session_id)
+    def session(self, session_id: str, tree_id: str | None = None) -> Session | MainSession:
+        """The `Session` (or `MainSession`) of a session of a tree (default: the middleware's).
+
+        Raises:
+            SessionNotFoundError: the tree has no such session.
+        """
+        found = self._tree(tree_id)[0].session(session_id)
+        assert isinstance(found, Session | MainSession)
+        return found
 
     def _start(self, state: Mapping[str, Any]) -> int:
         return min(int(state.get("stello_start") or 0), len(state["messages"]))

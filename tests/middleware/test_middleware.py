@@ -22,6 +22,7 @@ from stello_graph import (
     InvalidInputError,
     ModelNotConfiguredError,
     Schedule,
+    Session,
     SessionNotFoundError,
     StelloContext,
     StelloMiddleware,
@@ -61,6 +62,12 @@ def _ask(agent: Any, thread: str, text: str, **kwargs: Any) -> dict[str, Any]:
 
 def _texts(messages: list[BaseMessage]) -> list[str]:
     return [m.text for m in messages]
+
+
+def _child(stello: StelloMiddleware, session_id: str) -> Session:
+    found = stello.session(session_id)
+    assert isinstance(found, Session)
+    return found
 
 
 def _l3(stello: StelloMiddleware, session_id: str) -> list[str]:
@@ -143,8 +150,7 @@ def test_a_failed_model_call_commits_nothing_and_keeps_the_insight(storage: Main
     stello = StelloMiddleware(storage=storage)
     agent = _agent(model, stello)
     sid = _ask(agent, "t1", "Hi")["stello_session_id"]
-    session = stello.session(sid)
-    session.set_insight("Mention the deadline.")  # type: ignore[attr-defined]
+    _child(stello, sid).set_insight("Mention the deadline.")
     with pytest.raises(RuntimeError, match="provider down"):
         _ask(agent, "t1", "Status?")
     assert _l3(stello, sid) == ["Hi", "first"]
@@ -278,12 +284,12 @@ def test_the_schedule_consolidates_and_a_failure_deletes_nothing(storage: MainSt
             sid = _ask(agent, "t1", f"message {i}")["stello_session_id"]
             assert stello.drain(10)
             if i == 1:
-                assert stello.session(sid).memory() == "L2 of 4 records"  # type: ignore[attr-defined]
+                assert _child(stello, sid).memory() == "L2 of 4 records"
         assert seen[0] == ["message 0", "ok", "message 1", "ok"]
         [failure] = stello.failures()
         assert failure.session_id == sid and "summariser down" in failure.message
         assert len(_l3(stello, sid)) == 8
-        assert stello.session(sid).memory() == "L2 of 4 records"  # type: ignore[attr-defined]
+        assert _child(stello, sid).memory() == "L2 of 4 records"
 
 
 def test_an_interrupted_run_commits_at_its_resumed_end(storage: MainStorage) -> None:
@@ -298,7 +304,7 @@ def test_an_interrupted_run_commits_at_its_resumed_end(storage: MainStorage) -> 
     assert paused["__interrupt__"]
     sid = paused["stello_session_id"]
     assert _l3(stello, sid) == []  # nothing committed while the run waits
-    stello.session(sid).set_insight("Be quick.")  # type: ignore[attr-defined]
+    _child(stello, sid).set_insight("Be quick.")
     done = agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
     assert done["messages"][-1].text == "done"
     assert _l3(stello, sid) == ["Look up x", "", "found x", "done"]
