@@ -18,8 +18,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from stello_graph import (
+    ChildL2,
     CompressionPolicy,
+    IntegrationResult,
     InvalidInputError,
+    MainSession,
     ModelNotConfiguredError,
     Schedule,
     Session,
@@ -75,8 +78,9 @@ def _l3(stello: StelloMiddleware, session_id: str) -> list[str]:
 
 
 @pytest.fixture
-def storage() -> MainStorage:
-    return InMemoryMainStorage()
+def storage(main_storage: MainStorage) -> MainStorage:
+    """Each backend (PostgreSQL too, when the suite has one)."""
+    return main_storage
 
 
 def test_each_thread_is_its_own_session_and_continues_it(storage: MainStorage) -> None:
@@ -334,3 +338,75 @@ def test_the_model_forks_a_branch_with_create_session(storage: MainStorage) -> N
     assert _l3(stello, sid)[-1] == "branched"
     assert "create_session" in [t.name for t in stello.tools]
     assert StelloMiddleware(storage=storage, builtin_tools=()).tools == []
+
+
+def test_the_schedule_integrates_the_threads_and_their_insights_reach_them(
+    storage: MainStorage,
+) -> None:
+    def consolidate(current: str | None, records: list[BaseMessage]) -> str:
+        return "about " + records[0].text
+
+    def integrate(children: list[ChildL2], current: str | None) -> IntegrationResult:
+        insights = {c.session_id: f"Link to {len(children) - 1} other thread(s)" for c in children}
+        return IntegrationResult(synthesis=" + ".join(c.l2 for c in children), insights=insights)
+
+    schedule = Schedule(consolidate_every_n_turns=1, integrate_every_n_turns=2, recover_every=None)
+    model = ScriptedChatModel(default="ok")
+    with StelloMiddleware(
+        storage=storage, schedule=schedule, consolidate_fn=consolidate, integrate_fn=integrate
+    ) as stello:
+        agent = _agent(model, stello)
+        _ask(agent, "t1", "Lisbon")
+        assert stello.drain(10)
+        _ask(agent, "t2", "Bikes")  # the tree's second run: integration
+        assert stello.drain(10)
+        main = stello.session(storage.get_main_session().id)  # type: ignore[union-attr]
+        assert isinstance(main, MainSession)
+        assert main.synthesis() == "about Lisbon + about Bikes"
+        _ask(agent, "t1", "Hotels?")
+        assert "Link to 1 other thread(s)" in model.prompts[-1][0].text
+        assert not stello.failures()
+
+
+def test_async_a_failed_run_commits_nothing_and_keeps_the_insight(storage: MainStorage) -> None:
+    model = ScriptedChatModel(["first", RuntimeError("provider down")], default="second")
+    stello = StelloMiddleware(storage=storage)
+    agent = _agent(model, stello)
+
+    async def ask(text: str) -> dict[str, Any]:
+        out: dict[str, Any] = await agent.ainvoke(
+            {"messages": [{"role": "user", "content": text}]},
+            {"configurable": {"thread_id": "t1"}},
+        )
+        return out
+
+    sid = asyncio.run(ask("Hi"))["stello_session_id"]
+    _child(stello, sid).set_insight("Mention the deadline.")
+    with pytest.raises(RuntimeError, match="provider down"):
+        asyncio.run(ask("Status?"))
+    assert _l3(stello, sid) == ["Hi", "first"]
+    assert storage.get_insight(sid) == "Mention the deadline."
+    asyncio.run(ask("Status now?"))
+    assert "Mention the deadline." in model.prompts[-1][0].text
+    assert storage.get_insight(sid) is None
+    assert _l3(stello, sid) == ["Hi", "first", "Status?", "Status now?", "second"]
+
+
+@tool
+def flaky(query: str) -> str:
+    """Fails."""
+    raise RuntimeError("tool crashed")
+
+
+def test_a_run_that_failed_in_a_tool_leaves_no_open_call_behind(storage: MainStorage) -> None:
+    """The call the failed run left unanswered is neither sent (a provider 400) nor stored."""
+    model = ScriptedChatModel([ScriptedChatModel.tool_call("flaky", {"query": "x"})], default="ok")
+    stello = StelloMiddleware(storage=storage)
+    agent = create_agent(model, [flaky], middleware=[stello], checkpointer=InMemorySaver())
+    with pytest.raises(RuntimeError, match="tool crashed"):
+        _ask(agent, "t1", "Try it")
+    out = _ask(agent, "t1", "Never mind")
+    prompt = model.prompts[-1]
+    assert not any(isinstance(m, AIMessage) and m.tool_calls for m in prompt)
+    assert _texts(prompt[1:]) == ["Try it", "Never mind"]
+    assert _l3(stello, out["stello_session_id"]) == ["Try it", "Never mind", "ok"]
