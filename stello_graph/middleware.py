@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, NotRequired
 
@@ -49,7 +50,7 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.runtime import Runtime
 from typing_extensions import TypedDict, Unpack
 
-from stello_graph._base import SessionBase, TurnContext
+from stello_graph._base import TurnContext
 from stello_graph._context import message_text, sanitize_history
 from stello_graph.config import StelloConfig, StelloSettings
 from stello_graph.errors import InvalidInputError, StelloError
@@ -132,32 +133,38 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         self._storage = storage
         self._trim = trim_state
         self._runtimes: dict[str, tuple[StelloRuntime, str]] = {}
+        self._lock = threading.Lock()
         tree = self._tree(None)[0]  # a bad storage or tree fails here, not in the first run
         self.tools = [] if tree._builtins._create is None else [self._create_session_tool(tree)]
 
     # -- the tree and the run's session -----------------------------------------------------
     def _tree(self, tree_id: str | None) -> tuple[StelloRuntime, str]:
         """The runtime and main session id of `tree_id` (default: the middleware's tree)."""
+        tree = tree_id or self._config.tree_id
+        with self._lock:  # two first runs on a tree open it once
+            if tree not in self._runtimes:
+                self._runtimes[tree] = self._open(tree)
+        return self._runtimes[tree]
+
+    def _open(self, tree: str) -> tuple[StelloRuntime, str]:
+        """Open a tree of the storage, creating its main session if it has none."""
         from stello_graph.agent import _open_storage
 
-        tree = tree_id or self._config.tree_id
-        if tree not in self._runtimes:
-            storage = _open_storage(self._storage, tree)
-            if storage.tree_id != tree:
-                raise InvalidInputError(
-                    f"StelloContext names tree {tree!r}, but the middleware's storage holds "
-                    f"tree {storage.tree_id!r}: pass a path or URL to open any tree."
-                )
-            found, cfg = storage.get_main_session(), self._config
-            main = (
-                found.id
-                if found is not None
-                else MainSession.create(
-                    storage, label=cfg.main_label, system_prompt=cfg.system_prompt
-                ).id
+        storage = _open_storage(self._storage, tree)
+        if storage.tree_id != tree:
+            raise InvalidInputError(
+                f"StelloContext names tree {tree!r}, but the middleware's storage holds "
+                f"tree {storage.tree_id!r}: pass a path or URL to open any tree."
             )
-            self._runtimes[tree] = StelloRuntime(storage, self._config), main
-        return self._runtimes[tree]
+        found, cfg = storage.get_main_session(), self._config
+        main = (
+            found.id
+            if found is not None
+            else MainSession.create(
+                storage, label=cfg.main_label, system_prompt=cfg.system_prompt
+            ).id
+        )
+        return StelloRuntime(storage, self._config), main
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for the schedule's background work; False on timeout."""
@@ -291,16 +298,12 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         messages: list[Any] = [*ctx.history, *run]
         return request.override(messages=messages, system_message=system)
 
-    def _run_session(self, request: ModelRequest) -> tuple[SessionBase, Any]:
-        state: Any = request.state
-        return self._run_tree(state).session(state["stello_session_id"]), state.get(
-            "stello_insight"
-        )
-
     def wrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]
     ) -> ModelResponse:
-        session, insight = self._run_session(request)
+        state: Any = request.state
+        session = self._run_tree(state).session(state["stello_session_id"])
+        insight = state.get("stello_insight")
         ctx = session.turn_context(operation="an agent run", insight=insight)
         return handler(self._request(request, ctx))
 
@@ -309,7 +312,9 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         request: ModelRequest,
         handler: Callable[[ModelRequest], Awaitable[ModelResponse]],
     ) -> ModelResponse:
-        session, insight = self._run_session(request)
+        state: Any = request.state
+        session = await self._run_tree(state).asession(state["stello_session_id"])
+        insight = state.get("stello_insight")
         ctx = await session.aturn_context(operation="an agent run", insight=insight)
         return await handler(self._request(request, ctx))
 

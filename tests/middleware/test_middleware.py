@@ -350,7 +350,13 @@ def test_the_schedule_integrates_the_threads_and_their_insights_reach_them(
         insights = {c.session_id: f"Link to {len(children) - 1} other thread(s)" for c in children}
         return IntegrationResult(synthesis=" + ".join(c.l2 for c in children), insights=insights)
 
-    schedule = Schedule(consolidate_every_n_turns=1, integrate_every_n_turns=2, recover_every=None)
+    # one worker: the second run's consolidation is done before the integration it queued
+    schedule = Schedule(
+        consolidate_every_n_turns=1,
+        integrate_every_n_turns=2,
+        max_concurrency=1,
+        recover_every=None,
+    )
     model = ScriptedChatModel(default="ok")
     with StelloMiddleware(
         storage=storage, schedule=schedule, consolidate_fn=consolidate, integrate_fn=integrate
