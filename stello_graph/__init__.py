@@ -76,6 +76,7 @@ if TYPE_CHECKING:
         llm_consolidator,
         llm_integrator,
     )
+    from stello_graph.middleware import StelloContext, StelloMiddleware
     from stello_graph.models import (
         ChildL2,
         Compression,
@@ -165,6 +166,8 @@ _LAZY: dict[str, str] = {
     # orchestration (loads LangGraph)
     "StelloAgent": "stello_graph.agent",
     "TurnResult": "stello_graph.agent",
+    "StelloContext": "stello_graph.middleware",
+    "StelloMiddleware": "stello_graph.middleware",
     "StelloConfig": "stello_graph.config",
     "build_stello_graph": "stello_graph.graph",
     "StelloState": "stello_graph.graph",
@@ -187,6 +190,8 @@ __all__ = [
     "StelloAgent",
     "StelloConfig",
     "TurnResult",
+    "StelloMiddleware",
+    "StelloContext",
     "build_stello_graph",
     "StelloState",
     "Schedule",

@@ -14,6 +14,7 @@ MODULES = [
     "stello_graph.memory",
     "stello_graph.graph",
     "stello_graph.agent",
+    "stello_graph.middleware",
     "stello_graph.profiles",
     "stello_graph.skills",
     "stello_graph.testing._scripted",
