@@ -85,6 +85,7 @@ if TYPE_CHECKING:
         TopologyNode,
         TreeIntegration,
     )
+    from stello_graph.nodes.state import StelloContext
     from stello_graph.profiles import ForkProfile, SplitGuard
     from stello_graph.schedule import BackgroundFailure, Schedule
     from stello_graph.session import Session
@@ -168,6 +169,7 @@ _LAZY: dict[str, str] = {
     "StelloConfig": "stello_graph.config",
     "build_stello_graph": "stello_graph.graph",
     "StelloState": "stello_graph.graph",
+    "StelloContext": "stello_graph.nodes.state",
     "Schedule": "stello_graph.schedule",
     "BackgroundFailure": "stello_graph.schedule",
     "StelloEvent": "stello_graph.events",
@@ -189,6 +191,7 @@ __all__ = [
     "TurnResult",
     "build_stello_graph",
     "StelloState",
+    "StelloContext",
     "Schedule",
     "BackgroundFailure",
     "StelloEvent",

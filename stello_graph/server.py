@@ -83,7 +83,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 
 from stello_graph._context import message_text
@@ -151,6 +151,9 @@ def _scripted_reply(messages: list[BaseMessage]) -> str | dict[str, Any]:
     last = messages[-1] if messages else None
     if isinstance(last, ToolMessage):
         return f"(scripted) {last.name} returned: {message_text(last.content)}"
+    if last is not None and last.text.strip() == "/prompt":
+        said = [m.text for m in messages[:-1] if isinstance(m, HumanMessage)]
+        return f"(scripted) I was sent: {' | '.join(said) or 'nothing before this'}"
     called = _CALL.match(last.text) if last is not None else None
     if called is None:
         return _echo(messages)
@@ -166,7 +169,9 @@ def scripted_model() -> BaseChatModel:
 
     It answers `(scripted) You said: ...`; a user message `/call NAME {"arg": ...}` makes it
     call the tool `NAME` with those arguments, and a tool's result is answered with
-    `(scripted) NAME returned: ...`. It streams word by word, like a provider.
+    `(scripted) NAME returned: ...`; a user message `/prompt` is answered with the user
+    messages of the prompt before it (`(scripted) I was sent: a | b`), which shows what a
+    session's context holds. It streams word by word, like a provider.
     """
     from stello_graph.testing import ScriptedChatModel
 
