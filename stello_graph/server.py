@@ -33,10 +33,12 @@ it and every minute, and each job runs under a claim stored with the tree, so ac
 workers and restarts every due consolidation runs, and never twice at once
 (`stello_graph.schedule`).
 
-`configurable.tree_id` chooses the tree (one per user: give each user's threads their own);
-its main session is created on first use. `configurable.session_id` is the session of a
-`{"messages": [...]}` run (default: the main session); a `{"session_id", "input"}` run
-names its own.
+`tree_id` chooses the tree (one per user: give each user's threads their own); its main
+session is created on first use. A thread is a conversation: its first `{"messages": [...]}`
+run binds it to the session the run names (`session_id`), else to a new child of the main
+session, and its later runs continue it (`stello_graph.nodes.entry`); a `{"session_id",
+"input"}` run names its own. Both keys are read from the run's context (`StelloContext`,
+LangGraph v1's `context=`) or from `configurable`.
 
 A tree is opened on its first run in the process and kept open for the next ones, up to
 `STELLO_MAX_OPEN_TREES` trees (each open tree holds database connections and a scheduler
