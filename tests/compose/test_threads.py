@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from langchain_core.messages import HumanMessage
@@ -15,9 +15,12 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from stello_graph import MainSession, StelloContext, build_stello_graph
+from stello_graph import MainSession, build_stello_graph
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.testing import ScriptedChatModel
+
+if TYPE_CHECKING:  # imported where it is tested, so each test fails on its own without it
+    from stello_graph import StelloContext
 
 
 def thread(name: str) -> Any:
@@ -117,6 +120,9 @@ async def test_async_runs_keep_the_thread_too() -> None:
 
 
 def test_the_context_schema_is_published() -> None:
+    from stello_graph import StelloContext
+
+    assert StelloContext.__annotations__.keys() == {"tree_id", "session_id"}
     graph, _, _, _ = stello(InMemorySaver())
     schema = graph.get_context_jsonschema()
     assert schema is not None and {"tree_id", "session_id"} <= set(schema["properties"])
