@@ -184,7 +184,6 @@ async def test_stream_modes(client: LangGraphClient) -> None:
     text = "".join(message["content"] for message, _ in tokens)
     assert text == "(scripted) You said: stream these words"
     custom = [data["event"] for event, data in parts if event == "custom"]
-    assert custom[0] == "turn_started" and "turn_committed" in custom, custom
     assert custom[:2] == ["session_forked", "turn_started"] and "turn_committed" in custom
     updated = {node for event, data in parts if event == "updates" for node in data}
     assert {"enter", "model"} <= updated  # the first model round opens the turn, the last commits
