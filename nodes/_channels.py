@@ -13,15 +13,16 @@ the first step of the next run that does not write it clears it. A run that is i
 or crashes does not finish, so a resumed turn still sees its session.
 
 A run that fails does not finish either, so the keys a run's input may set (`RunInput`:
-`session_id`, `messages`) are also cleared by writing `None`: the compiled stello graph
-writes `None` for each of them a new run's input leaves out (`RUN_INPUTS`), so a run never
-inherits them from a run before it, finished or failed.
+`session_id`) are also cleared by writing `None`: the compiled stello graph writes `None`
+for each of them a new run's input leaves out (`RUN_INPUTS`), so a run never inherits them
+from a run before it, finished or failed.
 
-`RunMessages` is the `messages` key: a `RunInput` holding a list of messages. Nodes write
-it wrapped in LangGraph's `Overwrite`, which its `messages` stream mode does not look into,
-so the turn's records are the run's output without being echoed as stream tokens (and a
-checkpoint holds only LangGraph's and LangChain's own classes: its strict msgpack mode
-loads it).
+`ThreadMessages` is the `messages` key, the one that does last: the thread's conversation,
+as in every LangGraph chat graph. A run's input messages are added to it, and a turn writes
+it back with its records merged in, wrapped in LangGraph's `Overwrite`, which its
+`messages` stream mode does not look into, so the records are not echoed as stream tokens
+(and a checkpoint holds only LangGraph's and LangChain's own classes: its strict msgpack
+mode loads it).
 
 What a finished run leaves is checkpointed small, since a kept thread stores it once per
 turn: `pending` (committed, the same records as `messages`) as empty, `messages` in stello's
@@ -33,17 +34,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Generic, Self
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, convert_to_messages
 from langgraph.channels.base import BaseChannel, Value
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.errors import EmptyChannelError, InvalidUpdateError
+from langgraph.graph.message import add_messages
 from langgraph.types import MISSING, Overwrite  # type: ignore[attr-defined]  # not in __all__
 
 from stello_graph.errors import InvalidInputError
 
-__all__ = ["RUN_INPUTS", "RunAggregate", "RunInput", "RunMessages", "RunValue"]
+__all__ = ["RUN_INPUTS", "RunAggregate", "RunInput", "RunValue", "ThreadMessages"]
 
-RUN_INPUTS = ("session_id", "messages")
+RUN_INPUTS = ("session_id",)
 """The input keys that last a run (`RunInput`); a new run's input that lacks one clears it."""
 
 _STALE = "~stello"
@@ -188,27 +190,39 @@ def _packed(messages: Any) -> list[str] | None:
     return packed
 
 
-class RunMessages(RunInput[list[Any]]):
-    """The `messages` key: the input's messages, then the turn's records (as `Overwrite`).
+def _conversation(value: Any) -> list[BaseMessage]:
+    """A run's `messages` input as messages (dicts and tuples as the SDK sends them)."""
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+        raise InvalidInputError(
+            f'"messages" must be a list of messages, got {type(value).__name__}.'
+        )
+    try:
+        return convert_to_messages(value)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        raise InvalidInputError(f'"messages" holds something that is not a message: {exc}') from exc
 
-    A finished run's messages are checkpointed in stello's compact record form (`_PACKED`):
-    a kept thread stores them in the checkpoint of every turn, and LangChain's own form of a
-    message is ~150 bytes longer. They read back as the same messages."""
+
+class ThreadMessages(BinaryOperatorAggregate[list[Any]]):
+    """The `messages` key: the thread's conversation, kept from run to run.
+
+    A run's input messages are added to it (`add_messages`: by id, a message whose id is
+    already there replacing it); a turn writes the whole conversation back, its records
+    merged in, wrapped in `Overwrite` (which LangGraph's `messages` stream mode does not
+    look into, so the records are not echoed as stream tokens). An input that is not a
+    list of messages is refused (`InvalidInputError`).
+
+    The value is checkpointed in stello's compact record form (`_PACKED`) when every
+    message comes back equal from it: a kept thread stores the conversation in the
+    checkpoint of every turn, and LangChain's own form of a message is ~150 bytes longer.
+    Checkpoints of earlier versions (a finished run's value marked `_STALE`) are read too.
+    """
 
     __slots__ = ("_packed",)
 
-    def __init__(self, typ: Any, key: str = "") -> None:
-        super().__init__(typ, key)
-        self._packed: list[str] | None = None  # the stale value's packed form, once made
-
-    def _accept(self, value: Any) -> Any:
-        return list(value.value) if isinstance(value, Overwrite) else value
-
-    def update(self, values: Sequence[Any]) -> bool:
-        changed = super().update(values)
-        if changed:
-            self._packed = None
-        return changed
+    def __init__(self, typ: Any, operator: Any = add_messages) -> None:
+        super().__init__(typ, operator)
+        self.value: Any = MISSING  # absent until a run writes it, as a run's input key
+        self._packed: list[str] | None = None  # the value's packed form, once made
 
     def copy(self) -> Self:
         empty = super().copy()
@@ -219,14 +233,26 @@ class RunMessages(RunInput[list[Any]]):
         if isinstance(checkpoint, dict) and set(checkpoint) == {_PACKED}:
             from stello_graph.checkpoints._serde import decode_message
 
-            empty = self.__class__(self.typ, self.key)
+            empty = self.__class__(self.typ, self.operator)
+            empty.key = self.key
             empty._packed = list(checkpoint[_PACKED])
-            empty.value, empty.stale = [decode_message(m) for m in empty._packed], True
+            empty.value = [decode_message(m) for m in empty._packed]
             return empty
-        return super().from_checkpoint(checkpoint)
+        return super().from_checkpoint(_stale(checkpoint)[1])
+
+    def update(self, values: Sequence[Any]) -> bool:
+        checked: list[Any] = [
+            value if isinstance(value, Overwrite) else _conversation(value) for value in values
+        ]
+        if checked and self.value is MISSING:
+            self.value = []  # the first input goes through `add_messages` too (ids)
+        changed = super().update(checked)
+        if changed:
+            self._packed = None
+        return changed
 
     def checkpoint(self) -> Any:
-        if not self.stale or self.value is MISSING:
+        if self.value is MISSING or not self.value:
             return super().checkpoint()
         if self._packed is None:
             self._packed = _packed(self.value)

@@ -69,9 +69,7 @@ def route_start(
     level (`stello_graph.nodes.tree`).
     """
     op = state.get("op") or "turn"
-    if op == "turn":
-        if state.get("input") is not None and state.get("messages") is not None:
-            raise InvalidInputError('A turn takes "input" or "messages", not both.')
+    if op == "turn":  # a turn given both "input" and "messages" is refused by `fresh_input`
         return "enter" if needs_entry(state) else "model"
     if op == "integrate":
         mode = state.get("mode") or "flat"

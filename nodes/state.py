@@ -14,9 +14,16 @@ ephemeral: they hold for the run's first step and are then cleared, so on a chec
 thread (every LangGraph Server thread) one run's input never carries over into the next
 run. Continuing a run (`Command(resume=...)`, or `None` after a crash) still sees them from
 its checkpoint; what later steps need is copied into the turn's own keys by `assemble`.
-`session_id`, `messages` and the results (`content`, `forked`, `l2`, ...) last the whole run
-and are cleared by the next run unless it sets them again (`RunValue` and `RunInput`,
+`session_id` and the results (`content`, `forked`, `l2`, ...) last the whole run and are
+cleared by the next run unless it sets them again (`RunValue` and `RunInput`,
 `stello_graph.nodes._channels`).
+
+What lasts from run to run is the thread's: `messages`, its conversation (`ThreadMessages`),
+`thread_session`, the session its `messages` runs continue, and `asking` / `answered`, the
+ids of the user message its latest `messages` turn was asked and of the one its last
+committed turn answered (see `stello_graph.nodes.entry`).
+
+`StelloContext` is the graph's `context_schema`: LangGraph v1's `context=` of a run.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from langgraph.channels import EphemeralValue
 from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict
 
-from stello_graph.nodes._channels import RunAggregate, RunInput, RunMessages, RunValue
+from stello_graph.nodes._channels import RunAggregate, RunInput, RunValue, ThreadMessages
 
 __all__ = [
     "ConsolidateState",
@@ -36,6 +43,7 @@ __all__ = [
     "IntegrateState",
     "Op",
     "OpState",
+    "StelloContext",
     "SubtreeTask",
     "TreeState",
     "TurnState",
@@ -51,6 +59,17 @@ def merge_results(left: dict[str, Any] | None, right: dict[str, Any] | None) -> 
     if right is None:
         return {}
     return {**(left or {}), **right}
+
+
+class StelloContext(TypedDict, total=False):
+    """The run context of the stello graph (LangGraph v1: `graph.invoke(input, context=...)`,
+    or `context` of a LangGraph Server run). The same keys in `configurable` work too.
+    """
+
+    tree_id: str
+    """The tree (one per user) on LangGraph Server (`stello_graph.server`)."""
+    session_id: str
+    """The session of a `{"messages": [...]}` run, which the thread then continues."""
 
 
 class OpState(TypedDict, total=False):
@@ -84,10 +103,16 @@ class TurnState(OpState, total=False):
     """The tool calls run during the turn."""
     turn_count: Annotated[int, RunValue]
     """User turns of the session after this one."""
-    messages: Annotated[list[AnyMessage], RunMessages]
-    """In: a conversation whose newest user message is the turn's input (`MessagesState`
-    style; the session comes from `configurable.session_id`, else the main session). Out:
-    the turn's records, the reply last."""
+    messages: Annotated[list[AnyMessage], ThreadMessages]
+    """The thread's conversation. In: the run's messages, added to it (`MessagesState`
+    style), the newest user message the turn's input. Out: the conversation with the turn's
+    records merged in (a `{"session_id", "input"}` turn: its records alone)."""
+    thread_session: str
+    """The session the thread's `messages` runs continue, bound by its first one."""
+    asking: str
+    """The id of the user message a `messages` turn answers (set by `enter`)."""
+    answered: str
+    """The id of the user message the thread's last `messages` turn answered."""
 
 
 class ForkState(OpState, total=False):

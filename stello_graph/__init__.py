@@ -76,7 +76,7 @@ if TYPE_CHECKING:
         llm_consolidator,
         llm_integrator,
     )
-    from stello_graph.middleware import StelloContext, StelloMiddleware
+    from stello_graph.middleware import StelloMiddleware
     from stello_graph.models import (
         ChildL2,
         Compression,
@@ -86,6 +86,7 @@ if TYPE_CHECKING:
         TopologyNode,
         TreeIntegration,
     )
+    from stello_graph.nodes.state import StelloContext
     from stello_graph.profiles import ForkProfile, SplitGuard
     from stello_graph.schedule import BackgroundFailure, Schedule
     from stello_graph.session import Session
@@ -166,11 +167,11 @@ _LAZY: dict[str, str] = {
     # orchestration (loads LangGraph)
     "StelloAgent": "stello_graph.agent",
     "TurnResult": "stello_graph.agent",
-    "StelloContext": "stello_graph.middleware",
     "StelloMiddleware": "stello_graph.middleware",
     "StelloConfig": "stello_graph.config",
     "build_stello_graph": "stello_graph.graph",
     "StelloState": "stello_graph.graph",
+    "StelloContext": "stello_graph.nodes.state",
     "Schedule": "stello_graph.schedule",
     "BackgroundFailure": "stello_graph.schedule",
     "StelloEvent": "stello_graph.events",
@@ -191,9 +192,9 @@ __all__ = [
     "StelloConfig",
     "TurnResult",
     "StelloMiddleware",
-    "StelloContext",
     "build_stello_graph",
     "StelloState",
+    "StelloContext",
     "Schedule",
     "BackgroundFailure",
     "StelloEvent",

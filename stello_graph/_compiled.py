@@ -1,8 +1,8 @@
 """`StelloCompiledGraph`: what the compiled stello graph does at the edge of every run.
 
-A new run's input that leaves out `session_id` or `messages` clears them (`RUN_INPUTS`, see
-`stello_graph.nodes._channels`), so no run inherits them from the run before it on the same
-thread, even from one that failed.
+A new run's input that leaves out `session_id` clears it (`RUN_INPUTS`, see
+`stello_graph.nodes._channels`), so no run inherits it from the run before it on the same
+thread, even from one that failed. `messages` is the thread's conversation and lasts.
 
 Time travel on a stello thread is refused, with a `TimeTravelError` that says what to do.
 
@@ -34,7 +34,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph.state import CompiledStateGraph
 
-from stello_graph.errors import TimeTravelError
+from stello_graph.errors import InvalidInputError, TimeTravelError
 from stello_graph.nodes._channels import RUN_INPUTS
 from stello_graph.nodes.deps import StelloRuntime
 
@@ -68,9 +68,26 @@ def _latest_query(config: RunnableConfig | None) -> tuple[str, RunnableConfig] |
     return str(wanted), query
 
 
+def _check_turn(input: Mapping[str, Any]) -> None:
+    given = [key for key in ("input", "messages") if input.get(key) is not None]
+    if len(given) == 2:
+        raise InvalidInputError('A turn takes "input" or "messages", not both.')
+    if not given:
+        raise InvalidInputError(
+            'A turn needs "input" (with "session_id") or "messages"; the input has neither.'
+        )
+
+
 def fresh_input(input: Any) -> Any:
-    """A new run's input, with `None` for each run input it leaves out (which clears it)."""
+    """A new run's input, with `None` for each run input it leaves out (which clears it).
+
+    Raises:
+        InvalidInputError: a turn given both `input` and `messages`, or neither (the
+            state's `messages` is the thread's conversation: only the input tells).
+    """
     if isinstance(input, Mapping):
+        if (input.get("op") or "turn") == "turn":
+            _check_turn(input)
         return {**dict.fromkeys(RUN_INPUTS), **input}
     return input  # a `Command`, or `None` (continue the latest checkpoint)
 

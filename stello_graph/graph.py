@@ -6,10 +6,11 @@ The graph runs a turn on one session for `{"session_id": ..., "input": ...}`:
 
 (the first model round opens the turn, the last one commits it: see `stello_graph.nodes.turn`)
 
-or for `{"messages": [...]}` (the newest user message is the input; the session is
-`configurable.session_id`, else the main session), through `enter` first
-(`stello_graph.nodes.entry`). A turn's output carries `content` and `messages` (its
-records, the reply last).
+or for `{"messages": [...]}` (the newest user message is the input; the session is the one
+the run names, in its context (`StelloContext`) or `configurable`, else the thread's: a
+thread's first `messages` run starts a new child of the main session), through `enter`
+first (`stello_graph.nodes.entry`). A turn's output carries `content` and `messages` (the
+thread's conversation for a `messages` turn, the turn's records for the other form).
 
 and the topology operations for `{"op": "fork" | "consolidate" | "integrate", ...}` (see
 `stello_graph.nodes.ops`). It is returned uncompiled: compile it with any checkpointer
@@ -53,7 +54,13 @@ from stello_graph.nodes.ops import (
     make_integrate_node,
     route_start,
 )
-from stello_graph.nodes.state import ConsolidateState, ForkState, TreeState, TurnState
+from stello_graph.nodes.state import (
+    ConsolidateState,
+    ForkState,
+    StelloContext,
+    TreeState,
+    TurnState,
+)
 from stello_graph.nodes.tree import (
     make_finish_tree_node,
     make_integrate_subtree_node,
@@ -69,6 +76,7 @@ from stello_graph.nodes.turn import (
 from stello_graph.storage import MainStorage
 
 __all__ = [
+    "StelloContext",
     "StelloInput",
     "StelloOutput",
     "StelloState",
@@ -91,8 +99,9 @@ class StelloInput(TypedDict, total=False):
     input: str
     """The user message of a turn."""
     messages: list[AnyMessage]
-    """A turn asked as a conversation: its newest user message is the input; the session is
-    `session_id`, else `configurable.session_id`, else the main session."""
+    """A turn asked as a conversation: its messages are added to the thread's, the newest
+    user message is the input; the session is `session_id`, else the context's or
+    `configurable`'s `session_id`, else the thread's (a new one on its first run)."""
     fork: dict[str, Any]
     """Options of a fork: `label` and optionally `context`, `at_turn`, `system_prompt`,
     `prompt`, `tags`, `metadata`, `id`."""
@@ -109,8 +118,9 @@ class StelloOutput(TypedDict, total=False):
     content: str
     """The final reply of a turn."""
     messages: list[AnyMessage]
-    """The records of the turn, the reply last (the user record keeps the id of the input
-    message of a `messages` turn)."""
+    """A `messages` turn: the thread's whole conversation, the turn's records merged in (the
+    user record keeps the id of the input message). A `{"session_id", "input"}` turn: its
+    records, the reply last."""
     pending: list[AnyMessage]
     """The records of the turn, as committed to L3."""
     tool_rounds: int
@@ -131,7 +141,7 @@ class StelloState(TurnState, ForkState, ConsolidateState, TreeState, total=False
     """
 
 
-class StelloStateGraph(StateGraph[StelloState, None, StelloInput, StelloOutput]):
+class StelloStateGraph(StateGraph[StelloState, StelloContext, StelloInput, StelloOutput]):
     """The stello `StateGraph`; compiled, it refuses time travel (`StelloCompiledGraph`:
     replaying from an earlier checkpoint or `update_state` raise `TimeTravelError`)."""
 
@@ -152,7 +162,12 @@ StelloGraph: TypeAlias = StelloStateGraph
 
 def build_graph(deps: StelloRuntime) -> StelloGraph:
     """The stello `StateGraph` over an existing `StelloRuntime`."""
-    graph = StelloStateGraph(StelloState, input_schema=StelloInput, output_schema=StelloOutput)
+    graph = StelloStateGraph(
+        StelloState,
+        context_schema=StelloContext,
+        input_schema=StelloInput,
+        output_schema=StelloOutput,
+    )
     graph.runtime = deps
     graph.add_node("enter", make_enter_node(deps))
     graph.add_node(

@@ -48,7 +48,7 @@ from langchain_core.messages import BaseMessage, RemoveMessage, SystemMessage
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.runtime import Runtime
-from typing_extensions import TypedDict, Unpack
+from typing_extensions import Unpack
 
 from stello_graph._base import TurnContext
 from stello_graph._context import message_text, sanitize_history
@@ -60,6 +60,7 @@ from stello_graph.nodes._lease import aturn_lease, turn_lease
 from stello_graph.nodes.builtin_tools import BuiltinTools, CreateSessionArgs, _description
 from stello_graph.nodes.deps import StelloRuntime, tool_error_message
 from stello_graph.nodes.ops import arun_fork, run_fork
+from stello_graph.nodes.state import StelloContext
 from stello_graph.schedule import BackgroundFailure, StorageFailureLog
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage
@@ -67,14 +68,6 @@ from stello_graph.storage import MainStorage
 __all__ = ["StelloContext", "StelloMiddleware", "StelloMiddlewareState"]
 
 _LABEL = 60  # characters of the first message a thread's session is labelled with
-
-
-class StelloContext(TypedDict, total=False):
-    """What a run may name through LangGraph's `context=`: the tree and the session it
-    continues (the thread's session otherwise)."""
-
-    tree_id: str
-    session_id: str
 
 
 class StelloMiddlewareState(AgentState[Any]):

@@ -33,10 +33,12 @@ it and every minute, and each job runs under a claim stored with the tree, so ac
 workers and restarts every due consolidation runs, and never twice at once
 (`stello_graph.schedule`).
 
-`configurable.tree_id` chooses the tree (one per user: give each user's threads their own);
-its main session is created on first use. `configurable.session_id` is the session of a
-`{"messages": [...]}` run (default: the main session); a `{"session_id", "input"}` run
-names its own.
+`tree_id` chooses the tree (one per user: give each user's threads their own); its main
+session is created on first use. A thread is a conversation: its first `{"messages": [...]}`
+run binds it to the session the run names (`session_id`), else to a new child of the main
+session, and its later runs continue it (`stello_graph.nodes.entry`); a `{"session_id",
+"input"}` run names its own. Both keys are read from the run's context (`StelloContext`,
+LangGraph v1's `context=`) or from `configurable`.
 
 A tree is opened on its first run in the process and kept open for the next ones, up to
 `STELLO_MAX_OPEN_TREES` trees (each open tree holds database connections and a scheduler
@@ -83,7 +85,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 
 from stello_graph._context import message_text
@@ -151,6 +153,9 @@ def _scripted_reply(messages: list[BaseMessage]) -> str | dict[str, Any]:
     last = messages[-1] if messages else None
     if isinstance(last, ToolMessage):
         return f"(scripted) {last.name} returned: {message_text(last.content)}"
+    if last is not None and last.text.strip() == "/prompt":
+        said = [m.text for m in messages[:-1] if isinstance(m, HumanMessage)]
+        return f"(scripted) I was sent: {' | '.join(said) or 'nothing before this'}"
     called = _CALL.match(last.text) if last is not None else None
     if called is None:
         return _echo(messages)
@@ -166,7 +171,9 @@ def scripted_model() -> BaseChatModel:
 
     It answers `(scripted) You said: ...`; a user message `/call NAME {"arg": ...}` makes it
     call the tool `NAME` with those arguments, and a tool's result is answered with
-    `(scripted) NAME returned: ...`. It streams word by word, like a provider.
+    `(scripted) NAME returned: ...`; a user message `/prompt` is answered with the user
+    messages of the prompt before it (`(scripted) I was sent: a | b`), which shows what a
+    session's context holds. It streams word by word, like a provider.
     """
     from stello_graph.testing import ScriptedChatModel
 

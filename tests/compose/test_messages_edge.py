@@ -82,9 +82,13 @@ def test_the_next_run_does_not_inherit_the_input() -> None:
     with pytest.raises(InvalidInputError, match="session_id"):
         graph.invoke({"op": "consolidate"}, THREAD)  # not the child of the run before
     again = graph.invoke({"messages": [HumanMessage("y")]}, THREAD)
-    assert again["session_id"] == main  # the main session, not the previous run's child
+    # the thread's first `messages` run starts its own session, not the previous run's child
+    assert again["session_id"] not in (main, child_id)
+    node = storage.get_node(again["session_id"])
+    assert node is not None and node.parent_id == main
     fork = graph.invoke({"op": "fork", "session_id": main, "fork": {"label": "B"}}, THREAD)
-    assert "content" not in fork and "messages" not in fork
+    assert "content" not in fork
+    assert fork["messages"] == again["messages"]  # the thread's conversation, as it was
 
 
 def test_a_failed_run_leaves_nothing_to_the_next() -> None:
@@ -95,7 +99,7 @@ def test_a_failed_run_leaves_nothing_to_the_next() -> None:
     child = graph.invoke({"op": "fork", "session_id": main, "fork": {"label": "A"}}, THREAD)
     with pytest.raises(ModelCallError):
         graph.invoke({"session_id": child["forked"]["session_id"], "input": "x"}, THREAD)
-    out = graph.invoke({"messages": [HumanMessage("y")]}, THREAD)
+    out = graph.invoke({"messages": [HumanMessage("y")]}, THREAD, context={"session_id": main})
     assert out["session_id"] == main and out["content"] == "fine"
     fork = graph.invoke({"op": "fork", "session_id": main, "fork": {"label": "B"}}, THREAD)
     assert not fork.get("pending") and "content" not in fork

@@ -50,8 +50,10 @@ def test_each_tree_has_its_main_session(env: Path) -> None:
     server.close_trees()
     with SqliteMainStorage(env, tree_id="alice") as storage:
         main = storage.get_main_session()
-        assert main is not None and main.id == a["session_id"]
-        assert storage.count_records(main.id) == 2
+        # the thread's first run started its own session, a child of the tree's main session
+        node = storage.get_node(a["session_id"])
+        assert main is not None and node is not None and node.parent_id == main.id
+        assert storage.count_records(a["session_id"]) == 2
 
 
 def test_the_offline_model_calls_tools_and_waits_on_interrupts(env: Path) -> None:

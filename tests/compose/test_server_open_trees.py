@@ -98,9 +98,11 @@ def test_a_closed_tree_reopens_with_nothing_lost(env: Path) -> None:
     assert "alice" not in open_ids()
     assert turn("alice", "two") == "(scripted) You said: two"
     with SqliteMainStorage(env, tree_id="alice") as storage:
-        assert [m.label for m in storage.list_sessions()] == ["Main Session", "Notes"]
-        assert storage.get_turn_count(first["session_id"]) == 2
-        assert storage.count_records(first["session_id"]) == 4
+        # each thread's first message started its session: "one", then "two"
+        labels = [m.label for m in storage.list_sessions()]
+        assert labels == ["Main Session", "one", "Notes", "two"]
+        assert storage.get_turn_count(first["session_id"]) == 1
+        assert storage.count_records(first["session_id"]) == 2
         assert storage.count_records(child) == 2
 
 

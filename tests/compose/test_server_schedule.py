@@ -35,11 +35,16 @@ def _config(thread: str = "t") -> Any:
 
 
 def _turns(texts: list[str]) -> str:
+    """`texts` as turns of the main session; its id."""
+    main = server.open_tree("alice").storage.get_main_session()
+    assert main is not None
     graph = server.make_graph(_config()).compile(checkpointer=InMemorySaver())
-    out: Any = None
     for text in texts:
-        out = graph.invoke({"messages": [HumanMessage(text)]}, _config())
-    return str(out["session_id"])
+        out = graph.invoke(
+            {"messages": [HumanMessage(text)]}, _config(), context={"session_id": main.id}
+        )
+        assert out["session_id"] == main.id
+    return main.id
 
 
 def test_the_default_schedule(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:

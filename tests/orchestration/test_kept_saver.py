@@ -26,7 +26,7 @@ from stello_graph import StelloAgent
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.checkpoints._kept_saver import KeptTurnSaver
 from stello_graph.errors import ModelCallError
-from stello_graph.nodes._channels import _PACKED, _STALE, RunAggregate, RunMessages, RunValue
+from stello_graph.nodes._channels import _PACKED, _STALE, RunAggregate, RunValue, ThreadMessages
 from stello_graph.testing import ScriptedChatModel
 
 
@@ -227,7 +227,7 @@ def _finished(channel: Any, value: Any) -> Any:
     return channel
 
 
-def test_a_finished_runs_messages_are_packed_and_read_back_equal() -> None:
+def test_a_threads_messages_are_packed_and_read_back_equal() -> None:
     records = [
         HumanMessage("hi", id="u-1"),
         AIMessage(
@@ -237,12 +237,17 @@ def test_a_finished_runs_messages_are_packed_and_read_back_equal() -> None:
             usage_metadata={"input_tokens": 3, "output_tokens": 1, "total_tokens": 4},
         ),
     ]
-    stored = _finished(RunMessages(list), records).checkpoint()
+    stored = ThreadMessages(list).from_checkpoint(records).checkpoint()
     assert set(stored) == {_PACKED}
-    read = RunMessages(list).from_checkpoint(stored)
-    assert read.get() == records and read.stale
+    read = ThreadMessages(list).from_checkpoint(stored)
+    assert read.get() == records
     assert read.checkpoint() == stored
-    assert read.update([]) and not read.is_available()  # the next run clears it
+    # the conversation lasts: a new run that does not write it keeps it, its input adds to it
+    assert not read.update([]) and read.get() == records
+    assert read.update([[HumanMessage("more", id="u-2")]])
+    assert [m.id for m in read.get()] == ["u-1", "a-1", "u-2"]
+    # what an earlier version left, a finished run's messages marked as such, is read too
+    assert ThreadMessages(list).from_checkpoint({_STALE: records}).get() == records
 
 
 def test_messages_that_would_not_come_back_equal_stay_as_they_are() -> None:
@@ -252,11 +257,11 @@ def test_messages_that_would_not_come_back_equal_stay_as_they_are() -> None:
     marked = AIMessage("x", id="a", response_metadata={"stello_turn_id": "t", "stello_turn_seq": 0})
     keys = ToolMessage("x", tool_call_id="t", artifact={1: "a"})
     role = AIMessage("x", response_metadata={"finish": _Reason.STOP})
-    cases = ([Custom(content="hi", id="c")], [marked], [keys], [role], [("user", "hi")], "text")
+    cases = ([Custom(content="hi", id="c")], [marked], [keys], [role], [("user", "hi")])
     for value in cases:
-        stored = _finished(RunMessages(list), value).checkpoint()
-        assert stored == {_STALE: value}
-        assert RunMessages(list).from_checkpoint(stored).get() == value
+        stored = ThreadMessages(list).from_checkpoint(value).checkpoint()
+        assert stored == value
+        assert ThreadMessages(list).from_checkpoint(stored).get() == value
 
 
 def test_a_finished_runs_pending_is_not_checkpointed() -> None:

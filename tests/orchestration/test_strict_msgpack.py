@@ -92,8 +92,8 @@ def test_a_messages_run_of_the_graph_loads_in_strict_mode(monkeypatch: pytest.Mo
     for text in ("one", "two"):
         graph.invoke({"messages": [{"role": "user", "content": text}]}, config)
     history = list(graph.get_state_history(config))
-    for state in history:  # the input as it was sent (dicts), then the turn's messages
-        assert all(isinstance(m, BaseMessage | dict) for m in state.values.get("messages") or [])
-    assert [m.text for m in history[0].values["messages"]] == ["two", "hi"]
+    for state in history:  # the thread's conversation, the input added as messages
+        assert all(isinstance(m, BaseMessage) for m in state.values.get("messages") or [])
+    assert [m.text for m in history[0].values["messages"]] == ["one", "hi", "two", "hi"]
     found = loaded_messages(saver, config)
     assert found and all(plain(value) for value in found)

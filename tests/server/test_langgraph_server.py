@@ -62,6 +62,8 @@ async def test_schemas_are_published(client: LangGraphClient) -> None:
     assert inputs is not None and outputs is not None
     assert {"messages", "session_id", "input", "op"} <= set(inputs["properties"])
     assert {"content", "messages"} <= set(outputs["properties"])
+    context = schemas["context_schema"]
+    assert context is not None and {"tree_id", "session_id"} <= set(context["properties"])
 
 
 async def test_a_turn_asked_as_messages(client: LangGraphClient) -> None:
@@ -91,7 +93,7 @@ async def test_a_runs_input_does_not_carry_over(client: LangGraphClient) -> None
         thread, GRAPH, input={"session_id": child, "input": "Free tier?"}, config=config
     )
     assert isinstance(turn, dict) and turn["session_id"] == child
-    # no session_id this time: the main session, not the child the previous run named
+    # no session_id this time: the thread's session, not the child the previous run named
     again = await client.runs.wait(thread, GRAPH, input=ask("Back"), config=config)
     assert isinstance(again, dict)
     assert again["session_id"] == main and again["turn_count"] == 2
@@ -117,6 +119,54 @@ async def test_configurable_session_id_picks_the_session(client: LangGraphClient
     assert isinstance(out, dict) and out["session_id"] == child and out["turn_count"] == 1
 
 
+def said(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(m["type"], m["content"]) for m in messages]
+
+
+async def test_a_thread_is_a_conversation(client: LangGraphClient) -> None:
+    config = tree("threads")
+    first = await new_thread(client)
+    for text in ("apple", "banana"):
+        await client.runs.wait(first, GRAPH, input=ask(text), config=config)
+    both = [
+        ("human", "apple"), ("ai", "(scripted) You said: apple"),
+        ("human", "banana"), ("ai", "(scripted) You said: banana"),
+    ]  # fmt: skip
+    state = await client.threads.get_state(first)
+    assert said(state["values"]["messages"]) == both  # type: ignore[call-overload]
+    # a second thread's first prompt holds none of the first thread's conversation
+    second = await new_thread(client)
+    out = await client.runs.wait(second, GRAPH, input=ask("/prompt"), config=config)
+    assert isinstance(out, dict)
+    assert out["content"] == "(scripted) I was sent: nothing before this"
+    assert out["session_id"] != state["values"]["session_id"]  # type: ignore[call-overload]
+    # reopening the first thread shows its whole conversation, and it goes on from there
+    again = await client.threads.get_state(first)
+    assert said(again["values"]["messages"]) == both  # type: ignore[call-overload]
+    [latest, *_] = await client.threads.get_history(first)
+    assert said(latest["values"]["messages"]) == both  # type: ignore[call-overload]
+    back = await client.runs.wait(first, GRAPH, input=ask("/prompt"), config=config)
+    assert isinstance(back, dict)
+    assert back["content"] == "(scripted) I was sent: apple | banana"
+
+
+async def test_the_run_context_names_the_session(client: LangGraphClient) -> None:
+    thread = await new_thread(client)
+    first = await client.runs.wait(thread, GRAPH, input=ask("Hi"), config=tree("context"))
+    assert isinstance(first, dict)
+    fork = {"op": "fork", "session_id": first["session_id"], "fork": {"label": "Side"}}
+    forked = await client.runs.wait(thread, GRAPH, input=fork, config=tree("context"))
+    assert isinstance(forked, dict)
+    child = forked["forked"]["session_id"]
+    other = await new_thread(client)
+    context = {"tree_id": "context", "session_id": child}
+    out = await client.runs.wait(other, GRAPH, input=ask("On the side"), context=context)
+    assert isinstance(out, dict) and out["session_id"] == child and out["turn_count"] == 1
+    # the thread is bound to it: a run naming no session continues it
+    more = await client.runs.wait(other, GRAPH, input=ask("More"), context={"tree_id": "context"})
+    assert isinstance(more, dict) and more["session_id"] == child and more["turn_count"] == 2
+
+
 async def test_stream_modes(client: LangGraphClient) -> None:
     thread = await new_thread(client)
     parts = await stream(
@@ -134,7 +184,7 @@ async def test_stream_modes(client: LangGraphClient) -> None:
     text = "".join(message["content"] for message, _ in tokens)
     assert text == "(scripted) You said: stream these words"
     custom = [data["event"] for event, data in parts if event == "custom"]
-    assert custom[0] == "turn_started" and "turn_committed" in custom
+    assert custom[:2] == ["session_forked", "turn_started"] and "turn_committed" in custom
     updated = {node for event, data in parts if event == "updates" for node in data}
     assert {"enter", "model"} <= updated  # the first model round opens the turn, the last commits
     last_values = [data for event, data in parts if event == "values"][-1]
