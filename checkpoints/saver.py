@@ -31,6 +31,8 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from stello_graph._ids import session_of_thread
+from stello_graph.checkpoints._schema import SESSIONS
 from stello_graph.checkpoints._threaded_saver import (
     HELD_CHECKPOINTS,
     AsyncInThreads,
@@ -51,6 +53,11 @@ _PUT = (
 _WRITES = (
     "INSERT OR {} INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, "
     "idx, channel, type, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+_SESSION = (
+    f"SELECT EXISTS (SELECT 1 FROM {SESSIONS} WHERE tree_id = ?1 AND id = ?2),"
+    f" EXISTS (SELECT 1 FROM {SESSIONS} WHERE tree_id = ?1)"
 )
 
 Rows = list[tuple[Any, ...]]
@@ -77,6 +84,10 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
       that a crash before the run gets past its first model step keeps nothing of the run
       (see BENCHMARKS.md, "What a crash keeps"). Off by default; `StelloAgent` turns it on
       for the saver it makes itself when it prunes and its durability is not `"sync"`.
+    * It writes nothing of a stello session's turn thread whose session the file's storage
+      no longer has: a turn that runs on while its session is removed (by another process)
+      stores none of its text. The check and the write are one `BEGIN IMMEDIATE`
+      transaction, and the removal deletes the session's threads in its own.
     """
 
     def __init__(
@@ -107,6 +118,8 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         with self.lock, _sqlite_errors(self.conn):
             self.setup()
             cur = self.conn.cursor()
+            if transaction and not self.conn.in_transaction:
+                cur.execute("BEGIN IMMEDIATE")  # what it reads of the storage stays so
             try:
                 if transaction and self._deleted:
                     self._purge(cur)
@@ -123,15 +136,20 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         self._deleted.clear()
 
     def _write(self, threads: Sequence[str], ops: Sequence[Op] = ()) -> None:
-        """Write what is held of `threads`, then `ops`, in one transaction."""
+        """Write what is held of `threads`, then `ops` (of `threads`' one thread, when
+        given), in one transaction; nothing of a stello turn thread whose session is gone
+        (removed, in the same file, by a transaction before this one)."""
         with self.cursor() as cur:
+            gone = {thread for thread in threads if _session_gone(cur, thread)}
             for thread in threads:
                 held = self._held.pop(thread, None)
+                if thread in gone:
+                    continue
                 for op in held.ops if held is not None else ():
                     cur.executemany(*op())
                 if held is not None:
                     self._saw(thread, held.checkpoints[-1])
-            for op in ops:
+            for op in ops if not gone else ():
                 cur.executemany(*op())
 
     def _saw(self, thread: str, checkpoint_id: str) -> None:
@@ -316,6 +334,21 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
             self._deleted.clear()
             with _sqlite_errors(self.conn):
                 self.conn.close()
+
+
+def _session_gone(cur: sqlite3.Cursor, thread: str) -> bool:
+    """Whether `thread` is a stello session's turn thread, of a tree stored on this file
+    which has no such session (any other thread, or a tree stored elsewhere, is written)."""
+    session = session_of_thread(thread)
+    if session is None:
+        return False
+    try:
+        found, tree = cur.execute(_SESSION, session).fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):  # no storage on this file
+            return False
+        raise
+    return bool(tree and not found)
 
 
 @contextmanager

@@ -18,10 +18,19 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import stello_graph.checkpoints._schema as _schema
+from stello_graph._ids import legacy_thread_id, thread_id
 from stello_graph.checkpoints._cache import RecordCache
 from stello_graph.checkpoints._flows import one
 from stello_graph.checkpoints._rows import built, stored_meta, stored_node
-from stello_graph.checkpoints._schema import EVENTS, GLOBALS, NODES, RECORDS, ROWS, SESSIONS
+from stello_graph.checkpoints._schema import (
+    EVENTS,
+    GLOBALS,
+    LANGGRAPH_TABLES,
+    NODES,
+    RECORDS,
+    ROWS,
+    SESSIONS,
+)
 from stello_graph.checkpoints._serde import (
     REMOVED_PAYLOAD,
     EncodedMessage,
@@ -71,6 +80,7 @@ __all__ = ["SqliteMainStorage"]
 
 _META = "id, label, role, status, tags, metadata, created_at, updated_at"
 _META_COUNT = 8
+_CHECKPOINT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)"
 
 
 class SqliteMainStorage(SqliteTreeReads, BackendStorage):
@@ -460,8 +470,24 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
                     AND session_id IN ({", ".join("?" * len(chunk))})""",
                 (REMOVED_PAYLOAD, self.tree_id, *chunk),
             )
+        self._delete_threads(session_ids)
         for session_id in session_ids:
             self._cache.discard(session_id)
+
+    def _delete_threads(self, session_ids: list[str]) -> None:
+        # The sessions' turn threads in LangGraph's tables on this file (`open_sqlite`'s
+        # saver), in this transaction: a kill after it leaves none of them, and the saver
+        # writes nothing of a thread whose session is gone (`StelloSqliteSaver`).
+        found = {row[0] for row in self._q(_CHECKPOINT_TABLES, tuple(LANGGRAPH_TABLES))}
+        threads = [
+            (thread,)
+            for session_id in session_ids
+            for thread in (
+                thread_id(self.tree_id, session_id), legacy_thread_id(self.tree_id, session_id)
+            )
+        ]  # fmt: skip
+        for table in sorted(found):
+            self._qmany(f"DELETE FROM {table} WHERE thread_id = ?", threads)
 
     # -- globals --------------------------------------------------------------------------
     def op_get_global(self, key: str) -> str | None:

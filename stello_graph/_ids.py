@@ -14,9 +14,9 @@ Example:
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
-__all__ = ["compose", "legacy_thread_id", "store_label", "thread_id"]
+__all__ = ["compose", "legacy_thread_id", "session_of_thread", "store_label", "thread_id"]
 
 
 def compose(*parts: str) -> str:
@@ -27,6 +27,14 @@ def compose(*parts: str) -> str:
 def thread_id(tree_id: str, session_id: str) -> str:
     """The LangGraph checkpoint thread of the turns on one session of one tree."""
     return compose("stello", tree_id, session_id)
+
+
+def session_of_thread(thread: str) -> tuple[str, str] | None:
+    """The tree id and session id of a `thread_id`; `None` for any other thread."""
+    parts = thread.split("/")
+    if len(parts) != 3 or parts[0] != "stello":
+        return None
+    return unquote(parts[1]), unquote(parts[2])
 
 
 def legacy_thread_id(tree_id: str, session_id: str) -> str:

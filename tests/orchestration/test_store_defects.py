@@ -1,9 +1,10 @@
 """Defects of the two-store persistence (the storage and LangGraph's checkpoints on separate
-connections), held as strict expected failures until the one-store rebuild fixes them; each
-turns into a failure the moment it passes, so the mark goes with the fix.
+connections). One still open is held as a strict expected failure until the one-store
+rebuild fixes it; it turns into a failure the moment it passes, so the mark goes with the fix.
 
-1. A session removed while one of its turns runs leaves that turn's checkpoint rows (the
-   user's text included): the removal's transaction cannot reach the saver's.
+1. (Fixed on SQLite.) A session removed while one of its turns runs left that turn's
+   checkpoint rows (the user's text included): the removal now deletes the sessions' threads
+   in its transaction, and the saver writes nothing of a thread whose session is gone.
 2. A turn can raise after it committed: a checkpoint write after the commit fails, the turn
    is stored and its insight consumed, and a caller that retries stores it twice.
 """
@@ -53,7 +54,6 @@ def _thread_rows(db: Path, sid: str) -> int:
     return int(found)
 
 
-@pytest.mark.xfail(strict=True, reason=REBUILD)
 def test_a_session_removed_during_its_turn_leaves_no_checkpoint_row(
     on_file: AgentsOnFile, tmp_path: Path
 ) -> None:
