@@ -96,10 +96,15 @@ def _named_session(state: TurnState, config: RunnableConfig) -> str | None:
     return None if found is None else check_id(found)
 
 
+def under_parent(config: RunnableConfig) -> bool:
+    """Whether the run is a subgraph's: its `checkpoint_ns` has two parts or more."""
+    return _NS_SEP in str((config.get("configurable") or {}).get("checkpoint_ns", ""))
+
+
 def _on_a_thread(config: RunnableConfig) -> bool:
     """Whether the run is a thread's own: a `thread_id`, and not a subgraph's run."""
     conf = config.get("configurable") or {}
-    return conf.get("thread_id") is not None and _NS_SEP not in str(conf.get("checkpoint_ns", ""))
+    return conf.get("thread_id") is not None and not under_parent(config)
 
 
 def thread_label(message: HumanMessage) -> str:

@@ -51,7 +51,7 @@ from stello_graph.nodes._lease import TurnLease, apark, aturn_lease, park, turn_
 from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_cancel
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
-from stello_graph.nodes.entry import turn_output
+from stello_graph.nodes.entry import turn_output, under_parent
 from stello_graph.nodes.scheduling import TREE_TURNS_KEY
 from stello_graph.nodes.state import TurnState
 
@@ -407,8 +407,7 @@ def _tool_results(out: Any, config: RunnableConfig) -> list[BaseMessage]:
     `Command`) a list of such dicts and Commands. A handoff to the parent graph
     (`langgraph-swarm`'s) goes there as it is when there is one, the turn left unstored: the
     lease is released on the way out (`turn_lease`)."""
-    # a subgraph's node runs under a namespace of two parts or more, "|"-separated
-    nested = "|" in str(config.get("configurable", {}).get("checkpoint_ns", ""))
+    nested = under_parent(config)
     for item in out if isinstance(out, list) else []:
         if isinstance(item, Command) and item.graph == Command.PARENT and nested:
             raise ParentCommand(item)
