@@ -48,7 +48,7 @@ from stello_graph import (
     ToolRoundLimitError,
 )
 from stello_graph.checkpoints import SqliteMainStorage, StelloSqliteSaver
-from stello_graph.errors import StorageError
+from stello_graph.errors import StorageError, StorageUnavailableError
 from stello_graph.testing import ScriptedChatModel
 from tests._postgres import POSTGRES
 from tests.reliability import _scenario as sc
@@ -470,6 +470,11 @@ def _database_cause(error: BaseException) -> BaseException | None:
     return seen
 
 
+def _turn_after(agent: StelloAgent, sid: str, n: int) -> None:
+    text = f"after-{n}-{sid}"
+    assert agent.turn(sid, text).content.startswith(f"re:{text}")
+
+
 def test_database_failures_reach_the_caller_typed(
     database: Path | str, seed: int, figures: Figures
 ) -> None:
@@ -521,12 +526,28 @@ def test_database_failures_reach_the_caller_typed(
             else:
                 attempt("integrations", agent.integrate)
             faults.mend()
-        # mended, everything works again: a connection lost is reported once (by the storage
-        # and by the checkpointer's pool, each the first time it is used), then replaced
-        attempt("reads after the faults", lambda: agent.storage.get_tree())
-        for sid in sessions:
-            attempt("first turns after the faults", partial(agent.turn, sid, f"first-{sid}"))
-            assert agent.turn(sid, f"after-{sid}").content.startswith(f"re:after-{sid}")
+        # mended, everything works again: a connection the server ended is reported once, by
+        # whichever holds it (the storage's own connection, the checkpointer's pool: a failure
+        # there checks the pool's other connections), then replaced. Which call meets it
+        # depends on which connection the pool hands out first, so count them. Each attempt
+        # sends new text: a checkpoint write that fails after the commit raises with the turn
+        # stored (a known limit, RELIABILITY.md), so a retry of the same text could store it twice.
+        lost_after = 0
+        ops: list[tuple[str, Any]] = [("reads", lambda n: agent.storage.get_tree())]
+        ops += [(sid, partial(_turn_after, agent, sid)) for sid in sessions]
+        for name, op in ops:
+            for n in range(3):
+                try:
+                    op(n)
+                    break
+                except StorageUnavailableError as exc:
+                    if _database_cause(exc) is None:
+                        problems.append(f"{name}: {exc} without the database's error")
+                    lost_after += 1
+            else:
+                problems.append(f"{name}: nothing succeeded after the faults were mended")
+        figures.set("lost connections reported after the faults", lost_after)
+        assert lost_after <= 2, f"{lost_after} lost connections reported after the faults"
         faults.inject(faults.kinds()[-1])
         attempt("close", agent.close)
     finally:
