@@ -5,8 +5,8 @@ With the default `"async"` durability LangGraph checkpoints a stello turn withou
 twice (the run's input, after the model step that commits it: the turn graph has no START
 step) and writes the step's results once more as pending writes. A saver the agent prunes drops
 all of that once the turn is committed; a saver of the user's keeps it, though nothing can
-use it afterwards: a turn's history is its session's L3, and replaying a stello thread from
-an earlier checkpoint is refused (`TimeTravelError`).
+use it afterwards: a turn's history is its session's L3 (a run from an earlier checkpoint of
+a stello thread goes on from a fork of the session, `stello_graph.nodes.entry`).
 
 So the agent runs its turns on such a saver through this one. It holds a run's first steps
 in memory, as the agent's own savers do (`HeldRuns`): its checkpoints and writes up to

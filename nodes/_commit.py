@@ -152,7 +152,7 @@ def _done(
     update: State = {
         "content": message_text(final.content) if final is not None else "",
         "turn_count": turns,
-        **turn_output({**state, "pending": list(records)}),
+        **turn_output({**state, "pending": list(records)}, (session.id, turns)),
     }
     if state.get("lease") is not None:
         update["lease"] = None

@@ -13,9 +13,20 @@ thread to a session (`thread_session`), a new child of the main session labelled
 first message unless the run names one, and every later `messages` run continues it, so a
 new thread never sees another thread's conversation and the threads of a tree are its
 branches. A run naming a session binds the thread to it. Without a thread (no
-`thread_id`, or a subgraph of a parent's run) the session is the tree's main session. A turn
-given `input` without a `session_id` runs on the named session, else the thread's, else the
-main session (it binds nothing).
+`thread_id`, or a subgraph of a parent's run) the session is the one the conversation shows
+(its newest reply's `MARK`), else the tree's main session. A turn given `input` without a
+`session_id` runs on the named session, else the thread's, else the main session (it binds
+nothing).
+
+Time travel branches, never duplicates: every reply of a turn's `messages` output is marked
+with its session and that session's turn count after it (`MARK`, in `response_metadata`;
+never in L3). A turn whose conversation stands at an earlier turn of its session than the
+session does (a thread run from an earlier checkpoint or after an edit of its `messages`, a
+parent graph replaying its history, a client sending the conversation again from an earlier
+point) goes on from a fork of the session at that turn (`at_turn`, lineage kept), and the
+thread (or the parent's conversation, through the marks) continues the fork. A run naming
+its session forks only when it replays an earlier checkpoint (`TRAVEL_KEY`, set by
+`StelloCompiledGraph`): two threads may share a session on purpose.
 
 The node `enter` resolves both before `assemble` (only for these forms: a turn given
 `session_id` and `input` starts at `assemble`). The thread's `messages` is its
@@ -30,7 +41,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langchain_core.messages import HumanMessage, RemoveMessage, convert_to_messages
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    convert_to_messages,
+)
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.message import add_messages
 from langgraph.runtime import get_runtime
@@ -38,7 +55,7 @@ from langgraph.types import Overwrite
 
 from stello_graph._context import message_text
 from stello_graph._fork import ForkRequest, afork_session, fork_session
-from stello_graph._validate import check_id
+from stello_graph._validate import MAX_LABEL_CHARS, check_id, check_label
 from stello_graph.errors import InvalidInputError, MainSessionNotFoundError
 from stello_graph.events import emit
 from stello_graph.models import SessionMeta
@@ -46,10 +63,22 @@ from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.state import TurnState
 
-__all__ = ["SESSION_KEY", "make_enter_node", "needs_entry", "thread_label", "turn_output"]
+__all__ = [
+    "SESSION_KEY",
+    "TRAVEL_KEY",
+    "make_enter_node",
+    "needs_entry",
+    "thread_label",
+    "turn_output",
+]
 
 SESSION_KEY = "session_id"
 """The key of `configurable` and of the run's context naming the session of a turn."""
+TRAVEL_KEY = "stello_time_travel"
+"""The `configurable` key the compiled graph sets on a run from an earlier checkpoint."""
+MARK = "stello_session"
+"""The key of a reply's `response_metadata`, in a turn's `messages` output only (never in
+L3), naming the session and its turn count after the turn: where the conversation stands."""
 LABEL_CHARS = 48
 """How much of a thread's first message labels the session it starts."""
 _NS_SEP = "|"  # between the namespaces of a subgraph's checkpoint_ns (LangGraph's NS_SEP)
@@ -101,6 +130,25 @@ def under_parent(config: RunnableConfig) -> bool:
     return _NS_SEP in str((config.get("configurable") or {}).get("checkpoint_ns", ""))
 
 
+def _mark(messages: object) -> tuple[str, int] | None:
+    """The session and turn count of the newest stello reply of a conversation (`MARK`)."""
+    if not isinstance(messages, Sequence):
+        return None
+    for message in reversed(messages):
+        found = getattr(message, "response_metadata", None)
+        mark = found.get(MARK) if isinstance(found, dict) else None
+        if isinstance(mark, dict) and isinstance(mark.get("id"), str):
+            turns = mark.get("turns")
+            return mark["id"], turns if isinstance(turns, int) else 0
+    return None
+
+
+def marked(message: BaseMessage, session_id: str, turns: int) -> BaseMessage:
+    """A copy of a turn's reply marked with where its conversation stands (`MARK`)."""
+    meta = {**message.response_metadata, MARK: {"id": session_id, "turns": turns}}
+    return message.model_copy(update={"response_metadata": meta})
+
+
 def _on_a_thread(config: RunnableConfig) -> bool:
     """Whether the run is a thread's own: a `thread_id`, and not a subgraph's run."""
     conf = config.get("configurable") or {}
@@ -146,19 +194,39 @@ def _input_message(state: TurnState) -> HumanMessage | None:
 
 class _Entry:
     """What `enter` decided before the session is found: the input message and the
-    session, if the run names it or its thread has one; `new` when a new session is due."""
+    session, if the run names it, its thread has one or its conversation shows one; `new`
+    when a new session is due; `rewind`: the turn count of that session the conversation
+    stands at, when the turn may have to go on from there (see `make_enter_node`)."""
 
     def __init__(self, state: TurnState, config: RunnableConfig) -> None:
         self.message = _input_message(state)
         self.thread = self.message is not None and _on_a_thread(config)
-        self.sid = _named_session(state, config)
-        if self.sid is None:
-            self.sid = state.get("thread_session") or None
+        named = _named_session(state, config)
+        self.sid = named or state.get("thread_session") or None
+        mark = _mark(state.get("messages"))
+        self.shown = self.sid is None and not self.thread and mark is not None
+        if self.shown:  # a parent's conversation continues the session it shows
+            self.sid = mark[0] if mark is not None else None
+        travel = (config.get("configurable") or {}).get(TRAVEL_KEY) is True
+        self.rewind: int | None = None
+        if mark is not None and mark[0] == self.sid and (named is None or travel):
+            self.rewind = mark[1]
         self.new = self.sid is None and self.thread
 
     def request(self, main_id: str) -> ForkRequest:
         assert self.message is not None
         return ForkRequest.build(main_id, thread_label(self.message))
+
+    def branch(self, source: SessionMeta, turns: int) -> ForkRequest | None:
+        """The fork the turn goes on from, when its conversation stands at an earlier turn
+        of its session than the session's `turns`; `None` when it stands at the last."""
+        if self.rewind is None or turns <= self.rewind or self.rewind < 1:
+            return None
+        suffix = f" (from turn {self.rewind})"
+        label = check_label(source.label[: MAX_LABEL_CHARS - len(suffix)] + suffix)
+        return ForkRequest.build(
+            source.id, label, context="inherit", inherit_system_prompt=True, at_turn=self.rewind
+        )
 
     def done(self, deps: StelloRuntime, state: TurnState, main_id: str | None) -> TurnState:
         sid = self.sid
@@ -169,49 +237,76 @@ class _Entry:
         return _entered(state, sid, self.message, self.thread)
 
 
-def _started(deps: StelloRuntime, req: ForkRequest, meta: SessionMeta) -> str:
+def _started(deps: StelloRuntime, req: ForkRequest, meta: SessionMeta, by: str) -> str:
+    at: dict[str, Any] = {} if req.at_turn is None else {"at_turn": req.at_turn}
     emit(deps.bus, "session_forked", meta.id, parent_id=req.source_id, label=meta.label,
-         by="thread")  # fmt: skip
+         by=by, **at)  # fmt: skip
     return meta.id
 
 
 def make_enter_node(deps: StelloRuntime) -> StelloNode:
-    """Node `enter`: a turn's input and session from `messages`, the context, the config
-    and the thread (a new session for a thread's first `messages` run)."""
+    """Node `enter`: a turn's input and session from `messages`, the context, the config,
+    the thread and the conversation (a new session for a thread's first `messages` run).
+
+    Time travel branches: when the conversation the turn continues stands at an earlier
+    turn of its session than the session does (a run from an earlier checkpoint, a parent
+    graph replaying or editing its state, a conversation sent again from an earlier point),
+    the turn goes on from a fork of the session at that turn (`at_turn`), and the thread
+    continues the fork. A run that names its session forks only when it is a replay of an
+    earlier checkpoint (`TRAVEL_KEY`): two threads may share a session on purpose."""
 
     def enter(state: TurnState, config: RunnableConfig) -> TurnState:
         entry = _Entry(state, config)
         main = None
+        if entry.sid is not None and entry.rewind is not None:
+            source = deps.storage.get_session(entry.sid)
+            if source is None:  # gone: the main session, if the conversation showed it
+                entry.sid = None if entry.shown else entry.sid
+            elif (req := entry.branch(source, deps.storage.get_turn_count(source.id))) is not None:
+                entry.sid = _started(deps, req, fork_session(deps.storage, req), "time_travel")
         if entry.sid is None:
             found = deps.storage.get_main_session()
             main = None if found is None else found.id
             if entry.new and main is not None:
                 req = entry.request(main)
-                entry.sid = _started(deps, req, fork_session(deps.storage, req))
+                entry.sid = _started(deps, req, fork_session(deps.storage, req), "thread")
         return entry.done(deps, state, main)
 
     async def aenter(state: TurnState, config: RunnableConfig) -> TurnState:
         entry = _Entry(state, config)
         main = None
+        if entry.sid is not None and entry.rewind is not None:
+            source = await deps.storage.aget_session(entry.sid)
+            if source is None:
+                entry.sid = None if entry.shown else entry.sid
+            else:
+                turns = await deps.storage.aget_turn_count(source.id)
+                if (req := entry.branch(source, turns)) is not None:
+                    forked = await afork_session(deps.storage, req)
+                    entry.sid = _started(deps, req, forked, "time_travel")
         if entry.sid is None:
             found = await deps.storage.aget_main_session()
             main = None if found is None else found.id
             if entry.new and main is not None:
                 req = entry.request(main)
-                entry.sid = _started(deps, req, await afork_session(deps.storage, req))
+                entry.sid = _started(deps, req, await afork_session(deps.storage, req), "thread")
         return entry.done(deps, state, main)
 
     return StelloNode("enter", enter, aenter)
 
 
-def turn_output(state: TurnState) -> TurnState:
+def turn_output(state: TurnState, mark: tuple[str, int] | None = None) -> TurnState:
     """The `messages` output of a committed turn: for a `messages` turn, the thread's
     conversation with the turn's records merged in (the user record keeping the input
-    message's id); for a `{"session_id", "input"}` turn, its records, the reply last.
+    message's id); for a `{"session_id", "input"}` turn, its records, the reply last. With
+    `mark` (the session and its turn count after the turn), the reply is marked with where
+    the conversation stands (`MARK`).
 
     Either way the user message it answered is marked answered (`asking` and `answered`
     both its id): a `messages` turn is one whose `asking`, set by `enter`, is not."""
     records = [m for m in state.get("pending", []) if not isinstance(m, RemoveMessage)]
+    if mark is not None and records and isinstance(records[-1], AIMessage):
+        records[-1] = marked(records[-1], *mark)
     asking = state.get("asking")
     asked = bool(asking) and asking != state.get("answered")
     user = records[0] if records and isinstance(records[0], HumanMessage) else None

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from langchain_core.runnables import RunnableConfig
+
 from stello_graph._fork import ForkRequest, afork_session, fork_session
 from stello_graph._validate import check_id
 from stello_graph.errors import InvalidInputError, MainSessionNotFoundError
@@ -23,7 +25,7 @@ from stello_graph.main_session import MainSession
 from stello_graph.models import IntegrationResult, SessionMeta
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloRuntime
-from stello_graph.nodes.entry import needs_entry
+from stello_graph.nodes.entry import TRAVEL_KEY, needs_entry
 from stello_graph.nodes.forking import afork_request, fork_request
 from stello_graph.nodes.scheduling import (
     aconsolidate_now,
@@ -60,17 +62,19 @@ OPS = ("turn", "fork", "consolidate", "integrate")
 
 
 def route_start(
-    state: StelloRouted,
+    state: StelloRouted, config: RunnableConfig
 ) -> Literal["enter", "model", "fork", "consolidate", "integrate", "plan_tree"]:
     """Router at START: a turn unless the input names another operation in `op`.
 
     A turn given as `messages`, or without a `session_id`, first goes through `enter`
-    (`stello_graph.nodes.entry`). `{"op": "integrate", "mode": "tree"}` integrates level by
-    level (`stello_graph.nodes.tree`).
+    (`stello_graph.nodes.entry`), as does every turn of a run from an earlier checkpoint
+    (`TRAVEL_KEY`: it may go on from a fork). `{"op": "integrate", "mode": "tree"}`
+    integrates level by level (`stello_graph.nodes.tree`).
     """
     op = state.get("op") or "turn"
     if op == "turn":  # a turn given both "input" and "messages" is refused by `fresh_input`
-        return "enter" if needs_entry(state) else "model"
+        travel = (config.get("configurable") or {}).get(TRAVEL_KEY) is True
+        return "enter" if travel or needs_entry(state) else "model"
     if op == "integrate":
         mode = state.get("mode") or "flat"
         if mode not in ("flat", "tree"):

@@ -170,18 +170,32 @@ def _shown(state: State, opens: bool) -> dict[str, Any]:
 
 
 def _turn_of(state: State, opens: bool, config: RunnableConfig) -> str | None:
-    return _human_id(config) if opens else _turn_id(_records(state))
+    """The turn's id: the caller's (`turn_id`, the id of `as_tool`'s tool call: the same
+    when a parent graph replays the call), else derived from the step (`_human_id`)."""
+    if not opens:
+        return _turn_id(_records(state))
+    return state.get("turn_id") or _human_id(config)
 
 
-def _rerun(config: RunnableConfig, opens: bool) -> bool:
+def _rerun(state: State, config: RunnableConfig, opens: bool) -> bool:
     """Whether the step may be running again after it committed. The round that opens the
     turn in a run started by an input is new (its turn id is derived from the run's new
-    checkpoint: L3 cannot hold it yet); in a run that continues from a checkpoint (after a
-    crash, an interrupt, a replay) LangGraph flags its first step as resuming. A later round
-    always may: its turn id is the turn's, whichever run it is in."""
-    if not opens:
+    checkpoint: L3 cannot hold it yet) unless the caller named the turn (`turn_id`); in a
+    run that continues from a checkpoint (after a crash, an interrupt, a replay) LangGraph
+    flags its first step as resuming. A later round always may: its turn id is the turn's,
+    whichever run it is in."""
+    if not opens or state.get("turn_id"):
         return True
     return bool((config.get("configurable") or {}).get(CONFIG_KEY_RESUMING, False))
+
+
+def _answered(state: State, opens: bool, stored: list[BaseMessage]) -> bool:
+    """Whether the turn found in L3 under the turn's id is this one: a turn the caller named
+    is, when it was asked the same input (a caller reusing an id for a new question asks
+    a new turn)."""
+    if not (opens and state.get("turn_id")):
+        return True
+    return bool(stored) and stored[0].content == state.get("input")
 
 
 def _stored_turn(session: SessionBase, turn_id: str) -> list[BaseMessage]:
@@ -267,9 +281,16 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             snap = (held.prefetched() or deps.storage.read_session(sid)) if opens else None
             session = deps.turn_session(sid, snap) if opens else deps.session(sid)
             turn = _turn_of(state, opens, config)
-            if turn is not None and _rerun(config, opens) and deps.storage.has_turn(sid, turn):
-                counts = _commit(deps, session, held, None)
-                return _done(deps, session, state, _stored_turn(session, turn), counts, True)
+            if (
+                turn is not None
+                and _rerun(state, config, opens)
+                and deps.storage.has_turn(sid, turn)
+            ):
+                stored = _stored_turn(session, turn)
+                if _answered(state, opens, stored):
+                    counts = _commit(deps, session, held, None)
+                    return _done(deps, session, state, stored, counts, True)
+                turn = _human_id(config)
             ctx = session.turn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
             view, opened, records = _round(deps, state, opens, turn, ctx)
             cancel = run_cancel(config)
@@ -291,12 +312,14 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             turn = _turn_of(state, opens, config)
             if (
                 turn is not None
-                and _rerun(config, opens)
+                and _rerun(state, config, opens)
                 and await deps.storage.ahas_turn(sid, turn)
             ):
-                counts = await _acommit(deps, session, held, None)
                 done = await _astored_turn(session, turn)
-                return await _adone(deps, session, state, done, counts, True)
+                if _answered(state, opens, done):
+                    counts = await _acommit(deps, session, held, None)
+                    return await _adone(deps, session, state, done, counts, True)
+                turn = _human_id(config)
             ctx = await session.aturn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
             view, opened, records = _round(deps, state, opens, turn, ctx)
             prompt, choice = ctx.prompt(records), _tool_choice(view)
@@ -313,8 +336,10 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
 
 
 def route_after_model(state: State) -> Literal["tools", "__end__"]:
-    """Router after `model`: run the tools the reply asked for, or end (the turn committed)."""
-    return "tools" if _asks_for_tools(state["pending"][-1]) else "__end__"
+    """Router after `model`: run the tools the reply asked for, or end (the turn committed,
+    or `update_state` of a thread between turns, as `model`: nothing pending)."""
+    pending = state.get("pending") or []
+    return "tools" if pending and _asks_for_tools(pending[-1]) else "__end__"
 
 
 # -- tools ----------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ is checkpointed in the caller's thread, an `interrupt()` inside it (a tool of th
 waiting for a human) interrupts the caller's run, and the caller's
 `Command(resume=...)` resumes the turn where it waited. The inner model's tokens and
 stello's events stream through the caller's run (`stream_mode=["messages", "custom"]`
-with `subgraphs=True`).
+with `subgraphs=True`). The turn is named by the caller's thread and the id of the tool call
+it answers (`turn_id`): a caller that replays its history from before the call (time
+travel) gets the answer L3 already holds for it, not a second copy of the turn.
 
 Called on its own (`tool.invoke(...)` outside a graph), the tool runs an ordinary
 `StelloAgent.turn`; a turn that then waits on an interrupt raises `InvalidInputError` naming
@@ -16,6 +18,7 @@ Called on its own (`tool.invoke(...)` outside a graph), the tool runs an ordinar
 from __future__ import annotations
 
 import re
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
@@ -37,6 +40,39 @@ def tool_name(label: str) -> str:
     """`ask_<label>` as a tool name providers accept (letters, digits, `_`, at most 64)."""
     slug = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")[:50]
     return f"ask_{slug}" if slug else "ask_session"
+
+
+CALL_KEY = "stello_tool_call_id"
+"""The key of the tool's run metadata holding the id of the tool call it answers."""
+
+
+class _SessionTool(StructuredTool):
+    """A `StructuredTool` that hands its function the id of the tool call it answers (in
+    the run's metadata, `CALL_KEY`), when it is called with one (a tool node's call)."""
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return super().invoke(input, _with_call(input, config), **kwargs)
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return await super().ainvoke(input, _with_call(input, config), **kwargs)
+
+
+def _with_call(input: Any, config: RunnableConfig | None) -> RunnableConfig | None:
+    if not (isinstance(input, dict) and input.get("type") == "tool_call" and input.get("id")):
+        return config
+    metadata = {**((config or {}).get("metadata") or {}), CALL_KEY: str(input["id"])}
+    return {**(config or {}), "metadata": metadata}
+
+
+def _question(sid: str, question: str, config: RunnableConfig) -> dict[str, Any]:
+    """The turn's input, named (`turn_id`) by the caller's thread and the tool call's id:
+    a replay of the call on that thread asks the same turn again."""
+    call = (config.get("metadata") or {}).get(CALL_KEY)
+    if not call:
+        return {"session_id": sid, "input": question}
+    thread = (config.get("configurable") or {}).get("thread_id")
+    turn = uuid.uuid5(uuid.NAMESPACE_URL, f"stello-call/{thread}/{call}")
+    return {"session_id": sid, "input": question, "turn_id": str(turn)}
 
 
 def _in_graph(config: RunnableConfig | None) -> bool:
@@ -74,16 +110,16 @@ def session_tool(
 
     def ask(question: str, config: RunnableConfig) -> str:
         if _in_graph(config):
-            return str(graph.invoke({"session_id": sid, "input": question}, config)["content"])
+            return str(graph.invoke(_question(sid, question, config), config)["content"])
         return _answer(sid, agent.turn(sid, question))
 
     async def aask(question: str, config: RunnableConfig) -> str:
         if _in_graph(config):
-            out = await graph.ainvoke({"session_id": sid, "input": question}, config)
+            out = await graph.ainvoke(_question(sid, question, config), config)
             return str(out["content"])
         return _answer(sid, await agent.aturn(sid, question))
 
-    return StructuredTool.from_function(
+    return _SessionTool.from_function(
         func=ask,
         coroutine=aask,
         name=name or tool_name(label),

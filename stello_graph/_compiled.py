@@ -4,15 +4,14 @@ A new run's input that leaves out `session_id` clears it (`RUN_INPUTS`, see
 `stello_graph.nodes._channels`), so no run inherits it from the run before it on the same
 thread, even from one that failed. `messages` is the thread's conversation and lasts.
 
-Time travel on a stello thread is refused, with a `TimeTravelError` that says what to do.
-
-LangGraph can replay a thread from an earlier checkpoint (a run whose config names a
-`checkpoint_id` that is not the thread's latest) and edit a thread's state
-(`update_state`). For a stello turn both would diverge from the session: its L3 is written
-by committed turns, not by checkpoints, so a replayed turn would re-ask the model for a turn
-that is already in L3 (or append a second copy of it after the turns that followed), and an
-edited state would commit records the session never had. The compiled stello graph refuses
-both; going back to an earlier turn is a fork of the session at that turn.
+Time travel on a stello thread branches (see `stello_graph.nodes.entry`). A run from an
+earlier checkpoint of the thread (a `checkpoint_id` that is not the thread's latest) is
+flagged (`TRAVEL_KEY`): its turn goes on from a fork of the session at the turn that
+checkpoint stands at, and the thread continues the fork. `update_state` of `messages` at a
+checkpoint between turns is LangGraph's own; the next turn from it forks the same way. A
+checkpoint in the middle of a turn (a model or tool step pending) cannot be branched from:
+replaying or editing it is refused with `TimeTravelError` before anything is written, as is
+an edit of any key but `messages`.
 
 Reading the history (`get_state`, `get_state_history`) and continuing the latest checkpoint
 (`Command(resume=...)`, or `None` after a crash, with or without its own `checkpoint_id`)
@@ -37,6 +36,7 @@ from langgraph.graph.state import CompiledStateGraph
 from stello_graph.errors import InvalidInputError, TimeTravelError
 from stello_graph.nodes._channels import RUN_INPUTS
 from stello_graph.nodes.deps import StelloRuntime
+from stello_graph.nodes.entry import TRAVEL_KEY
 
 __all__ = ["REPLAY_KEY", "StelloCompiledGraph", "allow_replay", "fresh_input"]
 
@@ -49,8 +49,14 @@ def allow_replay(config: RunnableConfig) -> RunnableConfig:
     return {**config, "configurable": {**(config.get("configurable") or {}), REPLAY_KEY: True}}
 
 
-_REPLAY = "Replaying a run from an earlier checkpoint"
-_EDIT = "Editing the state with `update_state`"
+_MID_TURN = "a turn can go on on a branch only from a checkpoint between turns"
+
+
+def _mid_turn(action: str, snapshot: Any) -> TimeTravelError:
+    pending = ", ".join(snapshot.next)
+    return TimeTravelError(
+        f"{action} a checkpoint in the middle of a turn ({pending} pending)", _MID_TURN
+    )
 
 
 def _latest_query(config: RunnableConfig | None) -> tuple[str, RunnableConfig] | None:
@@ -96,27 +102,64 @@ def _is_latest(wanted: str, latest: Any) -> bool:
     return latest is None or latest.config["configurable"].get("checkpoint_id") == wanted
 
 
+def _between_turns(snapshot: Any) -> bool:
+    """Whether a checkpoint is one a turn can start from: nothing pending, a run's input,
+    or `enter` pending (a turn that has not found its session yet)."""
+    next_ = tuple(snapshot.next)
+    source = (snapshot.metadata or {}).get("source")
+    return not next_ or source == "input" or next_ == ("enter",)
+
+
+def _travelling(config: RunnableConfig) -> RunnableConfig:
+    return {**config, "configurable": {**(config.get("configurable") or {}), TRAVEL_KEY: True}}
+
+
+def _edits_of(supersteps: Any) -> None:
+    """Refuse an edit of anything but `messages` (`TimeTravelError`)."""
+    for superstep in supersteps:
+        for update in superstep:
+            values = update.values
+            keys = sorted(values) if isinstance(values, Mapping) else None
+            if keys is None or not set(keys) <= {"messages"}:
+                raise TimeTravelError(
+                    f"Editing {keys or type(values).__name__} with `update_state`",
+                    "only `messages` of a stello thread can be edited (the next turn then "
+                    "goes on from a fork of the session)",
+                )
+
+
 class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
-    """The compiled stello graph: a `CompiledStateGraph` whose runs start fresh and that
-    refuses time travel (see the module docstring)."""
+    """The compiled stello graph: a `CompiledStateGraph` whose runs start fresh and whose
+    time travel branches (see the module docstring)."""
 
     def _saver(self) -> BaseCheckpointSaver[Any] | None:
         saver = self.checkpointer
         return saver if isinstance(saver, BaseCheckpointSaver) else None
 
-    def _refuse_replay(self, config: RunnableConfig | None) -> None:
+    def _travel(self, config: RunnableConfig | None) -> RunnableConfig | None:
+        """`config`, flagged when it replays an earlier checkpoint between turns."""
         found, saver = _latest_query(config), self._saver()
-        if found is not None and saver is not None:
-            wanted, query = found
-            if not _is_latest(wanted, saver.get_tuple(query)):
-                raise TimeTravelError(_REPLAY)
+        if found is None or saver is None or config is None:
+            return config
+        wanted, query = found
+        if _is_latest(wanted, saver.get_tuple(query)):
+            return config
+        snapshot = self.get_state(config)
+        if not _between_turns(snapshot):
+            raise _mid_turn("Replaying", snapshot)
+        return _travelling(config)
 
-    async def _arefuse_replay(self, config: RunnableConfig | None) -> None:
+    async def _atravel(self, config: RunnableConfig | None) -> RunnableConfig | None:
         found, saver = _latest_query(config), self._saver()
-        if found is not None and saver is not None:
-            wanted, query = found
-            if not _is_latest(wanted, await saver.aget_tuple(query)):
-                raise TimeTravelError(_REPLAY)
+        if found is None or saver is None or config is None:
+            return config
+        wanted, query = found
+        if _is_latest(wanted, await saver.aget_tuple(query)):
+            return config
+        snapshot = await self.aget_state(config)
+        if not _between_turns(snapshot):
+            raise _mid_turn("Replaying", snapshot)
+        return _travelling(config)
 
     def _runtime(self) -> StelloRuntime | None:
         """The runtime the graph was built on (`build_graph` keeps it on the builder, a
@@ -131,7 +174,7 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
-        self._refuse_replay(config)
+        config = self._travel(config)
         run = super().stream(fresh_input(input), config, **kwargs)
         return run if self._runtime() is None else self._counted(run)
 
@@ -142,19 +185,27 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        await self._arefuse_replay(config)
+        config = await self._atravel(config)
         with self._running():
             async for item in super().astream(fresh_input(input), config, **kwargs):
                 yield item
 
-    def bulk_update_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
-        raise TimeTravelError(_EDIT)
+    def bulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
+        _edits_of(supersteps)
+        self._check_edit(config)
+        return super().bulk_update_state(config, supersteps)
 
-    async def abulk_update_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
-        raise TimeTravelError(_EDIT)
+    async def abulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
+        _edits_of(supersteps)
+        await self._acheck_edit(config)
+        return await super().abulk_update_state(config, supersteps)
 
-    def update_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
-        raise TimeTravelError(_EDIT)
+    def _check_edit(self, config: RunnableConfig) -> None:
+        snapshot = self.get_state(config)
+        if not _between_turns(snapshot):
+            raise _mid_turn("Editing", snapshot)
 
-    async def aupdate_state(self, *args: Any, **kwargs: Any) -> RunnableConfig:
-        raise TimeTravelError(_EDIT)
+    async def _acheck_edit(self, config: RunnableConfig) -> None:
+        snapshot = await self.aget_state(config)
+        if not _between_turns(snapshot):
+            raise _mid_turn("Editing", snapshot)

@@ -15,7 +15,7 @@ derive from the other branches::
     │   ├── MainSessionForkError         the main session cannot fork
     │   ├── NothingToIntegrateError      integrate() found no child L2 to read
     │   ├── StreamNotFinishedError       a stream's result was read before it ended
-    │   ├── TimeTravelError              replaying or editing a stello thread (a ValueError)
+    │   ├── TimeTravelError              time travel that cannot branch (a ValueError)
     │   ├── UnknownProfileError          a fork named an unregistered profile (a LookupError)
     │   └── ScriptExhaustedError         (stello_graph.testing) a scripted model ran out
     ├── SessionError
@@ -147,19 +147,20 @@ class StreamNotFinishedError(StelloUsageError):
 
 
 class TimeTravelError(StelloUsageError, ValueError):
-    """A run asked to replay a stello thread from an earlier checkpoint, or to edit its state.
+    """Time travel on a stello thread that cannot branch: a replay or an edit of a
+    checkpoint in the middle of a turn, or an edit of a key other than `messages`.
 
-    A session's L3 is written by committed turns, not kept in the checkpoints: replaying a
-    turn from an earlier checkpoint, or editing a thread's state with `update_state`, would
-    make the graph's state disagree with the session. Branch the session instead.
+    A run from an earlier checkpoint between turns, or after an edit of `messages`, goes on
+    from a fork of the session at the turn that checkpoint stands at (see
+    `stello_graph.nodes.entry`); nothing is written before this error.
     """
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, why: str) -> None:
         super().__init__(
-            f"{what} is refused on a stello thread: a session's history (L3) is kept by its "
-            "committed turns, not by the checkpoints, so the run would diverge from it. To "
-            "go back to an earlier turn, fork the session there "
-            "(`agent.fork(session_id, label, at_turn=N)`) and continue on the fork."
+            f"{what} is refused on a stello thread: {why}. A session's history (L3) is kept "
+            "by its committed turns; to go back to an earlier turn, replay a checkpoint "
+            "between turns (the run goes on from a fork), or fork the session there "
+            "(`agent.fork(session_id, label, at_turn=N)`)."
         )
 
 

@@ -107,6 +107,9 @@ class StelloInput(TypedDict, total=False):
     `prompt`, `tags`, `metadata`, `id`."""
     tool_choice: str | dict[str, Any] | bool | None
     """Force the turn's first model call to use tools (`"required"`, a tool's name, ...)."""
+    turn_id: str
+    """An id for the turn from the caller (`as_tool` gives its tool call's): asked again
+    under it with the same input (a parent graph replaying), the turn answers from L3."""
     mode: Literal["flat", "tree"]
     """How `integrate` runs: every L2 into the main session (flat, default) or level by level."""
 
@@ -142,8 +145,8 @@ class StelloState(TurnState, ForkState, ConsolidateState, TreeState, total=False
 
 
 class StelloStateGraph(StateGraph[StelloState, StelloContext, StelloInput, StelloOutput]):
-    """The stello `StateGraph`; compiled, it refuses time travel (`StelloCompiledGraph`:
-    replaying from an earlier checkpoint or `update_state` raise `TimeTravelError`)."""
+    """The stello `StateGraph`; compiled, its time travel branches (`StelloCompiledGraph`:
+    a run from an earlier checkpoint goes on from a fork of the session)."""
 
     runtime: StelloRuntime | None = None
     """The runtime its nodes share (set by `build_graph`); its compiled graph counts each
@@ -216,7 +219,7 @@ class TurnOutput(TypedDict, total=False):
 
 class TurnGraph(StateGraph[TurnState, None, TurnInput, TurnOutput]):
     """The graph `build_turn_graph` returns; compiled, it is a `StelloCompiledGraph` (runs
-    start fresh, time travel is refused)."""
+    start fresh, time travel branches)."""
 
     def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
         compiled = super().compile(*args, **kwargs)

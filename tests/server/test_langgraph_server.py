@@ -304,20 +304,39 @@ async def test_memory_reaches_the_servers_store(client: LangGraphClient) -> None
     assert await client.store.get_item(["stello", "memory", "insights"], key=pricing) is None
 
 
-async def test_time_travel_is_refused(client: LangGraphClient) -> None:
+async def test_time_travel_branches_the_thread(client: LangGraphClient) -> None:
     thread, config = await new_thread(client), tree("time-travel")
-    await client.runs.wait(thread, GRAPH, input=ask("one"), config=config)
-    await client.runs.wait(thread, GRAPH, input=ask("two"), config=config)
+    for text in ("one", "two", "three"):
+        await client.runs.wait(thread, GRAPH, input=ask(text), config=config)
     history = await client.threads.get_history(thread, limit=50)
-    earlier = next(s for s in history if s["next"] == ["model"])
+    ends = [s for s in history if not s["next"]]  # newest first
+    after_one = ends[-1]["checkpoint"]["checkpoint_id"]
+    # Studio's edit of the second message: a run from the checkpoint after the first turn
+    await client.runs.wait(
+        thread, GRAPH, input=ask("two, edited"), config=config, checkpoint_id=after_one
+    )
+    back = await client.runs.wait(thread, GRAPH, input=ask("/prompt"), config=config)
+    assert isinstance(back, dict)  # the thread goes on on the branch, which forgot "two"
+    assert back["content"] == "(scripted) I was sent: one | two, edited"
+    state = await client.threads.get_state(thread)
+    assert said(state["values"]["messages"])[2] == ("human", "two, edited")  # type: ignore[call-overload]
+    # Studio's fork: an edit of `messages` at a checkpoint between turns, then a run from it
+    edited = await client.threads.update_state(thread, {"messages": []}, checkpoint_id=after_one)
+    again = await client.runs.wait(
+        thread, GRAPH, input=ask("/prompt"), config=config,
+        checkpoint_id=edited["checkpoint"]["checkpoint_id"],
+    )  # fmt: skip
+    assert isinstance(again, dict) and again["content"] == "(scripted) I was sent: one"
+    # the middle of a turn cannot be branched from: refused, by name, before anything runs
+    mid_turn = next(s for s in history if s["next"] == ["model"])
     parts: list[tuple[str, Any]] = []
     async for part in client.runs.stream(
         thread, GRAPH, input=None, config=config,
-        checkpoint_id=earlier["checkpoint"]["checkpoint_id"],
+        checkpoint_id=mid_turn["checkpoint"]["checkpoint_id"],
     ):  # fmt: skip
         parts.append((part.event, part.data))
     [error] = errors(parts)
-    assert error["error"] == "TimeTravelError" and "fork" in error["message"]
+    assert error["error"] == "TimeTravelError" and "at_turn" in error["message"]
     with pytest.raises(Exception, match=r"update_state"):
         await client.threads.update_state(thread, {"content": "edited"})
 
