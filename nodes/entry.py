@@ -217,10 +217,14 @@ class _Entry:
         assert self.message is not None
         return ForkRequest.build(main_id, thread_label(self.message))
 
+    def behind(self, turns: int) -> bool:
+        """Whether the conversation stands at an earlier turn than the session's `turns`."""
+        return self.rewind is not None and 1 <= self.rewind < turns
+
     def branch(self, source: SessionMeta, turns: int) -> ForkRequest | None:
         """The fork the turn goes on from, when its conversation stands at an earlier turn
         of its session than the session's `turns`; `None` when it stands at the last."""
-        if self.rewind is None or turns <= self.rewind or self.rewind < 1:
+        if self.rewind is None or not self.behind(turns):
             return None
         suffix = f" (from turn {self.rewind})"
         label = check_label(source.label[: MAX_LABEL_CHARS - len(suffix)] + suffix)
@@ -259,11 +263,14 @@ def make_enter_node(deps: StelloRuntime) -> StelloNode:
         entry = _Entry(state, config)
         main = None
         if entry.sid is not None and entry.rewind is not None:
-            source = deps.storage.get_session(entry.sid)
-            if source is None:  # gone: the main session, if the conversation showed it
-                entry.sid = None if entry.shown else entry.sid
-            elif (req := entry.branch(source, deps.storage.get_turn_count(source.id))) is not None:
-                entry.sid = _started(deps, req, fork_session(deps.storage, req), "time_travel")
+            turns = deps.storage.get_turn_count(entry.sid)
+            if entry.behind(turns) or (entry.shown and not turns):
+                source = deps.storage.get_session(entry.sid)
+                if source is None:  # gone: the main session, if the conversation showed it
+                    entry.sid = None if entry.shown else entry.sid
+                elif (req := entry.branch(source, turns)) is not None:
+                    forked = fork_session(deps.storage, req)
+                    entry.sid = _started(deps, req, forked, "time_travel")
         if entry.sid is None:
             found = deps.storage.get_main_session()
             main = None if found is None else found.id
@@ -276,12 +283,12 @@ def make_enter_node(deps: StelloRuntime) -> StelloNode:
         entry = _Entry(state, config)
         main = None
         if entry.sid is not None and entry.rewind is not None:
-            source = await deps.storage.aget_session(entry.sid)
-            if source is None:
-                entry.sid = None if entry.shown else entry.sid
-            else:
-                turns = await deps.storage.aget_turn_count(source.id)
-                if (req := entry.branch(source, turns)) is not None:
+            turns = await deps.storage.aget_turn_count(entry.sid)
+            if entry.behind(turns) or (entry.shown and not turns):
+                source = await deps.storage.aget_session(entry.sid)
+                if source is None:
+                    entry.sid = None if entry.shown else entry.sid
+                elif (req := entry.branch(source, turns)) is not None:
                     forked = await afork_session(deps.storage, req)
                     entry.sid = _started(deps, req, forked, "time_travel")
         if entry.sid is None:

@@ -258,3 +258,18 @@ def test_a_tool_call_id_reused_for_another_question_asks_a_new_turn() -> None:
             tool.invoke({**call, "type": "tool_call"}, graph_config)
         texts_ = [str(m.content) for m in agent.storage.list_records(agent.main_session_id)]
         assert texts_ == ["first", "re:first", "second", "re:second"]
+
+
+def test_a_conversation_whose_session_was_removed_goes_on_in_the_main_session() -> None:
+    storage = InMemoryMainStorage()
+    main = MainSession.create(storage).id
+    app = build_parent(build_stello_graph(echo(), storage).compile(name="stello"))
+    app.invoke(ask("one"), THREAD)
+    app.invoke(ask("two"), THREAD)
+    first = next(s for s in app.get_state_history(THREAD) if len(s.values["messages"]) == 2)
+    app.invoke(ask("two, again"), first.config)  # the parent's conversation moves to a branch
+    [branch] = branches(storage, main)
+    storage.remove_node(branch.id, cascade=True)
+    out = app.invoke(ask("three"), THREAD)
+    assert out["messages"][-1].content == "re:three"
+    assert texts(storage, main)[-2:] == ["three", "re:three"]
