@@ -273,3 +273,31 @@ def test_a_conversation_whose_session_was_removed_goes_on_in_the_main_session() 
     out = app.invoke(ask("three"), THREAD)
     assert out["messages"][-1].content == "re:three"
     assert texts(storage, main)[-2:] == ["three", "re:three"]
+
+
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")  # langgraph-supervisor
+def test_a_supervisor_replaying_a_workers_turn_branches() -> None:
+    from langgraph_supervisor import create_supervisor
+
+    storage = InMemoryMainStorage()
+    main = MainSession.create(storage).id
+    worker = build_stello_graph(echo(), storage).compile(name="stello")
+    boss = ScriptedChatModel(
+        respond=lambda msgs: (
+            ScriptedChatModel.tool_call("transfer_to_stello", {})
+            if msgs[-1].type == "human"
+            else "ok"
+        )
+    )
+    app = create_supervisor([worker], model=boss).compile(checkpointer=InMemorySaver())
+    for text in ("one", "two", "three"):
+        app.invoke(ask(text), THREAD)
+    inputs = [
+        s for s in app.get_state_history(THREAD) if (s.metadata or {}).get("source") == "input"
+    ]
+    app.invoke(None, list(reversed(inputs))[1].config)  # "two" asked again
+    assert texts(storage, main) == ["one", "re:one", "two", "re:two", "three", "re:three"]
+    [branch] = branches(storage, main)
+    assert texts(storage, branch.id) == ["one", "re:one", "two", "re:two"]
+    app.invoke(ask("four"), THREAD)  # the supervisor's conversation follows the branch
+    assert texts(storage, branch.id)[-2:] == ["four", "re:four"]
