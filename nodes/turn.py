@@ -268,8 +268,9 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             session = deps.turn_session(sid, snap) if opens else deps.session(sid)
             turn = _turn_of(state, opens, config)
             if turn is not None and _rerun(config, opens) and deps.storage.has_turn(sid, turn):
+                done = _stored_turn(session, turn)
                 counts = _commit(deps, session, held, None)
-                return _done(deps, session, state, _stored_turn(session, turn), counts, True)
+                return _done(deps, session, held, state, done, counts, True)
             ctx = session.turn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
             view, opened, records = _round(deps, state, opens, turn, ctx)
             cancel = run_cancel(config)
@@ -281,7 +282,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
                 return {**update, **_handed(state, held)}
             commit = (records, view.get("insight"), turn)
             counts = _commit(deps, session, held, commit, lent=opens)
-            return {**update, **_done(deps, session, view, records, counts)}
+            return {**update, **_done(deps, session, held, view, records, counts)}
 
     async def amodel(state: State, config: RunnableConfig) -> State:
         opens, sid = _begin(state)
@@ -294,9 +295,9 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
                 and _rerun(config, opens)
                 and await deps.storage.ahas_turn(sid, turn)
             ):
-                counts = await _acommit(deps, session, held, None)
                 done = await _astored_turn(session, turn)
-                return await _adone(deps, session, state, done, counts, True)
+                counts = await _acommit(deps, session, held, None)
+                return await _adone(deps, session, held, state, done, counts, True)
             ctx = await session.aturn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
             view, opened, records = _round(deps, state, opens, turn, ctx)
             prompt, choice = ctx.prompt(records), _tool_choice(view)
@@ -307,7 +308,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
                 return {**update, **_handed(state, held)}
             commit = (records, view.get("insight"), turn)
             counts = await _acommit(deps, session, held, commit, lent=opens)
-            return {**update, **(await _adone(deps, session, view, records, counts))}
+            return {**update, **(await _adone(deps, session, held, view, records, counts))}
 
     return StelloNode("model", model, amodel)
 
