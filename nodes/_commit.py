@@ -130,6 +130,7 @@ def _freed(deps: StelloDeps, held: TurnLease, release: bool) -> None:
 def _done(
     deps: StelloDeps,
     session: SessionBase,
+    held: TurnLease,
     state: State,
     records: Sequence[BaseMessage],
     counts: tuple[int, int],
@@ -137,17 +138,11 @@ def _done(
     *,
     forget: bool = True,
 ) -> State:
-    """The state of a committed turn; its events and the schedule's reaction. `replace`: the
-    turn's records become `pending` (a step that found its turn already in L3). `forget`:
-    delete the insight shown from the store (`_adone` does it with the store's async API)."""
+    """The state of a committed turn (its lender told first: `TurnLease.committed`); its
+    events and the schedule's reaction. `replace`: the turn's records become `pending` (a
+    step that found its turn already in L3). `forget`: delete the insight shown from the
+    store (`_adone` does it with the store's async API)."""
     turns, tree = counts
-    insight = state.get("insight")
-    if insight:
-        emit(deps.bus, "insight_delivered", session.id, insight=insight)
-        if forget:
-            forget_insight(deps, session.id, insight)
-    emit(deps.bus, "turn_committed", session.id, turn_count=turns)
-    after_turn(deps, session.id, session.role, turns, tree)
     final = records[-1] if records else None
     update: State = {
         "content": message_text(final.content) if final is not None else "",
@@ -156,21 +151,30 @@ def _done(
     }
     if state.get("lease") is not None:
         update["lease"] = None
+    held.committed({**state, **update, "pending": list(records)})
     if replace:
         update["pending"] = Overwrite(list(records))  # type: ignore[typeddict-item]
+    insight = state.get("insight")
+    if insight:
+        emit(deps.bus, "insight_delivered", session.id, insight=insight)
+        if forget:
+            forget_insight(deps, session.id, insight)
+    emit(deps.bus, "turn_committed", session.id, turn_count=turns)
+    after_turn(deps, session.id, session.role, turns, tree)
     return update
 
 
 async def _adone(
     deps: StelloDeps,
     session: SessionBase,
+    held: TurnLease,
     state: State,
     records: Sequence[BaseMessage],
     counts: tuple[int, int],
     replace: bool = False,
 ) -> State:
     """Async twin of `_done`: no store call runs on the event loop."""
-    update = _done(deps, session, state, records, counts, replace, forget=False)
+    update = _done(deps, session, held, state, records, counts, replace, forget=False)
     await aforget_insight(deps, session.id, state.get("insight"))
     return update
 
@@ -190,7 +194,7 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
             stored = turn is not None and deps.storage.has_turn(session.id, turn)
             todo = None if stored else (records, state.get("insight"), turn)
             counts = _commit(deps, session, held, todo)
-        return _done(deps, session, state, records, counts)
+        return _done(deps, session, held, state, records, counts)
 
     async def acommit(state: State) -> State:
         session, records = await deps.asession(state["session_id"]), _records(state)
@@ -199,6 +203,6 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
             stored = turn is not None and await deps.storage.ahas_turn(session.id, turn)
             todo = None if stored else (records, state.get("insight"), turn)
             counts = await _acommit(deps, session, held, todo)
-        return await _adone(deps, session, state, records, counts)
+        return await _adone(deps, session, held, state, records, counts)
 
     return StelloNode("commit", commit, acommit)

@@ -81,6 +81,11 @@ class TurnLease:
         if not self.owned and self.handback is not None:
             self.handback.released = True
 
+    def committed(self, state: Mapping[str, Any]) -> None:
+        """Tell the lender the turn is stored, with its state (`Handback.committed`)."""
+        if self.handback is not None:
+            self.handback.committed = dict(state)
+
     def update(self) -> LeaseUpdate:
         """The state update that hands the lease to the turn's next node."""
         return {"lease": lease_state(self.lease) if self.owned else None}

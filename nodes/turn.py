@@ -289,7 +289,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
                 stored = _stored_turn(session, turn)
                 if _answered(state, opens, stored):
                     counts = _commit(deps, session, held, None)
-                    return _done(deps, session, state, stored, counts, True)
+                    return _done(deps, session, held, state, stored, counts, True)
                 turn = _human_id(config)
             ctx = session.turn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
             view, opened, records = _round(deps, state, opens, turn, ctx)
@@ -302,7 +302,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
                 return {**update, **_handed(state, held)}
             commit = (records, view.get("insight"), turn)
             counts = _commit(deps, session, held, commit, lent=opens)
-            return {**update, **_done(deps, session, view, records, counts)}
+            return {**update, **_done(deps, session, held, view, records, counts)}
 
     async def amodel(state: State, config: RunnableConfig) -> State:
         opens, sid = _begin(state)
@@ -318,7 +318,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
                 done = await _astored_turn(session, turn)
                 if _answered(state, opens, done):
                     counts = await _acommit(deps, session, held, None)
-                    return await _adone(deps, session, state, done, counts, True)
+                    return await _adone(deps, session, held, state, done, counts, True)
                 turn = _human_id(config)
             ctx = await session.aturn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
             view, opened, records = _round(deps, state, opens, turn, ctx)
@@ -330,7 +330,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
                 return {**update, **_handed(state, held)}
             commit = (records, view.get("insight"), turn)
             counts = await _acommit(deps, session, held, commit, lent=opens)
-            return {**update, **(await _adone(deps, session, view, records, counts))}
+            return {**update, **(await _adone(deps, session, held, view, records, counts))}
 
     return StelloNode("model", model, amodel)
 

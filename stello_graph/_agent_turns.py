@@ -7,6 +7,7 @@ session's lease.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from stello_graph.nodes.scheduling import aon_switch, on_switch
 from stello_graph.storage import MainStorage
 
 __all__ = ["TurnResult"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +194,10 @@ class _Turns:
             ToolRoundLimitError: the model kept asking for tools; nothing was stored.
             ModelCallError: the model failed; nothing was stored.
 
+        An error raised means nothing of the turn was stored (retrying it is safe): one after
+        the turn's commit (a checkpoint write that failed) is logged as a warning, and the
+        stored turn's reply is returned (so it is by `aturn`, `resume`, and a stream ends).
+
         `tool_choice` forces the turn's first model call to use tools (`"required"`, a
         tool's name, ...); later rounds of the turn are free to answer. A name that is not
         one of the session's tools raises `InvalidInputError` before anything is written.
@@ -199,12 +206,18 @@ class _Turns:
         if tool_choice is not None:  # the session's tools, before anything is written
             self._target(sid, tool_choice)
         back = self._handback(sid)
-        # the run's first step takes the read made with the lease (see `_held_run`)
-        with self._held_run(sid, back) as lease:
-            self._switch(sid)
-            config = self._threads.run_config(sid, lease)
-            out = self._turn_graph.invoke(payload, config, durability=self._durability)
-            return self._finished(sid, self._result(sid, out), lease)
+        try:
+            # the run's first step takes the read made with the lease (see `_held_run`)
+            with self._held_run(sid, back) as lease:
+                self._switch(sid)
+                config = self._threads.run_config(sid, lease)
+                out = self._turn_graph.invoke(payload, config, durability=self._durability)
+                return self._finished(sid, self._result(sid, out), lease)
+        except Exception as error:
+            if back.committed is None:
+                raise
+            self._recorder.settle()
+            return self._stored(sid, back.committed, error)
 
     async def aturn(
         self, session_id: str, text: str, *, tool_choice: ToolChoice = None
@@ -214,11 +227,28 @@ class _Turns:
         if tool_choice is not None:
             await self._atarget(sid, tool_choice)
         back = self._handback(sid)
-        async with self._aheld_run(sid, back) as lease:
-            await self._aswitch(sid)
-            config = self._threads.run_config(sid, lease)
-            out = await self._turn_graph.ainvoke(payload, config, durability=self._durability)
-            return await self._afinished(sid, self._result(sid, out), lease)
+        try:
+            async with self._aheld_run(sid, back) as lease:
+                await self._aswitch(sid)
+                config = self._threads.run_config(sid, lease)
+                out = await self._turn_graph.ainvoke(payload, config, durability=self._durability)
+                return await self._afinished(sid, self._result(sid, out), lease)
+        except Exception as error:
+            if back.committed is None:
+                raise
+            return self._stored(sid, back.committed, error)
+
+    def _stored(self, sid: str, state: dict[str, Any], error: Exception) -> TurnResult:
+        """The reply of a turn whose run raised after its commit (a checkpoint write that
+        failed, the thread's pruning, the lease's release): the turn is stored, so the call
+        answers with it (a caller that retried would store it twice); the failure is logged
+        as a warning, and the thread pruned where the saver still could (`running`)."""
+        logger.warning(
+            "A turn of session %r is stored, but the run failed after its commit (%s: %s); "
+            "its reply is returned: retrying it would store the turn twice.",
+            sid, type(error).__name__, error, exc_info=error,
+        )  # fmt: skip
+        return self._result(sid, state)
 
     @contextmanager
     def _held_run(self, sid: str, back: Handback) -> Iterator[Lease]:
@@ -227,7 +257,7 @@ class _Turns:
         checkpoint thread looked up (only for a session that exists) and the run watched."""
         with run_held(self._leases, sid, back, prefetch=True) as lease:
             self._threads.resolve(sid)
-            with self._threads.running(sid):
+            with self._threads.running(sid, back):
                 yield lease
 
     @asynccontextmanager
@@ -235,7 +265,7 @@ class _Turns:
         """Async twin of `_held_run`."""
         async with arun_held(self._leases, sid, back, prefetch=True) as lease:
             await self._threads.aresolve(sid)
-            async with self._threads.arunning(sid):
+            async with self._threads.arunning(sid, back):
                 yield lease
 
     def _handback(self, sid: str) -> Handback:
@@ -259,14 +289,21 @@ class _Turns:
         self._threads.resolve(sid)
         # nothing in flight is refused here, before the lease is written
         self._resume_payload(sid, self._turn_graph.get_state(self.config(sid)), value)
-        with run_held(self._leases, sid):
-            # read again under the lease: a resume that ended meanwhile left nothing to continue
-            state = self._turn_graph.get_state(self.config(sid))
-            payload = self._resume_payload(sid, state, value)
-            with self._threads.running(sid):
-                config = self.config(sid)
-                out = self._turn_graph.invoke(payload, config, durability=self._durability)
-                return self._finished(sid, self._result(sid, out))
+        back = _kept()
+        try:
+            with run_held(self._leases, sid, back):
+                # read again under the lease: a resume that ended meanwhile left nothing to do
+                state = self._turn_graph.get_state(self.config(sid))
+                payload = self._resume_payload(sid, state, value)
+                with self._threads.running(sid, back):
+                    config = self.config(sid)
+                    out = self._turn_graph.invoke(payload, config, durability=self._durability)
+                    return self._finished(sid, self._result(sid, out))
+        except Exception as error:
+            if back.committed is None:
+                raise
+            self._recorder.settle()
+            return self._stored(sid, back.committed, error)
 
     async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
         """Async twin of `resume`."""
@@ -275,14 +312,20 @@ class _Turns:
         await self._threads.aresolve(sid)
         # nothing in flight is refused here, before the lease is written
         self._resume_payload(sid, await self._turn_graph.aget_state(self.config(sid)), value)
-        async with arun_held(self._leases, sid):
-            state = await self._turn_graph.aget_state(self.config(sid))
-            payload = self._resume_payload(sid, state, value)
-            async with self._threads.arunning(sid):
-                out = await self._turn_graph.ainvoke(
-                    payload, self.config(sid), durability=self._durability
-                )
-                return await self._afinished(sid, self._result(sid, out))
+        back = _kept()
+        try:
+            async with arun_held(self._leases, sid, back):
+                state = await self._turn_graph.aget_state(self.config(sid))
+                payload = self._resume_payload(sid, state, value)
+                async with self._threads.arunning(sid, back):
+                    out = await self._turn_graph.ainvoke(
+                        payload, self.config(sid), durability=self._durability
+                    )
+                    return await self._afinished(sid, self._result(sid, out))
+        except Exception as error:
+            if back.committed is None:
+                raise
+            return self._stored(sid, back.committed, error)
 
     def _check_resumable(self) -> None:
         if self.checkpointer is None:
@@ -327,33 +370,39 @@ class _Turns:
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
-        with self._held_run(sid, _kept()) as lease:
-            config = self._threads.run_config(sid, lease)
-            config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
-            self._switch(sid)
-            q = self._mux.open()
-            run = stoppable(
-                lambda: self._turn_graph.stream(
-                    payload,
-                    config,
-                    stream_mode=stream_mode,  # type: ignore[arg-type]
-                    durability=self._durability,
-                ),
-                cancel.cancel,
-            )
-            try:
-                for item in run:
+        back = _kept()
+        try:
+            with self._held_run(sid, back) as lease:
+                config = self._threads.run_config(sid, lease)
+                config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
+                self._switch(sid)
+                q = self._mux.open()
+                run = stoppable(
+                    lambda: self._turn_graph.stream(
+                        payload,
+                        config,
+                        stream_mode=stream_mode,  # type: ignore[arg-type]
+                        durability=self._durability,
+                    ),
+                    cancel.cancel,
+                )
+                try:
+                    for item in run:
+                        yield from self._mux.drain(q, modes, multi)
+                        if "messages" not in modes or self._mux.from_model(item, multi):
+                            yield item
                     yield from self._mux.drain(q, modes, multi)
-                    if "messages" not in modes or self._mux.from_model(item, multi):
-                        yield item
-                yield from self._mux.drain(q, modes, multi)
-            finally:
-                run.close()  # now, under the lock: the run has ended when this returns
-                self._mux.close(q)
-            ended = self._threads.ended_in_memory(sid) or not self.checkpointer
-            state = None if ended else self._turn_graph.get_state(self.config(sid))
-            if state is None or not state.interrupts:
-                self._finished(sid, TurnResult(session_id=sid, content=""), lease)
+                finally:
+                    run.close()  # now, under the lock: the run has ended when this returns
+                    self._mux.close(q)
+                ended = self._threads.ended_in_memory(sid) or not self.checkpointer
+                state = None if ended else self._turn_graph.get_state(self.config(sid))
+                if state is None or not state.interrupts:
+                    self._finished(sid, TurnResult(session_id=sid, content=""), lease)
+        except Exception as error:
+            if back.committed is None:
+                raise
+            self._stored(sid, back.committed, error)  # the stream ends as the turn did
 
     async def astream(
         self,
@@ -369,28 +418,34 @@ class _Turns:
             await self._atarget(sid, tool_choice)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        async with self._aheld_run(sid, _kept()) as lease:
-            q = self._mux.open()
-            try:
-                await self._aswitch(sid)
-                async for item in self._turn_graph.astream(
-                    payload,
-                    self._threads.run_config(sid, lease),
-                    stream_mode=stream_mode,  # type: ignore[arg-type]
-                    durability=self._durability,
-                ):
+        back = _kept()
+        try:
+            async with self._aheld_run(sid, back) as lease:
+                q = self._mux.open()
+                try:
+                    await self._aswitch(sid)
+                    async for item in self._turn_graph.astream(
+                        payload,
+                        self._threads.run_config(sid, lease),
+                        stream_mode=stream_mode,  # type: ignore[arg-type]
+                        durability=self._durability,
+                    ):
+                        for event in self._mux.drain(q, modes, multi):
+                            yield event
+                        if "messages" not in modes or self._mux.from_model(item, multi):
+                            yield item
                     for event in self._mux.drain(q, modes, multi):
                         yield event
-                    if "messages" not in modes or self._mux.from_model(item, multi):
-                        yield item
-                for event in self._mux.drain(q, modes, multi):
-                    yield event
-            finally:
-                self._mux.close(q)
-            ended = self._threads.ended_in_memory(sid) or not self.checkpointer
-            state = None if ended else await self._turn_graph.aget_state(self.config(sid))
-            if state is None or not state.interrupts:
-                await self._afinished(sid, TurnResult(session_id=sid, content=""), lease)
+                finally:
+                    self._mux.close(q)
+                ended = self._threads.ended_in_memory(sid) or not self.checkpointer
+                state = None if ended else await self._turn_graph.aget_state(self.config(sid))
+                if state is None or not state.interrupts:
+                    await self._afinished(sid, TurnResult(session_id=sid, content=""), lease)
+        except Exception as error:
+            if back.committed is None:
+                raise
+            self._stored(sid, back.committed, error)  # the stream ends as the turn did
 
 
 def _kept() -> Handback:

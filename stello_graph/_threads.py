@@ -8,7 +8,7 @@ two trees sharing a checkpointer ever meet). Earlier versions named it
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -176,21 +176,35 @@ class CheckpointThreads:
         return callable(ended) and bool(ended(thread))
 
     @contextmanager
-    def running(self, sid: str | None = None) -> Iterator[None]:
-        """Around a graph run (of `sid`): `failed(sid)` when it raises."""
+    def running(self, sid: str | None = None, back: Handback | None = None) -> Iterator[None]:
+        """Around a graph run (of `sid`, lent its lease with `back`): `failed(sid)` when it
+        raises before its turn's commit. One that raises after (`back.committed`: a
+        checkpoint write that failed) ended a stored turn: its thread is pruned as
+        `finished` prunes it, as far as the saver still can (what it leaves is a turn in
+        flight that a resume finds stored, and that the session's next turn replaces)."""
         try:
             yield
         except BaseException:
-            self.failed(sid)
+            if sid is not None and back is not None and back.committed is not None:
+                with suppress(Exception):
+                    self.finished(sid, False)
+            else:
+                self.failed(sid)
             raise
 
     @asynccontextmanager
-    async def arunning(self, sid: str | None = None) -> AsyncIterator[None]:
+    async def arunning(
+        self, sid: str | None = None, back: Handback | None = None
+    ) -> AsyncIterator[None]:
         """Async twin of `running`."""
         try:
             yield
         except BaseException:
-            await self.afailed(sid)
+            if sid is not None and back is not None and back.committed is not None:
+                with suppress(Exception):
+                    await self.afinished(sid, False)
+            else:
+                await self.afailed(sid)
             raise
 
     async def afinished(self, sid: str, interrupted: bool, lease: Lease | None = None) -> None:

@@ -83,13 +83,18 @@ class Handback:
     """A lender's leave for the graph run it lends its lease to: the run's commit may free
     the lease in its own transaction (one write transaction fewer per turn) while `allowed()`
     says nothing the lender does after the run needs the session held. `released` tells the
-    lender it was freed, so it does not release it again."""
+    lender it was freed, so it does not release it again; `committed` that the turn is
+    stored."""
 
     allowed: Callable[[], bool]
     released: bool = False
     prefetched: Any = None
     """What the lender read of the session under the lease for the run's opening step
     (`SessionStorage.read_session`): that step takes it (once) instead of reading again."""
+    committed: dict[str, Any] | None = None
+    """The state of the turn the run committed, set as soon as its commit's transaction
+    returned: whatever fails after (a checkpoint write) fails a turn that is stored, and the
+    lender answers with this turn's reply instead of an error (`StelloAgent.turn`)."""
 
     def take_prefetched(self) -> Any:
         """The prefetched read, once (`None` after, or when there is none)."""

@@ -328,7 +328,7 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
             with turn_lease(tree.leases, session.id, {}, park=False) as held:
                 stored = turn is not None and tree.storage.has_turn(session.id, turn)
                 counts = _commit(tree, session, held, None if stored else (records, shown, turn))
-            _done(tree, session, {"insight": shown}, records, counts)
+            _done(tree, session, held, {"insight": shown}, records, counts)
         return self._committed(state)
 
     async def aafter_agent(
@@ -342,5 +342,5 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
                 stored = turn is not None and await tree.storage.ahas_turn(session.id, turn)
                 todo = None if stored else (records, shown, turn)
                 counts = await _acommit(tree, session, held, todo)
-            await _adone(tree, session, {"insight": shown}, records, counts)
+            await _adone(tree, session, held, {"insight": shown}, records, counts)
         return self._committed(state)

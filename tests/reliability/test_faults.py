@@ -470,8 +470,8 @@ def _database_cause(error: BaseException) -> BaseException | None:
     return seen
 
 
-def _turn_after(agent: StelloAgent, sid: str, n: int) -> None:
-    text = f"after-{n}-{sid}"
+def _turn_after(agent: StelloAgent, sid: str, attempt: int) -> None:
+    text = f"after-{sid}"  # the same text on every attempt: a retry stores it once
     assert agent.turn(sid, text).content.startswith(f"re:{text}")
 
 
@@ -529,9 +529,9 @@ def test_database_failures_reach_the_caller_typed(
         # mended, everything works again: a connection the server ended is reported once, by
         # whichever holds it (the storage's own connection, the checkpointer's pool: a failure
         # there checks the pool's other connections), then replaced. Which call meets it
-        # depends on which connection the pool hands out first, so count them. Each attempt
-        # sends new text: a checkpoint write that fails after the commit raises with the turn
-        # stored (a known limit, RELIABILITY.md), so a retry of the same text could store it twice.
+        # depends on which connection the pool hands out first, so count them. A retry sends
+        # the same text: an error means nothing of the turn was stored, so no turn is stored
+        # twice (the integrity checks below count them).
         lost_after = 0
         ops: list[tuple[str, Any]] = [("reads", lambda n: agent.storage.get_tree())]
         ops += [(sid, partial(_turn_after, agent, sid)) for sid in sessions]

@@ -1,5 +1,7 @@
 """The agent's SQLite checkpointer on a full disk or a file gone read-only: its failures reach
-the caller as `StorageError`, the original as `__cause__`, and the agent recovers afterwards."""
+the caller as `StorageError`, the original as `__cause__`, and the agent recovers afterwards.
+A turn that fails stored nothing; one whose checkpoints fail only after its commit is
+returned (it is stored)."""
 
 from __future__ import annotations
 
@@ -30,11 +32,10 @@ def _respond(messages: list[BaseMessage]) -> AIMessage | str:
     return "done"
 
 
-def _turn(agent: StelloAgent, sid: str, text: str, mode: str) -> None:
+def _turn(agent: StelloAgent, sid: str, text: str, mode: str) -> str:
     if mode == "sync":
-        agent.turn(sid, text)
-    else:
-        asyncio.run(agent.aturn(sid, text))
+        return agent.turn(sid, text).content
+    return asyncio.run(agent.aturn(sid, text)).content
 
 
 def _full(conn: sqlite3.Connection) -> None:
@@ -50,7 +51,10 @@ def test_a_full_disk_fails_the_turn_with_storage_error(tmp_path: Path, mode: str
     with (
         SqliteMainStorage(conn) as storage,
         StelloAgent(
-            model=ScriptedChatModel(respond=_respond), storage=storage, tools=[lookup]
+            model=ScriptedChatModel(respond=_respond),
+            storage=storage,
+            tools=[lookup],
+            durability="sync",  # each step is written before the next: the disk fills first
         ) as agent,
     ):
         saver = agent.checkpointer
@@ -63,8 +67,37 @@ def test_a_full_disk_fails_the_turn_with_storage_error(tmp_path: Path, mode: str
             _turn(agent, sid, big, mode)
         assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
         assert str(db) in str(caught.value)
+        assert agent.storage.get_turn_count(sid) == 1  # nothing of it stored
+        saver.conn.execute("PRAGMA max_page_count = 1073741823")  # room again
+        assert _turn(agent, sid, big, mode) == "done"  # the same turn again, stored once
+        assert agent.storage.get_turn_count(sid) == 2
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_full_disk_met_after_the_commit_returns_the_stored_turn(
+    tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "tree.db"
+    conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
+    with (
+        SqliteMainStorage(conn) as storage,
+        StelloAgent(
+            model=ScriptedChatModel(respond=_respond), storage=storage, tools=[lookup]
+        ) as agent,
+    ):
+        saver = agent.checkpointer
+        assert isinstance(saver, StelloSqliteSaver)
+        sid = agent.main_session_id
+        assert agent.turn(sid, "first").content == "done"
+        _full(saver.conn)
+        # the default durability writes the run's checkpoints behind its steps: their
+        # failure is known when the run ends, after the commit stored the turn
+        assert _turn(agent, sid, "x" * 50_000, mode) == "done"
+        assert "database or disk is full" in caplog.text
+        assert agent.storage.get_turn_count(sid) == 2
         saver.conn.execute("PRAGMA max_page_count = 1073741823")  # room again
         assert agent.turn(sid, "after").content == "done"
+        assert agent.storage.get_turn_count(sid) == 3
 
 
 def test_a_file_gone_read_only_fails_close_with_storage_error_and_still_closes(
