@@ -51,6 +51,21 @@ SETUP_LOCK = 0x5374_656C_6C6F_0002
 not guard against two processes running them at once."""
 
 
+_BYTE = "%[89AB][0-9A-F]"  # a UTF-8 continuation byte, as `_ids.compose` escapes it
+_CHARACTER = "|".join(
+    (
+        "[A-Za-z0-9_.~-]",
+        "%(0[1-9A-F]|[1-7][0-9A-F])",
+        f"%(C[2-9A-F]|D[0-9A-F]){_BYTE}",
+        f"%E0%[AB][0-9A-F]{_BYTE}|%(E[1-9A-CEF]){_BYTE}{_BYTE}|%ED%[89][0-9A-F]{_BYTE}",
+        f"%F0%[9AB][0-9A-F]{_BYTE}{_BYTE}|%F[1-3]{_BYTE}{_BYTE}{_BYTE}|%F4%8[0-9A-F]{_BYTE}{_BYTE}",
+    )
+)
+_PART = f"({_CHARACTER})+".replace("%", "%%")
+"""A part of a thread id `_ids.compose` can make of a text PostgreSQL stores (UTF-8, no NUL):
+any other thread id (which a stello session cannot have) is not decoded, and written."""
+
+
 def _decoded(part: str) -> str:
     """SQL: the text `part` (an SQL expression, a part of `_ids.compose`) percent-decoded."""
     return f"""(SELECT convert_from(string_agg(CASE WHEN left(m[1], 1) = '%%'
@@ -73,7 +88,7 @@ def _guarded(table: str, columns: str, conflict: str) -> str:
         LEFT JOIN LATERAL (
             SELECT {_decoded("split_part(v.thread_id, '/', 2)")} AS tree_id,
                 {_decoded("split_part(v.thread_id, '/', 3)")} AS id
-            WHERE v.thread_id ~ '^stello/[^/]+/[^/]+$') AS k ON true
+            WHERE v.thread_id ~ '^stello/{_PART}/{_PART}$') AS k ON true
         WHERE k.tree_id IS NULL
             OR EXISTS (SELECT 1 FROM {SESSIONS} AS s WHERE s.tree_id = k.tree_id AND s.id = k.id
                 FOR KEY SHARE)

@@ -20,7 +20,7 @@ from stello_graph.checkpoints import PostgresMainStorage, StelloPostgresSaver, o
 from stello_graph.checkpoints._postgres_saver import postgres_saver
 from stello_graph.models import SessionMeta, TopologyNode
 
-ODD_TREE, ODD_SESSION = "team:x/ü", "notes é:1"  # ids whose thread id escapes them
+ODD_TREE, ODD_SESSION = "team:x/ü", "notes é:1 €😀"  # ids whose thread id escapes them
 
 
 def _rows(dsn: str, thread: str) -> int:
@@ -87,6 +87,8 @@ def test_the_saver_writes_nothing_of_a_removed_sessions_thread(postgres_dsn: str
         thread_id("other-tree", "b"),  # a tree stored elsewhere
         "someone-else's",
         "stello/not/a/session",
+        "stello/%FF/x",  # no text's escapes: no stello thread
+        "stello/a%00/b",
     ]
     for thread in [thread_id("default", "a"), thread_id(ODD_TREE, "gone"), *written]:
         _put(saver, thread)
