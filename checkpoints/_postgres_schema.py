@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from stello_graph.errors import ForeignDatabaseError, SchemaVersionError
 
 __all__ = [
+    "CHECKPOINT_TABLES",
     "EVENTS",
     "GLOBALS",
     "MIGRATIONS",
@@ -54,6 +55,10 @@ GLOBALS = "stello_globals"
 EVENTS = "stello_events"
 SCHEMA = "stello_schema"
 STAMPS = "stello_record_stamps"
+
+CHECKPOINT_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
+"""The tables of LangGraph's `PostgresSaver` that hold a thread's rows (each has `thread_id`):
+removing a session deletes its turn threads' rows from those the database has."""
 
 MIGRATION_LOCK = 0x5374_656C_6C6F_0001
 """The advisory lock key held while migrating ("Stello" and 1; a signed 64-bit integer)."""

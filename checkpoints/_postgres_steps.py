@@ -16,8 +16,16 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 
 import stello_graph.checkpoints._postgres_schema as _schema
+from stello_graph._ids import legacy_thread_id, thread_id
 from stello_graph.checkpoints._postgres_conn import Query, Steps
-from stello_graph.checkpoints._postgres_schema import EVENTS, GLOBALS, NODES, RECORDS, SESSIONS
+from stello_graph.checkpoints._postgres_schema import (
+    CHECKPOINT_TABLES,
+    EVENTS,
+    GLOBALS,
+    NODES,
+    RECORDS,
+    SESSIONS,
+)
 from stello_graph.checkpoints._postgres_tree import _META, _META_COUNT, TreeStatements
 from stello_graph.checkpoints._rows import built, stored_meta, stored_node
 from stello_graph.checkpoints._serde import (
@@ -153,8 +161,27 @@ class Statements(TreeStatements):
         yield Query(sql, (self.tree_id, list(session_ids)))
         sql = f"UPDATE {EVENTS} SET payload = %s WHERE tree_id = %s AND session_id = ANY(%s)"
         yield Query(sql, (REMOVED_PAYLOAD, self.tree_id, list(session_ids)))
+        yield from self._delete_threads(session_ids)
         for session_id in session_ids:
             self.cache.pop(session_id, None)
+
+    def _delete_threads(self, session_ids: list[str]) -> Steps[None]:
+        # The sessions' turn threads in LangGraph's tables on this database (the stello
+        # saver's), in this transaction and after the sessions' rows: a kill leaves none of
+        # them, and a checkpoint write of the saver, which writes nothing of a thread whose
+        # session is gone, either went before (its rows are seen here) or finds the session
+        # gone (`StelloPostgresSaver`).
+        sql = "SELECT name FROM unnest(%s::text[]) AS name WHERE to_regclass(name) IS NOT NULL"
+        found = (yield Query(sql, (list(CHECKPOINT_TABLES),))).rows
+        threads = [
+            thread
+            for session_id in session_ids
+            for thread in (
+                thread_id(self.tree_id, session_id), legacy_thread_id(self.tree_id, session_id)
+            )
+        ]  # fmt: skip
+        for (table,) in found:
+            yield Query(f"DELETE FROM {table} WHERE thread_id = ANY(%s)", (threads,))
 
     def append(
         self,

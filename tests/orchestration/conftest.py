@@ -16,7 +16,8 @@ from tests._postgres import POSTGRES
 
 AgentFactory = Callable[..., StelloAgent]
 AgentsOnFile = Callable[..., StelloAgent]
-"""`agents(db, model, **kwargs)`: a `StelloAgent` on the SQLite file `db` (`on_file`)."""
+"""`agents(db, model, **kwargs)`: a `StelloAgent` on the SQLite file `db` (or the PostgreSQL
+DSN `db`) (`on_file`)."""
 
 
 @pytest.fixture(params=["memory", "sqlite", *(["postgres"] if POSTGRES.wanted else [])])
@@ -50,11 +51,11 @@ def make_agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent
 
 @pytest.fixture
 def on_file() -> Iterator[AgentsOnFile]:
-    """Build agents on SQLite files (several may share one, as processes do); closed after
-    the test."""
+    """Build agents on SQLite files or PostgreSQL DSNs (several may share one, as processes
+    do); closed after the test."""
     made: list[StelloAgent] = []
 
-    def factory(db: Path, model: Any, **kwargs: Any) -> StelloAgent:
+    def factory(db: Path | str, model: Any, **kwargs: Any) -> StelloAgent:
         agent = StelloAgent(model=model, storage=db, **kwargs)
         made.append(agent)
         return agent

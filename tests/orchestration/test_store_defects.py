@@ -1,9 +1,10 @@
 """Defects of the two-store persistence (the storage and LangGraph's checkpoints on separate
 connections), fixed and held here.
 
-1. (Fixed on SQLite.) A session removed while one of its turns runs left that turn's
-   checkpoint rows (the user's text included): the removal now deletes the sessions' threads
-   in its transaction, and the saver writes nothing of a thread whose session is gone.
+1. (Fixed, on SQLite and PostgreSQL.) A session removed while one of its turns runs left
+   that turn's checkpoint rows (the user's text included): the removal now deletes the
+   sessions' threads in its transaction, and the saver writes nothing of a thread whose
+   session is gone (on PostgreSQL, each insert waits for a removal under way).
 2. (Fixed.) A turn raised after it committed: a checkpoint write after the commit failed,
    the turn was stored and its insight consumed, and a caller that retried stored it twice.
    An error from `turn`, `aturn`, `stream`, `astream`, `resume` or `aresume` now means
@@ -31,6 +32,7 @@ from stello_graph import StelloAgent, StelloError
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.errors import StorageUnavailableError
 from stello_graph.testing import ScriptedChatModel
+from tests._postgres import POSTGRES
 from tests.orchestration.conftest import AgentFactory, AgentsOnFile
 
 ENTERED, RELEASE = threading.Event(), threading.Event()
@@ -49,7 +51,20 @@ def _asks_the_tool() -> ScriptedChatModel:
     return ScriptedChatModel(respond=lambda msgs: call if msgs[-1].type == "human" else "Done.")
 
 
-def _thread_rows(db: Path, sid: str) -> int:
+def _thread_rows(db: Path | str, sid: str) -> int:
+    """The checkpoint rows of threads naming `sid`, on the SQLite file or PostgreSQL `db`."""
+    if isinstance(db, str):
+        import psycopg
+
+        sql = (
+            "SELECT (SELECT count(*) FROM checkpoints WHERE thread_id LIKE %(t)s)"
+            " + (SELECT count(*) FROM checkpoint_blobs WHERE thread_id LIKE %(t)s)"
+            " + (SELECT count(*) FROM checkpoint_writes WHERE thread_id LIKE %(t)s)"
+        )
+        with psycopg.connect(db, autocommit=True) as pg:
+            row = pg.execute(sql, {"t": f"%{sid}%"}).fetchone()
+        assert row is not None
+        return int(row[0])
     with sqlite3.connect(db) as conn:
         found = conn.execute(
             "SELECT (SELECT count(*) FROM checkpoints WHERE thread_id LIKE ?)"
@@ -60,10 +75,16 @@ def _thread_rows(db: Path, sid: str) -> int:
     return int(found)
 
 
+@pytest.fixture(params=["sqlite", *(["postgres"] if POSTGRES.wanted else [])])
+def shared_db(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where two agents share a tree, as two processes do: a SQLite file or a PostgreSQL DSN."""
+    return POSTGRES.dsn_for(tmp_path) if request.param == "postgres" else tmp_path / "race.db"
+
+
 def test_a_session_removed_during_its_turn_leaves_no_checkpoint_row(
-    on_file: AgentsOnFile, tmp_path: Path
+    on_file: AgentsOnFile, shared_db: Path | str
 ) -> None:
-    db = tmp_path / "race.db"
+    db = shared_db
     ENTERED.clear()
     RELEASE.clear()
     talking = on_file(db, _asks_the_tool(), tools=[slow_lookup])
