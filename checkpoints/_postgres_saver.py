@@ -245,8 +245,6 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
                 self._write_held(thread)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        if self._read_vouched(config):
-            return None
         with self._errors():
             self._flush_read(config)
             found = super().get_tuple(config)

@@ -24,10 +24,8 @@ from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 from stello_graph.checkpoints._queue import CallQueue
 
 __all__ = [
-    "EMPTY_THREAD_KEY",
     "HELD_CHECKPOINTS",
     "AsyncInThreads",
-    "EmptyThread",
     "HeldRun",
     "HeldRuns",
     "thread_of",
@@ -44,23 +42,6 @@ step) is held up to its first node step too: two checkpoints."""
 
 _START = "__start__"
 """LangGraph's START channel: a run's input written there runs a START step first."""
-
-
-EMPTY_THREAD_KEY = "stello_empty_thread"
-"""The key of an `EmptyThread` in a run's `configurable` (an object, so LangGraph does not
-copy it into checkpoint metadata)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EmptyThread:
-    """A run's word that nothing of `thread_id` is stored but what this saver knows of: the
-    agent gives it to a turn when its own last turn on the session pruned the thread in
-    memory and the session's lease has not been taken by anyone else since (its fencing
-    token moved by one at most). The saver then answers the run's read of the thread's
-    latest checkpoint from memory, `None`, when it holds nothing of the thread and has
-    written nothing of it either; any other read goes to the database as before."""
-
-    thread_id: str
 
 
 def thread_of(config: RunnableConfig | None) -> str | None:
@@ -193,27 +174,6 @@ class AsyncInThreads:
         held = self._held.get(thread_id)
         return held is not None and held.ended
 
-    def _in_memory_empty(self, config: RunnableConfig) -> bool:
-        """Whether the read `config` asks (the latest checkpoint of a root thread) can be
-        answered `None` without I/O: the run vouches for the thread (`EmptyThread`) and the
-        saver neither holds nor has written anything of it. Called under `_memory_lock`."""
-        conf = config.get("configurable") or {}
-        vouched = conf.get(EMPTY_THREAD_KEY)
-        thread = thread_of(config)
-        return (
-            isinstance(vouched, EmptyThread)
-            and thread is not None
-            and vouched.thread_id == thread
-            and not conf.get("checkpoint_id")
-            and not conf.get("checkpoint_ns")
-            and thread not in self._held
-            and self._unwritten(thread)
-        )
-
-    def _read_vouched(self, config: RunnableConfig) -> bool:
-        """`_in_memory_empty` for a sync read (waiting for the lock: never on a loop)."""
-        return bool(self._in_memory(self._in_memory_empty, config, wait=True))
-
     def _in_memory_put(
         self,
         config: RunnableConfig,
@@ -292,8 +252,6 @@ class AsyncInThreads:
         return await self._calls.call(fn, *args, **kwargs)
 
     async def aget_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
-        if self._in_memory(self._in_memory_empty, config, wait=False):
-            return None  # a turn's opening read of a thread it pruned itself
         return await self._in_thread(self.get_tuple, config)
 
     async def alist(

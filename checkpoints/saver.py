@@ -271,8 +271,6 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         return bound is not None and checkpoint_id <= bound
 
     def get_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
-        if self._read_vouched(config):
-            return None
         self._flush_read(config)
         found = super().get_tuple(config)
         thread = thread_of(config)

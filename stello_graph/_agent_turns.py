@@ -175,15 +175,13 @@ class _Turns:
             usage=_turn_usage(pending),
         )
 
-    def _finished(self, sid: str, result: TurnResult, lease: Lease | None = None) -> TurnResult:
-        self._threads.finished(sid, result.interrupted, lease)
+    def _finished(self, sid: str, result: TurnResult) -> TurnResult:
+        self._threads.finished(sid, result.interrupted)
         self._recorder.settle()  # a sync turn's events are stored when it returns
         return result
 
-    async def _afinished(
-        self, sid: str, result: TurnResult, lease: Lease | None = None
-    ) -> TurnResult:
-        await self._threads.afinished(sid, result.interrupted, lease)
+    async def _afinished(self, sid: str, result: TurnResult) -> TurnResult:
+        await self._threads.afinished(sid, result.interrupted)
         return result
 
     def turn(self, session_id: str, text: str, *, tool_choice: ToolChoice = None) -> TurnResult:
@@ -208,11 +206,11 @@ class _Turns:
         back = self._handback(sid)
         try:
             # the run's first step takes the read made with the lease (see `_held_run`)
-            with self._held_run(sid, back) as lease:
+            with self._held_run(sid, back):
                 self._switch(sid)
-                config = self._threads.run_config(sid, lease)
+                config = self._threads.config(sid)
                 out = self._turn_graph.invoke(payload, config, durability=self._durability)
-                return self._finished(sid, self._result(sid, out), lease)
+                return self._finished(sid, self._result(sid, out))
         except Exception as error:
             if back.committed is None:
                 raise
@@ -228,11 +226,11 @@ class _Turns:
             await self._atarget(sid, tool_choice)
         back = self._handback(sid)
         try:
-            async with self._aheld_run(sid, back) as lease:
+            async with self._aheld_run(sid, back):
                 await self._aswitch(sid)
-                config = self._threads.run_config(sid, lease)
+                config = self._threads.config(sid)
                 out = await self._turn_graph.ainvoke(payload, config, durability=self._durability)
-                return await self._afinished(sid, self._result(sid, out), lease)
+                return await self._afinished(sid, self._result(sid, out))
         except Exception as error:
             if back.committed is None:
                 raise
@@ -372,8 +370,8 @@ class _Turns:
         cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
         back = _kept()
         try:
-            with self._held_run(sid, back) as lease:
-                config = self._threads.run_config(sid, lease)
+            with self._held_run(sid, back):
+                config = self._threads.config(sid)
                 config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
                 self._switch(sid)
                 q = self._mux.open()
@@ -398,7 +396,7 @@ class _Turns:
                 ended = self._threads.ended_in_memory(sid) or not self.checkpointer
                 state = None if ended else self._turn_graph.get_state(self.config(sid))
                 if state is None or not state.interrupts:
-                    self._finished(sid, TurnResult(session_id=sid, content=""), lease)
+                    self._finished(sid, TurnResult(session_id=sid, content=""))
         except Exception as error:
             if back.committed is None:
                 raise
@@ -420,13 +418,13 @@ class _Turns:
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         back = _kept()
         try:
-            async with self._aheld_run(sid, back) as lease:
+            async with self._aheld_run(sid, back):
                 q = self._mux.open()
                 try:
                     await self._aswitch(sid)
                     async for item in self._turn_graph.astream(
                         payload,
-                        self._threads.run_config(sid, lease),
+                        self._threads.config(sid),
                         stream_mode=stream_mode,  # type: ignore[arg-type]
                         durability=self._durability,
                     ):
@@ -441,7 +439,7 @@ class _Turns:
                 ended = self._threads.ended_in_memory(sid) or not self.checkpointer
                 state = None if ended else await self._turn_graph.aget_state(self.config(sid))
                 if state is None or not state.interrupts:
-                    await self._afinished(sid, TurnResult(session_id=sid, content=""), lease)
+                    await self._afinished(sid, TurnResult(session_id=sid, content=""))
         except Exception as error:
             if back.committed is None:
                 raise

@@ -18,7 +18,6 @@ from langgraph.types import StateSnapshot
 
 from stello_graph._ids import legacy_thread_id, thread_id
 from stello_graph.checkpoints._kept_saver import KeptTurnSaver
-from stello_graph.checkpoints._threaded_saver import EMPTY_THREAD_KEY, EmptyThread
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease
 
@@ -62,32 +61,9 @@ class CheckpointThreads:
             # step; `finished` / `failed` then drop them (pruned) or write them (kept)
             checkpointer.hold_first_steps = True
         self._found: dict[str, str] = {}  # session id -> its checkpoint thread, once looked up
-        # session id -> the lease token of its last turn here, whose run was pruned in memory
-        self._pruned: dict[str, int] = {}
 
     def config(self, sid: str) -> RunnableConfig:
         return thread_config(self._found.get(sid) or thread_id(self.tree_id, sid))
-
-    def run_config(self, sid: str, lease: Lease) -> RunnableConfig:
-        """`config(sid)` for a turn's run under `lease`, vouching that its thread is empty
-        (`EmptyThread`: the saver answers the run's opening read from memory) when the last
-        turn of `sid` here pruned the thread in memory and nobody else has held the session
-        since: its token is that turn's, or the next one (every other taking of the lease
-        moves it, and whatever writes the thread holds the lease)."""
-        config = self.config(sid)
-        if self._pruned.pop(sid, None) in (lease.token, lease.token - 1):
-            conf = config["configurable"]
-            conf[EMPTY_THREAD_KEY] = EmptyThread(str(conf["thread_id"]))
-        return config
-
-    def _pruning(self, sid: str, thread: str, lease: Lease | None) -> None:
-        """Before `thread` is pruned: remember `lease`'s token when the pruning drops a run
-        held in memory with nothing of the thread on disk (`run_config`)."""
-        unwritten = getattr(self.checkpointer, "unwritten", None)
-        if lease is not None and callable(unwritten) and unwritten(thread):
-            self._pruned[sid] = lease.token
-        else:
-            self._pruned.pop(sid, None)
 
     def _legacy(self, sid: str) -> RunnableConfig:
         return thread_config(legacy_thread_id(self.tree_id, sid))
@@ -128,9 +104,8 @@ class CheckpointThreads:
             return False
         return bool(unwritten(self.config(sid)["configurable"]["thread_id"]))
 
-    def finished(self, sid: str, interrupted: bool, lease: Lease | None = None) -> None:
-        """A turn of `sid` (run under `lease`) ended: prune its thread (if asked); next
-        turns use the new id.
+    def finished(self, sid: str, interrupted: bool) -> None:
+        """A turn of `sid` ended: prune its thread (if asked); next turns use the new id.
 
         A turn that waits on an interrupt keeps its thread, written out now."""
         if interrupted:
@@ -138,7 +113,6 @@ class CheckpointThreads:
         elif self.checkpointer is not None:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
-                self._pruning(sid, thread, lease)
                 self.checkpointer.delete_thread(thread)
             elif isinstance(self.checkpointer, KeptTurnSaver):
                 self.checkpointer.end_run(thread)  # the turn kept as one checkpoint
@@ -207,14 +181,13 @@ class CheckpointThreads:
                 await self.afailed(sid)
             raise
 
-    async def afinished(self, sid: str, interrupted: bool, lease: Lease | None = None) -> None:
+    async def afinished(self, sid: str, interrupted: bool) -> None:
         """Async twin of `finished`."""
         if interrupted:
             await self.afailed(sid)
         elif self.checkpointer is not None:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
-                self._pruning(sid, thread, lease)
                 await self.checkpointer.adelete_thread(thread)
             elif isinstance(self.checkpointer, KeptTurnSaver):
                 await self.checkpointer.aend_run(thread)
@@ -223,7 +196,6 @@ class CheckpointThreads:
     def drop(self, sid: str) -> None:
         """Delete the checkpoint threads of a removed session (the legacy one if it is its)."""
         self._found.pop(sid, None)
-        self._pruned.pop(sid, None)
         saver = self.checkpointer
         if saver is None:
             return
@@ -234,7 +206,6 @@ class CheckpointThreads:
     async def adrop(self, sid: str) -> None:
         """Async twin of `drop`."""
         self._found.pop(sid, None)
-        self._pruned.pop(sid, None)
         saver = self.checkpointer
         if saver is None:
             return

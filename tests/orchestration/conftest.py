@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from stello_graph import StelloAgent
 from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
@@ -68,22 +67,6 @@ def on_file() -> Iterator[AgentsOnFile]:
 @pytest.fixture
 def sqlite_path(tmp_path: Path) -> Path:
     return tmp_path / "stello.db"
-
-
-def count_reads(
-    monkeypatch: pytest.MonkeyPatch, saver_class: type[BaseCheckpointSaver[Any]]
-) -> list[str]:
-    """The threads `saver_class.get_tuple` (LangGraph's own saver, under stello's) reads from
-    the database from now on, in order."""
-    seen: list[str] = []
-    real = saver_class.get_tuple
-
-    def counted(self: Any, config: Any) -> Any:
-        seen.append(str(config["configurable"]["thread_id"]))
-        return real(self, config)
-
-    monkeypatch.setattr(saver_class, "get_tuple", counted)
-    return seen
 
 
 def close_storage(storage: MainStorage) -> None:

@@ -157,25 +157,3 @@ async def test_a_kept_async_postgres_saver_keeps_one_checkpoint_per_turn(
             state = await agent._turn_graph.aget_state(agent.config(sid))
             assert state.values["session_id"] == sid
             assert [m.text for m in state.values["messages"]] == ["question 2", "ok"]
-
-
-def test_turns_after_one_pruned_in_memory_read_no_checkpoint(
-    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from langgraph.checkpoint.postgres import PostgresSaver
-
-    from tests.orchestration.conftest import count_reads
-
-    reads = count_reads(monkeypatch, PostgresSaver)
-    with StelloAgent(model=ScriptedChatModel(default="ok"), storage=postgres_dsn) as agent:
-        sid = agent.main_session_id
-        agent.turn(sid, "first")
-        count = len(reads)
-        for n in range(3):
-            assert agent.turn(sid, f"question {n}").content == "ok"
-        assert len(reads) == count  # the lease was not taken by anyone else in between
-        with StelloAgent(model=ScriptedChatModel(default="b"), storage=postgres_dsn) as other:
-            other.turn(sid, "between")
-        after = len(reads)
-        agent.turn(sid, "again")
-        assert len(reads) == after + 1
