@@ -161,12 +161,13 @@ class StelloConfig:
     """LangGraph checkpoint durability of the agent's turns. With `"async"` (or `"exit"`) the
     agent's own checkpointer holds a turn's first steps in memory until its first tool
     results: a crash before them keeps nothing of the turn (send it again), one after them
-    keeps every completed tool round. A checkpointer of your own keeps LangGraph's
-    checkpoints as LangGraph writes them. `"sync"` writes every step before the next one
+    keeps every completed tool round. With `"async"` a checkpointer of your own that is not
+    pruned does the same (through a `KeptTurnSaver`), and a turn that ends in its first model
+    step keeps its last checkpoint only. `"sync"` writes every step before the next one
     starts (BENCHMARKS.md, "What a crash keeps")."""
     prune_checkpoints: bool | None = None
     """Drop a turn's checkpoints once it is committed (default: when the agent made the
-    checkpointer itself)."""
+    checkpointer itself). Kept, a turn without tools is one checkpoint (with `"async"`)."""
 
     def __post_init__(self) -> None:
         if self.model is not None:

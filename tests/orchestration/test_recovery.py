@@ -115,7 +115,9 @@ async def _maybe_await(value: Any) -> Any:
 async def test_resumed_commit_after_another_writer_never_duplicates(
     make_agent: AgentFactory, mode: str
 ) -> None:
-    agent = make_agent(model=ScriptedChatModel(["reply"]), prune_checkpoints=False)
+    agent = make_agent(  # every step on disk (kept with "async": only its last step)
+        model=ScriptedChatModel(["reply"]), prune_checkpoints=False, durability="sync"
+    )
     sid = agent.main_session_id
     agent.turn(sid, "question")
     # another process appends a turn of its own to the same session ...

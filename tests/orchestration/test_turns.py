@@ -134,7 +134,8 @@ def test_interrupt_and_resume(make_agent: AgentFactory) -> None:
 
 def test_resumed_commit_never_duplicates(make_agent: AgentFactory) -> None:
     model = ScriptedChatModel(["reply"])
-    agent = make_agent(model=model, prune_checkpoints=False)
+    # every step on disk: kept with `"async"`, a turn without tools is only its last step
+    agent = make_agent(model=model, prune_checkpoints=False, durability="sync")
     sid = agent.main_session_id
     agent.turn(sid, "question")
     config = agent.config(sid)

@@ -116,10 +116,10 @@ def test_held_steps_are_written_when_read_or_closed(postgres_dsn: str) -> None:
     assert _rows(postgres_dsn) == 1
 
 
-def test_a_users_postgres_saver_keeps_the_turns_state(postgres_dsn: str) -> None:
-    # LangGraph's own PostgresSaver stores each channel's value by version: the thread's
-    # newest checkpoint reads back as the finished turn's state (the session id is set by the
-    # run's input only)
+def test_a_kept_postgres_saver_keeps_one_checkpoint_per_turn(postgres_dsn: str) -> None:
+    # LangGraph's own PostgresSaver stores each channel's value by version: the one
+    # checkpoint a turn keeps must carry every channel the run changed (the session id is
+    # set by the run's input only)
     from langgraph.checkpoint.postgres import PostgresSaver
 
     with PostgresSaver.from_conn_string(postgres_dsn) as saver:
@@ -130,14 +130,16 @@ def test_a_users_postgres_saver_keeps_the_turns_state(postgres_dsn: str) -> None
             sid = agent.fork(agent.main_session_id, "Notes").id
             for n in range(3):
                 agent.turn(sid, f"question {n}")
-            assert len(list(saver.list(agent.config(sid)))) >= 3
+            found = list(saver.list(agent.config(sid)))
+            assert len(found) == 3
+            assert _rows(postgres_dsn, "checkpoint_writes") == 0
             state = agent._turn_graph.get_state(agent.config(sid))
             assert state.values["session_id"] == sid and state.values["content"] == "ok"
             assert [m.text for m in state.values["messages"]] == ["question 2", "ok"]
             assert agent.turn(sid, "again").turn_count == 4
 
 
-async def test_a_users_async_postgres_saver_keeps_the_turns_state(
+async def test_a_kept_async_postgres_saver_keeps_one_checkpoint_per_turn(
     postgres_dsn: str,
 ) -> None:
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -150,7 +152,8 @@ async def test_a_users_async_postgres_saver_keeps_the_turns_state(
             sid = agent.main_session_id
             for n in range(3):
                 await agent.aturn(sid, f"question {n}")
-            assert len([c async for c in saver.alist(agent.config(sid))]) >= 3
+            found = [c async for c in saver.alist(agent.config(sid))]
+            assert len(found) == 3
             state = await agent._turn_graph.aget_state(agent.config(sid))
             assert state.values["session_id"] == sid
             assert [m.text for m in state.values["messages"]] == ["question 2", "ok"]
