@@ -212,10 +212,7 @@ class _Turns:
                 out = self._turn_graph.invoke(payload, config, durability=self._durability)
                 return self._finished(sid, self._result(sid, out))
         except Exception as error:
-            if back.committed is None:
-                raise
-            self._recorder.settle()
-            return self._stored(sid, back.committed, error)
+            return self._stored(sid, back, error, settle=True)
 
     async def aturn(
         self, session_id: str, text: str, *, tool_choice: ToolChoice = None
@@ -232,21 +229,27 @@ class _Turns:
                 out = await self._turn_graph.ainvoke(payload, config, durability=self._durability)
                 return await self._afinished(sid, self._result(sid, out))
         except Exception as error:
-            if back.committed is None:
-                raise
-            return self._stored(sid, back.committed, error)
+            return self._stored(sid, back, error)
 
-    def _stored(self, sid: str, state: dict[str, Any], error: Exception) -> TurnResult:
+    def _stored(
+        self, sid: str, back: Handback, error: Exception, *, settle: bool = False
+    ) -> TurnResult:
         """The reply of a turn whose run raised after its commit (a checkpoint write that
         failed, the thread's pruning, the lease's release): the turn is stored, so the call
         answers with it (a caller that retried would store it twice); the failure is logged
-        as a warning, and the thread pruned where the saver still could (`running`)."""
+        as a warning, and the thread pruned where the saver still could (`running`). A run
+        that raised before its commit (`back.committed` unset) raises `error` again.
+        `settle`: a sync call settles the events recorded first."""
+        if back.committed is None:
+            raise error
+        if settle:
+            self._recorder.settle()
         logger.warning(
             "A turn of session %r is stored, but the run failed after its commit (%s: %s); "
             "its reply is returned: retrying it would store the turn twice.",
             sid, type(error).__name__, error, exc_info=error,
         )  # fmt: skip
-        return self._result(sid, state)
+        return self._result(sid, back.committed)
 
     @contextmanager
     def _held_run(self, sid: str, back: Handback) -> Iterator[Lease]:
@@ -298,10 +301,7 @@ class _Turns:
                     out = self._turn_graph.invoke(payload, config, durability=self._durability)
                     return self._finished(sid, self._result(sid, out))
         except Exception as error:
-            if back.committed is None:
-                raise
-            self._recorder.settle()
-            return self._stored(sid, back.committed, error)
+            return self._stored(sid, back, error, settle=True)
 
     async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
         """Async twin of `resume`."""
@@ -321,9 +321,7 @@ class _Turns:
                     )
                     return await self._afinished(sid, self._result(sid, out))
         except Exception as error:
-            if back.committed is None:
-                raise
-            return self._stored(sid, back.committed, error)
+            return self._stored(sid, back, error)
 
     def _check_resumable(self) -> None:
         if self.checkpointer is None:
@@ -398,9 +396,7 @@ class _Turns:
                 if state is None or not state.interrupts:
                     self._finished(sid, TurnResult(session_id=sid, content=""))
         except Exception as error:
-            if back.committed is None:
-                raise
-            self._stored(sid, back.committed, error)  # the stream ends as the turn did
+            self._stored(sid, back, error)  # the stream ends as the turn did
 
     async def astream(
         self,
@@ -441,9 +437,7 @@ class _Turns:
                 if state is None or not state.interrupts:
                     await self._afinished(sid, TurnResult(session_id=sid, content=""))
         except Exception as error:
-            if back.committed is None:
-                raise
-            self._stored(sid, back.committed, error)  # the stream ends as the turn did
+            self._stored(sid, back, error)  # the stream ends as the turn did
 
 
 def _kept() -> Handback:
