@@ -87,7 +87,8 @@ class TurnState(OpState, total=False):
     input: Annotated[str, EphemeralValue]
     """The user message."""
     turn_id: Annotated[str, EphemeralValue]
-    """An id for the turn from the caller (`as_tool`: its tool call's); see `_turn_of`."""
+    """An id for the turn from the caller (`StelloAgent`'s, `as_tool`'s tool call's); see
+    `_turn_of`."""
     tool_choice: Annotated[str | dict[str, Any] | bool | None, EphemeralValue]
     """Force the first model call to use tools (`"required"`, a tool's name, ...)."""
     turn_tool_choice: str | dict[str, Any] | bool | None

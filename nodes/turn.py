@@ -74,7 +74,9 @@ def _human_id(config: RunnableConfig) -> str:
     It is derived from the step's task (LangGraph derives that from the checkpoint the step
     starts from): a turn resumed from a checkpoint written before its commit was (a crash
     with asynchronous checkpointing) makes the same message, so the commit finds the records
-    it already stored instead of storing the turn twice.
+    it already stored instead of storing the turn twice. A crash that lost the writes of the
+    START step before it makes a new one (LangGraph runs that step again, under new
+    checkpoint ids), which is why `StelloAgent` names its turns in their input (`turn_id`).
     """
     configurable = config.get("configurable") or {}
     task, thread = configurable.get("checkpoint_ns"), configurable.get("thread_id")
@@ -170,21 +172,23 @@ def _shown(state: State, opens: bool) -> dict[str, Any]:
 
 
 def _turn_of(state: State, opens: bool, config: RunnableConfig) -> str | None:
-    """The turn's id: the caller's (`turn_id`, the id of `as_tool`'s tool call: the same
-    when a parent graph replays the call), else derived from the step (`_human_id`)."""
+    """The turn's id: the caller's (`turn_id`: `StelloAgent` names each turn, `as_tool` by
+    its tool call, the same when a parent graph replays the call), else derived from the
+    step (`_human_id`)."""
     if not opens:
         return _turn_id(_records(state))
     return state.get("turn_id") or _human_id(config)
 
 
-def _rerun(state: State, config: RunnableConfig, opens: bool) -> bool:
+def _rerun(state: State, config: RunnableConfig, opens: bool, replays: bool) -> bool:
     """Whether the step may be running again after it committed. The round that opens the
     turn in a run started by an input is new (its turn id is derived from the run's new
-    checkpoint: L3 cannot hold it yet) unless the caller named the turn (`turn_id`); in a
-    run that continues from a checkpoint (after a crash, an interrupt, a replay) LangGraph
-    flags its first step as resuming. A later round always may: its turn id is the turn's,
-    whichever run it is in."""
-    if not opens or state.get("turn_id"):
+    checkpoint, or named afresh by `StelloAgent`: L3 cannot hold it yet) unless a caller
+    may send the input of a turn it named again (`replays`: `as_tool` in a parent graph
+    that replays the call); in a run that continues from a checkpoint (after a crash, an
+    interrupt, a replay) LangGraph flags its first step as resuming. A later round always
+    may: its turn id is the turn's, whichever run it is in."""
+    if not opens or (replays and state.get("turn_id")):
         return True
     return bool((config.get("configurable") or {}).get(CONFIG_KEY_RESUMING, False))
 
@@ -263,7 +267,7 @@ def _replied(
     return {**opened, "pending": Overwrite(opening)}, [*records, reply]  # type: ignore[typeddict-item]
 
 
-def make_model_node(deps: StelloDeps) -> StelloNode:
+def make_model_node(deps: StelloDeps, *, replays: bool = True) -> StelloNode:
     """Node `model`: one call of the session's model on its context plus the turn so far.
 
     The round that runs straight after the input opens the turn (checks the input and the
@@ -272,7 +276,8 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
     transaction, and the insight it showed is consumed. So a turn without tools is one
     checkpointed step, as a plain LangGraph agent's is. A step run again after it had
     committed (a crash before its checkpoint was written, a replay) finds its turn in L3 and
-    returns it without calling the model.
+    returns it without calling the model. `replays`: whether an input may ask again a turn
+    its caller named (`_rerun`); `StelloAgent`'s own turn graph names each turn afresh.
     """
 
     def model(state: State, config: RunnableConfig) -> State:
@@ -283,7 +288,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             turn = _turn_of(state, opens, config)
             if (
                 turn is not None
-                and _rerun(state, config, opens)
+                and _rerun(state, config, opens, replays)
                 and deps.storage.has_turn(sid, turn)
             ):
                 stored = _stored_turn(session, turn)
@@ -312,7 +317,7 @@ def make_model_node(deps: StelloDeps) -> StelloNode:
             turn = _turn_of(state, opens, config)
             if (
                 turn is not None
-                and _rerun(state, config, opens)
+                and _rerun(state, config, opens, replays)
                 and await deps.storage.ahas_turn(sid, turn)
             ):
                 done = await _astored_turn(session, turn)

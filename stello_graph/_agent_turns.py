@@ -8,6 +8,7 @@ session's lease.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -118,7 +119,10 @@ class _Turns:
         sid = check_id(session_id)
         check_text(text, "text")
         choice = None if tool_choice is None else check_tool_choice(tool_choice)
-        payload: dict[str, Any] = {"session_id": sid, "input": text}
+        # the turn is named in its input: a crash that loses the START step's writes makes
+        # LangGraph run that step again, under new checkpoint ids, and an id derived from
+        # them would be a new turn (its fork made twice, or its commit stored twice)
+        payload: dict[str, Any] = {"session_id": sid, "input": text, "turn_id": str(uuid.uuid4())}
         if choice is not None:  # an input key left out is not checkpointed
             payload["tool_choice"] = choice
         return sid, payload

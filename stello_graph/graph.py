@@ -202,6 +202,7 @@ class TurnInput(TypedDict, total=False):
 
     session_id: str
     input: str
+    turn_id: str
     tool_choice: str | dict[str, Any] | bool | None
 
 
@@ -238,8 +239,10 @@ def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
     other began.
     """
     graph = TurnGraph(TurnState, input_schema=TurnInput, output_schema=TurnOutput)
-    graph.add_node(
-        "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
+    graph.add_node(  # the agent names each turn afresh (`turn_id`): no input asks one again
+        "model",
+        make_model_node(deps, replays=False),
+        retry_policy=model_retry_policy(deps.model_retry),
     )
     graph.add_node("tools", make_tools_node(deps))
     graph.add_edge(START, "model")

@@ -131,3 +131,46 @@ async def test_resumed_commit_after_another_writer_never_duplicates(
     contents = [m.content for m in agent.session(sid).messages()]
     assert contents == ["question", "reply", "other", "x"]
     assert agent.storage.get_turn_count(sid) == 2
+
+
+def _back_to_input(agent: Any, sid: str) -> None:
+    """What a crash leaves when only the turn's input checkpoint had reached the disk (the
+    START step's writes and every later step still on their way): a resume runs the START
+    step again, and LangGraph gives every step after it new checkpoint ids."""
+    assert agent.checkpointer is not None
+    while agent.checkpointer.get_tuple(agent.config(sid)).metadata.get("source") != "input":
+        lose_last_checkpoint(agent, sid)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_turn_resumed_from_its_input_forks_and_commits_once(
+    make_agent: AgentFactory, mode: str
+) -> None:
+    failed: list[bool] = []
+
+    def fork_then_fail_once(messages: list[BaseMessage]) -> Any:
+        if not any(m.type == "tool" for m in _in_turn(messages)):
+            return ScriptedChatModel.tool_call("create_session", {"label": "Deep dive"}, id="c1")
+        if not failed:  # the process dies after the fork, before the turn's commit
+            failed.append(True)
+            raise RuntimeError("killed")
+        return "Branched."
+
+    agent = make_agent(
+        model=ScriptedChatModel(respond=fork_then_fail_once),
+        prune_checkpoints=False,
+        durability="sync",
+    )
+    parent = agent.fork(agent.main_session_id, "Parent").id
+    with pytest.raises(Exception, match="killed"):
+        agent.turn(parent, "let's branch")
+    _back_to_input(agent, parent)
+    resume = agent.resume if mode == "sync" else agent.aresume
+    assert (await _maybe_await(resume(parent))).content == "Branched."
+    assert [c.label for c in agent.storage.get_children(parent)] == ["Deep dive"]
+    assert [m.type for m in agent.session(parent).messages()] == ["human", "ai", "tool", "ai"]
+    # the committed turn resumed again from its input is returned, not stored twice
+    _back_to_input(agent, parent)
+    assert (await _maybe_await(resume(parent))).content == "Branched."
+    assert len(agent.session(parent).messages()) == 4
+    assert agent.storage.get_turn_count(parent) == 1

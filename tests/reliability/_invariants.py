@@ -168,9 +168,14 @@ def structural_problems(snap: Snapshot, *, strict: bool = True) -> list[str]:
         if node.parent_id is not None and node.parent_id not in node_ids:
             problems.append(f"TopologyNode {node.id} has a missing parent {node.parent_id}")
     labels = Counter(d.meta.label for d in snap.sessions.values())
-    problems += [
-        f"label {lab!r} used {n} times (a fork ran twice)" for lab, n in labels.items() if n > 1
-    ]
+    for lab, n in labels.items():
+        if n > 1:
+            twins = [
+                f"{sid} under {d.node.parent_id if d.node else None}"
+                for sid, d in snap.sessions.items()
+                if d.meta.label == lab
+            ]
+            problems.append(f"label {lab!r} used {n} times (a fork ran twice): {', '.join(twins)}")
     for sid, data in snap.sessions.items():
         problems += _session_problems(sid, data, strict)
     problems += _insight_problems(snap)

@@ -115,16 +115,18 @@ def verify(db: Path | str, ack: Path, figures: Figures) -> None:
     problems += found
     figures.add("acknowledged operations re-checked (all verifications)", checked)
     figures.add("verifications")
-    if problems and KEEP and isinstance(db, Path):
+    if problems and KEEP:
         problems.insert(0, f"database and acks kept in {_keep(db, ack, Path(KEEP))}")
     assert not problems, "\n".join(problems[:40])
 
 
-def _keep(db: Path, ack: Path, where: Path) -> Path:
-    """Copy the database (with its WAL) and the acks into a new directory under `where`."""
+def _keep(db: Path | str, ack: Path, where: Path) -> Path:
+    """Copy the database (with its WAL; a PostgreSQL schema is left where it is) and the
+    acks into a new directory under `where`."""
     where.mkdir(parents=True, exist_ok=True)
-    kept = Path(tempfile.mkdtemp(prefix=f"{db.stem}-", dir=where))
-    for path in (db, db.with_name(db.name + "-wal"), ack):
+    kept = Path(tempfile.mkdtemp(prefix=f"{ack.stem}-", dir=where))
+    files = (db, db.with_name(db.name + "-wal"), ack) if isinstance(db, Path) else (ack,)
+    for path in files:
         if path.exists():
             shutil.copy2(path, kept / path.name)
     return kept
