@@ -124,9 +124,14 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
                 if transaction and self._deleted:
                     self._purge(cur)
                 yield cur
-            finally:
+            except BaseException:
+                if transaction:  # nothing of a write that failed half-way
+                    self.conn.rollback()
+                raise
+            else:
                 if transaction:
                     self.conn.commit()
+            finally:
                 cur.close()
 
     def _purge(self, cur: sqlite3.Cursor) -> None:

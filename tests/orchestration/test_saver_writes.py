@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.types import interrupt
@@ -285,3 +286,21 @@ def test_asking_whether_a_thread_is_unwritten_never_waits_for_the_saver_lock(db:
     assert seen == [True] and busy is False
     assert saver.unwritten("u")  # the lock free again: the real answer
     saver.close()
+
+
+def test_held_steps_that_fail_to_be_written_leave_nothing_half_written(db: Path) -> None:
+    # a checkpoint that cannot be serialized, held with the run's first steps: their
+    # write fails, and none of them reaches the file (the input checkpoint and its writes
+    # alone would make a resumed run start its START step over)
+    saver = sqlite_saver(db, hold_first_steps=True)
+    thread: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    at_input = saver.put(thread, empty_checkpoint(), {"source": "input", "step": -1}, {})
+    saver.put_writes(at_input, [("x", 1)], "task-1")
+    bad = empty_checkpoint()
+    bad["channel_values"] = {"x": threading.Lock()}
+    after_bad = saver.put(at_input, bad, {"source": "loop", "step": 0}, {})
+    with pytest.raises(TypeError, match="not msgpack serializable"):
+        saver.put(after_bad, empty_checkpoint(), {"source": "loop", "step": 1}, {})
+    assert saver.get_tuple(thread) is None
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM writes").fetchone() == (0,)
+    saver.conn.close()
