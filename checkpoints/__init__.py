@@ -2,7 +2,7 @@
 
 * `SqliteMainStorage` - the reference `MainStorage`, in a SQLite file shared safely by
   threads, asyncio tasks and processes.
-* `InMemoryMainStorage` - the same semantics in plain Python objects, for tests.
+* `InMemoryMainStorage` - the same storage on a private SQLite `:memory:` database, for tests.
 * `StorageBackend` / `BackendStorage` - for a storage of your own: implement the twenty-nine
   primitives of the backend protocol, and `BackendStorage(backend)` is a full `MainStorage`
   (see `stello_graph.checkpoints.backend`); `AsyncStorageBackend` / `AsyncTransactionHooks`
@@ -32,10 +32,9 @@ if TYPE_CHECKING:
         StorageBackend,
         TransactionHooks,
     )
-    from stello_graph.checkpoints.memory import InMemoryMainStorage
     from stello_graph.checkpoints.postgres import PostgresMainStorage, open_postgres
     from stello_graph.checkpoints.saver import StelloSqliteSaver, open_sqlite, sqlite_saver
-    from stello_graph.checkpoints.sqlite import SqliteMainStorage
+    from stello_graph.checkpoints.sqlite import InMemoryMainStorage, SqliteMainStorage
 
 _LAZY = {
     **dict.fromkeys(
@@ -48,7 +47,7 @@ _LAZY = {
         ),
         "stello_graph.checkpoints.backend",
     ),
-    "InMemoryMainStorage": "stello_graph.checkpoints.memory",
+    "InMemoryMainStorage": "stello_graph.checkpoints.sqlite",
     "SqliteMainStorage": "stello_graph.checkpoints.sqlite",
     "PostgresMainStorage": "stello_graph.checkpoints.postgres",
     "StelloPostgresSaver": "stello_graph.checkpoints._postgres_saver",

@@ -9,7 +9,7 @@ so the logic between the primitives cannot drift apart between the sync and asyn
     >>> def count_plus_one(session_id):
     ...     count = yield Op("count", session_id)
     ...     return count + 1
-    >>> from stello_graph.checkpoints.memory import InMemoryMainStorage
+    >>> from stello_graph.checkpoints import InMemoryMainStorage
     >>> drive(count_plus_one("s1"), InMemoryMainStorage())
     1
 

@@ -30,7 +30,7 @@ work runs in the worker waits for that work to end (a thread cannot be interrupt
 it unwinds, so the lock is never released under a running statement.
 
 The backend supplies the transaction primitives (`TransactionHooks`, and their async twins):
-SQLite maps them to `BEGIN IMMEDIATE` / `SAVEPOINT`, the in-memory storage to an undo log.
+SQLite maps them to `BEGIN IMMEDIATE` / `SAVEPOINT`, PostgreSQL to its own transactions.
 
 A nested block is a savepoint, except inside an all-or-nothing block (`savepoints=False`):
 there nested blocks set none, and the first failure among them breaks the all-or-nothing

@@ -31,9 +31,9 @@ once (generator flows, `_flows`), so the sync and async methods cannot drift apa
 with sync primitives only (SQLite) still gets every async method: its primitives run in the
 storage's worker thread, never on the event loop.
 
-The reference backends are `InMemoryMainStorage` (the shortest: read it first) and
-`SqliteMainStorage`; both are their own backend (they subclass `BackendStorage` and pass
-themselves). To hold a new backend to the same rules, run the test suites against it: name a
+The reference backend is `SqliteMainStorage` (`InMemoryMainStorage` is the same class on
+SQLite's `:memory:`); it is its own backend (it subclasses `BackendStorage` and passes
+itself). To hold a new backend to the same rules, run the test suites against it: name a
 factory `module:function(tmp_path, tree_id)` that returns a fresh storage in
 `STELLO_TEST_STORAGE`, and every test parametrised over the storage backends (the
 `main_storage` and `api` fixtures of the storage and core suites) runs on it too:

@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
 
-__all__ = ["SqliteMainStorage"]
+__all__ = ["InMemoryMainStorage", "SqliteMainStorage"]
 
 _META = "id, label, role, status, tags, metadata, created_at, updated_at"
 _META_COUNT = 8
@@ -534,3 +534,30 @@ def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
 
 def _node(row: Sequence[Any]) -> TopologyNode:
     return TopologyNode(id=row[0], parent_id=row[1], label=row[2])
+
+
+class InMemoryMainStorage(SqliteMainStorage):
+    """A `MainStorage` kept in memory, for tests and experiments: `SqliteMainStorage` on a
+    private `":memory:"` database, so it has exactly the SQLite storage's semantics. Nothing
+    survives `close()` or the process.
+
+    Args:
+        tree_id: the tree this storage reads and writes.
+        record_cache_size: how many sessions' decoded records to keep (0 disables).
+
+    Example:
+        >>> from stello_graph.models import SessionMeta
+        >>> storage = InMemoryMainStorage()
+        >>> storage.put_session(SessionMeta(id="s1", label="Ideas"))
+        >>> storage.get_session("s1").label
+        'Ideas'
+    """
+
+    def __init__(self, *, tree_id: str = "default", record_cache_size: int = 256) -> None:
+        super().__init__(":memory:", tree_id=tree_id, record_cache_size=record_cache_size)
+
+    def __repr__(self) -> str:
+        return f"InMemoryMainStorage(tree_id={self.tree_id!r})"
+
+    def __enter__(self) -> InMemoryMainStorage:
+        return self

@@ -8,7 +8,7 @@ steps exists once, so the sync and the async operation cannot drift apart:
     >>> def flow(session_id):
     ...     count = yield Storage("count_records", session_id)
     ...     return count + 1
-    >>> from stello_graph.checkpoints.memory import InMemoryMainStorage
+    >>> from stello_graph.checkpoints import InMemoryMainStorage
     >>> run(flow("s1"), InMemoryMainStorage())
     1
 """

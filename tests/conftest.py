@@ -30,7 +30,8 @@ BACKENDS = [
     *(["third-party"] if _THIRD_PARTY else []),
 ]
 """Every storage the suites parametrised over backends run on. `composed` is a
-`BackendStorage` over a separate backend object, as a third-party backend is used;
+`BackendStorage` over a separate backend object with the required primitives only, as a
+minimal third-party backend is used;
 `postgres` runs when a PostgreSQL is there (see `tests._postgres`)."""
 
 
@@ -45,7 +46,10 @@ def open_storage(backend: str, tmp_path: Path, *, tree_id: str = "default") -> S
     if backend == "memory":
         return InMemoryMainStorage(tree_id=tree_id)
     if backend == "composed":
-        return BackendStorage(InMemoryMainStorage(tree_id=tree_id), tree_id=tree_id)
+        from tests.storage._third_party import RequiredOnly
+
+        minimal: Any = RequiredOnly(InMemoryMainStorage(tree_id=tree_id))
+        return BackendStorage(minimal, tree_id=tree_id)
     if backend == "third-party":
         return _third_party_factory()(tmp_path, tree_id)
     if backend == "postgres":

@@ -23,7 +23,6 @@ MODULES = [
     "stello_graph.digest",
     "stello_graph._topology_slot",
     "stello_graph.checkpoints._shell",
-    "stello_graph.checkpoints.memory",
     "stello_graph.checkpoints.sqlite",
     "stello_graph.checkpoints._sqlite_rows",
 ]

@@ -20,12 +20,80 @@ from stello_graph.checkpoints import (
     BackendStorage,
     InMemoryMainStorage,
     SqliteMainStorage,
+    StorageBackend,
 )
+
+
+class RequiredOnly:
+    """A backend with the protocol's required primitives only, as a minimal third-party one
+    has (no optional read such as `op_topology_text`): those of another backend."""
+
+    _NAMES = frozenset(
+        {name for name in vars(StorageBackend) if name.startswith("op_")}
+        | {"transaction_hooks", "close"}
+    )
+
+    def __init__(self, backend: StorageBackend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self._NAMES:
+            raise AttributeError(name)
+        return getattr(self._backend, name)
 
 
 def open_composed_sqlite(tmp_path: Path, tree_id: str) -> BackendStorage:
     backend = SqliteMainStorage(tmp_path / "third-party.db", tree_id=tree_id)
     return BackendStorage(backend, tree_id=tree_id)
+
+
+class InlineHooks:
+    """`AsyncTransactionHooks` that run a backend's sync hooks inline."""
+
+    def __init__(self, hooks: Any) -> None:
+        self._hooks = hooks
+
+    async def begin(self, *, wait: bool) -> bool:
+        return bool(self._hooks.begin(wait=wait))
+
+    async def commit(self) -> None:
+        self._hooks.commit()
+
+    async def rollback(self) -> None:
+        self._hooks.rollback()
+
+    async def savepoint(self, depth: int) -> None:
+        self._hooks.savepoint(depth)
+
+    async def release(self, depth: int) -> None:
+        self._hooks.release(depth)
+
+    async def rollback_to(self, depth: int) -> None:
+        self._hooks.rollback_to(depth)
+
+
+class NativeMemory(InMemoryMainStorage):
+    """An in-memory backend used as a native async one: each `aop_NAME` runs `op_NAME` on the
+    event loop (after yielding to it when `suspend`, as a network round trip would)."""
+
+    suspend = False
+
+    @property
+    def async_transaction_hooks(self) -> AsyncTransactionHooks:
+        hooks: AsyncTransactionHooks = InlineHooks(self.transaction_hooks)
+        return hooks
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("aop_"):
+            raise AttributeError(name)
+        sync = getattr(self, "op_" + name[4:])
+
+        async def primitive(*args: Any) -> Any:
+            if self.suspend:
+                await asyncio.sleep(0)
+            return sync(*args)
+
+        return primitive
 
 
 class _SuspendingHooks:
@@ -42,24 +110,15 @@ class _SuspendingHooks:
         return suspending
 
 
-class _SuspendingMemory(InMemoryMainStorage):
-    """Every `aop_*` yields to the loop before running."""
+class _SuspendingMemory(NativeMemory):
+    """Every `aop_*` and hook yields to the loop before running."""
+
+    suspend = True
 
     @property
     def async_transaction_hooks(self) -> AsyncTransactionHooks:
         hooks: AsyncTransactionHooks = _SuspendingHooks(super().async_transaction_hooks)
         return hooks
-
-    def __getattribute__(self, name: str) -> Any:
-        found = super().__getattribute__(name)
-        if not name.startswith("aop_"):
-            return found
-
-        async def suspending(*args: Any) -> Any:
-            await asyncio.sleep(0)
-            return await found(*args)
-
-        return suspending
 
 
 def open_suspending_memory(tmp_path: Path, tree_id: str) -> BackendStorage:

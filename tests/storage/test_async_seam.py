@@ -18,9 +18,8 @@ from stello_graph.checkpoints import (
     SqliteMainStorage,
     StorageBackend,
 )
-from stello_graph.checkpoints._inline import InlineAsyncHooks
 from stello_graph.models import SessionMeta
-from tests.storage._third_party import open_suspending_memory
+from tests.storage._third_party import InlineHooks, NativeMemory, open_suspending_memory
 
 
 def _members(cls: type) -> set[str]:
@@ -68,7 +67,7 @@ async def test_sqlite_runs_no_primitive_on_the_event_loop(tmp_path: Path) -> Non
         assert storage.get_insight("s1") is None
 
 
-class _RecordingHooks(InlineAsyncHooks):
+class _RecordingHooks(InlineHooks):
     def __init__(self, storage: InMemoryMainStorage, calls: list[str]) -> None:
         super().__init__(storage.transaction_hooks)
         self.calls = calls
@@ -86,7 +85,7 @@ class _RecordingHooks(InlineAsyncHooks):
         await super().commit()
 
 
-class _NativeBackend(InMemoryMainStorage):
+class _NativeBackend(NativeMemory):
     """An in-memory backend whose async primitives and hooks record being awaited."""
 
     calls: list[str]

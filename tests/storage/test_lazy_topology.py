@@ -54,8 +54,9 @@ def _fill(storage: MainStorage) -> None:
 
 
 def _native(storage: MainStorage) -> bool:
-    """Whether the storage reads the tree as text (SQLite, PostgreSQL)."""
-    return type(storage).__name__ in ("SqliteMainStorage", "PostgresMainStorage")
+    """Whether the storage reads the tree as text (SQLite, in memory too, and PostgreSQL)."""
+    names = ("SqliteMainStorage", "InMemoryMainStorage", "PostgresMainStorage")
+    return type(storage).__name__ in names
 
 
 def _reference(storage: MainStorage) -> Topology:
