@@ -24,9 +24,10 @@ it back with its records merged in, wrapped in LangGraph's `Overwrite`, which it
 (and a checkpoint holds only LangGraph's and LangChain's own classes: its strict msgpack
 mode loads it).
 
-What a finished run leaves is checkpointed small, since a kept thread stores it once per
-turn: `pending` (committed, the same records as `messages`) as empty, `messages` in stello's
-compact record form, the mark of a finished run's value as a short key.
+What a finished run leaves is checkpointed small, since a kept thread (a server thread, a
+saver the agent does not prune) stores it in every checkpoint: `pending` (committed, the
+same records as `messages`) as empty, `messages` in stello's compact record form, the mark
+of a finished run's value as a short key.
 """
 
 from __future__ import annotations
@@ -212,8 +213,8 @@ class ThreadMessages(BinaryOperatorAggregate[list[Any]]):
     list of messages is refused (`InvalidInputError`).
 
     The value is checkpointed in stello's compact record form (`_PACKED`) when every
-    message comes back equal from it: a kept thread stores the conversation in the
-    checkpoint of every turn, and LangChain's own form of a message is ~150 bytes longer.
+    message comes back equal from it: a kept thread stores the conversation in every
+    checkpoint, and LangChain's own form of a message is ~150 bytes longer.
     Checkpoints of earlier versions (a finished run's value marked `_STALE`) are read too.
     """
 

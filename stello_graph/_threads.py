@@ -17,7 +17,6 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
 from stello_graph._ids import legacy_thread_id, thread_id
-from stello_graph.checkpoints._kept_saver import KeptTurnSaver
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease
 
@@ -95,8 +94,6 @@ class CheckpointThreads:
         disk: no checkpointer, no pruning, or a saver that holds the whole run so far in
         memory (`unwritten`). Then the session need not stay held while the run is pruned."""
         saver = self.checkpointer
-        if isinstance(saver, KeptTurnSaver):
-            return False  # its run's last checkpoint is written once the turn ends
         if saver is None or not self.prune:
             return True
         unwritten = getattr(saver, "unwritten", None)
@@ -109,49 +106,38 @@ class CheckpointThreads:
 
         A turn that waits on an interrupt keeps its thread, written out now."""
         if interrupted:
-            self.failed(sid)
+            self.failed()
         elif self.checkpointer is not None:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
                 self.checkpointer.delete_thread(thread)
-            elif isinstance(self.checkpointer, KeptTurnSaver):
-                self.checkpointer.end_run(thread)  # the turn kept as one checkpoint
             self._found[sid] = thread_id(self.tree_id, sid)
 
-    def failed(self, sid: str | None = None) -> None:
-        """A run (of `sid`) stopped before its turn ended (an error, an interrupt): write out
-        what the saver holds (of its thread: a `KeptTurnSaver` holds other sessions' runs
-        too), so that the turn can be resumed (`StelloSqliteSaver.flush`)."""
-        saver = self.checkpointer
-        if isinstance(saver, KeptTurnSaver) and sid is not None:
-            saver.flush(self.config(sid)["configurable"]["thread_id"])
-            return
-        flush = getattr(saver, "flush", None)
+    def failed(self) -> None:
+        """A run stopped before its turn ended (an error, an interrupt): write out what the
+        saver holds, so that the turn can be resumed (`StelloSqliteSaver.flush`)."""
+        flush = getattr(self.checkpointer, "flush", None)
         if callable(flush):
             flush()
 
-    async def afailed(self, sid: str | None = None) -> None:
+    async def afailed(self) -> None:
         """Async twin of `failed`."""
-        saver = self.checkpointer
-        if isinstance(saver, KeptTurnSaver) and sid is not None:
-            await saver.aflush(self.config(sid)["configurable"]["thread_id"])
-            return
-        aflush = getattr(saver, "aflush", None)
+        aflush = getattr(self.checkpointer, "aflush", None)
         if callable(aflush):
             await aflush()
 
     def ended_in_memory(self, sid: str) -> bool:
         """Whether `sid`'s run is held in memory and ended at its last checkpoint (nothing
         written after it, so no interrupt): a stream then ends the turn without reading
-        the thread, which would write every held step first (the agent's own savers and
-        `KeptTurnSaver` hold runs)."""
+        the thread, which would write every held step first (the agent's own savers hold
+        runs)."""
         ended = getattr(self.checkpointer, "ended", None)
         thread = self.config(sid)["configurable"]["thread_id"]
         return callable(ended) and bool(ended(thread))
 
     @contextmanager
     def running(self, sid: str | None = None, back: Handback | None = None) -> Iterator[None]:
-        """Around a graph run (of `sid`, lent its lease with `back`): `failed(sid)` when it
+        """Around a graph run (of `sid`, lent its lease with `back`): `failed()` when it
         raises before its turn's commit. One that raises after (`back.committed`: a
         checkpoint write that failed) ended a stored turn: its thread is pruned as
         `finished` prunes it, as far as the saver still can (what it leaves is a turn in
@@ -163,7 +149,7 @@ class CheckpointThreads:
                 with suppress(Exception):
                     self.finished(sid, False)
             else:
-                self.failed(sid)
+                self.failed()
             raise
 
     @asynccontextmanager
@@ -178,19 +164,17 @@ class CheckpointThreads:
                 with suppress(Exception):
                     await self.afinished(sid, False)
             else:
-                await self.afailed(sid)
+                await self.afailed()
             raise
 
     async def afinished(self, sid: str, interrupted: bool) -> None:
         """Async twin of `finished`."""
         if interrupted:
-            await self.afailed(sid)
+            await self.afailed()
         elif self.checkpointer is not None:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
                 await self.checkpointer.adelete_thread(thread)
-            elif isinstance(self.checkpointer, KeptTurnSaver):
-                await self.checkpointer.aend_run(thread)
             self._found[sid] = thread_id(self.tree_id, sid)
 
     def drop(self, sid: str) -> None:

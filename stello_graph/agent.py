@@ -39,7 +39,6 @@ from stello_graph._events_mux import EventMux
 from stello_graph._fork import ForkContext
 from stello_graph._threads import CheckpointThreads
 from stello_graph._validate import check_chat_model, check_id, check_tools
-from stello_graph.checkpoints._kept_saver import KeptTurnSaver
 from stello_graph.config import StelloConfig, StelloSettings
 from stello_graph.errors import (
     InvalidInputError,
@@ -93,17 +92,6 @@ def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
 
         return sqlite_saver(path)
     return InMemorySaver()
-
-
-def _turn_saver(
-    saver: BaseCheckpointSaver[Any] | None, prune: bool, durability: Durability
-) -> BaseCheckpointSaver[Any] | None:
-    """The saver the agent's turns run on: a kept one (not pruned) behind a `KeptTurnSaver`
-    with the default durability, so that a finished turn keeps one checkpoint, not every
-    step; `saver` itself otherwise (and always for `agent.graph`)."""
-    if saver is None or prune or durability != "async" or isinstance(saver, KeptTurnSaver):
-        return saver
-    return KeptTurnSaver(saver)
 
 
 class ForkOptions(TypedDict, total=False):
@@ -195,17 +183,17 @@ class StelloAgent(_Turns, _Memory, _Tree):
             self.checkpointer: BaseCheckpointSaver[Any] | None = saver or None
             prune = cfg.prune_checkpoints
             self._prune = self._owns_saver if prune is None else prune
-            self._durability: Durability = cfg.durability
+            kept = self.checkpointer is not None and not self._prune
+            self._durability: Durability = cfg.durability or ("exit" if kept else "async")
             self.graph: CompiledStateGraph[Any, Any, Any, Any] = build_graph(self._runtime).compile(
                 checkpointer=self.checkpointer, store=cfg.store
             )
             """The compiled graph of every operation (the agent runs fork, consolidate and
             integrate without it, and its turns on the same nodes without the operations'
             state: `build_turn_graph`)."""
-            self._turn_saver = _turn_saver(self.checkpointer, self._prune, self._durability)
             self._turn_graph: CompiledStateGraph[Any, Any, Any, Any] = build_turn_graph(
                 self._runtime
-            ).compile(checkpointer=self._turn_saver, store=cfg.store)
+            ).compile(checkpointer=self.checkpointer, store=cfg.store)
             self._tool_graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         except BaseException:
             if self._owns_storage:  # a bad argument must not leave the file open
@@ -213,7 +201,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
             raise
         self._leases = self._runtime.leases
         self._threads = CheckpointThreads(
-            self._turn_graph, self._turn_saver, self.storage.tree_id, prune=self._prune,
+            self._turn_graph, self.checkpointer, self.storage.tree_id, prune=self._prune,
             hold=self._owns_saver and self._prune and self._durability != "sync",
         )  # fmt: skip
         self._last_session: str | None = None
@@ -335,8 +323,6 @@ class StelloAgent(_Turns, _Memory, _Tree):
         if self._runtime.scheduler is not None:
             self._runtime.scheduler.close(wait=True)
         self._recorder.close()  # the events of the work just finished, before the storage
-        if isinstance(self._turn_saver, KeptTurnSaver):
-            self._turn_saver.flush()  # a run that nothing ended (none, unless one was cut off)
         close_saver = getattr(self.checkpointer, "close", None)
         try:
             if self._owns_saver and close_saver is not None:

@@ -157,17 +157,18 @@ class StelloConfig:
     tree_id: str = "default"
     """Which tree of the storage file, when the agent's `storage` is a path: a non-empty
     line of at most 256 characters, no control characters."""
-    durability: Durability = "async"
-    """LangGraph checkpoint durability of the agent's turns. With `"async"` (or `"exit"`) the
+    durability: Durability | None = None
+    """LangGraph checkpoint durability of the agent's turns. Default: `"async"`, or `"exit"`
+    on a checkpointer of your own that is not pruned, where a finished turn then keeps one
+    checkpoint (its last) instead of one per step and the steps' writes. With `"async"` the
     agent's own checkpointer holds a turn's first steps in memory until its first tool
     results: a crash before them keeps nothing of the turn (send it again), one after them
-    keeps every completed tool round. With `"async"` a checkpointer of your own that is not
-    pruned does the same (through a `KeptTurnSaver`), and a turn that ends in its first model
-    step keeps its last checkpoint only. `"sync"` writes every step before the next one
-    starts (BENCHMARKS.md, "What a crash keeps")."""
+    keeps every completed tool round. `"exit"` writes a turn when it ends or waits on an
+    interrupt; `"sync"` writes every step before the next one starts (BENCHMARKS.md, "What
+    a crash keeps")."""
     prune_checkpoints: bool | None = None
     """Drop a turn's checkpoints once it is committed (default: when the agent made the
-    checkpointer itself). Kept, a turn without tools is one checkpoint (with `"async"`)."""
+    checkpointer itself)."""
 
     def __post_init__(self) -> None:
         if self.model is not None:
@@ -257,5 +258,5 @@ class StelloSettings(TypedDict, total=False):
     system_prompt: str | None
     main_label: str
     tree_id: str
-    durability: Durability
+    durability: Durability | None
     prune_checkpoints: bool | None

@@ -172,7 +172,10 @@ def test_a_forking_tool_call_gets_an_id_of_its_own_tree() -> None:
 async def test_a_fork_made_under_the_old_child_id_is_not_made_twice(
     make_agent: AgentFactory, mode: str
 ) -> None:
-    agent = make_agent(model=ScriptedChatModel(respond=_fork_once), prune_checkpoints=False)
+    # every step on disk (kept, the default "exit" keeps a turn's last checkpoint only)
+    agent = make_agent(
+        model=ScriptedChatModel(respond=_fork_once), prune_checkpoints=False, durability="sync"
+    )
     parent = agent.fork(agent.main_session_id, "Parent").id
     agent.turn(parent, "let's branch")
     before_tools = _before_tools(agent, parent)

@@ -43,7 +43,8 @@ async def test_rerun_tool_round_does_not_fork_twice(make_agent: AgentFactory, mo
         return ScriptedChatModel.tool_call("create_session", {"label": "Deep dive"}, id="c1")
 
     model = ScriptedChatModel(respond=fork_once)
-    agent = make_agent(model=model, prune_checkpoints=False)
+    # every step on disk (kept, the default "exit" keeps a turn's last checkpoint only)
+    agent = make_agent(model=model, prune_checkpoints=False, durability="sync")
     parent = agent.fork(agent.main_session_id, "Parent")
     agent.turn(parent.id, "let's branch")
     config = agent.config(parent.id)
@@ -115,7 +116,7 @@ async def _maybe_await(value: Any) -> Any:
 async def test_resumed_commit_after_another_writer_never_duplicates(
     make_agent: AgentFactory, mode: str
 ) -> None:
-    agent = make_agent(  # every step on disk (kept with "async": only its last step)
+    agent = make_agent(  # every step on disk (kept, "exit": only its last step)
         model=ScriptedChatModel(["reply"]), prune_checkpoints=False, durability="sync"
     )
     sid = agent.main_session_id

@@ -177,7 +177,7 @@ def test_a_saver_that_keeps_everything_holds_nothing(on_file: AgentsOnFile, db: 
     saver = agent.checkpointer
     assert isinstance(saver, StelloSqliteSaver) and not saver.hold_first_steps
     agent.turn(agent.main_session_id, "hello")
-    # its first steps held by the turn graph's `KeptTurnSaver`: the finished turn is kept as
+    # the default durability of a kept saver ("exit"): the finished turn is kept as
     # its last checkpoint only
     assert _rows(db, "checkpoints") == 1 and _rows(db, "writes") == 0
     agent.turn(agent.main_session_id, "again")

@@ -95,7 +95,7 @@ def test_a_resumed_turn_keeps_its_ids(make_agent: AgentFactory) -> None:
 
 
 def test_a_replayed_commit_is_found_by_its_turn_id(make_agent: AgentFactory) -> None:
-    agent = make_agent(  # every step on disk (kept with "async": only its last step)
+    agent = make_agent(  # every step on disk (kept, "exit": only its last step)
         model=ScriptedChatModel(["reply", "other"]), prune_checkpoints=False, durability="sync"
     )
     sid = agent.main_session_id

@@ -134,7 +134,7 @@ def test_interrupt_and_resume(make_agent: AgentFactory) -> None:
 
 def test_resumed_commit_never_duplicates(make_agent: AgentFactory) -> None:
     model = ScriptedChatModel(["reply"])
-    # every step on disk: kept with `"async"`, a turn without tools is only its last step
+    # every step on disk: kept, the default ("exit") keeps a turn's last checkpoint only
     agent = make_agent(model=model, prune_checkpoints=False, durability="sync")
     sid = agent.main_session_id
     agent.turn(sid, "question")
