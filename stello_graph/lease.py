@@ -15,9 +15,9 @@ the session counts as held by the running code, and anything that would wait for
 instead of waiting for itself.
 
 Example:
-    >>> from stello_graph.checkpoints import InMemorySessionStorage
+    >>> from stello_graph.checkpoints import InMemoryMainStorage
     >>> from stello_graph.models import SessionMeta
-    >>> storage = InMemorySessionStorage()
+    >>> storage = InMemoryMainStorage()
     >>> storage.put_session(SessionMeta(id="s1", label="Ideas"))
     >>> leases = SessionLeases(storage)
     >>> with leases.hold("s1") as lease:

@@ -25,6 +25,16 @@ MODULES = [
     "stello_graph.checkpoints._shell",
     "stello_graph.checkpoints.sqlite",
     "stello_graph.checkpoints._sqlite_rows",
+    "stello_graph.checkpoints._flows",
+    "stello_graph.lease",
+    "stello_graph.compression",
+    "stello_graph.config",
+    "stello_graph.events",
+    "stello_graph.starmap",
+    "stello_graph.server",
+    "stello_graph._claims",
+    "stello_graph._flow",
+    "stello_graph._ids",
 ]
 
 
