@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import re
+import select
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -117,6 +118,29 @@ def lost_or_failed(exc: BaseException, where: str) -> StorageError:
     return StorageError(f"PostgreSQL failed at {where}: {exc}")
 
 
+def hung_up(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the server ended an idle connection: its socket is readable though nothing was
+    asked (the server's goodbye before it closes, on a restart or a terminated backend). Such
+    a connection is replaced before use, so a restart between calls costs no failed call. A
+    connection in a transaction, or already known lost, is left to the caller."""
+    if conn.closed or conn.broken:
+        return True
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        return False
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
+
+
+def check_idle(conn: psycopg.Connection[Any]) -> None:
+    """A pool's `check`: refuse a connection the server ended while it was idle (`hung_up`),
+    closed, so that the pool drops it rather than keeping it."""
+    if hung_up(conn):
+        conn.close()
+        raise psycopg.OperationalError("the server ended the connection while it was idle")
+
+
 class Link:
     """The storage's connections, the open transaction, and the statements run on them."""
 
@@ -159,20 +183,36 @@ class Link:
     def acquire(self) -> psycopg.Connection[Any]:
         """A sync connection: the storage's own (reconnected if lost), or one of the pool."""
         if self.pool is not None:
-            try:
-                conn: psycopg.Connection[Any] = self.pool.getconn()
-            except psycopg_pool.PoolTimeout as exc:
-                raise StorageUnavailableError(
-                    f"No connection to PostgreSQL at {self.where} from the pool: {exc}"
-                ) from exc
+            conn = self._from_pool(self.pool)
             if conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit:
                 conn.autocommit = True
             return conn
         if self._closed:
             return self._connect_error(lambda: psycopg.connect(self.conninfo, **self._kwargs))
-        if self._own is None or self._own.closed or self._own.broken:
+        if self._own is None or hung_up(self._own):
+            if self._own is not None:
+                self._own.close()
             self._own = self._connect_error(lambda: psycopg.connect(self.conninfo, **self._kwargs))
         return self._own
+
+    def _from_pool(self, pool: psycopg_pool.ConnectionPool[Any]) -> psycopg.Connection[Any]:
+        """A connection of `pool` the server has not ended (one it ended is given back
+        closed, which the pool drops; at most `max_size` of them)."""
+        for _ in range(pool.max_size + 1):
+            try:
+                conn: psycopg.Connection[Any] = pool.getconn()
+            except psycopg_pool.PoolTimeout as exc:
+                raise StorageUnavailableError(
+                    f"No connection to PostgreSQL at {self.where} from the pool: {exc}"
+                ) from exc
+            if not hung_up(conn):
+                return conn
+            conn.close()
+            pool.putconn(conn)
+        raise StorageUnavailableError(
+            f"Every connection of the pool to PostgreSQL at {self.where} was ended by the "
+            "server. Nothing was stored; retry once the server is back."
+        )
 
     def release(self, conn: psycopg.Connection[Any]) -> None:
         """Give back a connection from `acquire` (a lost one is dropped)."""
@@ -189,8 +229,10 @@ class Link:
         loop = asyncio.get_running_loop()
         self._sweep()
         found = self._aconns.get(id(loop))
-        if found is not None and found[0] is loop and not (found[1].closed or found[1].broken):
-            return found[1]
+        if found is not None and found[0] is loop:
+            if not hung_up(found[1]):
+                return found[1]
+            found[1].pgconn.finish()  # idle and ended by the server: nothing to await
         try:
             conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
         except psycopg.Error as exc:

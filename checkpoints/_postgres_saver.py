@@ -35,7 +35,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from stello_graph.checkpoints._postgres_conn import describe, lost_or_failed
+from stello_graph.checkpoints._postgres_conn import check_idle, describe, lost_or_failed
 from stello_graph.checkpoints._postgres_schema import SESSIONS
 from stello_graph.checkpoints._threaded_saver import (
     AsyncInThreads,
@@ -333,6 +333,7 @@ def postgres_saver(conninfo: str, *, connect_timeout: float = 10.0) -> StelloPos
         open=False,
         timeout=max(1.0, connect_timeout),
         name="stello-checkpoints",
+        check=check_idle,
     )
     saver = StelloPostgresSaver(pool)
     try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -13,11 +15,12 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import empty_checkpoint
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from stello_graph import StelloAgent
 from stello_graph.checkpoints import PostgresMainStorage
-from stello_graph.checkpoints._postgres_saver import postgres_saver
+from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver, postgres_saver
 from stello_graph.checkpoints._postgres_schema import SCHEMA_VERSION
 from stello_graph.errors import (
     ForeignDatabaseError,
@@ -43,14 +46,21 @@ def _free_port() -> int:
         return port
 
 
-def _terminate_others(dsn: str) -> int:
-    """End every other connection to the database (the server side of a lost connection)."""
+_OTHERS = (
+    "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+    "AND backend_type = 'client backend'"
+)
+
+
+def _terminate_others(dsn: str, *, wait: bool = False) -> int:
+    """End every other connection to the database (the server side of a lost connection);
+    with `wait`, until their backends are gone (their goodbye sent to the client)."""
     with psycopg.connect(dsn, autocommit=True) as admin:
-        rows = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND backend_type = 'client backend'"
-        ).fetchall()
+        rows = admin.execute(f"SELECT pg_terminate_backend(pid) {_OTHERS}").fetchall()
+        for _ in range(500 if wait else 0):
+            if not admin.execute(f"SELECT 1 {_OTHERS}").fetchall():
+                break
+            time.sleep(0.01)
     return len(rows)
 
 
@@ -98,13 +108,39 @@ def test_a_connection_lost_mid_transaction_stores_nothing_and_the_next_call_reco
         assert storage.append_records("s", [HumanMessage("again")]) == 1
 
 
-def test_a_connection_lost_between_calls_is_replaced(postgres_dsn: str) -> None:
+def test_a_connection_the_server_ended_between_calls_is_replaced_unseen(
+    postgres_dsn: str,
+) -> None:
+    """A restart, or a terminated backend, between two calls costs no failed call: the
+    connection's socket shows the server's goodbye, and it is replaced before use."""
     with PostgresMainStorage(postgres_dsn) as storage:
         storage.put_session(SessionMeta(id="s", label="S"))
-        _terminate_others(postgres_dsn)
-        with pytest.raises(StorageUnavailableError):
-            storage.get_session("s")  # a connection found dead is reported once ...
-        assert storage.get_session("s") is not None  # ... and replaced
+        asyncio.run(storage.aget_session("s"))
+        assert _terminate_others(postgres_dsn, wait=True) >= 1
+        assert storage.get_session("s") is not None
+        assert asyncio.run(storage.aget_session("s")) is not None
+        storage.put_insight("s", "stored")
+        assert storage.get_insight("s") == "stored"
+
+
+async def test_an_async_connection_the_server_ended_is_replaced_unseen(
+    postgres_dsn: str,
+) -> None:
+    with PostgresMainStorage(postgres_dsn) as storage:
+        await storage.aput_session(SessionMeta(id="s", label="S"))
+        assert _terminate_others(postgres_dsn, wait=True) >= 1
+        assert await storage.aget_session("s") is not None
+
+
+def test_a_pool_given_gets_its_ended_connections_replaced(postgres_dsn: str) -> None:
+    pool: ConnectionPool[Any] = ConnectionPool(postgres_dsn, min_size=2, max_size=2, open=True)
+    try:
+        with PostgresMainStorage(pool) as storage:
+            storage.put_session(SessionMeta(id="s", label="S"))
+            assert _terminate_others(postgres_dsn, wait=True) >= 1
+            assert storage.get_session("s") is not None
+    finally:
+        pool.close()
 
 
 async def test_an_async_connection_lost_mid_transaction(postgres_dsn: str) -> None:
@@ -227,15 +263,30 @@ def _saver_calls(saver: Any, config: Any) -> dict[str, Any]:
     }
 
 
+def _saver_on_unchecked_pool(dsn: str) -> StelloPostgresSaver:
+    """The saver on a pool of the user's that does not check its connections (the saver's
+    own pool replaces one the server ended before it is used)."""
+    pool: ConnectionPool[Any] = ConnectionPool(
+        dsn,
+        min_size=1,
+        max_size=1,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        open=True,
+    )
+    saver = StelloPostgresSaver(pool)
+    saver.setup()
+    return saver
+
+
 @pytest.mark.parametrize("call", ["get_tuple", "list", "put", "put_writes", "delete_thread"])
 def test_a_checkpointer_that_lost_its_connection_raises_storage_unavailable(
     postgres_dsn: str, call: str
 ) -> None:
-    saver = postgres_saver(postgres_dsn)
+    saver = _saver_on_unchecked_pool(postgres_dsn)
     try:
         config: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
         saver.put(config, {**empty_checkpoint(), "id": "c1"}, {"source": "input", "step": -1}, {})
-        assert _terminate_others(postgres_dsn) >= 1
+        assert _terminate_others(postgres_dsn, wait=True) >= 1
         with pytest.raises(StorageUnavailableError, match="was lost or refused") as caught:
             _saver_calls(saver, config)[call]()
         assert isinstance(caught.value.__cause__, psycopg.OperationalError)
@@ -243,14 +294,30 @@ def test_a_checkpointer_that_lost_its_connection_raises_storage_unavailable(
         _saver_calls(saver, config)[call]()  # the pool replaced the connection
     finally:
         saver.close()
+        saver.conn.close()
 
 
-def test_a_turn_whose_checkpointer_lost_its_connection_raises_storage_unavailable(
-    postgres_dsn: str,
+@pytest.mark.parametrize("call", ["get_tuple", "list", "put", "put_writes", "delete_thread"])
+def test_the_checkpointers_own_pool_replaces_an_ended_connection_unseen(
+    postgres_dsn: str, call: str
 ) -> None:
+    saver = postgres_saver(postgres_dsn)
+    try:
+        config: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        saver.put(config, {**empty_checkpoint(), "id": "c1"}, {"source": "input", "step": -1}, {})
+        assert _terminate_others(postgres_dsn, wait=True) >= 1
+        _saver_calls(saver, config)[call]()
+    finally:
+        saver.close()
+
+
+def test_a_turn_goes_on_when_the_server_ends_its_idle_connections(postgres_dsn: str) -> None:
+    """Every connection ended by the server in the middle of a turn's tool round (the
+    storage's, the checkpointer's pool's, the lease keeper's), then between two turns: each
+    is replaced before its next use, and the turns are stored once."""
     model = ScriptedChatModel(
         respond=lambda messages: (
-            ScriptedChatModel.tool_call("lookup", {"query": "x"})
+            ScriptedChatModel.tool_call("_lookup", {"query": "x"})
             if messages[-1].type == "human"
             else "done"
         )
@@ -258,16 +325,24 @@ def test_a_turn_whose_checkpointer_lost_its_connection_raises_storage_unavailabl
     with StelloAgent(model=model, storage=postgres_dsn, tools=[_lookup]) as agent:
         sid = agent.main_session_id
         assert agent.turn(sid, "first").content == "done"
-        _terminate_others(postgres_dsn)
-        with pytest.raises(StorageUnavailableError):
-            agent.storage.get_session(sid)  # the storage's connection: reported once
-        with pytest.raises(StorageUnavailableError) as caught:
-            agent.turn(sid, "second")  # the checkpointer's pool connection is gone too
-        assert isinstance(caught.value.__cause__, psycopg.Error)
+        _END_IN_CALL.append(postgres_dsn)
+        assert agent.turn(sid, "second").content == "done"
+        assert not _END_IN_CALL and _ENDED[-1] >= 2  # the storage's connection, the pool's
+        assert _terminate_others(postgres_dsn, wait=True) >= 1
         assert agent.turn(sid, "third").content == "done"
+        assert agent.storage.get_turn_count(sid) == 3
+        texts = [m.text for m in agent.session(sid).messages() if m.type in ("human", "tool")]
+        assert texts == ["first", "fact about x", "second", "fact about x", "third", "fact about x"]
+
+
+_END_IN_CALL: list[str] = []
+"""A database whose connections the next `_lookup` call ends (`_ENDED`: how many it ended)."""
+_ENDED: list[int] = []
 
 
 @tool
 def _lookup(query: str) -> str:
     """Look a fact up."""
+    if _END_IN_CALL:
+        _ENDED.append(_terminate_others(_END_IN_CALL.pop(), wait=True))
     return f"fact about {query}"
