@@ -28,7 +28,6 @@ from langchain_core.messages import (
     convert_to_messages,
 )
 from langchain_core.runnables import RunnableConfig
-from langgraph._internal._constants import CONFIG_KEY_RESUMING
 from langgraph.errors import ParentCommand
 from langgraph.types import Command, Overwrite
 
@@ -180,17 +179,24 @@ def _turn_of(state: State, opens: bool, config: RunnableConfig) -> str | None:
     return state.get("turn_id") or _human_id(config)
 
 
+RESUMING_KEY = "stello_resuming"
+"""The `configurable` key with which `StelloAgent.resume` says its run continues a turn."""
+
+
 def _rerun(state: State, config: RunnableConfig, opens: bool, replays: bool) -> bool:
-    """Whether the step may be running again after it committed. The round that opens the
-    turn in a run started by an input is new (its turn id is derived from the run's new
-    checkpoint, or named afresh by `StelloAgent`: L3 cannot hold it yet) unless a caller
-    may send the input of a turn it named again (`replays`: `as_tool` in a parent graph
-    that replays the call); in a run that continues from a checkpoint (after a crash, an
-    interrupt, a replay) LangGraph flags its first step as resuming. A later round always
-    may: its turn id is the turn's, whichever run it is in."""
+    """Whether the step may be running again after it committed. A later round always may:
+    its turn id is the turn's, whichever run it is in. The round that opens a turn
+    `StelloAgent` named (`turn_id`) may only in a run its `resume` continues
+    (`RESUMING_KEY`): a new input's turn id is new, and L3 cannot hold it yet; unless a
+    caller may send the input of a turn it named again (`replays`: `as_tool` in a parent
+    graph that replays the call). An unnamed turn's id is derived from its checkpoint, so
+    a run its caller continues (after a crash, an interrupt, a replay) finds it again: its
+    opening round always may."""
     if not opens or (replays and state.get("turn_id")):
         return True
-    return bool((config.get("configurable") or {}).get(CONFIG_KEY_RESUMING, False))
+    if state.get("turn_id"):
+        return bool((config.get("configurable") or {}).get(RESUMING_KEY, False))
+    return True
 
 
 def _answered(state: State, opens: bool, stored: list[BaseMessage]) -> bool:

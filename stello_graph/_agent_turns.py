@@ -38,6 +38,7 @@ from stello_graph.models import Lease, SessionMeta
 from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.scheduling import aon_switch, on_switch
+from stello_graph.nodes.turn import RESUMING_KEY
 from stello_graph.storage import MainStorage
 
 __all__ = ["TurnResult"]
@@ -301,7 +302,7 @@ class _Turns:
                 state = self._turn_graph.get_state(self.config(sid))
                 payload = self._resume_payload(sid, state, value)
                 with self._threads.running(sid, back):
-                    config = self.config(sid)
+                    config = _resuming(self.config(sid))
                     out = self._turn_graph.invoke(payload, config, durability=self._durability)
                     return self._finished(sid, self._result(sid, out))
         except Exception as error:
@@ -321,7 +322,7 @@ class _Turns:
                 payload = self._resume_payload(sid, state, value)
                 async with self._threads.arunning(sid, back):
                     out = await self._turn_graph.ainvoke(
-                        payload, self.config(sid), durability=self._durability
+                        payload, _resuming(self.config(sid)), durability=self._durability
                     )
                     return await self._afinished(sid, self._result(sid, out))
         except Exception as error:
@@ -442,6 +443,12 @@ class _Turns:
                     await self._afinished(sid, TurnResult(session_id=sid, content=""))
         except Exception as error:
             self._stored(sid, back, error)  # the stream ends as the turn did
+
+
+def _resuming(config: RunnableConfig) -> RunnableConfig:
+    """`config` of a run that continues a turn (`RESUMING_KEY`: its opening round looks for
+    the turn in L3 first, where a crash after its commit left it)."""
+    return {**config, "configurable": {**config.get("configurable", {}), RESUMING_KEY: True}}
 
 
 def _kept() -> Handback:
