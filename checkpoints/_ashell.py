@@ -37,6 +37,7 @@ from stello_graph.checkpoints._validate import (
     page_args,
     session_filter_args,
 )
+from stello_graph.checkpoints.backend import StorageBackend
 from stello_graph.digest import SessionDigest
 from stello_graph.events import StoredEvent
 from stello_graph.lineage import ForkPoint
@@ -69,7 +70,7 @@ class AsyncMethods:
 
     async def aput_session(self, meta: SessionMeta) -> None:
         """Async twin of `put_session`."""
-        await self._txn.awrite(one("put_session", meta_to_row(check_meta(meta))))
+        await self._txn.awrite(one(StorageBackend.op_put_session, meta_to_row(check_meta(meta))))
 
     async def alist_sessions(
         self,
@@ -87,11 +88,11 @@ class AsyncMethods:
 
     async def aget_all_session_l2s(self) -> list[ChildL2]:
         """Async twin of `get_all_session_l2s`."""
-        return await self._txn.aread(one("l2s"))
+        return await self._txn.aread(one(StorageBackend.op_l2s))
 
     async def alist_session_stats(self) -> list[SessionStats]:
         """Async twin of `list_session_stats`."""
-        return await self._txn.aread(one("session_stats"))
+        return await self._txn.aread(one(StorageBackend.op_session_stats))
 
     async def aappend_records(
         self,
@@ -184,7 +185,9 @@ class AsyncMethods:
     async def aput_system_prompt(self, session_id: str, prompt: str | None) -> None:
         """Async twin of `put_system_prompt`."""
         values = {"system_prompt": check_optional_text(prompt, "prompt")}
-        await self._txn.awrite(one("set_fields", check_identifier(session_id), values))
+        await self._txn.awrite(
+            one(StorageBackend.op_set_fields, check_identifier(session_id), values)
+        )
 
     async def aget_insight(self, session_id: str) -> str | None:
         """Async twin of `get_insight`."""
@@ -193,7 +196,9 @@ class AsyncMethods:
     async def aput_insight(self, session_id: str, insight: str) -> None:
         """Async twin of `put_insight`."""
         values = {"insight": check_text(insight, "insight")}
-        await self._txn.awrite(one("set_fields", check_identifier(session_id), values))
+        await self._txn.awrite(
+            one(StorageBackend.op_set_fields, check_identifier(session_id), values)
+        )
 
     async def aclear_insight(self, session_id: str, *, expected: str | None = None) -> bool:
         """Async twin of `clear_insight`."""
@@ -222,7 +227,9 @@ class AsyncMethods:
     async def aput_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
         """Async twin of `put_subtree_synthesis`."""
         values = {"subtree_synthesis": check_text(synthesis, "synthesis")}
-        await self._txn.awrite(one("set_fields", check_identifier(session_id), values))
+        await self._txn.awrite(
+            one(StorageBackend.op_set_fields, check_identifier(session_id), values)
+        )
 
     async def aget_compression(self, session_id: str) -> Compression | None:
         """Async twin of `get_compression`."""
@@ -231,7 +238,7 @@ class AsyncMethods:
     async def aput_compression(self, session_id: str, compression: Compression | None) -> None:
         """Async twin of `put_compression`."""
         sid, values = compression_args(session_id, compression)
-        await self._txn.awrite(one("set_fields", sid, values))
+        await self._txn.awrite(one(StorageBackend.op_set_fields, sid, values))
 
     async def aget_settings(self, session_id: str) -> dict[str, Any]:
         """Async twin of `get_settings`."""
@@ -240,7 +247,9 @@ class AsyncMethods:
     async def aput_settings(self, session_id: str, settings: dict[str, Any]) -> None:
         """Async twin of `put_settings`."""
         values = {"settings": dumps(check_mapping(settings, "settings"), what="settings")}
-        await self._txn.awrite(one("set_fields", check_identifier(session_id), values))
+        await self._txn.awrite(
+            one(StorageBackend.op_set_fields, check_identifier(session_id), values)
+        )
 
     async def aput_node(self, node: TopologyNode) -> None:
         """Async twin of `put_node`."""
@@ -252,7 +261,9 @@ class AsyncMethods:
 
     async def aget_children(self, parent_id: str) -> list[TopologyNode]:
         """Async twin of `get_children`."""
-        return await self._txn.aread(one("children", check_identifier(parent_id, "parent_id")))
+        return await self._txn.aread(
+            one(StorageBackend.op_children, check_identifier(parent_id, "parent_id"))
+        )
 
     async def aget_ancestors(self, node_id: str) -> list[TopologyNode]:
         """Async twin of `get_ancestors`."""
@@ -274,7 +285,9 @@ class AsyncMethods:
     async def aput_global(self, key: str, value: Any) -> None:
         """Async twin of `put_global`."""
         text = dumps(value, what="A global value")
-        await self._txn.awrite(one("put_global", check_identifier(key, "key"), text))
+        await self._txn.awrite(
+            one(StorageBackend.op_put_global, check_identifier(key, "key"), text)
+        )
 
     async def acopy_records(self, source_id: str, target_id: str, *, count: int) -> int:
         """Async twin of `copy_records`."""
@@ -287,7 +300,9 @@ class AsyncMethods:
 
     async def aput_lineage(self, session_id: str, source_id: str, at_turn: int | None) -> None:
         """Async twin of `put_lineage`."""
-        await self._txn.awrite(one("set_fields", *lineage_args(session_id, source_id, at_turn)))
+        await self._txn.awrite(
+            one(StorageBackend.op_set_fields, *lineage_args(session_id, source_id, at_turn))
+        )
 
     async def alist_lineage(self) -> dict[str, ForkPoint]:
         """Async twin of `list_lineage`."""

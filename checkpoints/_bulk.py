@@ -15,11 +15,12 @@ per-session reads on a storage without them.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stello_graph._tree_text import TopologyText
 from stello_graph.checkpoints._flows import TopologyParts, one, topology_parts
 from stello_graph.checkpoints._rows import built, stored_l2
+from stello_graph.checkpoints.backend import StorageBackend
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import ChildL2
 
@@ -34,6 +35,13 @@ MAX_L2_BATCH = 100_000
 
 EXPORT_PARTS = ("nodes", "sessions", "records")
 """The parts `export_rows` reads (see `checkpoints.backend.ExportPart`)."""
+
+
+class TopologyTextBackend(Protocol):
+    """The optional primitive of the reference backends (SQLite, PostgreSQL) that
+    `topology_text` uses where the backend has it."""
+
+    def op_topology_text(self) -> TopologyText | None: ...
 
 
 def _batch(value: object) -> int:
@@ -64,16 +72,18 @@ class BulkReads:
         `op_topology_text`, or when the text would be longer than the database's longest
         value (`topology_parts` then; on PostgreSQL, inside a transaction, that failure
         has aborted the transaction and is raised)."""
-        if not self._txn.has("topology_text"):
+        if not self._txn.has(TopologyTextBackend.op_topology_text):
             return None
-        found: TopologyText | None = self._txn.read(one("topology_text"))
+        found: TopologyText | None = self._txn.read(one(TopologyTextBackend.op_topology_text))
         return found
 
     async def atopology_text(self) -> TopologyText | None:
         """Async twin of `topology_text`."""
-        if not self._txn.has("topology_text", in_async=True):
+        if not self._txn.has(TopologyTextBackend.op_topology_text, in_async=True):
             return None
-        found: TopologyText | None = await self._txn.aread(one("topology_text"))
+        found: TopologyText | None = await self._txn.aread(
+            one(TopologyTextBackend.op_topology_text)
+        )
         return found
 
     def topology_parts(self) -> TopologyParts:
@@ -90,12 +100,16 @@ class BulkReads:
     def list_turn_counts(self) -> dict[str, int]:
         """Every session's user turns, by id, in one read: what a view of the tree shows
         beside each node, without `list_session_stats`' record counts."""
-        rows: list[tuple[Any, ...]] = self._txn.read(one("all_fields", ("turn_count",)))
+        rows: list[tuple[Any, ...]] = self._txn.read(
+            one(StorageBackend.op_all_fields, ("turn_count",))
+        )
         return dict(rows)
 
     async def alist_turn_counts(self) -> dict[str, int]:
         """Async twin of `list_turn_counts`."""
-        rows: list[tuple[Any, ...]] = await self._txn.aread(one("all_fields", ("turn_count",)))
+        rows: list[tuple[Any, ...]] = await self._txn.aread(
+            one(StorageBackend.op_all_fields, ("turn_count",))
+        )
         return dict(rows)
 
     def iter_session_l2s(self, *, batch: int = 1_000) -> Iterator[list[ChildL2]]:
@@ -112,7 +126,7 @@ class BulkReads:
     def _l2_pages(self, batch: int) -> Iterator[list[ChildL2]]:
         after = 0
         while True:
-            rows: list[L2Row] = self._txn.read(one("l2s_after", after, batch))
+            rows: list[L2Row] = self._txn.read(one(StorageBackend.op_l2s_after, after, batch))
             after, page = _page(rows)
             if page:
                 yield page
@@ -123,7 +137,7 @@ class BulkReads:
         """Async twin of `iter_session_l2s` (a bad `batch` raises at the first step)."""
         size, after = _batch(batch), 0
         while True:
-            rows: list[L2Row] = await self._txn.aread(one("l2s_after", after, size))
+            rows: list[L2Row] = await self._txn.aread(one(StorageBackend.op_l2s_after, after, size))
             after, page = _page(rows)
             if page:
                 yield page
@@ -140,11 +154,11 @@ class BulkReads:
         Raises:
             InvalidInputError: an unknown `part`.
         """
-        count: int = self._txn.read(one("export_rows", _part(part), sink))
+        count: int = self._txn.read(one(StorageBackend.op_export_rows, _part(part), sink))
         return count
 
     async def aexport_rows(self, part: ExportPart, sink: RowSink) -> int:
         """Async twin of `export_rows` (on SQLite `sink` runs in the storage's worker
         thread)."""
-        count: int = await self._txn.aread(one("export_rows", _part(part), sink))
+        count: int = await self._txn.aread(one(StorageBackend.op_export_rows, _part(part), sink))
         return count

@@ -4,10 +4,11 @@ Each storage operation that reads, decides and writes (a lease, a trim, a topolo
 generator that yields the primitives it needs as `Op`s and receives each one's result. `drive`
 runs it on a backend's sync primitives (`op_NAME`), `adrive` on its async ones (`aop_NAME`),
 so the logic between the primitives cannot drift apart between the sync and async methods
-(httpx's `Auth.auth_flow`; `stello_graph._flow` does the same one level up):
+(httpx's `Auth.auth_flow`; `stello_graph._flow` does the same one level up). A step names
+the primitive by the protocol's own method, so mypy checks its arguments:
 
     >>> def count_plus_one(session_id):
-    ...     count = yield Op("count", session_id)
+    ...     count = yield Op(StorageBackend.op_count, session_id)
     ...     return count + 1
     >>> from stello_graph.checkpoints import InMemoryMainStorage
     >>> drive(count_plus_one("s1"), InMemoryMainStorage())
@@ -21,9 +22,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Generator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from stello_graph._flow import arun, run
 from stello_graph._tree_text import tree_order
@@ -36,6 +36,7 @@ from stello_graph.checkpoints._serde import (
     from_iso,
     message_role,
 )
+from stello_graph.checkpoints.backend import StorageBackend
 from stello_graph.digest import DigestRow, SessionDigest, digest_from_row
 from stello_graph.errors import (
     InvalidInputError,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = ["Flow", "Op", "adrive", "drive", "one"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 UNDECODABLE_EVENT = "undecodable"
 """The key of a damaged event's details: `{"undecodable": <its stored text>}`."""
@@ -66,24 +68,26 @@ _WAITER_TTL = 0.5
 again (a waiter asks every few milliseconds)."""
 
 
-@dataclass(frozen=True, slots=True, init=False)
 class Op:
-    """One call of the primitive `op_NAME(*args)` (`aop_NAME` when driven async)."""
+    """One call of a backend primitive, named by the protocol's own function:
+    `Op(StorageBackend.op_count, session_id)` calls the backend's `op_count` when driven
+    sync and its `aop_count` twin when driven async (mypy checks the arguments)."""
 
-    sync: str
-    async_: str
-    args: tuple[Any, ...]
+    __slots__ = ("args", "async_", "kwargs", "sync")
 
-    def __init__(self, name: str, *args: Any) -> None:
-        object.__setattr__(self, "sync", f"op_{name}")
-        object.__setattr__(self, "async_", f"aop_{name}")
-        object.__setattr__(self, "args", args)
+    def __init__(
+        self, method: Callable[Concatenate[Any, P], object], /, *args: P.args, **kwargs: P.kwargs
+    ) -> None:
+        self.sync = method.__name__
+        self.async_ = f"a{self.sync}"
+        self.args = args
+        self.kwargs = kwargs
 
     def run(self, backend: object) -> Any:
-        return getattr(backend, self.sync)(*self.args)
+        return getattr(backend, self.sync)(*self.args, **self.kwargs)
 
     async def arun(self, backend: object) -> Any:
-        return await getattr(backend, self.async_)(*self.args)
+        return await getattr(backend, self.async_)(*self.args, **self.kwargs)
 
 
 Flow = Generator[Op, Any, T]
@@ -100,15 +104,17 @@ async def adrive(flow: Flow[T], backend: object) -> T:
     return await arun(flow, backend)
 
 
-def one(name: str, *args: Any) -> Flow[Any]:
+def one(
+    method: Callable[Concatenate[Any, P], object], /, *args: P.args, **kwargs: P.kwargs
+) -> Flow[Any]:
     """The flow of a single primitive call: its result."""
-    return (yield Op(name, *args))
+    return (yield Op(method, *args, **kwargs))
 
 
 # -- per-session values ---------------------------------------------------------------------
 def field(session_id: str, name: str) -> Flow[Any]:
     """One of the session's `FIELDS` (`None` for a missing session)."""
-    values = yield Op("get_fields", session_id, (name,))
+    values = yield Op(StorageBackend.op_get_fields, session_id, (name,))
     return None if values is None else values[0]
 
 
@@ -125,7 +131,9 @@ def number(session_id: str, name: str) -> Flow[int]:
 
 
 def compression(session_id: str) -> Flow[Compression | None]:
-    values = yield Op("get_fields", session_id, ("compression", "compression_through"))
+    values = yield Op(
+        StorageBackend.op_get_fields, session_id, ("compression", "compression_through")
+    )
     if values is None or values[0] is None:
         return None
     return Compression(summary=values[0], through=values[1] or 0)
@@ -137,7 +145,7 @@ def settings(session_id: str) -> Flow[dict[str, Any]]:
 
 
 def get_global(key: str) -> Flow[Any]:
-    return loads((yield Op("get_global", key)))
+    return loads((yield Op(StorageBackend.op_get_global, key)))
 
 
 def loads(text: str | None) -> Any:
@@ -147,39 +155,39 @@ def loads(text: str | None) -> Any:
 
 def clear_insight(session_id: str, expected: str | None) -> Flow[bool]:
     """Compare-and-clear: remove the insight only when it is still `expected` (if given)."""
-    values = yield Op("get_fields", session_id, ("insight",))
+    values = yield Op(StorageBackend.op_get_fields, session_id, ("insight",))
     if values is None:
         raise SessionNotFoundError(session_id)
     current = values[0]
     if current is None or (expected is not None and current != expected):
         return False
-    yield Op("set_fields", session_id, {"insight": None})
+    yield Op(StorageBackend.op_set_fields, session_id, {"insight": None})
     return True
 
 
 def put_memory(session_id: str, values: dict[str, Any]) -> Flow[None]:
     through = values.get("memory_through")
     if through is not None:
-        if not (yield Op("session_exists", session_id)):
+        if not (yield Op(StorageBackend.op_session_exists, session_id)):
             raise SessionNotFoundError(session_id)
-        count = yield Op("count", session_id)
+        count = yield Op(StorageBackend.op_count, session_id)
         if through > count:
             raise InvalidInputError(
                 f"through={through} is beyond the {count} record(s) of session "
                 f"{session_id!r}: the memory can cover at most every record; pass at most "
                 f"{count}."
             )
-    yield Op("set_fields", session_id, values)
+    yield Op(StorageBackend.op_set_fields, session_id, values)
 
 
 # -- sessions and records -------------------------------------------------------------------
 def get_session(session_id: str) -> Flow[SessionMeta | None]:
-    meta: SessionMeta | None = yield Op("get_session", session_id)
+    meta: SessionMeta | None = yield Op(StorageBackend.op_get_session, session_id)
     return meta
 
 
 def count(session_id: str) -> Flow[int]:
-    found: int = yield Op("count", session_id)
+    found: int = yield Op(StorageBackend.op_count, session_id)
     return found
 
 
@@ -190,7 +198,7 @@ def append(
     user_turn: bool,
     turns: list[RecordTurn],
 ) -> Flow[int]:
-    found: int = yield Op("append", session_id, records, at, user_turn, turns)
+    found: int = yield Op(StorageBackend.op_append, session_id, records, at, user_turn, turns)
     return found
 
 
@@ -203,7 +211,7 @@ _SNAPSHOT = (
 
 def read_session(session_id: str, records: bool) -> Flow[SessionSnapshot | None]:
     """Everything a turn reads of its session, in one read (`op_read_session`)."""
-    found = yield Op("read_session", session_id, _SNAPSHOT, records)
+    found = yield Op(StorageBackend.op_read_session, session_id, _SNAPSHOT, records)
     return None if found is None else _snapshot(found[0], found[1], found[2])
 
 
@@ -238,7 +246,7 @@ def commit_records(
 ) -> Flow[int]:
     """A turn's commit: one read (status, insight, turn count, lease), the append, and one
     write of the values that change (the insight consumed, the lease released)."""
-    found = yield Op("read_session", session_id, _COMMIT, False)
+    found = yield Op(StorageBackend.op_read_session, session_id, _COMMIT, False)
     if found is None:
         raise SessionNotFoundError(session_id)
     meta, (current, turn_count, owner, token), _ = found
@@ -246,41 +254,41 @@ def commit_records(
         raise LeaseLostError(session_id)
     if meta.status == "archived":
         raise SessionArchivedError(session_id, "a turn's records")
-    yield Op("append", session_id, records, at, user_turn, turns)
+    yield Op(StorageBackend.op_append, session_id, records, at, user_turn, turns)
     values: dict[str, Any] = {}
     if insight is not None and current == insight:
         values["insight"] = None
     if release and lease is not None:
         values.update(lease_owner=None, lease_expires=0.0)
     if values:
-        yield Op("set_fields", session_id, values)
+        yield Op(StorageBackend.op_set_fields, session_id, values)
     return int(turn_count or 0) + int(user_turn)
 
 
 def has_turn(session_id: str, turn_id: str) -> Flow[bool]:
-    return bool((yield Op("has_turn", session_id, turn_id)))
+    return bool((yield Op(StorageBackend.op_has_turn, session_id, turn_id)))
 
 
 def get_node(node_id: str) -> Flow[TopologyNode | None]:
-    node: TopologyNode | None = yield Op("get_node", node_id)
+    node: TopologyNode | None = yield Op(StorageBackend.op_get_node, node_id)
     return node
 
 
 def list_sessions(status: Any, role: Any, tags: tuple[str, ...]) -> Flow[list[SessionMeta]]:
-    metas: list[SessionMeta] = yield Op("list_sessions", status, role)
+    metas: list[SessionMeta] = yield Op(StorageBackend.op_list_sessions, status, role)
     wanted = set(tags)
     return [meta for meta in metas if wanted.issubset(meta.tags)] if wanted else metas
 
 
 def main_session() -> Flow[SessionMeta | None]:
-    mains = yield Op("list_sessions", None, "main")
+    mains = yield Op(StorageBackend.op_list_sessions, None, "main")
     return mains[0] if mains else None
 
 
 def list_records(
     session_id: str, limit: int | None, offset: int, role: str | None
 ) -> Flow[list[BaseMessage]]:
-    records = yield Op("records", session_id)
+    records = yield Op(StorageBackend.op_records, session_id)
     if role is not None:
         records = [record for record in records if message_role(record) == role]
     end = None if limit is None else offset + limit
@@ -290,54 +298,55 @@ def list_records(
 def list_turns(
     session_id: str, limit: int | None, offset: int, role: str | None
 ) -> Flow[list[RecordTurn]]:
-    turns = yield Op("turns", session_id)
+    turns = yield Op(StorageBackend.op_turns, session_id)
     if role is not None:
-        records = yield Op("records", session_id)
+        records = yield Op(StorageBackend.op_records, session_id)
         turns = [t for r, t in zip(records, turns, strict=True) if message_role(r) == role]
     end = None if limit is None else offset + limit
     return list(turns[offset:end])
 
 
 def shared_records(session_id: str) -> Flow[list[BaseMessage]]:
-    return list((yield Op("records", session_id)))
+    return list((yield Op(StorageBackend.op_records, session_id)))
 
 
 def trim(session_id: str, keep_last: int) -> Flow[int]:
-    cursors = yield Op("get_fields", session_id, ("memory_through", "compression_through"))
+    cursors = yield Op(
+        StorageBackend.op_get_fields, session_id, ("memory_through", "compression_through")
+    )
     if cursors is None:
         raise SessionNotFoundError(session_id)
-    dropped = (yield Op("count", session_id)) - keep_last
+    dropped = (yield Op(StorageBackend.op_count, session_id)) - keep_last
     if dropped <= 0:
         return 0
-    yield Op("drop_oldest", session_id, dropped)
+    yield Op(StorageBackend.op_drop_oldest, session_id, dropped)
     memory, compressed = (max(0, (c or 0) - dropped) for c in cursors)
-    yield Op(
-        "set_fields", session_id, {"memory_through": memory, "compression_through": compressed}
-    )
+    cursors = {"memory_through": memory, "compression_through": compressed}
+    yield Op(StorageBackend.op_set_fields, session_id, cursors)
     return int(dropped)
 
 
 # -- topology -------------------------------------------------------------------------------
 def put_node(node: TopologyNode) -> Flow[None]:
-    if not (yield Op("session_exists", node.id)):
+    if not (yield Op(StorageBackend.op_session_exists, node.id)):
         raise SessionNotFoundError(node.id)
     parent_id = node.parent_id
     if parent_id is not None:
         if parent_id == node.id:
             raise TopologyCycleError(node.id, parent_id)
-        if (yield Op("get_node", parent_id)) is None:
+        if (yield Op(StorageBackend.op_get_node, parent_id)) is None:
             raise NodeNotFoundError(parent_id)
         if any(above.id == node.id for above in (yield from ancestors(parent_id))):
             raise TopologyCycleError(node.id, parent_id)
-    yield Op("put_node", node)
+    yield Op(StorageBackend.op_put_node, node)
 
 
 def ancestors(node_id: str) -> Flow[list[TopologyNode]]:
     found: list[TopologyNode] = []
     seen = {node_id}
-    node = yield Op("get_node", node_id)
+    node = yield Op(StorageBackend.op_get_node, node_id)
     while node is not None and node.parent_id is not None and node.parent_id not in seen:
-        node = yield Op("get_node", node.parent_id)
+        node = yield Op(StorageBackend.op_get_node, node.parent_id)
         if node is not None:
             found.append(node)
             seen.add(node.id)
@@ -345,29 +354,29 @@ def ancestors(node_id: str) -> Flow[list[TopologyNode]]:
 
 
 def remove_node(node_id: str, cascade: bool) -> Flow[list[str]]:
-    if (yield Op("get_node", node_id)) is None:
+    if (yield Op(StorageBackend.op_get_node, node_id)) is None:
         raise NodeNotFoundError(node_id)
-    children = yield Op("children", node_id)
+    children = yield Op(StorageBackend.op_children, node_id)
     if children and not cascade:
         raise NodeHasChildrenError(node_id, len(children))
     removed, seen = [node_id], {node_id}
     index = 0
     while index < len(removed):  # breadth-first: every parent before its children
-        for child in (yield Op("children", removed[index])):
+        for child in (yield Op(StorageBackend.op_children, removed[index])):
             if child.id in seen:  # its parents make a cycle (a damaged tree): cut it here,
                 # so that each node goes after the nodes that name it as their parent
-                yield Op("put_node", child.model_copy(update={"parent_id": None}))
+                yield Op(StorageBackend.op_put_node, child.model_copy(update={"parent_id": None}))
             else:
                 seen.add(child.id)
                 removed.append(child.id)
         index += 1
-    yield Op("delete_sessions", removed[::-1])
+    yield Op(StorageBackend.op_delete_sessions, removed[::-1])
     return removed
 
 
 def tree() -> Flow[list[TopologyNode]]:
     detached: set[str] = set()
-    nodes = tree_order((yield Op("all_nodes")), detached)
+    nodes = tree_order((yield Op(StorageBackend.op_all_nodes)), detached)
     if not detached:
         return nodes
     return [  # no root reaches them (their parents make a cycle): marked, see `_damage`
@@ -380,12 +389,12 @@ def tree() -> Flow[list[TopologyNode]]:
 
 # -- the event log ---------------------------------------------------------------------------
 def append_event(kind: str, session_id: str | None, payload: str, at: str) -> Flow[int]:
-    cursor: int = yield Op("append_event", kind, session_id, payload, at)
+    cursor: int = yield Op(StorageBackend.op_append_event, kind, session_id, payload, at)
     return cursor
 
 
 def events_after(cursor: int, limit: int) -> Flow[list[StoredEvent]]:
-    rows: list[EventRow] = yield Op("events_after", cursor, limit)
+    rows: list[EventRow] = yield Op(StorageBackend.op_events_after, cursor, limit)
     return [
         StoredEvent(cursor=c, type=kind, session_id=sid, data=_event_data(payload), at=from_iso(at))
         for c, kind, sid, payload, at in rows
@@ -408,27 +417,27 @@ LINEAGE = ("forked_from", "forked_at_turn")
 
 def copy_records(source_id: str, target_id: str, count: int) -> Flow[int]:
     for session_id in (source_id, target_id):
-        if not (yield Op("session_exists", session_id)):
+        if not (yield Op(StorageBackend.op_session_exists, session_id)):
             raise SessionNotFoundError(session_id)
-    available = yield Op("count", source_id)
+    available = yield Op(StorageBackend.op_count, source_id)
     if count > available:
         raise InvalidInputError(
             f"count={count} is beyond the {available} record(s) of session "
             f"{source_id!r}; pass at most {available}."
         )
-    copied: int = yield Op("copy_records", source_id, target_id, count)
+    copied: int = yield Op(StorageBackend.op_copy_records, source_id, target_id, count)
     return copied
 
 
 def lineage(session_id: str) -> Flow[ForkPoint | None]:
-    values = yield Op("get_fields", session_id, LINEAGE)
+    values = yield Op(StorageBackend.op_get_fields, session_id, LINEAGE)
     if values is None or values[0] is None:
         return None
     return ForkPoint(session_id, values[0], values[1])
 
 
 def list_lineage() -> Flow[dict[str, ForkPoint]]:
-    rows = yield Op("all_fields", LINEAGE)
+    rows = yield Op(StorageBackend.op_all_fields, LINEAGE)
     return _lineage(rows)
 
 
@@ -446,13 +455,13 @@ def topology_parts() -> Flow[TopologyParts]:
     """The parts of `Topology.read` in three statements, one pass over the sessions for
     both the lineage and the turn counts (each was a pass of its own)."""
     nodes = yield from tree()
-    metas: list[SessionMeta] = yield Op("list_sessions", None, None)
-    rows: list[tuple[Any, ...]] = yield Op("all_fields", (*LINEAGE, "turn_count"))
+    metas: list[SessionMeta] = yield Op(StorageBackend.op_list_sessions, None, None)
+    rows: list[tuple[Any, ...]] = yield Op(StorageBackend.op_all_fields, (*LINEAGE, "turn_count"))
     return nodes, metas, _lineage(rows), {row[0]: row[3] for row in rows}
 
 
 def digests() -> Flow[list[SessionDigest]]:
-    rows: list[DigestRow] = yield Op("digests")
+    rows: list[DigestRow] = yield Op(StorageBackend.op_digests)
     return built(digest_from_row, rows)
 
 
@@ -464,7 +473,7 @@ _QUEUE = (*_LEASE, "lease_waiter", "lease_wait_until")
 def acquire_lease(
     session_id: str, owner: str, ttl: float, replace: str | None
 ) -> Flow[Lease | None]:
-    row = yield Op("get_fields", session_id, _QUEUE)
+    row = yield Op(StorageBackend.op_get_fields, session_id, _QUEUE)
     if row is None:
         raise SessionNotFoundError(session_id)
     return (yield from _decide_lease(session_id, owner, ttl, replace, row))
@@ -477,7 +486,7 @@ def lease_session(
     transaction: a missing or archived session is refused before anything is written (the
     session is read with its lease fields, records included: they come from the record
     cache, and a refused asker is rare)."""
-    found = yield Op("read_session", session_id, (*_SNAPSHOT, *_QUEUE), True)
+    found = yield Op(StorageBackend.op_read_session, session_id, (*_SNAPSHOT, *_QUEUE), True)
     if found is None:
         raise SessionNotFoundError(session_id)
     meta, values, stored = found
@@ -501,7 +510,7 @@ def _decide_lease(
             # the first to wait is the next to hold: a holder that turns again at once
             # cannot starve the others
             values = {"lease_waiter": owner, "lease_wait_until": now + _WAITER_TTL}
-            yield Op("set_fields", session_id, values)
+            yield Op(StorageBackend.op_set_fields, session_id, values)
         return None
     lease = Lease(session_id, owner, token if holder == owner else token + 1, now + ttl)
     wait_over = {"lease_waiter": None, "lease_wait_until": 0.0} if waiter == owner else {}
@@ -510,7 +519,7 @@ def _decide_lease(
 
 
 def renew_lease(lease: Lease, ttl: float) -> Flow[Lease | None]:
-    row = yield Op("get_fields", lease.session_id, _QUEUE)
+    row = yield Op(StorageBackend.op_get_fields, lease.session_id, _QUEUE)
     if row is None:
         raise SessionNotFoundError(lease.session_id)
     holder, token = row[:2]
@@ -523,7 +532,7 @@ def renew_lease(lease: Lease, ttl: float) -> Flow[Lease | None]:
 
 def _write_lease(lease: Lease, more: dict[str, Any] | None = None) -> Op:
     values = dict(zip(_LEASE, (lease.owner, lease.token, lease.expires_at), strict=True))
-    return Op("set_fields", lease.session_id, values | (more or {}))
+    return Op(StorageBackend.op_set_fields, lease.session_id, values | (more or {}))
 
 
 def release_lease(lease: Lease) -> Flow[bool]:
@@ -531,7 +540,7 @@ def release_lease(lease: Lease) -> Flow[bool]:
     (an asker that gave up waiting must not keep the others out until the place lapses).
     `True` only when the lease was freed: a never-held `Lease(session, owner, 0, 0.0)`
     frees the place alone."""
-    values = yield Op("get_fields", lease.session_id, _QUEUE)
+    values = yield Op(StorageBackend.op_get_fields, lease.session_id, _QUEUE)
     if values is None:
         return False  # the session is gone with its lease
     holder, token, _, waiter, _ = values
@@ -540,19 +549,19 @@ def release_lease(lease: Lease) -> Flow[bool]:
     if waiter == lease.owner:
         changes |= {"lease_waiter": None, "lease_wait_until": 0.0}
     if changes:
-        yield Op("set_fields", lease.session_id, changes)
+        yield Op(StorageBackend.op_set_fields, lease.session_id, changes)
     return held
 
 
 def get_lease(session_id: str) -> Flow[Lease | None]:
-    values = yield Op("get_fields", session_id, _LEASE)
+    values = yield Op(StorageBackend.op_get_fields, session_id, _LEASE)
     if values is None or values[0] is None:
         return None
     return Lease(session_id, values[0], int(values[1] or 0), float(values[2] or 0.0))
 
 
 def check_lease(lease: Lease) -> Flow[None]:
-    values = yield Op("get_fields", lease.session_id, _LEASE)
+    values = yield Op(StorageBackend.op_get_fields, lease.session_id, _LEASE)
     if values is None:
         raise SessionNotFoundError(lease.session_id)
     if values[0] != lease.owner or values[1] != lease.token:

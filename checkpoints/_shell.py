@@ -48,6 +48,7 @@ from stello_graph.checkpoints._validate import (
     page_args,
     session_filter_args,
 )
+from stello_graph.checkpoints.backend import StorageBackend
 from stello_graph.digest import SessionDigest
 from stello_graph.events import StoredEvent
 from stello_graph.lineage import ForkPoint
@@ -65,7 +66,6 @@ from stello_graph.models import (
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
-    from stello_graph.checkpoints.backend import StorageBackend
     from stello_graph.storage import SessionSnapshot
 
 __all__ = ["FIELDS", "BackendStorage", "tree_order"]
@@ -176,7 +176,7 @@ class BackendStorage(BulkReads, AsyncMethods):
 
     def put_session(self, meta: SessionMeta) -> None:
         """Insert or replace the meta (keeping records, memory, ...) and relabel its node."""
-        self._txn.write(one("put_session", meta_to_row(check_meta(meta))))
+        self._txn.write(one(StorageBackend.op_put_session, meta_to_row(check_meta(meta))))
 
     def list_sessions(
         self,
@@ -194,7 +194,7 @@ class BackendStorage(BulkReads, AsyncMethods):
 
     def get_all_session_l2s(self) -> list[ChildL2]:
         """The L2 of every active standard session that has one, in creation order."""
-        return self._txn.read(one("l2s"))
+        return self._txn.read(one(StorageBackend.op_l2s))
 
     def list_session_stats(self) -> list[SessionStats]:
         """Every session's meta with its turns, records and memory figures, in creation
@@ -203,7 +203,7 @@ class BackendStorage(BulkReads, AsyncMethods):
         Not part of the `MainStorage` protocol: a view falls back to the per-session reads
         on a storage without it.
         """
-        return self._txn.read(one("session_stats"))
+        return self._txn.read(one(StorageBackend.op_session_stats))
 
     # -- L3 records -----------------------------------------------------------------------
     def append_records(
@@ -320,7 +320,7 @@ class BackendStorage(BulkReads, AsyncMethods):
     def put_system_prompt(self, session_id: str, prompt: str | None) -> None:
         """Set the system prompt; `None` removes it."""
         values = {"system_prompt": check_optional_text(prompt, "prompt")}
-        self._txn.write(one("set_fields", check_identifier(session_id), values))
+        self._txn.write(one(StorageBackend.op_set_fields, check_identifier(session_id), values))
 
     def get_insight(self, session_id: str) -> str | None:
         """The pending insight, read without consuming it."""
@@ -329,7 +329,7 @@ class BackendStorage(BulkReads, AsyncMethods):
     def put_insight(self, session_id: str, insight: str) -> None:
         """Replace the pending insight."""
         values = {"insight": check_text(insight, "insight")}
-        self._txn.write(one("set_fields", check_identifier(session_id), values))
+        self._txn.write(one(StorageBackend.op_set_fields, check_identifier(session_id), values))
 
     def clear_insight(self, session_id: str, *, expected: str | None = None) -> bool:
         """Remove the insight (only if it is still `expected`, when given); `True` if removed."""
@@ -361,7 +361,7 @@ class BackendStorage(BulkReads, AsyncMethods):
     def put_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
         """Replace the subtree synthesis of a node."""
         values = {"subtree_synthesis": check_text(synthesis, "synthesis")}
-        self._txn.write(one("set_fields", check_identifier(session_id), values))
+        self._txn.write(one(StorageBackend.op_set_fields, check_identifier(session_id), values))
 
     def get_compression(self, session_id: str) -> Compression | None:
         """The summary that replaces the oldest records in prompts, if there is one."""
@@ -370,7 +370,7 @@ class BackendStorage(BulkReads, AsyncMethods):
     def put_compression(self, session_id: str, compression: Compression | None) -> None:
         """Replace (or, with `None`, drop) the compression summary."""
         sid, values = compression_args(session_id, compression)
-        self._txn.write(one("set_fields", sid, values))
+        self._txn.write(one(StorageBackend.op_set_fields, sid, values))
 
     def get_settings(self, session_id: str) -> dict[str, Any]:
         """The session's orchestration settings (JSON object; empty when none)."""
@@ -379,7 +379,7 @@ class BackendStorage(BulkReads, AsyncMethods):
     def put_settings(self, session_id: str, settings: dict[str, Any]) -> None:
         """Replace the session's orchestration settings."""
         values = {"settings": dumps(check_mapping(settings, "settings"), what="settings")}
-        self._txn.write(one("set_fields", check_identifier(session_id), values))
+        self._txn.write(one(StorageBackend.op_set_fields, check_identifier(session_id), values))
 
     # -- topology -------------------------------------------------------------------------
     def put_node(self, node: TopologyNode) -> None:
@@ -392,7 +392,9 @@ class BackendStorage(BulkReads, AsyncMethods):
 
     def get_children(self, parent_id: str) -> list[TopologyNode]:
         """Direct children, in creation order."""
-        return self._txn.read(one("children", check_identifier(parent_id, "parent_id")))
+        return self._txn.read(
+            one(StorageBackend.op_children, check_identifier(parent_id, "parent_id"))
+        )
 
     def get_ancestors(self, node_id: str) -> list[TopologyNode]:
         """Parent, grandparent, ... up to the root (nearest first)."""
@@ -423,7 +425,7 @@ class BackendStorage(BulkReads, AsyncMethods):
     def put_global(self, key: str, value: Any) -> None:
         """Store a JSON-serialisable value under `key` (replacing any previous one)."""
         text = dumps(value, what="A global value")
-        self._txn.write(one("put_global", check_identifier(key, "key"), text))
+        self._txn.write(one(StorageBackend.op_put_global, check_identifier(key, "key"), text))
 
     # -- branching: copied records, lineage, digests ---------------------------------------
     def copy_records(self, source_id: str, target_id: str, *, count: int) -> int:
@@ -447,7 +449,9 @@ class BackendStorage(BulkReads, AsyncMethods):
 
     def put_lineage(self, session_id: str, source_id: str, at_turn: int | None) -> None:
         """Record that the session was forked from `source_id` at its user turn `at_turn`."""
-        self._txn.write(one("set_fields", *lineage_args(session_id, source_id, at_turn)))
+        self._txn.write(
+            one(StorageBackend.op_set_fields, *lineage_args(session_id, source_id, at_turn))
+        )
 
     def list_lineage(self) -> dict[str, ForkPoint]:
         """The fork point of every forked session of the tree, by session id (one read)."""

@@ -170,12 +170,12 @@ class Transactions:
         """Async calls over a sync-only backend, run in order by the worker."""
         self._leaders: set[asyncio.Task[None]] = set()
 
-    def has(self, name: str, *, in_async: bool = False) -> bool:
-        """Whether the backend has the optional primitive `op_NAME` (`in_async`: what an
-        async call runs, `aop_NAME` on a native async backend)."""
+    def has(self, primitive: Callable[..., object], *, in_async: bool = False) -> bool:
+        """Whether the backend has the optional `primitive` (`in_async`: what an async call
+        runs, its `aop_` twin on a native async backend)."""
         if in_async and self.native:
-            return callable(getattr(self._abackend, f"aop_{name}", None))
-        return callable(getattr(self._backend, f"op_{name}", None))
+            return callable(getattr(self._abackend, f"a{primitive.__name__}", None))
+        return callable(getattr(self._backend, primitive.__name__, None))
 
     @property
     def native(self) -> bool:

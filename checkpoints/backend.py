@@ -44,29 +44,30 @@ factory `module:function(tmp_path, tree_id)` that returns a fresh storage in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from importlib import import_module
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from stello_graph.checkpoints._serde import (
-    EncodedMessage,
-    EventRow,
-    MetaRow,
-    RecordTurn,
-    SessionRead,
-)
-from stello_graph.checkpoints._shell import FIELDS, BackendStorage
-from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
-from stello_graph.digest import DigestRow
-from stello_graph.models import (
-    ChildL2,
-    SessionMeta,
-    SessionRole,
-    SessionStats,
-    SessionStatus,
-    TopologyNode,
-)
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # no import at run time: the primitive flows name these protocols' methods
     from langchain_core.messages import BaseMessage
+
+    from stello_graph.checkpoints._serde import (
+        EncodedMessage,
+        EventRow,
+        MetaRow,
+        RecordTurn,
+        SessionRead,
+    )
+    from stello_graph.checkpoints._shell import FIELDS, BackendStorage
+    from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
+    from stello_graph.digest import DigestRow
+    from stello_graph.models import (
+        ChildL2,
+        SessionMeta,
+        SessionRole,
+        SessionStats,
+        SessionStatus,
+        TopologyNode,
+    )
 
 __all__ = [
     "FIELDS",
@@ -423,3 +424,18 @@ class AsyncStorageBackend(StorageBackend, Protocol):
     async def aop_events_after(self, cursor: int, limit: int) -> list[EventRow]:
         """Async twin of `op_events_after`."""
         ...
+
+
+_REEXPORTED = {
+    **dict.fromkeys(("FIELDS", "BackendStorage"), "_shell"),
+    **dict.fromkeys(("AsyncTransactionHooks", "TransactionHooks"), "_txn"),
+    **dict.fromkeys(("EncodedMessage", "EventRow", "MetaRow", "SessionRead"), "_serde"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The names this module shows a backend's author, imported from where they live on
+    first use (those modules import the protocols above)."""
+    if name not in _REEXPORTED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"stello_graph.checkpoints.{_REEXPORTED[name]}"), name)

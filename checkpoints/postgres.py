@@ -225,7 +225,7 @@ class PostgresMainStorage(BackendStorage):
         if self._txn.owns():
             return super().acquire_lease(session_id, owner, ttl, replace=replace)
         args = lease_args(session_id, owner, ttl, replace)
-        lease: Lease | None = self._txn.read(one("acquire_at_once", *args))
+        lease: Lease | None = self._txn.read(one(PostgresMainStorage.op_acquire_at_once, *args))
         return lease
 
     async def aacquire_lease(
@@ -235,7 +235,9 @@ class PostgresMainStorage(BackendStorage):
         if self._txn.owns():
             return await super().aacquire_lease(session_id, owner, ttl, replace=replace)
         args = lease_args(session_id, owner, ttl, replace)
-        lease: Lease | None = await self._txn.aread(one("acquire_at_once", *args))
+        lease: Lease | None = await self._txn.aread(
+            one(PostgresMainStorage.op_acquire_at_once, *args)
+        )
         return lease
 
     def _lease_session(
@@ -246,7 +248,9 @@ class PostgresMainStorage(BackendStorage):
         shell's flow takes five). Inside a transaction of the caller, the shell's flow."""
         if self._txn.owns():
             return super()._lease_session(args, operation)
-        lease: Lease | None = self._txn.read(one("acquire_at_once", *args, operation))
+        lease: Lease | None = self._txn.read(
+            one(PostgresMainStorage.op_acquire_at_once, *args, operation)
+        )
         return None if lease is None else (lease, read_leased(self, lease, operation))
 
     async def _alease_session(
@@ -255,7 +259,9 @@ class PostgresMainStorage(BackendStorage):
         """Async twin of `_lease_session` (two round trips too)."""
         if self._txn.owns():
             return await super()._alease_session(args, operation)
-        lease: Lease | None = await self._txn.aread(one("acquire_at_once", *args, operation))
+        lease: Lease | None = await self._txn.aread(
+            one(PostgresMainStorage.op_acquire_at_once, *args, operation)
+        )
         return None if lease is None else (lease, await aread_leased(self, lease, operation))
 
     def _acquire_at_once(
@@ -289,7 +295,9 @@ class PostgresMainStorage(BackendStorage):
         as `acquire_lease`; a second one when it did not, to free a waiting place)."""
         if self._txn.owns():
             return super().release_lease(lease)
-        released: bool = self._txn.read(one("release_at_once", checked_lease(lease)))
+        released: bool = self._txn.read(
+            one(PostgresMainStorage.op_release_at_once, checked_lease(lease))
+        )
         # not held: the shell's flow, which also frees a waiting place the owner kept
         return released or super().release_lease(lease)
 
@@ -297,7 +305,9 @@ class PostgresMainStorage(BackendStorage):
         """Async twin of `release_lease`."""
         if self._txn.owns():
             return await super().arelease_lease(lease)
-        released: bool = await self._txn.aread(one("release_at_once", checked_lease(lease)))
+        released: bool = await self._txn.aread(
+            one(PostgresMainStorage.op_release_at_once, checked_lease(lease))
+        )
         return released or await super().arelease_lease(lease)
 
     def _release_at_once(self, lease: Lease) -> _AtOnce[bool]:
@@ -309,14 +319,16 @@ class PostgresMainStorage(BackendStorage):
         shell's flow takes six); inside a transaction of the caller, the shell's flow."""
         if self._txn.owns():
             return super()._commit_records(args, release)
-        turns: int = self._txn.read(one("commit_at_once", args, release))
+        turns: int = self._txn.read(one(PostgresMainStorage.op_commit_at_once, args, release))
         return turns
 
     async def _acommit_records(self, args: CommitArgs, release: bool) -> int:
         """Async twin of `_commit_records` (one round trip too)."""
         if self._txn.owns():
             return await super()._acommit_records(args, release)
-        turns: int = await self._txn.aread(one("commit_at_once", args, release))
+        turns: int = await self._txn.aread(
+            one(PostgresMainStorage.op_commit_at_once, args, release)
+        )
         return turns
 
     def _commit_at_once(self, args: CommitArgs, release: bool) -> _AtOnce[int]:

@@ -174,7 +174,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         Raises:
             DamagedDataError: the file is damaged (the message says what was found).
         """
-        self._txn.read(one("quick_check"))
+        self._txn.read(one(SqliteMainStorage.op_quick_check))
 
     def op_quick_check(self) -> None:
         quick_check(self._conn, repr(self.path))

@@ -27,6 +27,7 @@ from stello_graph.nodes.scheduling import (
     forget_insight,
 )
 from stello_graph.nodes.state import TurnState
+from stello_graph.storage import MainStorage
 
 __all__ = ["Commit", "make_commit_node"]
 
@@ -107,15 +108,17 @@ def _counted_commit(
     session: SessionBase, held: TurnLease, turn: Commit | None, release: bool
 ) -> Flow[tuple[int, int]]:
     if turn is None:
-        yield Storage("check_lease", held.lease)  # a turn that lost its lease commits nothing
-        turns: int = yield Storage("get_turn_count", session.id)
+        yield Storage(
+            MainStorage.check_lease, held.lease
+        )  # a turn that lost its lease commits nothing
+        turns: int = yield Storage(MainStorage.get_turn_count, session.id)
         if release:
-            yield Storage("release_lease", held.lease)
+            yield Storage(MainStorage.release_lease, held.lease)
         return turns, 0
     records, insight, turn_id = turn
     turns = yield from session.commit_flow(records, insight, held.lease, turn_id, release)
-    tree = int((yield Storage("get_global", TREE_TURNS_KEY)) or 0) + 1
-    yield Storage("put_global", TREE_TURNS_KEY, tree)
+    tree = int((yield Storage(MainStorage.get_global, TREE_TURNS_KEY)) or 0) + 1
+    yield Storage(MainStorage.put_global, TREE_TURNS_KEY, tree)
     return turns, tree
 
 

@@ -4,7 +4,7 @@ lineage of forks and the sessions' digests."""
 from __future__ import annotations
 
 from stello_graph._event_log import EventRecorder
-from stello_graph._flow import arun, run
+from stello_graph._flow import Flow, Storage, arun, run
 from stello_graph._threads import CheckpointThreads
 from stello_graph._validate import check_id
 from stello_graph.digest import SessionDigest, digest_flow, digests_flow
@@ -12,9 +12,10 @@ from stello_graph.errors import (
     InvalidInputError,
     NodeHasChildrenError,
     NodeNotFoundError,
+    SessionNotFoundError,
 )
 from stello_graph.lease import SessionLeases
-from stello_graph.lineage import ForkPoint, lineage_flow
+from stello_graph.lineage import ForkPoint
 from stello_graph.main_session import MainSession
 from stello_graph.models import TopologyNode
 from stello_graph.nodes.deps import StelloRuntime
@@ -228,3 +229,28 @@ class _Tree:
     async def adigest(self, session_id: str) -> SessionDigest:
         """Async twin of `digest`."""
         return await arun(digest_flow(self.storage, session_id), self.storage)
+
+
+def lineage_flow(session_id: str, *, limit: int = 10_000) -> Flow[list[ForkPoint]]:
+    """The fork points of `session_id`, its source, its source's source, ... (nearest
+    first), read one generation at a time (`get_lineage`); stops at a session that was not
+    forked, at a source that no longer exists, or after `limit` generations.
+
+    Raises:
+        SessionNotFoundError: `session_id` does not exist.
+    """
+    if (yield Storage(MainStorage.get_session, session_id)) is None:
+        raise SessionNotFoundError(session_id)
+    found: list[ForkPoint] = []
+    seen = {session_id}
+    current = session_id
+    while len(found) < limit:
+        point: ForkPoint | None = yield Storage(MainStorage.get_lineage, current)
+        if point is None:
+            break
+        found.append(point)
+        if point.source_id in seen:  # never stored by a fork; a hand-written cycle stops here
+            break
+        seen.add(point.source_id)
+        current = point.source_id
+    return found

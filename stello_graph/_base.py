@@ -61,6 +61,7 @@ from stello_graph.errors import (
 )
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease, SendResult
+from stello_graph.storage import MainStorage
 
 __all__ = [
     "ContextParts",
@@ -210,7 +211,7 @@ class SessionBase(SessionContext):
         turn inside a flow of its own (the turn graph's commit)."""
         stored = _storable_records(records)
         turns: int = yield Storage(
-            "commit_records",
+            MainStorage.commit_records,
             self._id,
             stored,
             user_turn=_is_user_turn(stored),

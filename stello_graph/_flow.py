@@ -6,9 +6,10 @@ it with the sync storage methods and `arun` with their async twins. The logic be
 steps exists once, so the sync and the async operation cannot drift apart:
 
     >>> def flow(session_id):
-    ...     count = yield Storage("count_records", session_id)
+    ...     count = yield Storage(MainStorage.count_records, session_id)
     ...     return count + 1
     >>> from stello_graph.checkpoints import InMemoryMainStorage
+    >>> from stello_graph.storage import MainStorage
     >>> run(flow("s1"), InMemoryMainStorage())
     1
 """
@@ -16,44 +17,60 @@ steps exists once, so the sync and the async operation cannot drift apart:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-__all__ = ["Atomic", "Call", "Flow", "Step", "Storage", "arun", "run"]
+__all__ = ["Atomic", "Call", "Flow", "Maybe", "Step", "Storage", "arun", "run"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
-@dataclass(frozen=True, slots=True)
 class Storage:
-    """A call of the storage method `name` (`a` + `name` when driven async).
+    """A call of a storage method, named by the protocol's own function:
+    `Storage(MainStorage.get_session, session_id)` calls the storage's `get_session` when
+    driven sync and its `aget_session` twin when driven async. mypy checks the arguments
+    against the protocol's signature, and a reader's go-to-definition lands on it."""
 
-    With `optional`, a storage that lacks the method gives `default` instead (the methods
-    the reference storages add to the protocol, such as `get_subtree_synthesis`).
-    """
-
-    name: str
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    optional: bool = False
-    default: Any = None
+    __slots__ = ("args", "kwargs", "name")
 
     def __init__(
-        self, name: str, *args: Any, optional: bool = False, default: Any = None, **kwargs: Any
+        self, method: Callable[Concatenate[Any, P], object], /, *args: P.args, **kwargs: P.kwargs
     ) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "args", args)
-        object.__setattr__(self, "kwargs", kwargs)
-        object.__setattr__(self, "optional", optional)
-        object.__setattr__(self, "default", default)
+        self.name = method.__name__
+        self.args = args
+        self.kwargs = kwargs
 
     def run(self, storage: object) -> Any:
-        method = getattr(storage, self.name, None) if self.optional else getattr(storage, self.name)
+        return getattr(storage, self.name)(*self.args, **self.kwargs)
+
+    async def arun(self, storage: object) -> Any:
+        return await getattr(storage, f"a{self.name}")(*self.args, **self.kwargs)
+
+
+class Maybe(Storage):
+    """A call of a method the protocol marks optional (`get_node`, `get_tree`,
+    `put_lineage`, ...): `default` from a storage that lacks it."""
+
+    __slots__ = ("default",)
+
+    def __init__(
+        self,
+        default: object,
+        method: Callable[Concatenate[Any, P], object],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> None:
+        super().__init__(method, *args, **kwargs)
+        self.default = default
+
+    def run(self, storage: object) -> Any:
+        method = getattr(storage, self.name, None)
         return self.default if method is None else method(*self.args, **self.kwargs)
 
     async def arun(self, storage: object) -> Any:
-        name = f"a{self.name}"
-        method = getattr(storage, name, None) if self.optional else getattr(storage, name)
+        method = getattr(storage, f"a{self.name}", None)
         return self.default if method is None else await method(*self.args, **self.kwargs)
 
 

@@ -31,7 +31,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import is_clean, sanitize_history
 from stello_graph._copies import ashared_records, shared_records
-from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
+from stello_graph._flow import Atomic, Call, Flow, Maybe, Storage, arun, run
 from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
     check_id,
@@ -56,7 +56,7 @@ from stello_graph.errors import (
 )
 from stello_graph.memory import CompressFn
 from stello_graph.models import Compression, SessionMeta, TopologyNode
-from stello_graph.storage import SessionStorage
+from stello_graph.storage import MainStorage, SessionStorage
 
 __all__ = [
     "ForkContext",
@@ -251,12 +251,12 @@ def _node_flow(source_id: str) -> Flow[bool]:
         NodeNotFoundError: the storage keeps a tree (it has a main session) and the source
             has no node in it.
     """
-    node = yield Storage("get_node", source_id, optional=True, default=_NO_TOPOLOGY)
+    node = yield Maybe(_NO_TOPOLOGY, MainStorage.get_node, source_id)
     if node is _NO_TOPOLOGY:
         return False  # a plain SessionStorage keeps no topology
     if node is not None:
         return True
-    if (yield Storage("get_main_session")) is not None:
+    if (yield Storage(MainStorage.get_main_session)) is not None:
         raise _outside_the_tree(source_id)
     return False
 
@@ -299,7 +299,7 @@ def _child(
 
 def _label_flow(req: ForkRequest) -> Flow[None]:
     """Refuse a label a child of the source already has (`unique_label`)."""
-    children: list[TopologyNode] = yield Storage("get_children", req.source_id)
+    children: list[TopologyNode] = yield Storage(MainStorage.get_children, req.source_id)
     wanted = req.label.strip().casefold()
     taken = next((c for c in children if c.label.strip().casefold() == wanted), None)
     if taken is not None:
@@ -315,24 +315,24 @@ def _inherit_flow(storage: SessionStorage, req: ForkRequest, child_id: str) -> F
     prefix = shared[:end]
     copy = getattr(storage, "copy_records", None) is not None
     if prefix and copy and is_clean(prefix):
-        yield Storage("copy_records", req.source_id, child_id, count=end)
+        yield Storage(MainStorage.copy_records, req.source_id, child_id, count=end)
     elif prefix:  # some records must go: write the others again, each keeping its turn
         keep = {id(m) for m in sanitize_history(prefix)}
-        turns: list[tuple[str, int]] = yield Storage("list_record_turns", req.source_id)
+        turns: list[tuple[str, int]] = yield Storage(MainStorage.list_record_turns, req.source_id)
         clean = [
             with_turn(m.model_copy(), *t)
             for m, t in zip(prefix, turns, strict=False)
             if id(m) in keep
         ]
         if clean:
-            yield Storage("append_records", child_id, clean)
+            yield Storage(MainStorage.append_records, child_id, clean)
     return turn or None
 
 
 def _checks_flow(req: ForkRequest) -> Flow[tuple[SessionMeta, bool]]:
     """The source (refused when missing or archived) and whether the child gets a node
     (refused outside the tree, or for a label a sibling has with `unique_label`)."""
-    source = _check_source((yield Storage("get_session", req.source_id)), req.source_id)
+    source = _check_source((yield Storage(MainStorage.get_session, req.source_id)), req.source_id)
     with_node = yield from _node_flow(req.source_id)
     if with_node and req.unique_label:
         yield from _label_flow(req)
@@ -348,27 +348,28 @@ def _write_flow(storage: SessionStorage, req: ForkRequest, made: _Child | None) 
     source, with_node = yield from _checks_flow(req)
     child = made
     if child is None:
-        source_prompt = yield Storage("get_system_prompt", req.source_id)
+        source_prompt = yield Storage(MainStorage.get_system_prompt, req.source_id)
         child = _child(req, source, source_prompt, [], None, None)
     meta = child.meta
-    if (yield Storage("get_session", meta.id)) is not None:
+    if (yield Storage(MainStorage.get_session, meta.id)) is not None:
         raise DuplicateSessionError(meta.id)
-    yield Storage("put_session", meta)
+    yield Storage(MainStorage.put_session, meta)
     if child.system_prompt:
-        yield Storage("put_system_prompt", meta.id, child.system_prompt)
+        yield Storage(MainStorage.put_system_prompt, meta.id, child.system_prompt)
     at_turn = child.forked_at_turn
     if child.inherit:
         at_turn = yield from _inherit_flow(storage, req, meta.id)
     if child.records:
-        yield Storage("append_records", meta.id, child.records)
+        yield Storage(MainStorage.append_records, meta.id, child.records)
     if child.compression is not None:
-        yield Storage("put_compression", meta.id, child.compression)
+        yield Storage(MainStorage.put_compression, meta.id, child.compression)
     if req.settings:
-        yield Storage("put_settings", meta.id, req.settings)
-    yield Storage("put_lineage", meta.id, req.source_id, at_turn, optional=True)
+        yield Storage(MainStorage.put_settings, meta.id, req.settings)
+    yield Maybe(None, MainStorage.put_lineage, meta.id, req.source_id, at_turn)
     if with_node:
         yield Storage(
-            "put_node", TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label)
+            MainStorage.put_node,
+            TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label),
         )
     return child
 
@@ -401,9 +402,9 @@ def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
         return made.meta
     # refuse early, before any function runs (and again in the write's transaction)
     source, _ = yield from _checks_flow(req)
-    source_prompt = yield Storage("get_system_prompt", req.source_id)
+    source_prompt = yield Storage(MainStorage.get_system_prompt, req.source_id)
     # the source's L3 (copies), up to at_turn, for the function
-    records: list[BaseMessage] = yield Storage("list_records", req.source_id)
+    records: list[BaseMessage] = yield Storage(MainStorage.list_records, req.source_id)
     end, turn = turn_cut(records, req.at_turn, req.source_id)
     records = records[:end]
     selected: object = []

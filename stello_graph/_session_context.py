@@ -22,7 +22,7 @@ from stello_graph.errors import (
 )
 from stello_graph.memory import CompressFn, llm_compressor
 from stello_graph.models import Compression, SessionMeta
-from stello_graph.storage import SessionSnapshot
+from stello_graph.storage import MainStorage, SessionSnapshot
 
 __all__ = ["SessionContext"]
 
@@ -45,11 +45,11 @@ class SessionContext(SessionCore):
         self._active((yield from self._meta_flow()), operation)
         if self._memory_part():
             return None
-        insight: str | None = yield Storage("get_insight", self._id)
+        insight: str | None = yield Storage(MainStorage.get_insight, self._id)
         return insight
 
     def _meta_flow(self) -> Flow[SessionMeta]:
-        meta: SessionMeta | None = yield Storage("get_session", self._id)
+        meta: SessionMeta | None = yield Storage(MainStorage.get_session, self._id)
         if meta is None:
             raise SessionNotFoundError(self._id)
         return meta
@@ -100,9 +100,9 @@ class SessionContext(SessionCore):
     ) -> Flow[TurnContext]:
         sid, kept = self._id, self._turn
         held = turn_id is not None and kept is not None and kept[0] == turn_id
-        if held and kept is not None and (yield Storage("count_records", sid)) == kept[1]:
+        if held and kept is not None and (yield Storage(MainStorage.count_records, sid)) == kept[1]:
             return kept[2]
-        snap: SessionSnapshot | None = snapshot or (yield Storage("read_session", sid))
+        snap: SessionSnapshot | None = snapshot or (yield Storage(MainStorage.read_session, sid))
         if snap is None:
             raise SessionNotFoundError(sid)
         meta = self._active(snap.meta, operation)
@@ -183,7 +183,7 @@ class SessionContext(SessionCore):
         except Exception as exc:
             raise self._compress_error(exc) from exc
         compression = Compression(summary=self._summary(result), through=cut)
-        yield Storage("put_compression", self._id, compression)
+        yield Storage(MainStorage.put_compression, self._id, compression)
         self._cut = compression, len(records)
         return compression
 

@@ -31,9 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stello_graph._flow import Flow, Storage
+from stello_graph._flow import Flow, Maybe, Storage
 from stello_graph.errors import FunctionCallError, InvalidInputError
 from stello_graph.models import SessionMeta, TopologyNode
+from stello_graph.storage import MainStorage
 
 __all__ = [
     "SLOT_TAG",
@@ -127,10 +128,10 @@ class TopologySlot:
     def flow(self, session_id: str) -> Flow[str | None]:
         """Read the tree and render the slot of `session_id` (`None`: no slot)."""
         nodes: list[TopologyNode] | None
-        nodes = yield Storage("get_tree", optional=True, default=None)
+        nodes = yield Maybe(None, MainStorage.get_tree)
         if not nodes:
             return None
-        archived: list[SessionMeta] = yield Storage("list_sessions", status="archived")
+        archived: list[SessionMeta] = yield Storage(MainStorage.list_sessions, status="archived")
         view = build_view(nodes, {meta.id for meta in archived}, session_id)
         return None if view is None else self.render(view)
 

@@ -99,9 +99,9 @@ async def aplan_tree(storage: MainStorage) -> TreePlan:
 
 
 def _plan_flow(tree: str) -> Flow[TreePlan]:
-    root = yield Storage("get_main_session")
-    nodes = yield Storage("get_tree")
-    return _plan(root, nodes, (yield Storage("list_sessions")), tree)
+    root = yield Storage(MainStorage.get_main_session)
+    nodes = yield Storage(MainStorage.get_tree)
+    return _plan(root, nodes, (yield Storage(MainStorage.list_sessions)), tree)
 
 
 def _inputs(plan: TreePlan, node_id: str, l2s: dict[str, str | None]) -> list[ChildL2]:
@@ -122,8 +122,8 @@ def branch_l2(own: str | None, summary: str | None) -> str | None:
 def _child_l2_flow(plan: TreePlan, child: str, made: Summaries) -> Flow[str | None]:
     summary = made.get(child)
     if summary is None and plan.is_internal(child):
-        summary = yield Storage("get_subtree_synthesis", child)
-    return branch_l2((yield Storage("get_memory", child)), summary)
+        summary = yield Storage(MainStorage.get_subtree_synthesis, child)
+    return branch_l2((yield Storage(MainStorage.get_memory, child)), summary)
 
 
 def _error(node_id: str, exc: Exception) -> IntegrationError:
@@ -171,7 +171,7 @@ def _node_flow(
     inputs = _inputs(plan, node_id, l2s)
     if not inputs:
         return None
-    own = "get_memory" if node_id == plan.root_id else "get_subtree_synthesis"
+    own = MainStorage.get_memory if node_id == plan.root_id else MainStorage.get_subtree_synthesis
     current = yield Storage(own, node_id)
     try:
         raw = yield Call(call_sync, call_async, (fn, inputs, current))
@@ -203,7 +203,9 @@ def _write_flow(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flo
 
 def _writes(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flow[None]:
     for node_id, result in results.items():
-        own = "put_memory" if node_id == plan.root_id else "put_subtree_synthesis"
+        own = (
+            MainStorage.put_memory if node_id == plan.root_id else MainStorage.put_subtree_synthesis
+        )
         yield Storage(own, node_id, result.synthesis)
         for session_id, insight in result.insights.items():
-            yield Storage("put_insight", session_id, insight)
+            yield Storage(MainStorage.put_insight, session_id, insight)

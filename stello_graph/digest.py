@@ -34,7 +34,7 @@ from stello_graph._validate import check_id
 from stello_graph.checkpoints._damage import UNDECODABLE, shown, undecodable
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import SessionMeta, SessionRole, SessionStatus, TopologyNode
-from stello_graph.storage import SessionStorage
+from stello_graph.storage import MainStorage, SessionStorage
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
@@ -190,7 +190,7 @@ def _stand_ins(row: DigestRow) -> tuple[Any, ...]:
 def digests_flow(status: object = None) -> Flow[list[SessionDigest]]:
     """Every session's digest (with `status`, only those), in creation order."""
     wanted = check_status(status)
-    found: list[SessionDigest] = yield Storage("list_session_digests")
+    found: list[SessionDigest] = yield Storage(MainStorage.list_session_digests)
     return found if wanted is None else [d for d in found if d.status == wanted]
 
 
@@ -201,11 +201,11 @@ def digest_flow(storage: SessionStorage, session_id: object) -> Flow[SessionDige
         SessionNotFoundError: there is no such session.
     """
     sid = check_id(session_id)
-    meta: SessionMeta | None = yield Storage("get_session", sid)
+    meta: SessionMeta | None = yield Storage(MainStorage.get_session, sid)
     if meta is None:
         raise SessionNotFoundError(sid)
-    node: TopologyNode | None = yield Storage("get_node", sid)
-    through: int = yield Storage("get_memory_through", sid)
+    node: TopologyNode | None = yield Storage(MainStorage.get_node, sid)
+    through: int = yield Storage(MainStorage.get_memory_through, sid)
     records: list[BaseMessage] = yield Call(shared_records, ashared_records, (storage, sid))
     stale = sum(record.type == "human" for record in records[through:])
     return SessionDigest(
@@ -214,9 +214,9 @@ def digest_flow(storage: SessionStorage, session_id: object) -> Flow[SessionDige
         role=meta.role,
         status=meta.status,
         parent_id=node.parent_id if node is not None else None,
-        turns=(yield Storage("get_turn_count", sid)),
-        l2=(yield Storage("get_memory", sid)),
+        turns=(yield Storage(MainStorage.get_turn_count, sid)),
+        l2=(yield Storage(MainStorage.get_memory, sid)),
         stale_turns=stale,
-        insight=(yield Storage("get_insight", sid)),
+        insight=(yield Storage(MainStorage.get_insight, sid)),
         last_activity=meta.updated_at,
     )

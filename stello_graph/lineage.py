@@ -23,10 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stello_graph._flow import Flow, Storage
-from stello_graph.errors import SessionNotFoundError
-
-__all__ = ["ForkPoint", "lineage_flow"]
+__all__ = ["ForkPoint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,28 +42,3 @@ class ForkPoint:
     session_id: str
     source_id: str
     at_turn: int | None = None
-
-
-def lineage_flow(session_id: str, *, limit: int = 10_000) -> Flow[list[ForkPoint]]:
-    """The fork points of `session_id`, its source, its source's source, ... (nearest
-    first), read one generation at a time (`get_lineage`); stops at a session that was not
-    forked, at a source that no longer exists, or after `limit` generations.
-
-    Raises:
-        SessionNotFoundError: `session_id` does not exist.
-    """
-    if (yield Storage("get_session", session_id)) is None:
-        raise SessionNotFoundError(session_id)
-    found: list[ForkPoint] = []
-    seen = {session_id}
-    current = session_id
-    while len(found) < limit:
-        point: ForkPoint | None = yield Storage("get_lineage", current)
-        if point is None:
-            break
-        found.append(point)
-        if point.source_id in seen:  # never stored by a fork; a hand-written cycle stops here
-            break
-        seen.add(point.source_id)
-        current = point.source_id
-    return found

@@ -124,23 +124,23 @@ def _create_flow(meta: SessionMeta, prompt: str | None) -> Flow[None]:
 
 
 def _store_new(meta: SessionMeta, prompt: str | None) -> Flow[None]:
-    existing = yield Storage("get_main_session")
+    existing = yield Storage(MainStorage.get_main_session)
     if existing is not None:
         raise MainSessionExistsError(existing.id)
-    yield Storage("put_session", meta)
+    yield Storage(MainStorage.put_session, meta)
     if prompt:
-        yield Storage("put_system_prompt", meta.id, prompt)
-    yield Storage("put_node", TopologyNode(id=meta.id, parent_id=None, label=meta.label))
+        yield Storage(MainStorage.put_system_prompt, meta.id, prompt)
+    yield Storage(MainStorage.put_node, TopologyNode(id=meta.id, parent_id=None, label=meta.label))
 
 
 def _load_flow(storage: MainStorage, session_id: str | None) -> Flow[SessionMeta]:
     if session_id is None:
-        found = yield Storage("get_main_session")
+        found = yield Storage(MainStorage.get_main_session)
         if found is None:
             raise MainSessionNotFoundError(storage.tree_id)
         session_id = found.id
     else:
-        found = yield Storage("get_session", check_id(session_id))
+        found = yield Storage(MainStorage.get_session, check_id(session_id))
     return check_loaded(found, session_id, "main")
 
 
@@ -308,14 +308,14 @@ class MainSession(SessionBase):
     ) -> Flow[IntegrationResult]:
         chosen, extra, sid = self._integrator(fn), _archived_ids(include_archived), self._id
         self._active((yield from self._meta_flow()), "integration")
-        active: list[ChildL2] = yield Storage("get_all_session_l2s")
+        active: list[ChildL2] = yield Storage(MainStorage.get_all_session_l2s)
         found = []
         for x in extra:
-            meta = yield Storage("get_session", x)
-            found.append(self._archived_l2(meta, (yield Storage("get_memory", x))))
+            meta = yield Storage(MainStorage.get_session, x)
+            found.append(self._archived_l2(meta, (yield Storage(MainStorage.get_memory, x))))
         children = self._children([*active, *(c for c in found if c is not None)])
         try:
-            synthesis = yield Storage("get_memory", sid)
+            synthesis = yield Storage(MainStorage.get_memory, sid)
             raw = yield Call(call_sync, call_async, (chosen, list(children), synthesis))
         except StelloError:
             raise
@@ -328,11 +328,11 @@ class MainSession(SessionBase):
 
     def _write_flow(self, result: IntegrationResult) -> Flow[dict[str, str]]:
         """The synthesis and the insights to sessions still active, in one transaction."""
-        yield Storage("put_memory", self._id, result.synthesis)
+        yield Storage(MainStorage.put_memory, self._id, result.synthesis)
         written = {}
         for session_id, insight in result.insights.items():
-            if _active((yield Storage("get_session", session_id))):
-                yield Storage("put_insight", session_id, insight)
+            if _active((yield Storage(MainStorage.get_session, session_id))):
+                yield Storage(MainStorage.put_insight, session_id, insight)
                 written[session_id] = insight
         return written
 

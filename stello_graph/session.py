@@ -56,7 +56,7 @@ from stello_graph.errors import (
 )
 from stello_graph.memory import CompressFn, ConsolidateFn
 from stello_graph.models import SessionMeta, utcnow
-from stello_graph.storage import SessionStorage
+from stello_graph.storage import MainStorage, SessionStorage
 
 __all__ = ["Session"]
 
@@ -102,15 +102,15 @@ def _create_flow(meta: SessionMeta, prompt: str | None) -> Flow[None]:
 
 
 def _store_new(meta: SessionMeta, prompt: str | None) -> Flow[None]:
-    if (yield Storage("get_session", meta.id)) is not None:
+    if (yield Storage(MainStorage.get_session, meta.id)) is not None:
         raise DuplicateSessionError(meta.id)
-    yield Storage("put_session", meta)
+    yield Storage(MainStorage.put_session, meta)
     if prompt:
-        yield Storage("put_system_prompt", meta.id, prompt)
+        yield Storage(MainStorage.put_system_prompt, meta.id, prompt)
 
 
 def _load_flow(session_id: str) -> Flow[SessionMeta]:
-    found = yield Storage("get_session", check_id(session_id))
+    found = yield Storage(MainStorage.get_session, check_id(session_id))
     return check_loaded(found, session_id, "standard")
 
 
@@ -312,27 +312,27 @@ class Session(SessionBase):
                 return l2
             if stored[1] >= through + len(records):
                 return stored[0]  # a concurrent consolidation covered as much meanwhile
-        memory: str | None = yield Storage("get_memory", sid)
+        memory: str | None = yield Storage(MainStorage.get_memory, sid)
         return memory
 
     def _uncovered_flow(self, archived_ok: bool) -> Flow[tuple[str | None, int, list[BaseMessage]]]:
         meta = yield from self._meta_flow()
         if not archived_ok:
             self._active(meta, "consolidation")
-        current = yield Storage("get_memory", self._id)
-        through = yield Storage("get_memory_through", self._id)
-        records = yield Storage("list_records", self._id, offset=through)
+        current = yield Storage(MainStorage.get_memory, self._id)
+        through = yield Storage(MainStorage.get_memory_through, self._id)
+        records = yield Storage(MainStorage.list_records, self._id, offset=through)
         return current, through, records
 
     def _put_l2_flow(
         self, l2: str, read: tuple[str | None, int], count: int
     ) -> Flow[tuple[str | None, int] | None]:
         """Write `l2` if the L2 is still the one `read`; else return the one stored."""
-        memory = yield Storage("get_memory", self._id)
-        stored = memory, (yield Storage("get_memory_through", self._id))
+        memory = yield Storage(MainStorage.get_memory, self._id)
+        stored = memory, (yield Storage(MainStorage.get_memory_through, self._id))
         if stored != read:
             return stored
-        yield Storage("put_memory", self._id, l2, through=read[1] + count)
+        yield Storage(MainStorage.put_memory, self._id, l2, through=read[1] + count)
         return None
 
     # -- fork and archive -------------------------------------------------------------------

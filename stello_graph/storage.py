@@ -38,7 +38,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from stello_graph.events import StoredEvent
-from stello_graph.lineage import ForkPoint
 from stello_graph.models import (
     ChildL2,
     Compression,
@@ -53,6 +52,7 @@ if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
     from stello_graph.digest import SessionDigest
+    from stello_graph.lineage import ForkPoint
 
 __all__ = ["MainStorage", "RecordRole", "SessionSnapshot", "SessionStorage", "normalize_role"]
 

@@ -9,6 +9,7 @@ from stello_graph import Session
 from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.errors import SessionArchivedError
+from stello_graph.storage import MainStorage
 from stello_graph.testing import ScriptedChatModel
 
 
@@ -44,7 +45,7 @@ def _flow() -> Flow[str]:
     try:
         yield Call(_failing, _afailing)
     except ValueError as exc:  # a step's error is raised where the flow yielded it
-        count = yield Storage("count_records", "missing")
+        count = yield Storage(MainStorage.count_records, "missing")
         return f"caught {exc} ({count})"
     return "not reached"
 
