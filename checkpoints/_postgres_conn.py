@@ -39,6 +39,7 @@ import psycopg_pool
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
+from stello_graph._flow import arun, run
 from stello_graph.errors import InvalidInputError, StorageError, StorageUnavailableError
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
     "Result",
     "Steps",
     "SyncHooks",
-    "lost_or_failed",
     "tree_lock_key",
 ]
 
@@ -61,6 +61,12 @@ class Query:
 
     sql: str
     params: Sequence[Any] = ()
+
+    def run(self, link: Link) -> Result:
+        return link.execute(self)
+
+    async def arun(self, link: Link) -> Result:
+        return await link.aexecute(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,23 +105,6 @@ def describe(conninfo: str) -> str:
     port = f":{parts['port']}" if parts.get("port") else ""
     user = f"{parts['user']}@" if parts.get("user") else ""
     return f"'postgresql://{user}{host}{port}/{parts.get('dbname') or ''}'"
-
-
-def lost_or_failed(exc: BaseException, where: str) -> StorageError:
-    """The typed error of a failure outside a `Link` (a checkpointer's pool): a connection
-    lost, refused or not given in time is `StorageUnavailableError`, anything else of the
-    database `StorageError`."""
-    state = getattr(exc, "sqlstate", None)
-    lost = isinstance(exc, psycopg.InterfaceError | psycopg_pool.PoolTimeout) or (
-        isinstance(exc, psycopg.OperationalError)
-        and (state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03"))
-    )
-    if lost:
-        return StorageUnavailableError(
-            f"The connection to PostgreSQL at {where} was lost or refused ({exc}). Nothing of "
-            "the unfinished operation was stored; retry it once the server is back."
-        )
-    return StorageError(f"PostgreSQL failed at {where}: {exc}")
 
 
 def hung_up(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -188,11 +177,11 @@ class Link:
                 conn.autocommit = True
             return conn
         if self._closed:
-            return self._connect_error(lambda: psycopg.connect(self.conninfo, **self._kwargs))
+            return self._connect()
         if self._own is None or hung_up(self._own):
             if self._own is not None:
                 self._own.close()
-            self._own = self._connect_error(lambda: psycopg.connect(self.conninfo, **self._kwargs))
+            self._own = self._connect()
         return self._own
 
     def _from_pool(self, pool: psycopg_pool.ConnectionPool[Any]) -> psycopg.Connection[Any]:
@@ -227,32 +216,30 @@ class Link:
     async def aacquire(self) -> psycopg.AsyncConnection[Any]:
         """The async connection of the running loop (made, or remade if lost)."""
         loop = asyncio.get_running_loop()
-        self._sweep()
+        for key, (old, conn) in list(self._aconns.items()):
+            if old.is_closed():  # its tasks are gone: libpq closes it, no loop to await on
+                del self._aconns[key]
+                conn.pgconn.finish()
         found = self._aconns.get(id(loop))
         if found is not None and found[0] is loop:
             if not hung_up(found[1]):
                 return found[1]
             found[1].pgconn.finish()  # idle and ended by the server: nothing to await
-        try:
-            conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
-        except psycopg.Error as exc:
-            raise self._unavailable(exc) from exc
+        conn = await self._aconnect()
         self._aconns[id(loop)] = (loop, conn)
         return conn
 
-    def _sweep(self) -> None:
-        """Close the async connections of loops that are closed (their tasks are gone)."""
-        for key, (loop, conn) in list(self._aconns.items()):
-            if loop.is_closed():
-                del self._aconns[key]
-                conn.pgconn.finish()  # no loop to await `close()` on: libpq closes it
-
-    def _connect_error(self, connect: Any) -> psycopg.Connection[Any]:
+    def _connect(self) -> psycopg.Connection[Any]:
         try:
-            conn: psycopg.Connection[Any] = connect()
+            return psycopg.connect(self.conninfo, **self._kwargs)
         except psycopg.Error as exc:
             raise self._unavailable(exc) from exc
-        return conn
+
+    async def _aconnect(self) -> psycopg.AsyncConnection[Any]:
+        try:
+            return await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
+        except psycopg.Error as exc:
+            raise self._unavailable(exc) from exc
 
     def _unavailable(self, exc: BaseException) -> StorageUnavailableError:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -332,36 +319,20 @@ class Link:
                 return await self.arun(aconn, query)
             future = asyncio.run_coroutine_threadsafe(self.arun(aconn, query), loop)
             return await asyncio.wrap_future(future)
-        if self._closed:  # a call after `close()`: on a connection of its own
-            try:
-                conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
-            except psycopg.Error as exc:
-                raise self._unavailable(exc) from exc
-            try:
-                return await self.arun(conn, query)
-            finally:
-                await conn.close()
-        return await self.arun(await self.aacquire(), query)
+        own = await self._aconnect() if self._closed else None  # a call after `close()`
+        try:
+            return await self.arun(own or await self.aacquire(), query)
+        finally:
+            if own is not None:
+                await own.close()
 
     def drive(self, steps: Steps[T]) -> T:
         """Run a primitive's statements on the sync side; return its value."""
-        try:
-            query = next(steps)
-            while True:
-                query = steps.send(self.execute(query))
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
+        return run(steps, self)
 
     async def adrive(self, steps: Steps[T]) -> T:
         """Run a primitive's statements on the async side; return its value."""
-        try:
-            query = next(steps)
-            while True:
-                query = steps.send(await self.aexecute(query))
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
+        return await arun(steps, self)
 
     def atomic(self, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]) -> Result:
         """Run one statement in a write transaction of its own (the tree's advisory lock
@@ -397,24 +368,8 @@ class Link:
     ) -> Result:
         """The async twin of `atomic`, on the running loop's connection."""
         assert self.txn is None and self.atxn is None, "aatomic() inside a transaction"
-        if self._closed:  # a call after `close()`: on a connection of its own
-            try:
-                own = await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
-            except psycopg.Error as exc:
-                raise self._unavailable(exc) from exc
-            try:
-                return await self._aatomic(own, key, sql, params)
-            finally:
-                await own.close()
-        return await self._aatomic(await self.aacquire(), key, sql, params)
-
-    async def _aatomic(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        key: int,
-        sql: str,
-        params: Mapping[str, Any] | Sequence[Any],
-    ) -> Result:
+        own = await self._aconnect() if self._closed else None  # a call after `close()`
+        conn = own or await self.aacquire()
         script, bound = self._script(key, sql, params)
         cur = psycopg.AsyncClientCursor(conn)
         try:
@@ -430,6 +385,8 @@ class Link:
             raise self.error(conn, exc) from exc
         finally:
             await cur.close()
+            if own is not None:
+                await own.close()
 
     def _script(
         self, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]

@@ -35,14 +35,14 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from stello_graph.checkpoints._postgres_conn import check_idle, describe, lost_or_failed
+from stello_graph.checkpoints._postgres_conn import check_idle, describe
 from stello_graph.checkpoints._postgres_schema import SESSIONS
 from stello_graph.checkpoints._threaded_saver import (
     AsyncInThreads,
     HeldRuns,
     thread_of,
 )
-from stello_graph.errors import InvalidInputError, StorageUnavailableError
+from stello_graph.errors import InvalidInputError, StorageError, StorageUnavailableError
 
 __all__ = ["StelloPostgresSaver", "postgres_saver"]
 
@@ -64,6 +64,23 @@ _CHARACTER = "|".join(
 _PART = f"({_CHARACTER})+".replace("%", "%%")
 """A part of a thread id `_ids.compose` can make of a text PostgreSQL stores (UTF-8, no NUL):
 any other thread id (which a stello session cannot have) is not decoded, and written."""
+
+
+def _lost_or_failed(exc: BaseException, where: str) -> StorageError:
+    """The typed error of a failure outside a `Link` (a checkpointer's pool): a connection
+    lost, refused or not given in time is `StorageUnavailableError`, anything else of the
+    database `StorageError`."""
+    state = getattr(exc, "sqlstate", None)
+    lost = isinstance(exc, psycopg.InterfaceError | psycopg_pool.PoolTimeout) or (
+        isinstance(exc, psycopg.OperationalError)
+        and (state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03"))
+    )
+    if lost:
+        return StorageUnavailableError(
+            f"The connection to PostgreSQL at {where} was lost or refused ({exc}). Nothing of "
+            "the unfinished operation was stored; retry it once the server is back."
+        )
+    return StorageError(f"PostgreSQL failed at {where}: {exc}")
 
 
 def _decoded(part: str) -> str:
@@ -308,7 +325,7 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
                 where = describe(conninfo) if isinstance(conninfo, str) else "its database"
             except InvalidInputError:
                 where = "its database"
-            error = lost_or_failed(exc, where)
+            error = _lost_or_failed(exc, where)
             if isinstance(error, StorageUnavailableError) and isinstance(self.conn, ConnectionPool):
                 # the pool's other connections died with this one: the next call gets a
                 # new one (once the server is back), not the next dead one
