@@ -37,7 +37,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from stello_graph.lease import DEFAULT_LEASE_TTL, check_lease_ttl, new_owner, owner_is_dead
+from stello_graph._ids import new_owner, owner_is_dead
+from stello_graph.lease import DEFAULT_LEASE_TTL, check_lease_ttl
 from stello_graph.storage import MainStorage
 
 __all__ = ["CLAIMS_KEY", "Claim", "JobClaims"]

@@ -6,6 +6,8 @@ checkpoint thread of tree `team`, session `x:notes` *and* of tree `team:x`, sess
 never give one id, and the id stays readable. Every id made of a tree id and a session id
 (checkpoint threads, keys derived from them, leases) is made here. A LangGraph store
 namespace is a tuple, unambiguous already, but its labels cannot hold a `.`: `store_label`.
+An owner of a lease or a claim is `host/pid/nonce` (`new_owner`), so that a holder that died
+can be told from a live one (`owner_is_dead`).
 
 Example:
     >>> thread_id("team", "x:notes"), thread_id("team:x", "notes")
@@ -14,9 +16,30 @@ Example:
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+import uuid
 from urllib.parse import quote, unquote
 
-__all__ = ["compose", "legacy_thread_id", "session_of_thread", "store_label", "thread_id"]
+__all__ = [
+    "add_live",
+    "compose",
+    "discard_live",
+    "legacy_thread_id",
+    "new_owner",
+    "owner_is_dead",
+    "session_of_thread",
+    "store_label",
+    "thread_id",
+]
+
+_HOST = socket.gethostname()
+
+# Owners of this process that hold (or are acquiring) a lease: any other owner naming this
+# process is a leftover, free to take over.
+_live: set[str] = set()
+_live_lock = threading.Lock()
 
 
 def compose(*parts: str) -> str:
@@ -53,3 +76,39 @@ def store_label(part: str) -> str:
     the namespace it was published under) while distinct ids still get distinct labels.
     """
     return part.replace("%", "%25").replace(".", "%2E").replace("\x00", "%00")
+
+
+def new_owner() -> str:
+    """A fresh owner name: `host/pid/nonce`."""
+    return f"{_HOST}/{os.getpid()}/{uuid.uuid4().hex[:16]}"
+
+
+def owner_is_dead(owner: str) -> bool:
+    """Whether `owner` surely holds nothing any more: a process of this machine that is
+    gone, or an owner of this process that released or never finished acquiring."""
+    host, _, rest = owner.partition("/")
+    pid_text = rest.partition("/")[0]
+    if host != _HOST or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        with _live_lock:
+            return owner not in _live
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by another user
+        return False
+    return False
+
+
+def add_live(owner: str) -> None:
+    """Count `owner`, of this process, as live (holding or acquiring)."""
+    with _live_lock:
+        _live.add(owner)
+
+
+def discard_live(owner: str) -> None:
+    with _live_lock:
+        _live.discard(owner)

@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
@@ -43,6 +41,7 @@ from functools import partial
 from typing import Any
 
 from stello_graph._cancelled import CallCancelled
+from stello_graph._ids import add_live, discard_live, new_owner, owner_is_dead
 from stello_graph.errors import (
     InvalidInputError,
     SessionArchivedError,
@@ -68,12 +67,6 @@ DEFAULT_LEASE_TTL = 30.0
 """Seconds a lease lasts unless renewed; a running turn renews it every third of that."""
 
 _MAX_PAUSE = 0.05
-_HOST = socket.gethostname()
-
-# Owners of this process that hold (or are acquiring) a lease: any other owner naming this
-# process is a leftover, free to take over.
-_live: set[str] = set()
-_live_lock = threading.Lock()
 # Woken whenever this process releases a lease, so local waiters need not poll.
 _released = threading.Condition()
 
@@ -125,31 +118,6 @@ def check_lease_ttl(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 3600:
         raise InvalidInputError(f"lease_ttl must be seconds between 1 and 3600, got {value!r}.")
     return float(value)
-
-
-def new_owner() -> str:
-    """A fresh owner name: `host/pid/nonce`."""
-    return f"{_HOST}/{os.getpid()}/{uuid.uuid4().hex[:16]}"
-
-
-def owner_is_dead(owner: str) -> bool:
-    """Whether `owner` surely holds nothing any more: a process of this machine that is
-    gone, or an owner of this process that released or never finished acquiring."""
-    host, _, rest = owner.partition("/")
-    pid_text = rest.partition("/")[0]
-    if host != _HOST or not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid():
-        with _live_lock:
-            return owner not in _live
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # exists, owned by another user
-        return False
-    return False
 
 
 def _scope(storage: SessionStorage) -> str:
@@ -403,7 +371,7 @@ class SessionLeases:
         """
         self._refuse_reentry(session_id)
         owner = owner or new_owner()
-        _add_live(owner)
+        add_live(owner)
         deadline, pause = self._deadline(), 0.001
         try:
             while (lease := self._try(session_id, owner, into)) is None:
@@ -419,7 +387,7 @@ class SessionLeases:
                     with suppress(Exception):
                         self.storage.release_lease(_never_held(session_id, owner))
             finally:
-                _discard_live(owner)
+                discard_live(owner)
             raise
         return lease
 
@@ -432,7 +400,7 @@ class SessionLeases:
             owner = new_owner()
         else:
             await self._after_frees(session_id, owner)
-        _add_live(owner)
+        add_live(owner)
         deadline, pause = self._deadline(), 0.001
         try:
             while (lease := await self._atry(session_id, owner, into)) is None:
@@ -448,7 +416,7 @@ class SessionLeases:
                     with suppress(Exception):
                         await self.storage.arelease_lease(_never_held(session_id, owner))
             finally:
-                _discard_live(owner)  # even when freeing the place is itself cancelled
+                discard_live(owner)  # even when freeing the place is itself cancelled
             raise
         return lease
 
@@ -621,18 +589,8 @@ async def _alease_session(
     return None if lease is None else (lease, await aread_leased(storage, lease))
 
 
-def _add_live(owner: str) -> None:
-    with _live_lock:
-        _live.add(owner)
-
-
-def _discard_live(owner: str) -> None:
-    with _live_lock:
-        _live.discard(owner)
-
-
 def _released_by(owner: str) -> None:
-    _discard_live(owner)
+    discard_live(owner)
     _wake_waiters()
 
 
