@@ -29,8 +29,13 @@ each migration once. To change the schema, append a migration; never edit a rele
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
+import psycopg
+
+from stello_graph.checkpoints._postgres_conn import Link, Query
 from stello_graph.errors import ForeignDatabaseError, SchemaVersionError
+from stello_graph.models import utcnow
 
 __all__ = [
     "CHECKPOINT_TABLES",
@@ -226,3 +231,34 @@ def migration_statements(version: int, applied_at: Callable[[], str]) -> list[St
             )
         )
     return statements
+
+
+def migrate(link: Link) -> None:
+    """Check the database is stello's (or free of it), then bring its schema up to date in
+    one transaction under the migration lock (read again under it: another process may have
+    migrated meanwhile)."""
+    conn = link.acquire()
+    try:
+        if _read_version(link, conn) == SCHEMA_VERSION:
+            return
+        link.run(conn, Query(f"BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
+        try:
+            version = _read_version(link, conn)
+            for sql, params in migration_statements(version, lambda: utcnow().isoformat()):
+                link.run(conn, Query(sql, params))
+            link.run(conn, Query("COMMIT"))
+        except BaseException:
+            if not (conn.broken or conn.closed):
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        link.release(conn)
+
+
+def _read_version(link: Link, conn: psycopg.Connection[Any]) -> int:
+    tables = [row[0] for row in link.run(conn, Query(STELLO_TABLES)).rows]
+    columns = [row[0] for row in link.run(conn, Query(SCHEMA_COLUMNS)).rows]
+    version = None
+    if SCHEMA in tables and sorted(columns) == ["applied_at", "version"]:
+        version = link.run(conn, Query(f"SELECT MAX(version) FROM {SCHEMA}")).rows[0][0]
+    return check_shape(link.where, tables, columns, version)

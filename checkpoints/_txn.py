@@ -49,60 +49,23 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from stello_graph._cancelled import CallCancelled
 from stello_graph.checkpoints._flows import Flow, adrive, drive
 from stello_graph.checkpoints._queue import CallQueue
 from stello_graph.errors import StorageError
 
-__all__ = ["AsyncTransactionHooks", "TransactionHooks", "Transactions"]
+if TYPE_CHECKING:
+    from stello_graph.checkpoints.backend import AsyncTransactionHooks, TransactionHooks
+
+__all__ = ["Transactions"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 _OWNED: ContextVar[frozenset[object]] = ContextVar("stello_owned_transactions", default=frozenset())
 """Tokens of the transactions the current thread / task owns (of any storage)."""
-
-
-class TransactionHooks(Protocol):
-    """What a backend does at each transaction boundary; called with the lock held."""
-
-    def begin(self, *, wait: bool) -> bool:
-        """Open a write transaction; with `wait=False` return `False` instead of waiting."""
-        ...
-
-    def commit(self) -> None: ...
-
-    def rollback(self) -> None: ...
-
-    def savepoint(self, depth: int) -> None: ...
-
-    def release(self, depth: int) -> None: ...
-
-    def rollback_to(self, depth: int) -> None:
-        """Undo everything since `savepoint(depth)` and drop that savepoint."""
-        ...
-
-
-class AsyncTransactionHooks(Protocol):
-    """The async twins of `TransactionHooks`, for a native async backend."""
-
-    async def begin(self, *, wait: bool) -> bool:
-        """Open a write transaction; with `wait=False` return `False` instead of waiting."""
-        ...
-
-    async def commit(self) -> None: ...
-
-    async def rollback(self) -> None: ...
-
-    async def savepoint(self, depth: int) -> None: ...
-
-    async def release(self, depth: int) -> None: ...
-
-    async def rollback_to(self, depth: int) -> None:
-        """Undo everything since `savepoint(depth)` and drop that savepoint."""
-        ...
 
 
 @dataclass(slots=True)

@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # no import at run time: the primitive flows name these proto
         SessionRead,
     )
     from stello_graph.checkpoints._shell import FIELDS, BackendStorage
-    from stello_graph.checkpoints._txn import AsyncTransactionHooks, TransactionHooks
     from stello_graph.digest import DigestRow
     from stello_graph.models import (
         ChildL2,
@@ -102,6 +101,46 @@ RowSink = Callable[[tuple[Any, ...]], None]
 L2Row = tuple[int, str, str, str]
 """`(position, session_id, label, l2)` of `op_l2s_after`: `position` orders the sessions by
 creation (a backend's own increasing number) and is what the next page starts after."""
+
+
+class TransactionHooks(Protocol):
+    """What a backend does at each transaction boundary; called with the lock held."""
+
+    def begin(self, *, wait: bool) -> bool:
+        """Open a write transaction; with `wait=False` return `False` instead of waiting."""
+        ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> None: ...
+
+    def savepoint(self, depth: int) -> None: ...
+
+    def release(self, depth: int) -> None: ...
+
+    def rollback_to(self, depth: int) -> None:
+        """Undo everything since `savepoint(depth)` and drop that savepoint."""
+        ...
+
+
+class AsyncTransactionHooks(Protocol):
+    """The async twins of `TransactionHooks`, for a native async backend."""
+
+    async def begin(self, *, wait: bool) -> bool:
+        """Open a write transaction; with `wait=False` return `False` instead of waiting."""
+        ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
+
+    async def savepoint(self, depth: int) -> None: ...
+
+    async def release(self, depth: int) -> None: ...
+
+    async def rollback_to(self, depth: int) -> None:
+        """Undo everything since `savepoint(depth)` and drop that savepoint."""
+        ...
 
 
 class StorageBackend(Protocol):
@@ -428,7 +467,6 @@ class AsyncStorageBackend(StorageBackend, Protocol):
 
 _REEXPORTED = {
     **dict.fromkeys(("FIELDS", "BackendStorage"), "_shell"),
-    **dict.fromkeys(("AsyncTransactionHooks", "TransactionHooks"), "_txn"),
     **dict.fromkeys(("EncodedMessage", "EventRow", "MetaRow", "SessionRead"), "_serde"),
 }
 

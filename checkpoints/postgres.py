@@ -30,7 +30,6 @@ from stello_graph.checkpoints._flows import _WAITER_TTL, one
 from stello_graph.checkpoints._postgres_conn import (
     AsyncHooks,
     Link,
-    Query,
     SyncHooks,
     tree_lock_key,
 )
@@ -42,7 +41,6 @@ from stello_graph.checkpoints._serde import (
     SessionRead,
 )
 from stello_graph.checkpoints._shell import BackendStorage
-from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.checkpoints._validate import (
     CommitArgs,
     check_non_negative,
@@ -50,6 +48,7 @@ from stello_graph.checkpoints._validate import (
     checked_lease,
     lease_args,
 )
+from stello_graph.checkpoints.backend import TransactionHooks
 from stello_graph.digest import DigestRow
 from stello_graph.errors import (
     InvalidInputError,
@@ -67,7 +66,6 @@ from stello_graph.models import (
     SessionStats,
     SessionStatus,
     TopologyNode,
-    utcnow,
 )
 
 if TYPE_CHECKING:
@@ -139,45 +137,11 @@ class PostgresMainStorage(BackendStorage):
         self._closed = False
         super().__init__(self, tree_id=tree_id)  # its own `StorageBackend`
         try:
-            self._migrate()
+            _schema.migrate(self._link)
         except BaseException:
             self._link.close()
             self._closed = True
             raise
-
-    def _migrate(self) -> None:
-        """Check the database is stello's (or free of it), then bring its schema up to date
-        in one transaction under the migration lock (read again under it: another process
-        may have migrated meanwhile)."""
-        conn = self._link.acquire()
-        try:
-            if self._read_version(conn) == _schema.SCHEMA_VERSION:
-                return
-            lock = f"BEGIN; SELECT pg_advisory_xact_lock({_schema.MIGRATION_LOCK})"
-            self._link.run(conn, Query(lock))
-            try:
-                version = self._read_version(conn)
-                for sql, params in _schema.migration_statements(
-                    version, lambda: utcnow().isoformat()
-                ):
-                    self._link.run(conn, Query(sql, params))
-                self._link.run(conn, Query("COMMIT"))
-            except BaseException:
-                if not (conn.broken or conn.closed):
-                    conn.execute("ROLLBACK")
-                raise
-        finally:
-            self._link.release(conn)
-
-    def _read_version(self, conn: psycopg.Connection[Any]) -> int:
-        run = self._link.run
-        tables = [row[0] for row in run(conn, Query(_schema.STELLO_TABLES)).rows]
-        columns = [row[0] for row in run(conn, Query(_schema.SCHEMA_COLUMNS)).rows]
-        version = None
-        if _schema.SCHEMA in tables and sorted(columns) == ["applied_at", "version"]:
-            found = run(conn, Query(f"SELECT MAX(version) FROM {_schema.SCHEMA}")).rows
-            version = found[0][0]
-        return _schema.check_shape(self._link.where, tables, columns, version)
 
     def close(self) -> None:
         """Close the connections the storage opened (waits for a running transaction)."""

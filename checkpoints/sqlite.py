@@ -57,8 +57,8 @@ from stello_graph.checkpoints._sqlite_conn import (
     quick_check,
 )
 from stello_graph.checkpoints._sqlite_tree import SqliteTreeReads
-from stello_graph.checkpoints._txn import TransactionHooks
 from stello_graph.checkpoints._validate import check_non_negative, check_tree_id
+from stello_graph.checkpoints.backend import TransactionHooks
 from stello_graph.errors import (
     InvalidInputError,
     NotADatabaseError,
