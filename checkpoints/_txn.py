@@ -54,10 +54,11 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from stello_graph._cancelled import CallCancelled
 from stello_graph.checkpoints._flows import Flow, adrive, drive
 from stello_graph.checkpoints._queue import CallQueue
+from stello_graph.checkpoints.backend import TransactionHooks
 from stello_graph.errors import StorageError
 
 if TYPE_CHECKING:
-    from stello_graph.checkpoints.backend import AsyncTransactionHooks, TransactionHooks
+    from stello_graph.checkpoints.backend import AsyncTransactionHooks
 
 __all__ = ["Transactions"]
 
@@ -427,9 +428,9 @@ class Transactions:
         with self._inline:
             return drive(flow, self._backend)
 
-    def _hook(self, name: str, depth: int) -> None:
+    def _hook(self, hook: Callable[[TransactionHooks, int], None], depth: int) -> None:
         with self._inline:
-            getattr(self._hooks, name)(depth)
+            getattr(self._hooks, hook.__name__)(depth)
 
     def _begin(self) -> None:
         self._hooks.begin(wait=True)
@@ -501,12 +502,13 @@ class Transactions:
         async with self._aheld_inline():
             return await adrive(flow, self._abackend)
 
-    async def _ahook(self, name: str, depth: int) -> None:
+    async def _ahook(self, hook: Callable[[TransactionHooks, int], None], depth: int) -> None:
+        """The savepoint `hook` (`TransactionHooks.savepoint`, ...) or its async twin."""
         if self._ahooks is None:
-            await self._in_worker(self._hook, name, depth)
+            await self._in_worker(self._hook, hook, depth)
             return
         async with self._aheld_inline():
-            await getattr(self._ahooks, name)(depth)
+            await getattr(self._ahooks, hook.__name__)(depth)
 
     @asynccontextmanager
     async def _aheld_inline(self) -> AsyncIterator[None]:
@@ -537,16 +539,16 @@ class Transactions:
         if whole:
             owner.whole_at = depth
         try:
-            await self._ahook("savepoint", depth)
+            await self._ahook(TransactionHooks.savepoint, depth)
             try:
                 yield
             except BaseException:
-                await self._ahook("rollback_to", depth)
+                await self._ahook(TransactionHooks.rollback_to, depth)
                 raise
             if owner.broken is not None:
-                await self._ahook("rollback_to", depth)
+                await self._ahook(TransactionHooks.rollback_to, depth)
                 owner.refuse_broken()
-            await self._ahook("release", depth)
+            await self._ahook(TransactionHooks.release, depth)
         finally:
             owner.depth -= 1
             if whole:
