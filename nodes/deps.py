@@ -308,10 +308,6 @@ class StelloRuntime:
             own = profile.tools
         return model, [*own, *self._builtins.for_session(settings)]
 
-    def session_tools(self, session_id: str) -> list[Any]:
-        """The tools a session's model is shown (its own or the defaults, plus built-ins)."""
-        return self._setup(session_id, self.storage.get_settings(session_id))[1]
-
     def tool_node(self, session_id: str) -> ToolNode:
         """A `ToolNode` running the tools of `session_id` (cached per tool set)."""
         return self._tool_node(self.session(session_id).tools)

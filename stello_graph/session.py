@@ -286,10 +286,6 @@ class Session(SessionBase):
         l2: str | None = await arun(self._consolidate_flow(fn, archived_ok), self._storage)
         return l2
 
-    def _consolidate(self, fn: ConsolidateFn | None, *, require_active: bool) -> str | None:
-        """`consolidate(fn, archived_ok=not require_active)`, for callers of the old name."""
-        return self.consolidate(fn, archived_ok=not require_active)
-
     def _consolidate_flow(self, fn: ConsolidateFn | None, archived_ok: bool) -> Flow[str | None]:
         chosen, sid = self._consolidator(fn), self._id
         for _ in range(_CONSOLIDATE_ATTEMPTS):
