@@ -88,7 +88,7 @@ class AsyncMethods:
 
     async def aget_all_session_l2s(self) -> list[ChildL2]:
         """Async twin of `get_all_session_l2s`."""
-        return await self._txn.aread(one(StorageBackend.op_l2s))
+        return await self._txn.aread(flows.l2s())
 
     async def alist_session_stats(self) -> list[SessionStats]:
         """Async twin of `list_session_stats`."""

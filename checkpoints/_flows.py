@@ -21,6 +21,7 @@ storage's lock, inside a transaction for a write.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from stello_graph._flow import arun, run
 from stello_graph._tree_text import tree_order
 from stello_graph.checkpoints._damage import shown, undecodable
-from stello_graph.checkpoints._rows import built
+from stello_graph.checkpoints._rows import built, stored_l2
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     EventRow,
@@ -49,7 +50,7 @@ from stello_graph.errors import (
 )
 from stello_graph.events import StoredEvent
 from stello_graph.lineage import ForkPoint
-from stello_graph.models import Compression, Lease, SessionMeta, TopologyNode
+from stello_graph.models import ChildL2, Compression, Lease, SessionMeta, TopologyNode
 from stello_graph.storage import SessionSnapshot
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def clear_insight(session_id: str, expected: str | None) -> Flow[bool]:
 def put_memory(session_id: str, values: dict[str, Any]) -> Flow[None]:
     through = values.get("memory_through")
     if through is not None:
-        if not (yield Op(StorageBackend.op_session_exists, session_id)):
+        if not (yield from exists(session_id)):
             raise SessionNotFoundError(session_id)
         count = yield Op(StorageBackend.op_count, session_id)
         if through > count:
@@ -182,8 +183,19 @@ def put_memory(session_id: str, values: dict[str, Any]) -> Flow[None]:
 
 # -- sessions and records -------------------------------------------------------------------
 def get_session(session_id: str) -> Flow[SessionMeta | None]:
-    meta: SessionMeta | None = yield Op(StorageBackend.op_get_session, session_id)
-    return meta
+    """The session's meta (`None` for a missing session): its `op_read_session` alone."""
+    found = yield Op(StorageBackend.op_read_session, session_id, (), False)
+    return None if found is None else found[0]
+
+
+def l2s() -> Flow[list[ChildL2]]:
+    """Every L2 of `op_l2s_after`, in one read."""
+    rows = yield Op(StorageBackend.op_l2s_after, 0, sys.maxsize)
+    return built(lambda row: stored_l2(row[1], row[2], row[3]), rows)
+
+
+def exists(session_id: str) -> Flow[bool]:
+    return (yield from get_session(session_id)) is not None
 
 
 def count(session_id: str) -> Flow[int]:
@@ -328,7 +340,7 @@ def trim(session_id: str, keep_last: int) -> Flow[int]:
 
 # -- topology -------------------------------------------------------------------------------
 def put_node(node: TopologyNode) -> Flow[None]:
-    if not (yield Op(StorageBackend.op_session_exists, node.id)):
+    if not (yield from exists(node.id)):
         raise SessionNotFoundError(node.id)
     parent_id = node.parent_id
     if parent_id is not None:
@@ -417,7 +429,7 @@ LINEAGE = ("forked_from", "forked_at_turn")
 
 def copy_records(source_id: str, target_id: str, count: int) -> Flow[int]:
     for session_id in (source_id, target_id):
-        if not (yield Op(StorageBackend.op_session_exists, session_id)):
+        if not (yield from exists(session_id)):
             raise SessionNotFoundError(session_id)
     available = yield Op(StorageBackend.op_count, source_id)
     if count > available:

@@ -74,15 +74,6 @@ class Statements(TreeStatements):
         self.shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
         """The statements of shared L3 prefixes (`_shared_l3`)."""
 
-    def session_exists(self, session_id: str) -> Steps[bool]:
-        sql = f"SELECT 1 FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
-        return bool((yield Query(sql, (self.tree_id, session_id))).rows)
-
-    def get_session(self, session_id: str) -> Steps[SessionMeta | None]:
-        sql = f"SELECT {_META} FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
-        rows = (yield Query(sql, (self.tree_id, session_id))).rows
-        return row_to_meta(rows[0]) if rows else None
-
     def put_session(self, row: MetaRow) -> Steps[None]:
         tree = self.tree_id
         yield Query(

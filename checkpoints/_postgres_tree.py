@@ -11,13 +11,12 @@ from typing import Any, cast
 from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
 from stello_graph.checkpoints._postgres_conn import Query, Steps, unescape_text
 from stello_graph.checkpoints._postgres_schema import NODES, RECORDS, SESSIONS
-from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, stored_node
+from stello_graph.checkpoints._rows import built, stats_from_row, stored_node
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, export_with_prefixes
 from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.digest import DigestRow
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import (
-    ChildL2,
     SessionStats,
     TopologyNode,
 )
@@ -59,19 +58,6 @@ class TreeStatements:
                 sql, params = lookup.send((yield Query(sql, params)).rows)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
-
-    def l2s(self) -> Steps[list[ChildL2]]:
-        rows = (
-            yield Query(
-                f"""SELECT id, label, memory FROM {SESSIONS}
-                WHERE tree_id = %s AND role = 'standard' AND status = 'active'
-                    AND memory IS NOT NULL
-                ORDER BY created_seq""",
-                (self.tree_id,),
-            )
-        ).rows
-        # rows the storage wrote: built without validating each again (`_rows`)
-        return built(lambda row: stored_l2(*row), rows)
 
     def l2s_after(self, after: int, limit: int) -> Steps[list[tuple[Any, ...]]]:
         rows = (

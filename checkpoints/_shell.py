@@ -194,7 +194,7 @@ class BackendStorage(BulkReads, AsyncMethods):
 
     def get_all_session_l2s(self) -> list[ChildL2]:
         """The L2 of every active standard session that has one, in creation order."""
-        return self._txn.read(one(StorageBackend.op_l2s))
+        return self._txn.read(flows.l2s())
 
     def list_session_stats(self) -> list[SessionStats]:
         """Every session's meta with its turns, records and memory figures, in creation

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
-from stello_graph.checkpoints._rows import built, stats_from_row, stored_l2, stored_node
+from stello_graph.checkpoints._rows import built, stats_from_row, stored_node
 from stello_graph.checkpoints._schema import NODES, ROWS, SESSIONS
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T
 from stello_graph.checkpoints._shell import FIELDS
@@ -18,7 +18,6 @@ from stello_graph.checkpoints._sqlite_rows import export_rows
 from stello_graph.digest import ROLE_CODE, STATUS_CODE, DigestRow
 from stello_graph.errors import StorageError
 from stello_graph.models import (
-    ChildL2,
     SessionStats,
     TopologyNode,
 )
@@ -58,16 +57,6 @@ class SqliteTreeReads:
         ) -> list[Any]: ...
 
         def _run(self, steps: Lookup[T], session_id: str | None = None) -> T: ...
-
-    def op_l2s(self) -> list[ChildL2]:
-        rows = self._fetch(
-            f"""SELECT id, label, memory FROM {SESSIONS}
-            WHERE tree_id = ? AND role = 'standard' AND status = 'active'
-                AND memory IS NOT NULL
-            ORDER BY created_seq""",
-            (self.tree_id,),
-        )
-        return built(lambda row: stored_l2(*row), rows)
 
     def op_session_stats(self) -> list[SessionStats]:
         # Per session, through the records' primary key. A session's seqs are contiguous

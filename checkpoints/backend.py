@@ -1,7 +1,7 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: twenty-nine primitive operations (`op_*`) and the six
+It implements `StorageBackend`: twenty-six primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
@@ -60,7 +60,6 @@ if TYPE_CHECKING:  # no import at run time: the primitive flows name these proto
     from stello_graph.checkpoints._shell import FIELDS, BackendStorage
     from stello_graph.digest import DigestRow
     from stello_graph.models import (
-        ChildL2,
         SessionMeta,
         SessionRole,
         SessionStats,
@@ -160,14 +159,6 @@ class StorageBackend(Protocol):
         ...
 
     # -- sessions -------------------------------------------------------------------------
-    def op_session_exists(self, session_id: str) -> bool:
-        """Whether the session exists."""
-        ...
-
-    def op_get_session(self, session_id: str) -> SessionMeta | None:
-        """The session's meta (`row_to_meta` of its row), or `None`."""
-        ...
-
     def op_put_session(self, row: MetaRow) -> None:
         """Insert or replace the meta, keeping the rest of the session; give the session's
         topology node (if any) the row's label."""
@@ -177,10 +168,6 @@ class StorageBackend(Protocol):
         self, status: SessionStatus | None, role: SessionRole | None
     ) -> list[SessionMeta]:
         """Sessions with that status and role (`None`: any), in creation order."""
-        ...
-
-    def op_l2s(self) -> list[ChildL2]:
-        """The memory of every active `standard` session that has one, in creation order."""
         ...
 
     def op_session_stats(self) -> list[SessionStats]:
@@ -216,8 +203,9 @@ class StorageBackend(Protocol):
         ...
 
     def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
-        """One page of `op_l2s`: up to `limit` of its sessions, those after position `after`
-        (0: from the first), in creation order, with their positions."""
+        """Up to `limit` of the active `standard` sessions that have a memory (L2), those
+        after position `after` (0: from the first), in creation order, with their
+        positions."""
         ...
 
     def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
@@ -335,14 +323,6 @@ class AsyncStorageBackend(StorageBackend, Protocol):
         """The async twins of `transaction_hooks`."""
         ...
 
-    async def aop_session_exists(self, session_id: str) -> bool:
-        """Async twin of `op_session_exists`."""
-        ...
-
-    async def aop_get_session(self, session_id: str) -> SessionMeta | None:
-        """Async twin of `op_get_session`."""
-        ...
-
     async def aop_put_session(self, row: MetaRow) -> None:
         """Async twin of `op_put_session`."""
         ...
@@ -351,10 +331,6 @@ class AsyncStorageBackend(StorageBackend, Protocol):
         self, status: SessionStatus | None, role: SessionRole | None
     ) -> list[SessionMeta]:
         """Async twin of `op_list_sessions`."""
-        ...
-
-    async def aop_l2s(self) -> list[ChildL2]:
-        """Async twin of `op_l2s`."""
         ...
 
     async def aop_session_stats(self) -> list[SessionStats]:

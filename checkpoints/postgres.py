@@ -59,7 +59,6 @@ from stello_graph.errors import (
 )
 from stello_graph.lease import aread_leased, read_leased
 from stello_graph.models import (
-    ChildL2,
     Lease,
     SessionMeta,
     SessionRole,
@@ -341,12 +340,6 @@ class PostgresMainStorage(BackendStorage):
         return done((await self._link.aatomic(self._key, sql, params)).rows)
 
     # -- sync primitives ------------------------------------------------------------------
-    def op_session_exists(self, session_id: str) -> bool:
-        return self._link.drive(self._steps.session_exists(session_id))
-
-    def op_get_session(self, session_id: str) -> SessionMeta | None:
-        return self._link.drive(self._steps.get_session(session_id))
-
     def op_put_session(self, row: MetaRow) -> None:
         self._link.drive(self._steps.put_session(row))
 
@@ -354,9 +347,6 @@ class PostgresMainStorage(BackendStorage):
         self, status: SessionStatus | None, role: SessionRole | None
     ) -> list[SessionMeta]:
         return self._link.drive(self._steps.list_sessions(status, role))
-
-    def op_l2s(self) -> list[ChildL2]:
-        return self._link.drive(self._steps.l2s())
 
     def op_session_stats(self) -> list[SessionStats]:
         return self._link.drive(self._steps.session_stats())
@@ -450,12 +440,6 @@ class PostgresMainStorage(BackendStorage):
         self._link.drive(self._steps.put_global(key, value))
 
     # -- async primitives (native: psycopg's AsyncConnection) -----------------------------
-    async def aop_session_exists(self, session_id: str) -> bool:
-        return await self._link.adrive(self._steps.session_exists(session_id))
-
-    async def aop_get_session(self, session_id: str) -> SessionMeta | None:
-        return await self._link.adrive(self._steps.get_session(session_id))
-
     async def aop_put_session(self, row: MetaRow) -> None:
         await self._link.adrive(self._steps.put_session(row))
 
@@ -463,9 +447,6 @@ class PostgresMainStorage(BackendStorage):
         self, status: SessionStatus | None, role: SessionRole | None
     ) -> list[SessionMeta]:
         return await self._link.adrive(self._steps.list_sessions(status, role))
-
-    async def aop_l2s(self) -> list[ChildL2]:
-        return await self._link.adrive(self._steps.l2s())
 
     async def aop_session_stats(self) -> list[SessionStats]:
         return await self._link.adrive(self._steps.session_stats())

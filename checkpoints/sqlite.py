@@ -242,15 +242,6 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         return drive_sqlite(steps, lambda sql, params: self._fetch(sql, params, session_id))
 
     # -- sessions -------------------------------------------------------------------------
-    def op_session_exists(self, session_id: str) -> bool:
-        sql = f"SELECT 1 FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
-        return self._q(sql, (self.tree_id, session_id)).fetchone() is not None
-
-    def op_get_session(self, session_id: str) -> SessionMeta | None:
-        sql = f"SELECT {_META} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
-        row = self._one(sql, (self.tree_id, session_id), session_id)
-        return None if row is None else row_to_meta(row)
-
     def op_put_session(self, row: MetaRow) -> None:
         tree = self.tree_id
         self._q(

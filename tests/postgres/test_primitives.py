@@ -50,12 +50,12 @@ SCRIPT: list[tuple[str, tuple[Any, ...]]] = [
     ("op_set_fields", ("a", {"memory": "L2 of a", "memory_through": 2, "insight": "\x01x"})),
     ("op_get_fields", ("a", ("memory", "memory_through", "insight", "forked_from"))),
     ("op_get_fields", ("missing", ("memory",))),
-    ("op_session_exists", ("a",)),
-    ("op_session_exists", ("missing",)),
-    ("op_get_session", ("b",)),
+    ("op_read_session", ("a", (), False)),
+    ("op_read_session", ("missing", (), False)),
+    ("op_read_session", ("b", (), False)),
     ("op_list_sessions", (None, None)),
     ("op_list_sessions", ("active", "standard")),
-    ("op_l2s", ()),
+    ("op_l2s_after", (0, 100)),
     ("op_session_stats", ()),
     ("op_records", ("a",)),
     ("op_turns", ("a",)),
@@ -122,14 +122,15 @@ async def test_the_sync_script_reads_as_expected(
     by_name = {f"{name}#{i}": results[i] for i, (name, _) in enumerate(SCRIPT)}
     assert by_name["op_get_fields#9"] == ("L2 of a", 2, "\x01x", None)
     assert by_name["op_get_fields#10"] is None
-    assert by_name["op_get_session#13"].label == "B\x00nul"
+    assert by_name["op_read_session#12"] is None
+    assert by_name["op_read_session#13"][0].label == "B\x00nul"
     assert by_name["op_copy_records#23"] == 2
     assert by_name["op_turns#24"] == [("t1", 0), ("t1", 1)]
     assert [row[0] for row in by_name["op_events_after#35"]] == [1, 2]
     assert by_name["op_events_after#36"] == [
         (2, "failure", None, "{}", "2024-01-04T00:00:00+00:00")
     ]
-    assert [s.session_id for s in by_name["op_l2s#16"]] == ["a"]
+    assert [row[1] for row in by_name["op_l2s_after#16"]] == ["a"]
 
 
 async def test_an_async_savepoint_rolls_back_its_block_only(postgres_dsn: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from stello_graph.checkpoints import (
     SqliteMainStorage,
     StorageBackend,
 )
+from stello_graph.checkpoints.backend import SessionRead
 from stello_graph.models import SessionMeta
 from tests.storage._third_party import InlineHooks, NativeMemory, open_suspending_memory
 
@@ -40,9 +42,11 @@ class _ThreadRecordingSqlite(SqliteMainStorage):
 
     threads: list[int]
 
-    def op_get_session(self, session_id: str) -> SessionMeta | None:
+    def op_read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> SessionRead | None:
         self.threads.append(threading.get_ident())
-        return super().op_get_session(session_id)
+        return super().op_read_session(session_id, names, records)
 
     def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         self.threads.append(threading.get_ident())
@@ -94,14 +98,18 @@ class _NativeBackend(NativeMemory):
     def async_transaction_hooks(self) -> AsyncTransactionHooks:
         return _RecordingHooks(self, self.calls)
 
-    def op_get_session(self, session_id: str) -> SessionMeta | None:
-        self.calls.append("op_get_session")
-        return super().op_get_session(session_id)
+    def op_read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> SessionRead | None:
+        self.calls.append("op_read_session")
+        return super().op_read_session(session_id, names, records)
 
-    async def aop_get_session(self, session_id: str) -> SessionMeta | None:
-        self.calls.append("aop_get_session")
+    async def aop_read_session(
+        self, session_id: str, names: Sequence[str], records: bool
+    ) -> SessionRead | None:
+        self.calls.append("aop_read_session")
         await asyncio.sleep(0)  # a real suspension, as a network round trip would be
-        return self.op_get_session(session_id)
+        return self.op_read_session(session_id, names, records)
 
     async def aop_put_session(self, row: Any) -> None:
         self.calls.append("aop_put_session")
@@ -120,12 +128,12 @@ async def test_a_native_async_backend_is_awaited_on_the_loop() -> None:
         assert (await storage.aget_session("s1")) is not None
         await storage.aput_session(SessionMeta(id="s2", label="Two"))
     assert backend.calls == [
-        *("begin", "aop_get_session", "op_get_session"),
+        *("begin", "aop_read_session", "op_read_session"),
         *("savepoint 1", "aop_put_session", "commit"),
     ]
     backend.calls.clear()
     assert storage.get_session("s2") is not None  # sync calls use the sync primitives
-    assert backend.calls == ["op_get_session"]
+    assert backend.calls == ["op_read_session"]
 
 
 def _open(backend: str, tmp_path: Path) -> BackendStorage:
