@@ -216,10 +216,10 @@ class Link:
     async def aacquire(self) -> psycopg.AsyncConnection[Any]:
         """The async connection of the running loop (made, or remade if lost)."""
         loop = asyncio.get_running_loop()
-        for key, (old, conn) in list(self._aconns.items()):
+        for key, (old, stale) in list(self._aconns.items()):
             if old.is_closed():  # its tasks are gone: libpq closes it, no loop to await on
                 del self._aconns[key]
-                conn.pgconn.finish()
+                stale.pgconn.finish()
         found = self._aconns.get(id(loop))
         if found is not None and found[0] is loop:
             if not hung_up(found[1]):
@@ -321,7 +321,7 @@ class Link:
             return await asyncio.wrap_future(future)
         own = await self._aconnect() if self._closed else None  # a call after `close()`
         try:
-            return await self.arun(own or await self.aacquire(), query)
+            return await self.arun(own if own is not None else await self.aacquire(), query)
         finally:
             if own is not None:
                 await own.close()
@@ -369,7 +369,7 @@ class Link:
         """The async twin of `atomic`, on the running loop's connection."""
         assert self.txn is None and self.atxn is None, "aatomic() inside a transaction"
         own = await self._aconnect() if self._closed else None  # a call after `close()`
-        conn = own or await self.aacquire()
+        conn = own if own is not None else await self.aacquire()
         script, bound = self._script(key, sql, params)
         cur = psycopg.AsyncClientCursor(conn)
         try:
