@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from stello_graph._flow import arun, run
+from stello_graph._flow import Storage, arun, run
 from stello_graph._tree_text import tree_order
 from stello_graph.checkpoints._damage import shown, undecodable
 from stello_graph.checkpoints._rows import built, stored_l2
@@ -69,26 +69,10 @@ _WAITER_TTL = 0.5
 again (a waiter asks every few milliseconds)."""
 
 
-class Op:
-    """One call of a backend primitive, named by the protocol's own function:
-    `Op(StorageBackend.op_count, session_id)` calls the backend's `op_count` when driven
-    sync and its `aop_count` twin when driven async (mypy checks the arguments)."""
-
-    __slots__ = ("args", "async_", "kwargs", "sync")
-
-    def __init__(
-        self, method: Callable[Concatenate[Any, P], object], /, *args: P.args, **kwargs: P.kwargs
-    ) -> None:
-        self.sync = method.__name__
-        self.async_ = f"a{self.sync}"
-        self.args = args
-        self.kwargs = kwargs
-
-    def run(self, backend: object) -> Any:
-        return getattr(backend, self.sync)(*self.args, **self.kwargs)
-
-    async def arun(self, backend: object) -> Any:
-        return await getattr(backend, self.async_)(*self.args, **self.kwargs)
+Op = Storage
+"""One call of a backend primitive, named by the protocol's own method:
+`Op(StorageBackend.op_count, session_id)` calls the backend's `op_count` when driven sync and
+its `aop_count` twin when driven async (the same step as the core's `Storage`)."""
 
 
 Flow = Generator[Op, Any, T]
