@@ -7,7 +7,7 @@ The node factories in `stello_graph.nodes` close over one `StelloRuntime`;
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -31,7 +31,7 @@ from stello_graph.errors import (
 )
 from stello_graph.events import EventBus
 from stello_graph.lease import SessionLeases
-from stello_graph.main_session import MainSession
+from stello_graph.main_session import FINAL_L2S_KEY, MainSession, final_ids
 from stello_graph.memory import (
     CompressFn,
     ConsolidateFn,
@@ -211,32 +211,16 @@ class StelloRuntime:
         stops before that integration leaves the note for the next one."""
         s = self.storage
         with s.transaction():
-            held = set(_final_ids(s.get_global(FINAL_L2S_KEY)))
+            held = set(final_ids(s.get_global(FINAL_L2S_KEY)))
             s.put_global(FINAL_L2S_KEY, sorted(held | {session_id}))
 
     def final_l2s(self) -> list[str]:
         """The archived sessions whose final L2 no integration has included yet."""
-        return _final_ids(self.storage.get_global(FINAL_L2S_KEY))
+        return final_ids(self.storage.get_global(FINAL_L2S_KEY))
 
     async def afinal_l2s(self) -> list[str]:
         """Async twin of `final_l2s`."""
-        return _final_ids(await self.storage.aget_global(FINAL_L2S_KEY))
-
-    def final_l2s_integrated(self, session_ids: Iterable[str]) -> None:
-        """These final L2s reached an integration: forget them."""
-        done, s = set(session_ids), self.storage
-        if done:
-            with s.transaction():
-                held = _final_ids(s.get_global(FINAL_L2S_KEY))
-                s.put_global(FINAL_L2S_KEY, [x for x in held if x not in done])
-
-    async def afinal_l2s_integrated(self, session_ids: Iterable[str]) -> None:
-        """Async twin of `final_l2s_integrated`."""
-        done, s = set(session_ids), self.storage
-        if done:
-            async with s.atransaction():
-                held = _final_ids(await s.aget_global(FINAL_L2S_KEY))
-                await s.aput_global(FINAL_L2S_KEY, [x for x in held if x not in done])
+        return final_ids(await self.storage.aget_global(FINAL_L2S_KEY))
 
     def integrate_function(self) -> IntegrateFn:
         """The integrate function, or a clear error when none was given."""
@@ -448,11 +432,3 @@ class StelloRuntime:
 
 StelloDeps = StelloRuntime
 """The earlier name of `StelloRuntime`."""
-
-
-FINAL_L2S_KEY = "stello:final_l2s"
-"""The tree's global key listing archived sessions whose final L2 awaits an integration."""
-
-
-def _final_ids(value: object) -> list[str]:
-    return [x for x in value if isinstance(x, str)] if isinstance(value, list) else []

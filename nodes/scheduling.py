@@ -25,7 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stello_graph.errors import InvalidInputError, NothingToIntegrateError
+from stello_graph.errors import (
+    IntegrationSupersededError,
+    InvalidInputError,
+    NothingToIntegrateError,
+)
 from stello_graph.events import emit
 from stello_graph.main_session import MainSession
 from stello_graph.models import IntegrationResult, SessionMeta
@@ -166,37 +170,23 @@ def announce_integration(
 
 
 def integrate_flat(deps: StelloDeps, main: MainSession) -> IntegrationResult:
-    """Integrate the tree (flat) with the deps' function and announce it.
-
-    Sessions archived since the last integration bring their final L2 too (see
-    `on_archive`); an integration that fails keeps them for the next one.
-    """
-    final = deps.final_l2s()
-    try:
-        result = main.integrate(deps.integrate_function(), include_archived=final)
-    except NothingToIntegrateError:
-        deps.final_l2s_integrated(final)  # none of them had an L2 to bring
-        raise
-    deps.final_l2s_integrated(final)
+    """Integrate the tree (flat) with the deps' function and announce it (sessions archived
+    since the last integration bring their final L2 too: see `on_archive`)."""
+    result = main.integrate(deps.integrate_function())
     write_store(deps, announce_integration(deps, main.id, result), main.id)
     return result
 
 
 async def aintegrate_flat(deps: StelloDeps, main: MainSession) -> IntegrationResult:
     """Async twin of `integrate_flat`."""
-    final = await deps.afinal_l2s()
-    try:
-        result = await main.aintegrate(deps.integrate_function(), include_archived=final)
-    except NothingToIntegrateError:
-        await deps.afinal_l2s_integrated(final)
-        raise
-    await deps.afinal_l2s_integrated(final)
+    result = await main.aintegrate(deps.integrate_function())
     await awrite_store(deps, announce_integration(deps, main.id, result), main.id)
     return result
 
 
 def integrate_now(deps: StelloDeps) -> IntegrationResult | None:
-    """Integrate the tree (flat) with the deps' function; `None` if nothing has an L2 yet."""
+    """Integrate the tree (flat) with the deps' function; `None` if nothing has an L2 yet
+    or another integration was stored while it ran (which stands for it)."""
     meta = deps.storage.get_main_session()
     if meta is None:
         return None
@@ -205,6 +195,10 @@ def integrate_now(deps: StelloDeps) -> IntegrationResult | None:
     try:
         return integrate_flat(deps, main)
     except NothingToIntegrateError:
+        return None
+    except IntegrationSupersededError:  # another one was stored meanwhile
+        if deps.final_l2s():  # final L2s it brought and that one did not: for the next
+            _queue_integration(deps)
         return None
 
 

@@ -56,6 +56,8 @@ def _plan_state(plan: TreePlan) -> TreeState:
             "levels": plan.levels,
             "children": plan.children,
             "labels": plan.labels,
+            "version": plan.version,
+            "archived": plan.archived,
         },
         "tree_step": 0,
         "tree_results": None,
@@ -125,7 +127,12 @@ def _result(node_id: str, result: IntegrationResult | None) -> TreeState:
 
 def _as_plan(raw: dict[str, Any]) -> TreePlan:
     return TreePlan(
-        root_id=raw["root_id"], levels=raw["levels"], children=raw["children"], labels=raw["labels"]
+        root_id=raw["root_id"],
+        levels=raw["levels"],
+        children=raw["children"],
+        labels=raw["labels"],
+        version=raw.get("version", 0),
+        archived=raw.get("archived", []),
     )
 
 

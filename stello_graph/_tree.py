@@ -8,7 +8,9 @@ only through the summary. Each internal node pushes insights one level down, to 
 children only, so sibling subtrees never see each other except through their common
 ancestor. The root's summary is the main session's synthesis.
 
-Archived sessions, and everything under them, take no part.
+Archived sessions, and everything under them, take no part, except the final L2 of branches
+archived since the last integration (`FINAL_L2S_KEY`), which the root reads as flat integration
+does. Of overlapping integrations only one is stored (`integration_stored`).
 
 A run is all or nothing, like flat integration: `integrate_node` only reads and calls the
 integrate function (the subtree syntheses made lower down in the same run are handed to it in
@@ -25,7 +27,12 @@ from dataclasses import dataclass, field
 from stello_graph._calls import call_async, call_sync
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph.errors import IntegrationError, MainSessionNotFoundError, StelloError
-from stello_graph.main_session import check_integration
+from stello_graph.main_session import (
+    archived_l2s,
+    check_integration,
+    integration_read,
+    integration_stored,
+)
 from stello_graph.memory import IntegrateFn
 from stello_graph.models import ChildL2, IntegrationResult, SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
@@ -53,19 +60,27 @@ class TreePlan:
         levels: internal nodes (those with active children) by depth, deepest first.
         children: active children of each internal node, in creation order.
         labels: the label of every active node.
+        version: the count of stored integrations as the run began (`integration_read`).
+        archived: archived sessions whose final L2 the root brings (`FINAL_L2S_KEY`).
     """
 
     root_id: str
     levels: list[list[str]] = field(default_factory=list)
     children: dict[str, list[str]] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    version: int = 0
+    archived: list[str] = field(default_factory=list)
 
     def is_internal(self, node_id: str) -> bool:
         return bool(self.children.get(node_id))
 
 
 def _plan(
-    root: SessionMeta | None, nodes: list[TopologyNode], metas: list[SessionMeta], tree: str
+    root: SessionMeta | None,
+    nodes: list[TopologyNode],
+    metas: list[SessionMeta],
+    tree: str,
+    drawn: tuple[int, list[str]] = (0, []),
 ) -> TreePlan:
     if root is None:
         raise MainSessionNotFoundError(tree)
@@ -83,7 +98,8 @@ def _plan(
     levels = [by_depth[d] for d in sorted(by_depth, reverse=True) if by_depth[d]]
     labels = {node.id: node.label for node in nodes if node.id in active}
     children = {n: kids[n] for level in levels for n in level}
-    return TreePlan(root_id=root.id, levels=levels, children=children, labels=labels)
+    version, archived = drawn
+    return TreePlan(root.id, levels, children, labels, version, archived)
 
 
 def plan_tree(storage: MainStorage) -> TreePlan:
@@ -100,8 +116,9 @@ async def aplan_tree(storage: MainStorage) -> TreePlan:
 
 def _plan_flow(tree: str) -> Flow[TreePlan]:
     root = yield Storage(MainStorage.get_main_session)
+    drawn = (yield from integration_read()) if root is not None else (0, [])
     nodes = yield Storage(MainStorage.get_tree)
-    return _plan(root, nodes, (yield Storage(MainStorage.list_sessions)), tree)
+    return _plan(root, nodes, (yield Storage(MainStorage.list_sessions)), tree, drawn)
 
 
 def _inputs(plan: TreePlan, node_id: str, l2s: dict[str, str | None]) -> list[ChildL2]:
@@ -169,6 +186,9 @@ def _node_flow(
     for child in plan.children.get(node_id, []):
         l2s[child] = yield from _child_l2_flow(plan, child, made)
     inputs = _inputs(plan, node_id, l2s)
+    targets = [c.session_id for c in inputs]
+    if node_id == plan.root_id:
+        inputs += yield from archived_l2s(plan.archived)
     if not inputs:
         return None
     own = MainStorage.get_memory if node_id == plan.root_id else MainStorage.get_subtree_synthesis
@@ -179,7 +199,7 @@ def _node_flow(
         raise
     except Exception as exc:
         raise _error(node_id, exc) from exc
-    return check_integration(raw, inputs, node_id)
+    return check_integration(raw, inputs, node_id, targets=targets)
 
 
 def write_tree(
@@ -202,6 +222,9 @@ def _write_flow(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flo
 
 
 def _writes(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flow[None]:
+    if results:  # the root brought the pending final L2s if it ran
+        brought = plan.archived if plan.root_id in results else []
+        yield from integration_stored(plan.root_id, plan.version, brought)
     for node_id, result in results.items():
         own = (
             MainStorage.put_memory if node_id == plan.root_id else MainStorage.put_subtree_synthesis

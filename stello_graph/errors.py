@@ -25,7 +25,8 @@ derive from the other branches::
     │   ├── DuplicateSessionError        a session with that id already exists
     │   ├── MainSessionExistsError       the tree already has a main session
     │   ├── SessionBusyError             the session is held by a turn this call is part of
-    │   └── LeaseLostError               a turn lost its hold on the session; nothing stored
+    │   ├── LeaseLostError               a turn lost its hold on the session; nothing stored
+    │   └── IntegrationSupersededError   another integration was stored meanwhile; nothing stored
     ├── TopologyError
     │   ├── NodeNotFoundError            no topology node with that id (also a LookupError)
     │   ├── NodeHasChildrenError         removing a node with children without cascade
@@ -58,6 +59,7 @@ __all__ = [
     "FunctionCallError",
     "FunctionNotConfiguredError",
     "IntegrationError",
+    "IntegrationSupersededError",
     "InvalidInputError",
     "LeaseLostError",
     "MainSessionExistsError",
@@ -251,6 +253,21 @@ class LeaseLostError(SessionError):
         super().__init__(
             f"The turn on session {session_id!r} lost its lease (it was not renewed in time "
             "and another turn took the session over): nothing of it was stored; run it again.",
+            session_id=session_id,
+        )
+
+
+class IntegrationSupersededError(SessionError):
+    """Another integration of the tree was stored while this one ran, so this one's result
+    (made from the synthesis it read, no longer the stored one) was dropped: nothing of it
+    is stored. The archived branches it brought stay pending for the next integration."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"The integration of main session {session_id!r} was superseded: another "
+            "integration was stored while it ran, so its result (made from a synthesis that "
+            "is no longer the stored one) was dropped and nothing of it was stored; "
+            "integrate again to include what changed.",
             session_id=session_id,
         )
 

@@ -39,6 +39,7 @@ from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     FunctionNotConfiguredError,
     IntegrationError,
+    IntegrationSupersededError,
     InvalidInputError,
     MainSessionExistsError,
     MainSessionForkError,
@@ -50,7 +51,77 @@ from stello_graph.memory import IntegrateFn
 from stello_graph.models import ChildL2, IntegrationResult, SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
 
-__all__ = ["MainSession", "check_integration"]
+__all__ = [
+    "FINAL_L2S_KEY",
+    "VERSION_KEY",
+    "MainSession",
+    "archived_l2s",
+    "check_integration",
+    "final_ids",
+    "integration_read",
+    "integration_stored",
+]
+
+FINAL_L2S_KEY = "stello:final_l2s"
+"""The tree's global key listing archived sessions whose final L2 awaits an integration."""
+
+VERSION_KEY = "stello:integration_version"
+"""The tree's global key counting the integrations stored: an integration is stored only if
+the count is still the one it read as it began (no other was stored meanwhile)."""
+
+
+def final_ids(value: object) -> list[str]:
+    """The session ids of a stored `FINAL_L2S_KEY` value (nothing else it may hold)."""
+    return [x for x in value if isinstance(x, str)] if isinstance(value, list) else []
+
+
+def _version(value: object) -> int:
+    return value if type(value) is int else 0
+
+
+def integration_read() -> Flow[tuple[int, list[str]]]:
+    """What an integration reads before anything else: the count of stored integrations,
+    and the archived sessions whose final L2 it brings (those pending now)."""
+    version = _version((yield Storage(MainStorage.get_global, VERSION_KEY)))
+    return version, final_ids((yield Storage(MainStorage.get_global, FINAL_L2S_KEY)))
+
+
+def integration_stored(main_id: str, version: int, brought: Sequence[str]) -> Flow[None]:
+    """In an integration's write transaction, first: refuse it when another integration
+    was stored since it began (`version`: what `integration_read` found), else count it and
+    forget the pending final L2s it `brought`.
+
+    So of integrations that overlap (a called one and a scheduled one, or two processes)
+    only one is stored: each stored one read the synthesis the one before it stored, and an
+    archived branch's final L2 stays pending until a stored integration brought it. None is
+    ever written over by one that never saw it.
+
+    Raises:
+        IntegrationSupersededError: another integration was stored meanwhile (nothing is
+            written).
+    """
+    if _version((yield Storage(MainStorage.get_global, VERSION_KEY))) != version:
+        raise IntegrationSupersededError(main_id)
+    yield Storage(MainStorage.put_global, VERSION_KEY, version + 1)
+    yield from forget_final(brought)
+
+
+def forget_final(brought: Sequence[str]) -> Flow[None]:
+    """Drop `brought` from the pending final L2s."""
+    if brought:
+        held = final_ids((yield Storage(MainStorage.get_global, FINAL_L2S_KEY)))
+        yield Storage(MainStorage.put_global, FINAL_L2S_KEY, [x for x in held if x not in brought])
+
+
+def archived_l2s(session_ids: Sequence[str]) -> Flow[list[ChildL2]]:
+    """The L2 of those of `session_ids` that are archived standard sessions with one."""
+    found = []
+    for sid in dict.fromkeys(session_ids):
+        meta = yield Storage(MainStorage.get_session, sid)
+        l2 = yield Storage(MainStorage.get_memory, sid)
+        if meta is not None and meta.role == "standard" and meta.status == "archived" and l2:
+            found.append(ChildL2(session_id=meta.id, label=meta.label, l2=l2))
+    return found
 
 
 def check_integration(
@@ -271,11 +342,6 @@ class MainSession(SessionBase):
             f"Integration failed: {type(exc).__name__}: {exc}", session_id=self._id
         )
 
-    def _archived_l2(self, meta: SessionMeta | None, l2: str | None) -> ChildL2 | None:
-        if meta is None or meta.role != "standard" or meta.status != "archived" or not l2:
-            return None
-        return ChildL2(session_id=meta.id, label=meta.label, l2=l2)
-
     def integrate(
         self, fn: IntegrateFn | None = None, *, include_archived: Iterable[str] = ()
     ) -> IntegrationResult:
@@ -285,10 +351,19 @@ class MainSession(SessionBase):
         to sessions that were not among the inputs, or that were archived while the
         function ran, are dropped. Returns what was written.
 
-        `include_archived` names archived sessions whose L2 is an input too: the final L2 of
-        branches just archived (what a scheduled consolidation on archive wrote), which would
-        otherwise never reach a synthesis. They get no insight; the ids of sessions that are
-        not archived (or have no L2) are ignored.
+        Archived sessions bring their L2 too when they are pending (`FINAL_L2S_KEY`: the
+        final L2 of a branch a scheduled consolidation on archive wrote, which would
+        otherwise never reach a synthesis) or named in `include_archived`. They get no
+        insight; the ids of sessions that are not archived (or have no L2) are ignored.
+
+        Of integrations that overlap (this one and a scheduled one, or one in another
+        process), the first to finish is stored; one that finishes after another was stored
+        since it began stores nothing (it read a synthesis that is no longer the stored one).
+
+        Raises:
+            NothingToIntegrateError: no child has an L2 to read.
+            IntegrationSupersededError: another integration was stored since this one began.
+            IntegrationError: the integrate function failed or returned garbage.
         """
         result: IntegrationResult = run(
             self._integrate_flow(fn, include_archived), self._main_storage
@@ -308,12 +383,12 @@ class MainSession(SessionBase):
     ) -> Flow[IntegrationResult]:
         chosen, extra, sid = self._integrator(fn), _archived_ids(include_archived), self._id
         self._active((yield from self._meta_flow()), "integration")
+        version, pending = yield from integration_read()
         active: list[ChildL2] = yield Storage(MainStorage.get_all_session_l2s)
-        found = []
-        for x in extra:
-            meta = yield Storage(MainStorage.get_session, x)
-            found.append(self._archived_l2(meta, (yield Storage(MainStorage.get_memory, x))))
-        children = self._children([*active, *(c for c in found if c is not None)])
+        archived = yield from archived_l2s([*extra, *pending])
+        if pending and not active and not archived:
+            yield Atomic(forget_final(pending))  # none of them has an L2 to bring
+        children = self._children([*active, *archived])
         try:
             synthesis = yield Storage(MainStorage.get_memory, sid)
             raw = yield Call(call_sync, call_async, (chosen, list(children), synthesis))
@@ -323,11 +398,15 @@ class MainSession(SessionBase):
             raise self._fn_error(exc) from exc
         targets = {c.session_id for c in active}
         result = check_integration(raw, children, sid, targets=targets)
-        written: dict[str, str] = yield Atomic(self._write_flow(result))
+        written: dict[str, str] = yield Atomic(self._write_flow(result, version, pending))
         return IntegrationResult(synthesis=result.synthesis, insights=written)
 
-    def _write_flow(self, result: IntegrationResult) -> Flow[dict[str, str]]:
-        """The synthesis and the insights to sessions still active, in one transaction."""
+    def _write_flow(
+        self, result: IntegrationResult, version: int, brought: Sequence[str]
+    ) -> Flow[dict[str, str]]:
+        """The synthesis and the insights to sessions still active, in one transaction
+        (unless another integration was stored meanwhile: `integration_stored`)."""
+        yield from integration_stored(self._id, version, brought)
         yield Storage(MainStorage.put_memory, self._id, result.synthesis)
         written = {}
         for session_id, insight in result.insights.items():

@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from stello_graph._topology_slot import TopologySlot, check_topology_slot
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
+    IntegrationSupersededError,
     InvalidInputError,
     NodeNotFoundError,
     SessionArchivedError,
@@ -304,7 +305,7 @@ def _guard(inspector: Inspector, request: Request) -> Response | None:
 def _stello_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, SessionNotFoundError | NodeNotFoundError):
         return _error(404, str(exc), type=type(exc).__name__)
-    if isinstance(exc, SessionArchivedError):
+    if isinstance(exc, SessionArchivedError | IntegrationSupersededError):
         return _error(409, str(exc), type=type(exc).__name__)
     if isinstance(exc, InvalidInputError | StelloUsageError):
         return _error(400, str(exc), type=type(exc).__name__)

@@ -239,11 +239,10 @@ def _written_after(other: str, acked: str, integrations: set[tuple[int, int]]) -
     A writer's acknowledged integrations ran one after another on its main thread: among
     them, and across runs (a driver is killed before the next starts), `(run, k)` is the
     order of their writes. Not so for a scheduled integration of the same run (a `(run, k)`
-    no acknowledgement names): it runs on the scheduler's worker meanwhile, `k` is drawn
-    when the integrate function is called, not when the result is written, and overlapping
-    integrations each write what they computed, the last one winning. One that started
-    before an acknowledged one (a smaller `k`) may thus write after it, over its synthesis
-    and insights.
+    no acknowledgement names): it runs on the scheduler's worker meanwhile. Of overlapping
+    integrations only the first to finish is stored, but `k` is drawn when the integrate
+    function is called: one that began after an acknowledged one was stored may still hold
+    a smaller `k` than a later acknowledged one, and be stored between them.
     """
     key, mine = sc.order_key(other), sc.order_key(acked)
     return key > mine or (key[0] == mine[0] and key not in integrations)

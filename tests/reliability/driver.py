@@ -14,7 +14,12 @@ import random
 import sys
 from typing import Any
 
-from stello_graph import NothingToIntegrateError, Schedule, StelloAgent
+from stello_graph import (
+    IntegrationSupersededError,
+    NothingToIntegrateError,
+    Schedule,
+    StelloAgent,
+)
 from stello_graph.testing import ScriptedChatModel
 from tests.reliability import _scenario as sc
 
@@ -128,8 +133,8 @@ class Driver:
         a = self.agent
         try:
             result = self._call(a.integrate, a.aintegrate)
-        except NothingToIntegrateError:
-            return
+        except (NothingToIntegrateError, IntegrationSupersededError):
+            return  # nothing to read, or a scheduled one was stored meanwhile: not stored
         self.acks.write(
             {"op": "integrate", "synthesis": result.synthesis, "insights": result.insights}
         )

@@ -240,15 +240,15 @@ class _HeldIntegrator:
         return IntegrationResult(synthesis=f"syn-{self.run}-{k}", insights=insights)
 
 
-def test_a_scheduled_integration_may_write_after_an_acknowledged_one(tmp_path: Path) -> None:
-    """What the oracle takes for "written after" an acknowledged integration.
+def test_a_scheduled_integration_that_began_first_is_dropped(tmp_path: Path) -> None:
+    """Of overlapping integrations, the first to finish is stored.
 
     As in a driver, a scheduled integration runs on the scheduler's worker while the caller
-    integrates by hand: the scheduled one draws `k` = 1, the caller's `k` = 2 and writes,
-    then the scheduled one writes over it (the last writer wins). That state keeps the
-    acknowledged integration's guarantees (what replaced it was written after it), so the
-    oracle accepts it; had `k` = 1 been acknowledged too, the same state would be the
-    later acknowledged integration lost, which it refuses.
+    integrates by hand: the scheduled one begins first (`k` = 1) and waits, the caller's
+    (`k` = 2) finishes and is stored; the scheduled one is then dropped instead of writing
+    a synthesis made from the one it read over it (the last writer used to win), and it is
+    no failure. The oracle accepts the state, and refuses it had a later integration been
+    acknowledged.
     """
     db = tmp_path / "race.db"
     integrator = _HeldIntegrator(7)
@@ -268,8 +268,8 @@ def test_a_scheduled_integration_may_write_after_an_acknowledged_one(tmp_path: P
         integrator.go.set()
         assert agent.drain(30)
         assert agent.failures() == []
-        assert agent.storage.get_memory(agent.main_session_id) == "syn-7-1"
-        assert agent.storage.get_insight(child) == "ins-7-1-0"
+        assert agent.storage.get_memory(agent.main_session_id) == "syn-7-2"
+        assert agent.storage.get_insight(child) == "ins-7-2-0"
     finally:
         integrator.go.set()
         agent.close()
@@ -277,11 +277,11 @@ def test_a_scheduled_integration_may_write_after_an_acknowledged_one(tmp_path: P
     assert acked == {"op": "integrate", "synthesis": "syn-7-2", "insights": {child: "ins-7-2-0"}}
     snap = Snapshot.read(db)
     assert ack_problems(snap, [acked]) == ([], 1)
-    earlier = {"op": "integrate", "synthesis": "syn-7-1", "insights": {child: "ins-7-1-0"}}
-    assert ack_problems(snap, [earlier, acked]) == (
+    later = {"op": "integrate", "synthesis": "syn-7-3", "insights": {child: "ins-7-3-0"}}
+    assert ack_problems(snap, [acked, later]) == (
         [
-            "acked synthesis syn-7-2 replaced by older syn-7-1",
-            f"acked insight ins-7-2-0 for {child} lost",
+            "acked synthesis syn-7-3 replaced by older syn-7-2",
+            f"acked insight ins-7-3-0 for {child} lost",
         ],
         2,
     )

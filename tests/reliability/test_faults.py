@@ -40,6 +40,7 @@ from stello_graph import (
     ConsolidationError,
     IntegrationError,
     IntegrationResult,
+    IntegrationSupersededError,
     ModelCallError,
     NothingToIntegrateError,
     Schedule,
@@ -329,7 +330,12 @@ def test_memory_function_faults(database: Path | str, seed: int, figures: Figure
                     acks.append({"op": "integrate", "synthesis": result.synthesis,
                                  "insights": result.insights})  # fmt: skip
                 figures.add("memory calls: ok")
-            except (ConsolidationError, IntegrationError, NothingToIntegrateError) as exc:
+            except (
+                ConsolidationError,
+                IntegrationError,
+                IntegrationSupersededError,
+                NothingToIntegrateError,
+            ) as exc:
                 figures.add(f"memory calls: {type(exc).__name__}")
                 if _memory_state(agent) != before:
                     problems.append(f"{type(exc).__name__} ({exc}) changed the stored memory")
