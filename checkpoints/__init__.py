@@ -3,10 +3,11 @@
 * `SqliteMainStorage` - the reference `MainStorage`, in a SQLite file shared safely by
   threads, asyncio tasks and processes.
 * `InMemoryMainStorage` - the same storage on a private SQLite `:memory:` database, for tests.
-* `StorageBackend` / `BackendStorage` - for a storage of your own: implement the twenty-six
-  primitives of the backend protocol, and `BackendStorage(backend)` is a full `MainStorage`
-  (see `stello_graph.checkpoints.backend`); `AsyncStorageBackend` / `AsyncTransactionHooks`
-  for a backend with native async I/O, whose async primitives the async methods await.
+* `StorageBackend` / `BackendStorage` - for a storage of your own: implement the eighteen
+  primitives of the backend protocol (and any of `OptionalPrimitives`, for speed), and
+  `BackendStorage(backend)` is a full `MainStorage` (see `stello_graph.checkpoints.backend`);
+  `AsyncStorageBackend` / `AsyncTransactionHooks` for a backend with native async I/O, whose
+  async primitives the async methods await.
 * `open_sqlite(path)` - the storage and a LangGraph checkpointer (`StelloSqliteSaver`) on the
   same SQLite file. These names load LangGraph, so they are imported on first use.
 * `PostgresMainStorage` - the same storage on PostgreSQL, for many worker processes, and
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
         AsyncStorageBackend,
         AsyncTransactionHooks,
         BackendStorage,
+        OptionalPrimitives,
         StorageBackend,
         TransactionHooks,
     )
@@ -42,6 +44,7 @@ _LAZY = {
             "AsyncStorageBackend",
             "AsyncTransactionHooks",
             "BackendStorage",
+            "OptionalPrimitives",
             "StorageBackend",
             "TransactionHooks",
         ),
@@ -65,6 +68,7 @@ __all__ = [
     # writing a storage of your own
     "BackendStorage",
     "StorageBackend",
+    "OptionalPrimitives",
     "TransactionHooks",
     "AsyncStorageBackend",
     "AsyncTransactionHooks",

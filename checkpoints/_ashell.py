@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import stello_graph.checkpoints._flows as flows
 from stello_graph._copies import detached_all
-from stello_graph.checkpoints._flows import one
+from stello_graph.checkpoints._primitives import one
 from stello_graph.checkpoints._serde import dumps, meta_to_row
 from stello_graph.checkpoints._txn import Transactions
 from stello_graph.checkpoints._validate import (
@@ -37,7 +37,7 @@ from stello_graph.checkpoints._validate import (
     page_args,
     session_filter_args,
 )
-from stello_graph.checkpoints.backend import StorageBackend
+from stello_graph.checkpoints.backend import OptionalPrimitives, StorageBackend
 from stello_graph.digest import SessionDigest
 from stello_graph.events import StoredEvent
 from stello_graph.lineage import ForkPoint
@@ -92,7 +92,7 @@ class AsyncMethods:
 
     async def alist_session_stats(self) -> list[SessionStats]:
         """Async twin of `list_session_stats`."""
-        return await self._txn.aread(one(StorageBackend.op_session_stats))
+        return await self._txn.aread(one(OptionalPrimitives.op_session_stats))
 
     async def aappend_records(
         self,
@@ -262,7 +262,7 @@ class AsyncMethods:
     async def aget_children(self, parent_id: str) -> list[TopologyNode]:
         """Async twin of `get_children`."""
         return await self._txn.aread(
-            one(StorageBackend.op_children, check_identifier(parent_id, "parent_id"))
+            one(OptionalPrimitives.op_children, check_identifier(parent_id, "parent_id"))
         )
 
     async def aget_ancestors(self, node_id: str) -> list[TopologyNode]:

@@ -18,9 +18,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stello_graph._tree_text import TopologyText
-from stello_graph.checkpoints._flows import TopologyParts, one, topology_parts
+from stello_graph.checkpoints._flows import TopologyParts, topology_parts
+from stello_graph.checkpoints._primitives import one
 from stello_graph.checkpoints._rows import built, stored_l2
-from stello_graph.checkpoints.backend import StorageBackend
+from stello_graph.checkpoints.backend import OptionalPrimitives, StorageBackend
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import ChildL2
 
@@ -101,14 +102,14 @@ class BulkReads:
         """Every session's user turns, by id, in one read: what a view of the tree shows
         beside each node, without `list_session_stats`' record counts."""
         rows: list[tuple[Any, ...]] = self._txn.read(
-            one(StorageBackend.op_all_fields, ("turn_count",))
+            one(OptionalPrimitives.op_all_fields, ("turn_count",))
         )
         return dict(rows)
 
     async def alist_turn_counts(self) -> dict[str, int]:
         """Async twin of `list_turn_counts`."""
         rows: list[tuple[Any, ...]] = await self._txn.aread(
-            one(StorageBackend.op_all_fields, ("turn_count",))
+            one(OptionalPrimitives.op_all_fields, ("turn_count",))
         )
         return dict(rows)
 

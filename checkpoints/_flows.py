@@ -2,13 +2,14 @@
 
 Each storage operation that reads, decides and writes (a lease, a trim, a topology check) is a
 generator that yields the primitives it needs as `Op`s and receives each one's result. `drive`
-runs it on a backend's sync primitives (`op_NAME`), `adrive` on its async ones (`aop_NAME`),
+runs it on a backend's sync primitives (`op_NAME`), `adrive` on its async ones (`aop_NAME`;
+both in `_primitives`, with the defaults of the optional primitives),
 so the logic between the primitives cannot drift apart between the sync and async methods
 (httpx's `Auth.auth_flow`; `stello_graph._flow` does the same one level up). A step names
 the primitive by the protocol's own method, so mypy checks its arguments:
 
     >>> def count_plus_one(session_id):
-    ...     count = yield Op(StorageBackend.op_count, session_id)
+    ...     count = yield Op(OptionalPrimitives.op_count, session_id)
     ...     return count + 1
     >>> from stello_graph.checkpoints import InMemoryMainStorage
     >>> drive(count_plus_one("s1"), InMemoryMainStorage())
@@ -23,12 +24,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from stello_graph._flow import Storage, arun, run
 from stello_graph._tree_text import tree_order
 from stello_graph.checkpoints._damage import shown, undecodable
+from stello_graph.checkpoints._primitives import Flow, Op, adrive, drive, one
 from stello_graph.checkpoints._rows import built, stored_l2
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
@@ -37,7 +37,7 @@ from stello_graph.checkpoints._serde import (
     from_iso,
     message_role,
 )
-from stello_graph.checkpoints.backend import StorageBackend
+from stello_graph.checkpoints.backend import OptionalPrimitives, StorageBackend
 from stello_graph.digest import DigestRow, SessionDigest, digest_from_row
 from stello_graph.errors import (
     InvalidInputError,
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["Flow", "Op", "adrive", "drive", "one"]
 
 T = TypeVar("T")
-P = ParamSpec("P")
 
 UNDECODABLE_EVENT = "undecodable"
 """The key of a damaged event's details: `{"undecodable": <its stored text>}`."""
@@ -67,33 +66,6 @@ UNDECODABLE_EVENT = "undecodable"
 _WAITER_TTL = 0.5
 """Seconds a turn waiting for a lease keeps its place as the next holder without asking
 again (a waiter asks every few milliseconds)."""
-
-
-Op = Storage
-"""One call of a backend primitive, named by the protocol's own method:
-`Op(StorageBackend.op_count, session_id)` calls the backend's `op_count` when driven sync and
-its `aop_count` twin when driven async (the same step as the core's `Storage`)."""
-
-
-Flow = Generator[Op, Any, T]
-"""A storage operation: yields primitives, receives their results, returns its own."""
-
-
-def drive(flow: Flow[T], backend: object) -> T:
-    """Run `flow` on the sync primitives of `backend`; return what it returns."""
-    return run(flow, backend)
-
-
-async def adrive(flow: Flow[T], backend: object) -> T:
-    """Run `flow` on the async primitives of `backend` (an `AsyncStorageBackend`)."""
-    return await arun(flow, backend)
-
-
-def one(
-    method: Callable[Concatenate[Any, P], object], /, *args: P.args, **kwargs: P.kwargs
-) -> Flow[Any]:
-    """The flow of a single primitive call: its result."""
-    return (yield Op(method, *args, **kwargs))
 
 
 # -- per-session values ---------------------------------------------------------------------
@@ -155,7 +127,7 @@ def put_memory(session_id: str, values: dict[str, Any]) -> Flow[None]:
     if through is not None:
         if not (yield from exists(session_id)):
             raise SessionNotFoundError(session_id)
-        count = yield Op(StorageBackend.op_count, session_id)
+        count = yield Op(OptionalPrimitives.op_count, session_id)
         if through > count:
             raise InvalidInputError(
                 f"through={through} is beyond the {count} record(s) of session "
@@ -183,7 +155,7 @@ def exists(session_id: str) -> Flow[bool]:
 
 
 def count(session_id: str) -> Flow[int]:
-    found: int = yield Op(StorageBackend.op_count, session_id)
+    found: int = yield Op(OptionalPrimitives.op_count, session_id)
     return found
 
 
@@ -262,11 +234,11 @@ def commit_records(
 
 
 def has_turn(session_id: str, turn_id: str) -> Flow[bool]:
-    return bool((yield Op(StorageBackend.op_has_turn, session_id, turn_id)))
+    return bool((yield Op(OptionalPrimitives.op_has_turn, session_id, turn_id)))
 
 
 def get_node(node_id: str) -> Flow[TopologyNode | None]:
-    node: TopologyNode | None = yield Op(StorageBackend.op_get_node, node_id)
+    node: TopologyNode | None = yield Op(OptionalPrimitives.op_get_node, node_id)
     return node
 
 
@@ -312,7 +284,7 @@ def trim(session_id: str, keep_last: int) -> Flow[int]:
     )
     if cursors is None:
         raise SessionNotFoundError(session_id)
-    dropped = (yield Op(StorageBackend.op_count, session_id)) - keep_last
+    dropped = (yield Op(OptionalPrimitives.op_count, session_id)) - keep_last
     if dropped <= 0:
         return 0
     yield Op(StorageBackend.op_drop_oldest, session_id, dropped)
@@ -330,7 +302,7 @@ def put_node(node: TopologyNode) -> Flow[None]:
     if parent_id is not None:
         if parent_id == node.id:
             raise TopologyCycleError(node.id, parent_id)
-        if (yield Op(StorageBackend.op_get_node, parent_id)) is None:
+        if (yield Op(OptionalPrimitives.op_get_node, parent_id)) is None:
             raise NodeNotFoundError(parent_id)
         if any(above.id == node.id for above in (yield from ancestors(parent_id))):
             raise TopologyCycleError(node.id, parent_id)
@@ -340,9 +312,9 @@ def put_node(node: TopologyNode) -> Flow[None]:
 def ancestors(node_id: str) -> Flow[list[TopologyNode]]:
     found: list[TopologyNode] = []
     seen = {node_id}
-    node = yield Op(StorageBackend.op_get_node, node_id)
+    node = yield Op(OptionalPrimitives.op_get_node, node_id)
     while node is not None and node.parent_id is not None and node.parent_id not in seen:
-        node = yield Op(StorageBackend.op_get_node, node.parent_id)
+        node = yield Op(OptionalPrimitives.op_get_node, node.parent_id)
         if node is not None:
             found.append(node)
             seen.add(node.id)
@@ -350,15 +322,15 @@ def ancestors(node_id: str) -> Flow[list[TopologyNode]]:
 
 
 def remove_node(node_id: str, cascade: bool) -> Flow[list[str]]:
-    if (yield Op(StorageBackend.op_get_node, node_id)) is None:
+    if (yield Op(OptionalPrimitives.op_get_node, node_id)) is None:
         raise NodeNotFoundError(node_id)
-    children = yield Op(StorageBackend.op_children, node_id)
+    children = yield Op(OptionalPrimitives.op_children, node_id)
     if children and not cascade:
         raise NodeHasChildrenError(node_id, len(children))
     removed, seen = [node_id], {node_id}
     index = 0
     while index < len(removed):  # breadth-first: every parent before its children
-        for child in (yield Op(StorageBackend.op_children, removed[index])):
+        for child in (yield Op(OptionalPrimitives.op_children, removed[index])):
             if child.id in seen:  # its parents make a cycle (a damaged tree): cut it here,
                 # so that each node goes after the nodes that name it as their parent
                 yield Op(StorageBackend.op_put_node, child.model_copy(update={"parent_id": None}))
@@ -415,13 +387,13 @@ def copy_records(source_id: str, target_id: str, count: int) -> Flow[int]:
     for session_id in (source_id, target_id):
         if not (yield from exists(session_id)):
             raise SessionNotFoundError(session_id)
-    available = yield Op(StorageBackend.op_count, source_id)
+    available = yield Op(OptionalPrimitives.op_count, source_id)
     if count > available:
         raise InvalidInputError(
             f"count={count} is beyond the {available} record(s) of session "
             f"{source_id!r}; pass at most {available}."
         )
-    copied: int = yield Op(StorageBackend.op_copy_records, source_id, target_id, count)
+    copied: int = yield Op(OptionalPrimitives.op_copy_records, source_id, target_id, count)
     return copied
 
 
@@ -433,7 +405,7 @@ def lineage(session_id: str) -> Flow[ForkPoint | None]:
 
 
 def list_lineage() -> Flow[dict[str, ForkPoint]]:
-    rows = yield Op(StorageBackend.op_all_fields, LINEAGE)
+    rows = yield Op(OptionalPrimitives.op_all_fields, LINEAGE)
     return _lineage(rows)
 
 
@@ -452,12 +424,14 @@ def topology_parts() -> Flow[TopologyParts]:
     both the lineage and the turn counts (each was a pass of its own)."""
     nodes = yield from tree()
     metas: list[SessionMeta] = yield Op(StorageBackend.op_list_sessions, None, None)
-    rows: list[tuple[Any, ...]] = yield Op(StorageBackend.op_all_fields, (*LINEAGE, "turn_count"))
+    rows: list[tuple[Any, ...]] = yield Op(
+        OptionalPrimitives.op_all_fields, (*LINEAGE, "turn_count")
+    )
     return nodes, metas, _lineage(rows), {row[0]: row[3] for row in rows}
 
 
 def digests() -> Flow[list[SessionDigest]]:
-    rows: list[DigestRow] = yield Op(StorageBackend.op_digests)
+    rows: list[DigestRow] = yield Op(OptionalPrimitives.op_digests)
     return built(digest_from_row, rows)
 
 

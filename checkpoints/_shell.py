@@ -22,7 +22,7 @@ from stello_graph._copies import detached_all
 from stello_graph._tree_text import tree_order
 from stello_graph.checkpoints._ashell import AsyncMethods
 from stello_graph.checkpoints._bulk import BulkReads
-from stello_graph.checkpoints._flows import one
+from stello_graph.checkpoints._primitives import one
 from stello_graph.checkpoints._serde import dumps, meta_to_row
 from stello_graph.checkpoints._txn import Transactions
 from stello_graph.checkpoints._validate import (
@@ -48,7 +48,7 @@ from stello_graph.checkpoints._validate import (
     page_args,
     session_filter_args,
 )
-from stello_graph.checkpoints.backend import StorageBackend
+from stello_graph.checkpoints.backend import OptionalPrimitives, StorageBackend
 from stello_graph.digest import SessionDigest
 from stello_graph.events import StoredEvent
 from stello_graph.lineage import ForkPoint
@@ -203,7 +203,7 @@ class BackendStorage(BulkReads, AsyncMethods):
         Not part of the `MainStorage` protocol: a view falls back to the per-session reads
         on a storage without it.
         """
-        return self._txn.read(one(StorageBackend.op_session_stats))
+        return self._txn.read(one(OptionalPrimitives.op_session_stats))
 
     # -- L3 records -----------------------------------------------------------------------
     def append_records(
@@ -393,7 +393,7 @@ class BackendStorage(BulkReads, AsyncMethods):
     def get_children(self, parent_id: str) -> list[TopologyNode]:
         """Direct children, in creation order."""
         return self._txn.read(
-            one(StorageBackend.op_children, check_identifier(parent_id, "parent_id"))
+            one(OptionalPrimitives.op_children, check_identifier(parent_id, "parent_id"))
         )
 
     def get_ancestors(self, node_id: str) -> list[TopologyNode]:

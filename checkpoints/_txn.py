@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from stello_graph._cancelled import CallCancelled
-from stello_graph.checkpoints._flows import Flow, adrive, drive
+from stello_graph.checkpoints._primitives import Flow, adrive, drive
 from stello_graph.checkpoints._queue import CallQueue
 from stello_graph.checkpoints.backend import TransactionHooks
 from stello_graph.errors import StorageError

@@ -1,12 +1,14 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: twenty-six primitive operations (`op_*`) and the six
+It implements `StorageBackend`: eighteen primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
 The same split as LangGraph's `BaseCheckpointSaver` (`get_tuple` / `list` / `put` /
-`put_writes`, the rest built by the library).
+`put_writes`, the rest built by the library). Eight more (`OptionalPrimitives`: counts,
+point reads of the tree, whole-tree figures, the copy of a fork's records) are the backend's
+to add for speed: one it lacks runs composed of the required ones.
 
     storage = BackendStorage(MyBackend(dsn), tree_id="alice")   # a full MainStorage
 
@@ -24,8 +26,8 @@ Contract of every primitive (what `BackendStorage` guarantees, and what it relie
   `op_records` may return a shared sequence, which callers never mutate.
 
 Async: a backend that can do its I/O natively async (psycopg's `AsyncConnection`, say) also
-implements `AsyncStorageBackend`: an `aop_NAME` for every `op_NAME`, same arguments, result
-and contract, and `async_transaction_hooks` (`AsyncTransactionHooks`). `BackendStorage`'s
+implements `AsyncStorageBackend`: an `aop_NAME` for every `op_NAME` it has, same arguments,
+result and contract, and `async_transaction_hooks` (`AsyncTransactionHooks`). `BackendStorage`'s
 async methods then await those on the event loop; the logic between primitives is written
 once (generator flows, `_flows`), so the sync and async methods cannot drift apart. A backend
 with sync primitives only (SQLite) still gets every async method: its primitives run in the
@@ -77,6 +79,7 @@ __all__ = [
     "ExportPart",
     "L2Row",
     "MetaRow",
+    "OptionalPrimitives",
     "RowSink",
     "SessionRead",
     "StorageBackend",
@@ -170,10 +173,6 @@ class StorageBackend(Protocol):
         """Sessions with that status and role (`None`: any), in creation order."""
         ...
 
-    def op_session_stats(self) -> list[SessionStats]:
-        """Every session's `SessionStats` (its figures, read in one pass), in creation order."""
-        ...
-
     def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         """The named `FIELDS` of the session, in that order, or `None` when it is missing."""
         ...
@@ -189,17 +188,6 @@ class StorageBackend(Protocol):
         statement where the backend can), and with `records` every L3 record as
         `op_records` returns it (else `()`); `None` when the session is missing. What a turn
         reads before its model call, and its commit before it writes."""
-        ...
-
-    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
-        """`(id, *values)` of every session, with the named `FIELDS` in that order, in
-        creation order (one read for a whole tree: the lineage of every session)."""
-        ...
-
-    def op_digests(self) -> list[DigestRow]:
-        """Every session's `DigestRow` (`stello_graph.digest`), in creation order, read in
-        one pass: meta, node parent, turn count, memory, the user (`human`) records after the
-        memory's cursor, insight."""
         ...
 
     def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
@@ -234,11 +222,6 @@ class StorageBackend(Protocol):
         records afterwards. Raise `SessionNotFoundError` for a missing session."""
         ...
 
-    def op_has_turn(self, session_id: str, turn_id: str) -> bool:
-        """Whether a record of the session was written by the turn `turn_id` (an index
-        lookup: the commit's idempotency check)."""
-        ...
-
     def op_turns(self, session_id: str) -> list[RecordTurn]:
         """`(turn_id, turn_seq)` of every record, in append order."""
         ...
@@ -248,40 +231,14 @@ class StorageBackend(Protocol):
         never mutated by the caller."""
         ...
 
-    def op_count(self, session_id: str) -> int:
-        """The number of records (0 for a missing session)."""
-        ...
-
     def op_drop_oldest(self, session_id: str, count: int) -> None:
         """Delete the `count` oldest records (cursors are moved by the caller)."""
         ...
 
-    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
-        """Append the first `count` records of `source_id` (in append order) after the
-        existing records of `target_id`, keeping each record's stored form and its
-        `(turn_id, turn_seq)`; return the number of records of the target afterwards.
-        Rows are copied inside the database (no decode / re-encode); the target's
-        `updated_at` and `turn_count` are left as they are. The caller checked that
-        `count` is at most the source's records and that the two ids differ. Raise
-        `SessionNotFoundError` when either session is missing.
-
-        A backend may share the rows instead of copying them when the target has none
-        (SQLite and PostgreSQL do: a shared prefix, `checkpoints/_shared_l3`); every read of
-        the target must then see them, and no later write to the source may change them."""
-        ...
-
     # -- topology -------------------------------------------------------------------------
-    def op_get_node(self, node_id: str) -> TopologyNode | None:
-        """The node, or `None`."""
-        ...
-
     def op_put_node(self, node: TopologyNode) -> None:
         """Insert the node at the end of the creation order, or update the parent and label of
         an existing one (keeping its place). The caller checked sessions, parents and cycles."""
-        ...
-
-    def op_children(self, parent_id: str) -> list[TopologyNode]:
-        """Direct children of the node, in creation order."""
         ...
 
     def op_all_nodes(self) -> list[TopologyNode]:
@@ -308,11 +265,66 @@ class StorageBackend(Protocol):
         ...
 
 
+class OptionalPrimitives(Protocol):
+    """Primitives a backend may add to `StorageBackend` for speed. Each one it lacks runs
+    composed of the required ones (`_primitives`: a whole session's records read to count
+    them, every node to find one, ...), which suits a small store; the reference backends
+    implement them all, in one statement each. A native async backend adds the `aop_` twin
+    of each one it implements."""
+
+    def op_session_stats(self) -> list[SessionStats]:
+        """Every session's `SessionStats` (its figures, read in one pass), in creation order."""
+        ...
+
+    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        """`(id, *values)` of every session, with the named `FIELDS` in that order, in
+        creation order (one read for a whole tree: the lineage of every session)."""
+        ...
+
+    def op_digests(self) -> list[DigestRow]:
+        """Every session's `DigestRow` (`stello_graph.digest`), in creation order, read in
+        one pass: meta, node parent, turn count, memory, the user (`human`) records after the
+        memory's cursor, insight."""
+        ...
+
+    def op_has_turn(self, session_id: str, turn_id: str) -> bool:
+        """Whether a record of the session was written by the turn `turn_id` (an index
+        lookup: the commit's idempotency check)."""
+        ...
+
+    def op_count(self, session_id: str) -> int:
+        """The number of records (0 for a missing session)."""
+        ...
+
+    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
+        """Append the first `count` records of `source_id` (in append order) after the
+        existing records of `target_id`, keeping each record's stored form and its
+        `(turn_id, turn_seq)`; return the number of records of the target afterwards.
+        Rows are copied inside the database (no decode / re-encode); the target's
+        `updated_at` and `turn_count` are left as they are. The caller checked that
+        `count` is at most the source's records and that the two ids differ. Raise
+        `SessionNotFoundError` when either session is missing.
+
+        A backend may share the rows instead of copying them when the target has none
+        (SQLite and PostgreSQL do: a shared prefix, `checkpoints/_shared_l3`); every read of
+        the target must then see them, and no later write to the source may change them."""
+        ...
+
+    def op_get_node(self, node_id: str) -> TopologyNode | None:
+        """The node, or `None`."""
+        ...
+
+    def op_children(self, parent_id: str) -> list[TopologyNode]:
+        """Direct children of the node, in creation order."""
+        ...
+
+
 class AsyncStorageBackend(StorageBackend, Protocol):
     """A backend with native async primitives: `BackendStorage`'s async methods await them.
 
-    For every primitive `op_NAME` of `StorageBackend`, an `aop_NAME` with the same arguments,
-    result and contract, plus `async_transaction_hooks`. A backend is used as a native async
+    For every primitive `op_NAME` of `StorageBackend` (and of `OptionalPrimitives` it
+    implements), an `aop_NAME` with the same arguments, result and contract, plus
+    `async_transaction_hooks`. A backend is used as a native async
     one when it has `async_transaction_hooks`; without them its sync primitives run in a
     worker thread, never on the event loop. A backend doing no I/O (the in-memory one) may
     run its async primitives inline.
@@ -333,10 +345,6 @@ class AsyncStorageBackend(StorageBackend, Protocol):
         """Async twin of `op_list_sessions`."""
         ...
 
-    async def aop_session_stats(self) -> list[SessionStats]:
-        """Async twin of `op_session_stats`."""
-        ...
-
     async def aop_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         """Async twin of `op_get_fields`."""
         ...
@@ -349,14 +357,6 @@ class AsyncStorageBackend(StorageBackend, Protocol):
         self, session_id: str, names: Sequence[str], records: bool
     ) -> SessionRead | None:
         """Async twin of `op_read_session`."""
-        ...
-
-    async def aop_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
-        """Async twin of `op_all_fields`."""
-        ...
-
-    async def aop_digests(self) -> list[DigestRow]:
-        """Async twin of `op_digests`."""
         ...
 
     async def aop_l2s_after(self, after: int, limit: int) -> list[L2Row]:
@@ -382,10 +382,6 @@ class AsyncStorageBackend(StorageBackend, Protocol):
         """Async twin of `op_append`."""
         ...
 
-    async def aop_has_turn(self, session_id: str, turn_id: str) -> bool:
-        """Async twin of `op_has_turn`."""
-        ...
-
     async def aop_turns(self, session_id: str) -> list[RecordTurn]:
         """Async twin of `op_turns`."""
         ...
@@ -394,28 +390,12 @@ class AsyncStorageBackend(StorageBackend, Protocol):
         """Async twin of `op_records`."""
         ...
 
-    async def aop_count(self, session_id: str) -> int:
-        """Async twin of `op_count`."""
-        ...
-
     async def aop_drop_oldest(self, session_id: str, count: int) -> None:
         """Async twin of `op_drop_oldest`."""
         ...
 
-    async def aop_copy_records(self, source_id: str, target_id: str, count: int) -> int:
-        """Async twin of `op_copy_records`."""
-        ...
-
-    async def aop_get_node(self, node_id: str) -> TopologyNode | None:
-        """Async twin of `op_get_node`."""
-        ...
-
     async def aop_put_node(self, node: TopologyNode) -> None:
         """Async twin of `op_put_node`."""
-        ...
-
-    async def aop_children(self, parent_id: str) -> list[TopologyNode]:
-        """Async twin of `op_children`."""
         ...
 
     async def aop_all_nodes(self) -> list[TopologyNode]:

@@ -26,7 +26,7 @@ import psycopg_pool
 
 import stello_graph.checkpoints._postgres_schema as _schema
 from stello_graph._tree_text import TopologyText
-from stello_graph.checkpoints._flows import _WAITER_TTL, one
+from stello_graph.checkpoints._flows import _WAITER_TTL
 from stello_graph.checkpoints._postgres_conn import (
     AsyncHooks,
     Link,
@@ -34,6 +34,7 @@ from stello_graph.checkpoints._postgres_conn import (
     tree_lock_key,
 )
 from stello_graph.checkpoints._postgres_steps import EVENTS_CHANNEL, EventRow, Statements
+from stello_graph.checkpoints._primitives import one
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     MetaRow,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import stello_graph.checkpoints._schema as _schema
 from stello_graph._ids import legacy_thread_id, thread_id
 from stello_graph.checkpoints._cache import RecordCache
-from stello_graph.checkpoints._flows import one
+from stello_graph.checkpoints._primitives import one
 from stello_graph.checkpoints._rows import built, stored_meta, stored_node
 from stello_graph.checkpoints._schema import (
     EVENTS,

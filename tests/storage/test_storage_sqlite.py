@@ -90,6 +90,7 @@ def test_exports() -> None:
         "PostgresMainStorage",
         "BackendStorage",
         "StorageBackend",
+        "OptionalPrimitives",
         "TransactionHooks",
         "AsyncStorageBackend",
         "AsyncTransactionHooks",
