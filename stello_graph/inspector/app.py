@@ -40,8 +40,10 @@ from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     IntegrationSupersededError,
     InvalidInputError,
+    LeaseLostError,
     NodeNotFoundError,
     SessionArchivedError,
+    SessionBusyError,
     SessionNotFoundError,
     StelloError,
     StelloUsageError,
@@ -302,10 +304,14 @@ def _guard(inspector: Inspector, request: Request) -> Response | None:
     return None
 
 
+_CONFLICTS = (SessionArchivedError, SessionBusyError, LeaseLostError, IntegrationSupersededError)
+"""What another writer (a turn, an integration, an archive) did first: 409, try again."""
+
+
 def _stello_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, SessionNotFoundError | NodeNotFoundError):
         return _error(404, str(exc), type=type(exc).__name__)
-    if isinstance(exc, SessionArchivedError | IntegrationSupersededError):
+    if isinstance(exc, _CONFLICTS):
         return _error(409, str(exc), type=type(exc).__name__)
     if isinstance(exc, InvalidInputError | StelloUsageError):
         return _error(400, str(exc), type=type(exc).__name__)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from starlette.testclient import TestClient
 
-from stello_graph import StelloAgent
+from stello_graph import ChildL2, IntegrationResult, MainSession, StelloAgent
 from stello_graph.testing import ScriptedChatModel
 from tests.inspector.conftest import Tree, inspector_app, page_headers
 
@@ -70,6 +70,26 @@ def test_consolidate_integrate_archive(tree: Tree, writer: TestClient) -> None:
     assert meta["status"] == "archived"
     again = writer.post(f"/api/session/consolidate?id={tree.tiers}")
     assert again.status_code == 409 and "archived" in again.json()["error"]
+
+
+def test_an_integration_superseded_meanwhile_is_a_conflict(tree: Tree) -> None:
+    """Another integration stored while the inspector's ran: a 409 that says so, nothing of
+    the late one stored."""
+
+    def meanwhile(children: list[ChildL2], current: str | None) -> IntegrationResult:
+        MainSession.load(tree.storage).integrate(lambda c, s: IntegrationResult(synthesis="first"))
+        return IntegrationResult(synthesis="late")
+
+    agent = StelloAgent(model=ScriptedChatModel(), storage=tree.storage, integrate_fn=meanwhile)
+    app = inspector_app(tree.storage, write=True, agent=lambda: agent)
+    try:
+        with TestClient(app, headers=page_headers(app)) as writer:
+            found = writer.post("/api/integrate", json={"mode": "flat"})
+    finally:
+        agent.close()
+    assert found.status_code == 409, found.json()
+    assert found.json()["type"] == "IntegrationSupersededError"
+    assert tree.storage.get_memory(tree.main) == "first"
 
 
 def test_edit_insight_and_system_prompt(tree: Tree, writer: TestClient) -> None:
