@@ -206,8 +206,8 @@ class StelloRuntime:
         return self._scheduler
 
     def hold_final_l2(self, session_id: str) -> None:
-        """Have the next flat integration (scheduled or called, in any process) bring this
-        archived session's final L2 (see `on_archive`). Kept with the tree, so a process that
+        """Have the next integration (scheduled or called, flat or tree, in any process) bring
+        this archived session's final L2 (see `on_archive`). Kept with the tree, so a process that
         stops before that integration leaves the note for the next one."""
         s = self.storage
         with s.transaction():
@@ -217,10 +217,6 @@ class StelloRuntime:
     def final_l2s(self) -> list[str]:
         """The archived sessions whose final L2 no integration has included yet."""
         return final_ids(self.storage.get_global(FINAL_L2S_KEY))
-
-    async def afinal_l2s(self) -> list[str]:
-        """Async twin of `final_l2s`."""
-        return final_ids(await self.storage.aget_global(FINAL_L2S_KEY))
 
     def integrate_function(self) -> IntegrateFn:
         """The integrate function, or a clear error when none was given."""
