@@ -243,18 +243,18 @@ def check_mapping(value: object, what: str) -> dict[str, Any]:
     return value
 
 
-def compression_args(session_id: object, compression: object) -> tuple[str, dict[str, Any]]:
+def compression_values(compression: object) -> dict[str, Any]:
+    """The fields `put_compression` sets (`None` drops the summary)."""
     if compression is None:
-        return check_identifier(session_id), {"compression": None, "compression_through": 0}
+        return {"compression": None, "compression_through": 0}
     if not isinstance(compression, Compression):
         raise InvalidInputError(
             f"compression must be a Compression or None, got {type(compression).__name__}."
         )
-    values = {
+    return {
         "compression": check_text(compression.summary, "compression summary"),
         "compression_through": check_non_negative(compression.through, "through"),
     }
-    return check_identifier(session_id), values
 
 
 def memory_args(session_id: object, memory: object, through: object) -> tuple[str, dict[str, Any]]:
