@@ -15,11 +15,11 @@ per-session reads on a storage without them.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from stello_graph._tree_text import TopologyText
 from stello_graph.checkpoints._flows import TopologyParts, topology_parts
-from stello_graph.checkpoints._primitives import one
+from stello_graph.checkpoints._primitives import Flow, one
 from stello_graph.checkpoints._rows import built, stored_l2
 from stello_graph.checkpoints.backend import OptionalPrimitives, StorageBackend
 from stello_graph.errors import InvalidInputError
@@ -57,9 +57,19 @@ def _part(value: object) -> ExportPart:
     return value  # type: ignore[return-value]
 
 
-def _page(rows: list[L2Row]) -> tuple[int, list[ChildL2]]:
-    """The position to read on from, and the page's `ChildL2`s."""
-    return (rows[-1][0] if rows else 0), built(lambda row: stored_l2(*row[1:]), rows)
+def _page(rows: list[L2Row], size: int) -> tuple[int | None, list[ChildL2]]:
+    """The position to read on from (`None` after the last page), and the page's
+    `ChildL2`s."""
+    after = None if len(rows) < size else rows[-1][0]
+    return after, built(lambda row: stored_l2(*row[1:]), rows)
+
+
+def _topology_text() -> Flow[TopologyText | None]:
+    return one(TopologyTextBackend.op_topology_text)
+
+
+def _turn_counts() -> Flow[dict[str, int]]:
+    return dict((yield from one(OptionalPrimitives.op_all_fields, ("turn_count",))))
 
 
 class BulkReads:
@@ -75,17 +85,13 @@ class BulkReads:
         has aborted the transaction and is raised)."""
         if not self._txn.has(TopologyTextBackend.op_topology_text):
             return None
-        found: TopologyText | None = self._txn.read(one(TopologyTextBackend.op_topology_text))
-        return found
+        return self._txn.read(_topology_text())
 
     async def atopology_text(self) -> TopologyText | None:
         """Async twin of `topology_text`."""
         if not self._txn.has(TopologyTextBackend.op_topology_text, in_async=True):
             return None
-        found: TopologyText | None = await self._txn.aread(
-            one(TopologyTextBackend.op_topology_text)
-        )
-        return found
+        return await self._txn.aread(_topology_text())
 
     def topology_parts(self) -> TopologyParts:
         """The nodes in tree order, every session's meta, the lineage and every session's
@@ -101,17 +107,11 @@ class BulkReads:
     def list_turn_counts(self) -> dict[str, int]:
         """Every session's user turns, by id, in one read: what a view of the tree shows
         beside each node, without `list_session_stats`' record counts."""
-        rows: list[tuple[Any, ...]] = self._txn.read(
-            one(OptionalPrimitives.op_all_fields, ("turn_count",))
-        )
-        return dict(rows)
+        return self._txn.read(_turn_counts())
 
     async def alist_turn_counts(self) -> dict[str, int]:
         """Async twin of `list_turn_counts`."""
-        rows: list[tuple[Any, ...]] = await self._txn.aread(
-            one(OptionalPrimitives.op_all_fields, ("turn_count",))
-        )
-        return dict(rows)
+        return await self._txn.aread(_turn_counts())
 
     def iter_session_l2s(self, *, batch: int = 1_000) -> Iterator[list[ChildL2]]:
         """The L2s of `get_all_session_l2s` (every active standard session that has one, in
@@ -125,25 +125,22 @@ class BulkReads:
         return self._l2_pages(_batch(batch))
 
     def _l2_pages(self, batch: int) -> Iterator[list[ChildL2]]:
-        after = 0
-        while True:
+        after: int | None = 0
+        while after is not None:
             rows: list[L2Row] = self._txn.read(one(StorageBackend.op_l2s_after, after, batch))
-            after, page = _page(rows)
+            after, page = _page(rows, batch)
             if page:
                 yield page
-            if len(rows) < batch:
-                return
 
     async def aiter_session_l2s(self, *, batch: int = 1_000) -> AsyncIterator[list[ChildL2]]:
         """Async twin of `iter_session_l2s` (a bad `batch` raises at the first step)."""
-        size, after = _batch(batch), 0
-        while True:
+        size = _batch(batch)
+        after: int | None = 0
+        while after is not None:
             rows: list[L2Row] = await self._txn.aread(one(StorageBackend.op_l2s_after, after, size))
-            after, page = _page(rows)
+            after, page = _page(rows, size)
             if page:
                 yield page
-            if len(rows) < size:
-                return
 
     def export_rows(self, part: ExportPart, sink: RowSink) -> int:
         """Hand `sink` every row of `part` (`"nodes"`, `"sessions"` or `"records"`, see
