@@ -8,9 +8,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stello_graph._validate import check_depth, check_tree_id
+from stello_graph.checkpoints._damage import ROLES, STATUSES
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     RecordTurn,
@@ -61,17 +62,13 @@ __all__ = [
 
 T = TypeVar("T")
 
-STATUSES: tuple[SessionStatus, ...] = get_args(SessionStatus)
-ROLES: tuple[SessionRole, ...] = get_args(SessionRole)
-
 
 def check_identifier(value: object, name: str = "session_id") -> str:
     """A non-empty string usable as an id or key."""
-    if not isinstance(value, str):
-        raise InvalidInputError(f"{name} must be a string, got {type(value).__name__}.")
-    if not value:
+    text = check_text(value, name)
+    if not text:
         raise InvalidInputError(f"{name} must not be empty.")
-    return check_encodable(value, what=name)
+    return text
 
 
 def check_text(value: object, name: str) -> str:

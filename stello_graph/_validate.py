@@ -56,7 +56,6 @@ MODEL_PROVIDERS = (
 """The providers of LangChain's `init_chat_model`, the `provider` of a `"provider:model"`
 name (each needs its integration package: `langchain-anthropic`, ...)."""
 _V = TypeVar("_V")
-_CONTROL = {chr(c) for c in range(32)} - {"\t", "\n", "\r"}
 
 
 def new_id() -> str:
@@ -108,18 +107,27 @@ def check_depth(value: _V, what: str) -> _V:
     return value
 
 
-def check_text(value: object, what: str = "content") -> str:
-    """A user message: a non-blank string of at most `MAX_INPUT_CHARS` characters."""
+def _check_str(
+    value: object, what: str, limit: int, *, allow_blank: bool = False, multiline: bool = False
+) -> str:
+    """A string of at most `limit` characters that can be stored: not blank (unless
+    `allow_blank`), and one line with no control character (unless `multiline`)."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a str, got {_type_name(value)}.")
-    if not value.strip():
+    if not allow_blank and not value.strip():
         raise InvalidInputError(f"{what} is empty or only whitespace.")
-    if len(value) > MAX_INPUT_CHARS:
-        raise InvalidInputError(
-            f"{what} has {len(value):,} characters; the limit is {MAX_INPUT_CHARS:,}."
-        )
+    if len(value) > limit:
+        raise InvalidInputError(f"{what} has {len(value):,} characters; the limit is {limit:,}.")
+    bad = None if multiline else next((ch for ch in value if ch < " "), None)
+    if bad is not None:
+        raise InvalidInputError(f"{what} {value!r} contains the control character {bad!r}.")
     _check_encodable(value, what)
     return value
+
+
+def check_text(value: object, what: str = "content") -> str:
+    """A user message: a non-blank string of at most `MAX_INPUT_CHARS` characters."""
+    return _check_str(value, what, MAX_INPUT_CHARS, multiline=True)
 
 
 def check_optional_text(value: object, what: str) -> str | None:
@@ -128,36 +136,17 @@ def check_optional_text(value: object, what: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a str or None, got {_type_name(value)}.")
-    if len(value) > MAX_INPUT_CHARS:
-        raise InvalidInputError(
-            f"{what} has {len(value):,} characters; the limit is {MAX_INPUT_CHARS:,}."
-        )
-    _check_encodable(value, what)
-    return value
-
-
-def _check_name(value: object, what: str, limit: int, *, allow_empty: bool) -> str:
-    if not isinstance(value, str):
-        raise InvalidInputError(f"{what} must be a str, got {_type_name(value)}.")
-    if not allow_empty and not value.strip():
-        raise InvalidInputError(f"{what} is empty or only whitespace.")
-    if len(value) > limit:
-        raise InvalidInputError(f"{what} has {len(value)} characters; the limit is {limit}.")
-    bad = next((ch for ch in value if ch in _CONTROL or ch in "\n\r\t"), None)
-    if bad is not None:
-        raise InvalidInputError(f"{what} {value!r} contains the control character {bad!r}.")
-    _check_encodable(value, what)
-    return value
+    return _check_str(value, what, MAX_INPUT_CHARS, allow_blank=True, multiline=True)
 
 
 def check_label(value: object) -> str:
     """A session label: a one-line string of at most `MAX_LABEL_CHARS` (may be empty)."""
-    return _check_name(value, "label", MAX_LABEL_CHARS, allow_empty=True)
+    return _check_str(value, "label", MAX_LABEL_CHARS, allow_blank=True)
 
 
 def check_id(value: object, what: str = "session id") -> str:
     """A session id: a non-blank one-line string of at most `MAX_ID_CHARS`."""
-    return _check_name(value, what, MAX_ID_CHARS, allow_empty=False)
+    return _check_str(value, what, MAX_ID_CHARS)
 
 
 def _shown(value: str, limit: int = 60) -> str:
@@ -198,7 +187,7 @@ def check_tags(value: object) -> tuple[str, ...]:
         )
     out: list[str] = []
     for tag in value:
-        tag = _check_name(tag, "tag", MAX_TAG_CHARS, allow_empty=False)
+        tag = _check_str(tag, "tag", MAX_TAG_CHARS)
         if tag not in out:
             out.append(tag)
     return tuple(out)
