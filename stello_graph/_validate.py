@@ -185,12 +185,7 @@ def check_tags(value: object) -> tuple[str, ...]:
         raise InvalidInputError(
             f"tags must be a list or tuple of strings, got {_type_name(value)}."
         )
-    out: list[str] = []
-    for tag in value:
-        tag = _check_str(tag, "tag", MAX_TAG_CHARS)
-        if tag not in out:
-            out.append(tag)
-    return tuple(out)
+    return tuple(dict.fromkeys(_check_str(tag, "tag", MAX_TAG_CHARS) for tag in value))
 
 
 def check_metadata(value: object) -> dict[str, Any]:
