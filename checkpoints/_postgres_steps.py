@@ -37,6 +37,7 @@ from stello_graph.checkpoints._serde import (
     decode_message,
     decode_records,
     row_to_meta,
+    run_heads,
 )
 from stello_graph.checkpoints._shared_l3 import SharedPrefixes
 from stello_graph.checkpoints._shell import FIELDS
@@ -206,7 +207,7 @@ class Statements(TreeStatements):
             raise SessionNotFoundError(session_id)
         first, stamp, before, old_stamp = found[0]
         if records:
-            heads = _run_heads(turns)
+            heads = run_heads(turns)
             yield Query(
                 f"""INSERT INTO {RECORDS}
                     (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
@@ -421,7 +422,7 @@ class Statements(TreeStatements):
         the new stamp; no row when the session is missing. Nothing is written unless the
         lease (if given) still holds the session and the session is not archived."""
         session_id, records, at, user_turn, turns, insight, lease = args
-        heads = _run_heads(turns)
+        heads = run_heads(turns)
         sql = f"""WITH s AS (
             SELECT id, status, lease_owner, lease_token, turn_count, records_stamp
             FROM {SESSIONS} WHERE tree_id = %(tree)s AND id = %(sid)s
@@ -504,7 +505,7 @@ class Statements(TreeStatements):
     def get_node(self, node_id: str) -> Steps[TopologyNode | None]:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = %s AND id = %s"
         rows = (yield Query(sql, (self.tree_id, node_id))).rows
-        return _node(rows[0]) if rows else None
+        return stored_node(rows[0]) if rows else None
 
     def put_node(self, node: TopologyNode) -> Steps[None]:
         tree = self.tree_id
@@ -533,17 +534,3 @@ class Statements(TreeStatements):
             ON CONFLICT (tree_id, key) DO UPDATE SET value = excluded.value""",
             (self.tree_id, key, value),
         )
-
-
-def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
-    """`turns` as stored: the turn id only on the first record of each run of one turn."""
-    heads: list[tuple[str | None, int]] = []
-    previous: str | None = None
-    for turn_id, turn_seq in turns:
-        heads.append((None if turn_id == previous else turn_id, turn_seq))
-        previous = turn_id
-    return heads
-
-
-def _node(row: Sequence[Any]) -> TopologyNode:
-    return TopologyNode(id=row[0], parent_id=row[1], label=row[2])

@@ -38,6 +38,7 @@ __all__ = [
     "encode_message",
     "from_iso",
     "message_role",
+    "run_heads",
     "meta_to_row",
     "row_to_meta",
     "stored_id",
@@ -311,6 +312,17 @@ def turn_of(message: BaseMessage) -> RecordTurn | None:
     if isinstance(turn_id, str) and isinstance(turn_seq, int):
         return turn_id, turn_seq
     return None
+
+
+def run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
+    """`turns` as stored: the turn id only on the first record of each run of one turn
+    (a run's later records inherit it when read), so L3 holds one id per turn."""
+    heads: list[tuple[str | None, int]] = []
+    previous: str | None = None
+    for turn_id, turn_seq in turns:
+        heads.append((None if turn_id == previous else turn_id, turn_seq))
+        previous = turn_id
+    return heads
 
 
 def to_iso(value: datetime) -> str:

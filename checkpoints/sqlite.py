@@ -41,6 +41,7 @@ from stello_graph.checkpoints._serde import (
     decode_message,
     decode_records,
     row_to_meta,
+    run_heads,
 )
 from stello_graph.checkpoints._shared_l3 import (
     Lookup,
@@ -318,7 +319,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
             [
                 (found[1], first + index, role, data, at, stored, turn_seq)
                 for index, ((role, data), (stored, turn_seq)) in enumerate(
-                    zip(records, _run_heads(turns), strict=True)
+                    zip(records, run_heads(turns), strict=True)
                 )
             ],
         )
@@ -429,7 +430,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     def op_get_node(self, node_id: str) -> TopologyNode | None:
         sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? AND id = ?"
         row = self._one(sql, (self.tree_id, node_id), node_id)
-        return None if row is None else _node(row)
+        return None if row is None else stored_node(row)
 
     def op_put_node(self, node: TopologyNode) -> None:
         tree = self.tree_id
@@ -510,21 +511,6 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         sql = f"""SELECT cursor, kind, session_id, payload, at FROM {EVENTS}
             WHERE tree_id = ? AND cursor > ? ORDER BY cursor LIMIT ?"""
         return [tuple(row) for row in self._fetch(sql, (self.tree_id, cursor, limit))]
-
-
-def _run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
-    """`turns` as stored: the turn id only on the first record of each run of one turn
-    (a run's later records inherit it when read), so L3 holds one id per turn."""
-    heads: list[tuple[str | None, int]] = []
-    previous: str | None = None
-    for turn_id, turn_seq in turns:
-        heads.append((None if turn_id == previous else turn_id, turn_seq))
-        previous = turn_id
-    return heads
-
-
-def _node(row: Sequence[Any]) -> TopologyNode:
-    return TopologyNode(id=row[0], parent_id=row[1], label=row[2])
 
 
 class InMemoryMainStorage(SqliteMainStorage):
