@@ -8,7 +8,7 @@ runs each operation as a flow of the backend's primitives (`op_*`, see
 backend implements only the primitives and the transaction hooks; they are always called with
 the lock held, with arguments already validated, and a write is always inside a transaction.
 Each method has its async twin beside it; the per-session values, the topology, the
-globals, lineage, events and leases are in `_shell_more`, the whole-tree reads in `_bulk`.
+globals, lineage, events and leases are in `_shell_tree`, the whole-tree reads in `_bulk`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from stello_graph._copies import detached_all
 from stello_graph.checkpoints._bulk import BulkReads
 from stello_graph.checkpoints._primitives import one
 from stello_graph.checkpoints._serde import meta_to_row
-from stello_graph.checkpoints._shell_more import MoreMethods
+from stello_graph.checkpoints._shell_tree import TreeMethods
 from stello_graph.checkpoints._txn import Transactions
 from stello_graph.checkpoints._validate import (
     CommitArgs,
@@ -63,7 +63,7 @@ FIELDS = frozenset(
 """Per-session values read and written through `op_get_fields` / `op_set_fields`."""
 
 
-class BackendStorage(BulkReads, MoreMethods):
+class BackendStorage(BulkReads, TreeMethods):
     """The `MainStorage` built over a `StorageBackend`: every method, sync and async.
 
     It validates arguments (so every backend refuses the same inputs with the same errors),

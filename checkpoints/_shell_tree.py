@@ -1,7 +1,8 @@
-"""The rest of `BackendStorage`'s methods (a mixin of it, split off for length): the
-per-session values, the topology, the global key-value, lineage and digests, the event log
-and leases, each with its async twin beside it (the same validation, the same flow of
-primitives from `_flows`, driven with `aread` / `awrite` without blocking the event loop).
+"""`BackendStorage`'s methods beyond sessions and their records (a mixin of it, split off
+for length): the per-session values, the topology, the global key-value, lineage and
+digests, the event log and leases, each with its async twin beside it (the same
+validation, the same flow of primitives from `_flows`, driven with `aread` / `awrite`
+without blocking the event loop).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from stello_graph.models import Compression, Lease, TopologyNode
 if TYPE_CHECKING:
     from stello_graph.storage import SessionSnapshot
 
-__all__ = ["MoreMethods"]
+__all__ = ["TreeMethods"]
 
 
 def _set_fields(session_id: str, values: dict[str, Any]) -> Flow[None]:
@@ -51,7 +52,7 @@ def _put_global(key: str, value: Any) -> Flow[None]:
     return one(StorageBackend.op_put_global, check_identifier(key, "key"), text)
 
 
-class MoreMethods:
+class TreeMethods:
     """The per-session values, topology, globals, lineage, events and leases of
     `BackendStorage`, sync and async."""
 
