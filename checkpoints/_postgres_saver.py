@@ -16,21 +16,13 @@ its names is used.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
-from functools import partial
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import psycopg
 import psycopg_pool
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-)
 from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
@@ -39,7 +31,6 @@ from stello_graph.checkpoints._postgres_conn import check_idle, describe
 from stello_graph.checkpoints._postgres_schema import SESSIONS
 from stello_graph.checkpoints._threaded_saver import (
     AsyncInThreads,
-    HeldRuns,
     thread_of,
 )
 from stello_graph.errors import InvalidInputError, StorageError, StorageUnavailableError
@@ -159,14 +150,6 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
     statement, and the removal deletes the session's threads in its own transaction.
     """
 
-    def __init__(self, conn: Any, *args: Any, hold_first_steps: bool = False, **kwargs: Any):
-        super().__init__(conn, *args, **kwargs)
-        self.hold_first_steps = hold_first_steps
-        """Hold each run's first steps in memory (see the class)."""
-        self._hold_lock = threading.RLock()
-        self._held = HeldRuns()
-        self._disk: set[str] = set()  # threads that may have rows on disk
-
     def _guard_sessions(self) -> None:
         """Write nothing of a stello turn thread whose session is gone from the database's
         storage (its `stello_sessions` table must exist): LangGraph's inserts, guarded."""
@@ -176,141 +159,23 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         self.INSERT_CHECKPOINT_WRITES_SQL = _INSERT_WRITES
 
     # -- holding ------------------------------------------------------------------------------
-    @property
-    def _memory_lock(self) -> AbstractContextManager[bool]:
-        return self._hold_lock  # also held while held steps are written
-
-    def _write_held(self, thread: str) -> None:
-        """Write what is held of `thread` (under the hold lock)."""
-        held = self._held.pop(thread, None)
-        if held is not None:
-            self._disk.add(thread)
-            for op in held.ops:
-                op()
-
-    def _unwritten(self, thread_id: str) -> bool:
-        return self.hold_first_steps and thread_id not in self._disk
-
-    def _in_memory_put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig | None:
-        op = partial(PostgresSaver.put, self, config, checkpoint, metadata, new_versions)
-        on = self.hold_first_steps
-        return self._held.hold_put(config, checkpoint["id"], metadata, new_versions, op, enabled=on)
-
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        args = (config, checkpoint, metadata, new_versions)
-        done = self._in_memory(self._in_memory_put, *args, wait=True)
-        if done is not None:
-            return done
-        thread = str(config["configurable"]["thread_id"])
-        with self._errors():
-            with self._hold_lock:
-                self._write_held(thread)
-                self._disk.add(thread)
-            return super().put(config, checkpoint, metadata, new_versions)
-
-    def _in_memory_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str,
-    ) -> bool:
-        args = (config, list(writes), task_id, task_path)
-        return self._held.hold_writes(config, partial(PostgresSaver.put_writes, self, *args))
-
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        if self._in_memory(self._in_memory_writes, config, writes, task_id, task_path, wait=True):
-            return
-        thread = str(config["configurable"]["thread_id"])
-        with self._errors():
-            with self._hold_lock:
-                self._write_held(thread)
-                self._disk.add(thread)
-            super().put_writes(config, writes, task_id, task_path)
-
-    def flush(self) -> None:
-        """Write everything held now."""
-        with self._errors(), self._hold_lock:
-            for thread in list(self._held):
-                self._write_held(thread)
-
-    def _flush_read(self, config: RunnableConfig | None) -> None:
+    def _write(
+        self, config: RunnableConfig | None, op: Any = None, checkpoint_id: str | None = None
+    ) -> Any:
+        """Write what is held of `config`'s thread (of every thread, without one), in order
+        as `PostgresSaver` would have, then run `op`."""
         thread = thread_of(config)
-        with self._hold_lock:
-            if thread is None:
-                for held in list(self._held):
-                    self._write_held(held)
-            elif thread in self._held:
-                self._write_held(thread)
-
-    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         with self._errors():
-            self._flush_read(config)
-            found = super().get_tuple(config)
-        thread = thread_of(config)
-        if found is not None and thread is not None:
-            with self._hold_lock:
-                self._disk.add(thread)
-        return found
-
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        with self._errors():
-            self._flush_read(config)
-            yield from super().list(config, filter=filter, before=before, limit=limit)
-
-    def _in_memory_delete(self, thread_id: str) -> bool:
-        thread = str(thread_id)
-        if thread not in self._held or thread in self._disk:
-            return False
-        del self._held[thread]
-        return True
-
-    def delete_thread(self, thread_id: str) -> None:
-        """Delete every checkpoint and write of `thread_id`: what is held of it at once, and
-        its rows unless the held run is all there is of it."""
-        thread = str(thread_id)
-        if self._in_memory(self._in_memory_delete, thread, wait=True):
-            return
-        with self._hold_lock:
-            self._held.pop(thread, None)
-            self._disk.discard(thread)
-        with self._errors():
-            super().delete_thread(thread)
-
-    def close(self) -> None:
-        """Write what is held, then close the saver's connection pool (or connection).
-        What could not be written is forgotten: closing again does nothing."""
-        try:
-            self.flush()
-        finally:
-            self._held.clear()
-            with self._errors():
-                self.conn.close()
+            with self._memory_lock:
+                for each in list(self._held) if thread is None else [thread]:
+                    held = self._held.pop(each, None)
+                    if held is not None:
+                        self._saw(each, held.checkpoints[-1])
+                        for held_op in held.ops:
+                            held_op()
+                if op is not None and config is not None and thread is not None:
+                    self._saw(thread, checkpoint_id or str(config["configurable"]["checkpoint_id"]))
+            return None if op is None else op()
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

@@ -1,5 +1,6 @@
-"""What stello's two checkpoint savers share: `AsyncInThreads` (the async methods of a sync
-saver, each run in a thread) and `HeldRuns` (the first steps of runs kept in memory).
+"""What stello's two checkpoint savers share: `AsyncInThreads` (their sync methods around the
+first steps of runs they keep in memory, and async twins of them, each run in a thread) and
+`HeldRuns` (those first steps).
 
 LangGraph's `SqliteSaver` and `PostgresSaver` are sync savers whose async methods raise. The
 agent drives them from both sides (`turn` and `aturn` on one thread), so its savers take this
@@ -12,13 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+)
 from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 
 from stello_graph.checkpoints._queue import CallQueue
@@ -28,6 +35,7 @@ __all__ = [
     "AsyncInThreads",
     "HeldRun",
     "HeldRuns",
+    "saved",
     "thread_of",
 ]
 
@@ -48,6 +56,14 @@ def thread_of(config: RunnableConfig | None) -> str | None:
     """The thread id of `config`, if it names one."""
     found = ((config or {}).get("configurable") or {}).get("thread_id")
     return None if found is None else str(found)
+
+
+def saved(config: RunnableConfig, checkpoint_id: str) -> RunnableConfig:
+    """What `put(config, ...)` returns for the checkpoint `checkpoint_id`."""
+    conf = config["configurable"]
+    return {"configurable": {"thread_id": str(conf["thread_id"]),
+                             "checkpoint_ns": conf["checkpoint_ns"],
+                             "checkpoint_id": checkpoint_id}}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -101,8 +117,7 @@ class HeldRuns(dict[str, HeldRun]):
             held.checkpoints.append(checkpoint_id)
         held.ops.append(op)
         held.ended = True
-        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
-                                 "checkpoint_id": checkpoint_id}}  # fmt: skip
+        return saved(config, checkpoint_id)
 
     def hold_writes(self, config: RunnableConfig, op: Any) -> bool:
         """Hold `op`, the writes of a step after the checkpoint `config` names, when they
@@ -117,24 +132,76 @@ class HeldRuns(dict[str, HeldRun]):
         return True
 
 
-class AsyncInThreads:
-    """Async twins of a saver's sync methods (put it before the saver in the bases).
+class AsyncInThreads(BaseCheckpointSaver[str]):
+    """The methods both savers share around the steps they hold (put it before the saver in
+    the bases), and their async twins, each running the sync method in a worker thread.
 
-    A saver that can take a checkpoint, a write or a delete in memory (no I/O: the first
-    steps it holds) says so through the `_in_memory_*` hooks; the async twin then does it on
-    the caller's thread, without the round trip through a worker thread (under many
-    concurrent turns on one event loop, each hop waits for the GIL).
+    The saver says how it writes (`_write`: what is held of a thread, then an operation
+    `_put_op` or `_writes_op` makes) and how it translates its database's errors (`_errors`).
+    It knows, by thread, the greatest checkpoint id the thread has on disk (`_known`; `""`
+    when a read found nothing) and, for a saver that deletes with its next write, the
+    greatest one deleted (`_deleted`: rows up to it are no longer read).
+
+    What it can take in memory (no I/O: the first steps it holds) goes through the
+    `_in_memory_*` hooks; the async twin then does it on the caller's thread, without the
+    round trip through a worker thread (under many concurrent turns on one event loop, each
+    hop waits for the GIL).
     """
 
-    _held: HeldRuns
-    """The runs the saver holds in memory, by thread (both savers have them)."""
+    conn: Any
 
-    @property
-    def _memory_lock(self) -> AbstractContextManager[bool]:
+    def __init__(
+        self, conn: Any, *args: Any, hold_first_steps: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(conn, *args, **kwargs)  # type: ignore[call-arg]
+        self.hold_first_steps = hold_first_steps
+        """Hold each run's first steps in memory (see the saver's class)."""
+        self._held = HeldRuns()
+        self._known: dict[str, str] = {}  # thread -> greatest checkpoint id it has on disk
+        self._deleted: dict[str, str] = {}  # thread -> greatest checkpoint id deleted
+        self._memory_lock = self._new_lock()
         """The lock the `_in_memory_*` hooks run under (`_in_memory`). The saver also holds
         it while it writes, so an async caller never waits for it on the event loop."""
+
+    # -- what each saver fills in -----------------------------------------------------------
+    def _new_lock(self) -> AbstractContextManager[bool]:
+        """The saver's `_memory_lock`."""
+        return threading.RLock()
+
+    def _errors(self) -> AbstractContextManager[None]:
+        """A failure of the database in the block, raised as stello's typed error."""
         raise NotImplementedError
 
+    def _write(
+        self, config: RunnableConfig | None, op: Any = None, checkpoint_id: str | None = None
+    ) -> Any:
+        """Write what is held of `config`'s thread (of every thread, and the deleted threads'
+        rows, without one), then `op`, the write of checkpoint `checkpoint_id` when given;
+        return `put`'s result (for a checkpoint)."""
+        raise NotImplementedError
+
+    def _put_op(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> Any:
+        """The operation that writes the checkpoint, for `_write` (now or when held): the
+        upstream saver's `put`, unless the saver has its own."""
+        return functools.partial(super().put, config, checkpoint, metadata, new_versions)
+
+    def _writes_op(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> Any:
+        """The operation that writes a task's writes, as `_put_op`."""
+        return functools.partial(super().put_writes, config, list(writes), task_id, task_path)
+
+    # -- in memory --------------------------------------------------------------------------
     def _in_memory(self, hook: Callable[..., T], *args: Any, wait: bool) -> T | None:
         """`hook(*args)` under `_memory_lock`; with `wait=False`, `None` at once when the
         lock is taken (its holder may be writing, waiting for a database lock that a task
@@ -161,8 +228,7 @@ class AsyncInThreads:
         return bool(self._in_memory(self._unwritten, str(thread_id), wait=False))
 
     def _unwritten(self, thread_id: str) -> bool:
-        """`unwritten`, called under `_memory_lock`."""
-        return False
+        return self.hold_first_steps and not self._known.get(thread_id)
 
     def ended(self, thread_id: str) -> bool:
         """Whether the thread's run is held in memory and ended at its last checkpoint
@@ -174,6 +240,10 @@ class AsyncInThreads:
         held = self._held.get(thread_id)
         return held is not None and held.ended
 
+    def _saw(self, thread: str, checkpoint_id: str) -> None:
+        if checkpoint_id > self._known.get(thread, ""):
+            self._known[thread] = checkpoint_id
+
     def _in_memory_put(
         self,
         config: RunnableConfig,
@@ -183,7 +253,9 @@ class AsyncInThreads:
     ) -> RunnableConfig | None:
         """Take the checkpoint without I/O and return `put`'s result, or `None` (and change
         nothing) when it has to be written. Called under `_memory_lock`."""
-        return None
+        op = self._put_op(config, checkpoint, metadata, new_versions)
+        on = self.hold_first_steps
+        return self._held.hold_put(config, checkpoint["id"], metadata, new_versions, op, enabled=on)
 
     def _in_memory_writes(
         self,
@@ -194,46 +266,108 @@ class AsyncInThreads:
     ) -> bool:
         """Take the writes without I/O (`True`), or change nothing (`False`). Called under
         `_memory_lock`."""
-        return False
+        return self._held.hold_writes(config, self._writes_op(config, writes, task_id, task_path))
 
     def _in_memory_delete(self, thread_id: str) -> bool:
-        """Delete the thread without I/O (`True`), or change nothing (`False`). Called
-        under `_memory_lock`."""
-        return False
+        """Delete the thread without I/O (`True`): a thread whose held run is all there is
+        of it; else (`False`) drop what is held of it, its rows are to be deleted now.
+        Called under `_memory_lock`."""
+        held, known = self._held.pop(thread_id, None), self._known.pop(thread_id, None)
+        return held is not None and not known
 
-    if TYPE_CHECKING:  # the saver's own sync methods, which these run
+    # -- sync -------------------------------------------------------------------------------
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        args = (config, checkpoint, metadata, new_versions)
+        done = self._in_memory(self._in_memory_put, *args, wait=True)
+        if done is not None:
+            return done
+        return cast("RunnableConfig", self._write(config, self._put_op(*args), checkpoint["id"]))
 
-        def get_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None: ...
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        args = (config, writes, task_id, task_path)
+        if not self._in_memory(self._in_memory_writes, *args, wait=True):
+            self._write(config, self._writes_op(*args))
 
-        def list(
-            self,
-            config: RunnableConfig | None,
-            *,
-            filter: dict[str, Any] | None = None,
-            before: RunnableConfig | None = None,
-            limit: int | None = None,
-        ) -> Iterator[_CheckpointTuple]: ...
+    def flush(self) -> None:
+        """Write everything held, and delete the deleted threads' rows, now."""
+        self._write(None)
 
-        def put(
-            self,
-            config: RunnableConfig,
-            checkpoint: Checkpoint,
-            metadata: CheckpointMetadata,
-            new_versions: ChannelVersions,
-        ) -> RunnableConfig: ...
+    def _flush_read(self, config: RunnableConfig | None) -> None:
+        thread = thread_of(config)
+        if thread is None:
+            self.flush()
+        elif thread in self._held:
+            self._write(config)
 
-        def put_writes(
-            self,
-            config: RunnableConfig,
-            writes: Sequence[tuple[str, Any]],
-            task_id: str,
-            task_path: str = "",
-        ) -> None: ...
+    def _hidden(self, found: _CheckpointTuple) -> bool:
+        """Whether `found`, as read, is of a thread deleted since."""
+        bound = self._deleted.get(thread_of(found.config) or "")
+        return bound is not None and str(found.config["configurable"]["checkpoint_id"]) <= bound
 
-        def delete_thread(self, thread_id: str) -> None: ...
+    def get_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
+        with self._errors():
+            self._flush_read(config)
+            found = super().get_tuple(config)
+        thread = thread_of(config)
+        if thread is None:
+            return found
+        with self._memory_lock:
+            if found is None:
+                if not config["configurable"].get("checkpoint_id"):
+                    self._known.setdefault(thread, "")  # nothing on disk: nothing to delete
+                return None
+            if self._hidden(found):
+                return None
+            self._saw(thread, str(found.config["configurable"]["checkpoint_id"]))
+        return found
 
-        def flush(self) -> None: ...
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[_CheckpointTuple]:
+        with self._errors():
+            self._flush_read(config)
+            for found in super().list(config, filter=filter, before=before, limit=limit):
+                if not self._hidden(found):
+                    yield found
 
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint and write of `thread_id`: what is held of it at once (see
+        the saver's class for its rows)."""
+        thread = str(thread_id)
+        if not self._in_memory(self._in_memory_delete, thread, wait=True):
+            with self._errors():
+                super().delete_thread(thread)
+
+    def close(self) -> None:
+        """Write what is held (and delete the deleted threads' rows), then close the saver's
+        connection (or connection pool). What could not be written is forgotten: closing
+        again does nothing."""
+        try:
+            self.flush()
+        finally:
+            self._held.clear()
+            self._deleted.clear()
+            with self._errors():
+                self.conn.close()
+
+    # -- async ------------------------------------------------------------------------------
     @functools.cached_property
     def _calls(self) -> CallQueue:
         """The async calls that need a thread, run in order by one drain at a time: they

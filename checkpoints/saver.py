@@ -28,7 +28,6 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     get_checkpoint_metadata,
 )
-from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from stello_graph._ids import session_of_thread
@@ -36,7 +35,7 @@ from stello_graph.checkpoints._schema import SESSIONS
 from stello_graph.checkpoints._threaded_saver import (
     HELD_CHECKPOINTS,
     AsyncInThreads,
-    HeldRuns,
+    saved,
     thread_of,
 )
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
@@ -90,22 +89,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
       transaction, and the removal deletes the session's threads in its own.
     """
 
-    def __init__(
-        self,
-        conn: sqlite3.Connection,
-        *args: Any,
-        hold_first_steps: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(conn, *args, **kwargs)
-        self.hold_first_steps = hold_first_steps
-        """Hold each run's first steps in memory (see the class)."""
-        self._held = HeldRuns()
-        self._deleted: dict[str, str] = {}  # thread -> greatest checkpoint id deleted
-        self._known: dict[str, str] = {}  # thread -> greatest checkpoint id it has on disk
-
-    @property
-    def _memory_lock(self) -> AbstractContextManager[bool]:
+    def _new_lock(self) -> AbstractContextManager[bool]:
         return self.lock  # SqliteSaver's: held by `cursor()` while it writes
 
     # -- writing ----------------------------------------------------------------------------
@@ -115,7 +99,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         last write, in its own transaction. Every statement of the saver runs in one: a
         failure of SQLite (a full disk, a file gone read-only) is raised as `StorageError`,
         the original its `__cause__`."""
-        with self.lock, _sqlite_errors(self.conn):
+        with self.lock, self._errors():
             self.setup()
             cur = self.conn.cursor()
             if transaction and not self.conn.in_transaction:
@@ -140,33 +124,41 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         cur.executemany("DELETE FROM writes WHERE thread_id = ? AND checkpoint_id <= ?", gone)
         self._deleted.clear()
 
-    def _write(self, threads: Sequence[str], ops: Sequence[Op] = ()) -> None:
-        """Write what is held of `threads`, then `ops` (of `threads`' one thread, when
-        given), in one transaction; nothing of a stello turn thread whose session is gone
-        (removed, in the same file, by a transaction before this one)."""
+    def _write(
+        self, config: RunnableConfig | None, op: Op | None = None, checkpoint_id: str | None = None
+    ) -> RunnableConfig | None:
+        """Write what is held of `config`'s thread (of every thread, and the deleted threads'
+        rows, without one), then `op` (of that thread), in one transaction; nothing of a
+        stello turn thread whose session is gone (removed, in the same file, by a transaction
+        before this one)."""
+        thread = thread_of(config)
+        with self.lock:
+            if thread is None and not (self._held or self._deleted):
+                return None
         with self.cursor() as cur:
-            gone = {thread for thread in threads if _session_gone(cur, thread)}
-            for thread in threads:
-                held = self._held.pop(thread, None)
-                if thread in gone:
-                    continue
-                for op in held.ops if held is not None else ():
-                    cur.executemany(*op())
-                if held is not None:
-                    self._saw(thread, held.checkpoints[-1])
-            for op in ops if not gone else ():
+            threads = list(self._held) if thread is None else [thread]
+            gone = {each for each in threads if _session_gone(cur, each)}
+            for each in threads:
+                held = self._held.pop(each, None)
+                if held is not None and each not in gone:
+                    for held_op in held.ops:
+                        cur.executemany(*held_op())
+                    self._saw(each, held.checkpoints[-1])
+            if op is not None and not gone:
                 cur.executemany(*op())
-
-    def _saw(self, thread: str, checkpoint_id: str) -> None:
-        if checkpoint_id > self._known.get(thread, ""):
-            self._known[thread] = checkpoint_id
+        if config is None or thread is None or checkpoint_id is None:
+            return None
+        with self.lock:
+            self._saw(thread, checkpoint_id)
+        return saved(config, checkpoint_id)
 
     def _put_op(
         self,
         config: RunnableConfig,
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
-    ) -> tuple[str, str, str | None, Op]:
+        new_versions: ChannelVersions,
+    ) -> Op:
         thread = str(config["configurable"]["thread_id"])
         ns = config["configurable"]["checkpoint_ns"]
         parent = config["configurable"].get("checkpoint_id")
@@ -177,35 +169,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
             meta = json.dumps(merged, ensure_ascii=False).encode("utf-8", "ignore")
             return _PUT, [(thread, ns, checkpoint["id"], parent, type_, blob, meta)]
 
-        return thread, ns, parent, op
-
-    def _in_memory_put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig | None:
-        op, on = self._put_op(config, checkpoint, metadata)[3], self.hold_first_steps
-        return self._held.hold_put(config, checkpoint["id"], metadata, new_versions, op, enabled=on)
-
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        args = (config, checkpoint, metadata, new_versions)
-        done = self._in_memory(self._in_memory_put, *args, wait=True)
-        if done is not None:
-            return done
-        thread, ns, _, op = self._put_op(config, checkpoint, metadata)
-        self._write([thread], [op])
-        with self.lock:
-            self._saw(thread, checkpoint["id"])
-        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
-                                 "checkpoint_id": checkpoint["id"]}}  # fmt: skip
+        return op
 
     def _writes_op(
         self,
@@ -213,7 +177,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
         writes: Sequence[tuple[str, Any]],
         task_id: str,
         task_path: str,
-    ) -> tuple[str, str, Op]:
+    ) -> Op:
         thread = str(config["configurable"]["thread_id"])
         ns = str(config["configurable"]["checkpoint_ns"])
         checkpoint_id = str(config["configurable"]["checkpoint_id"])
@@ -228,115 +192,27 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
             ]  # fmt: skip
             return _WRITES.format(verb), rows
 
-        return thread, checkpoint_id, op
-
-    def _in_memory_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str,
-    ) -> bool:
-        op = self._writes_op(config, writes, task_id, task_path)[2]
-        return self._held.hold_writes(config, op)
-
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        if not self._in_memory(
-            self._in_memory_writes, config, writes, task_id, task_path, wait=True
-        ):
-            thread, _, op = self._writes_op(config, writes, task_id, task_path)
-            self._write([thread], [op])
-
-    def _unwritten(self, thread_id: str) -> bool:
-        return self.hold_first_steps and not self._known.get(thread_id)
-
-    def flush(self) -> None:
-        """Write everything held, and delete the deleted threads' rows, now."""
-        with self.lock:
-            pending = bool(self._held or self._deleted)
-        if pending:
-            self._write(list(self._held))
-
-    def _flush_read(self, config: RunnableConfig | None) -> None:
-        thread = thread_of(config)
-        if thread is None:
-            self.flush()
-        elif thread in self._held:
-            self._write([thread])
-
-    # -- reading ----------------------------------------------------------------------------
-    def _hidden(self, thread: str, checkpoint_id: str) -> bool:
-        bound = self._deleted.get(thread)
-        return bound is not None and checkpoint_id <= bound
-
-    def get_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
-        self._flush_read(config)
-        found = super().get_tuple(config)
-        thread = thread_of(config)
-        if thread is None:
-            return found
-        if found is None:
-            if not config["configurable"].get("checkpoint_id"):
-                with self.lock:
-                    self._known.setdefault(thread, "")  # nothing on disk: nothing to delete
-            return found
-        checkpoint_id = str(found.config["configurable"]["checkpoint_id"])
-        with self.lock:
-            if self._hidden(thread, checkpoint_id):
-                return None
-            self._saw(thread, checkpoint_id)
-        return found
-
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[_CheckpointTuple]:
-        self._flush_read(config)
-        for found in super().list(config, filter=filter, before=before, limit=limit):
-            thread = thread_of(found.config)
-            checkpoint_id = str(found.config["configurable"]["checkpoint_id"])
-            if thread is None or not self._hidden(thread, checkpoint_id):
-                yield found
+        return op
 
     def _in_memory_delete(self, thread_id: str) -> bool:
-        thread = str(thread_id)
-        if thread not in self._held and thread not in self._known:
-            return False  # rows this saver never saw: they are deleted now
-        self._held.pop(thread, None)
-        known = self._known.pop(thread, None)
+        """What is held of the thread is dropped at once, its rows on disk deleted with the
+        next write; rows this saver never saw are deleted now (`False`)."""
+        if thread_id not in self._held and thread_id not in self._known:
+            return False
+        self._held.pop(thread_id, None)
+        known = self._known.pop(thread_id, None)
         if known:
-            self._deleted[thread] = max(known, self._deleted.get(thread, ""))
+            self._deleted[thread_id] = max(known, self._deleted.get(thread_id, ""))
         return True
 
-    def delete_thread(self, thread_id: str) -> None:
-        """Delete every checkpoint and write of `thread_id` (see the class): at once what
-        is held of it, with the next write what is on disk."""
-        thread = str(thread_id)
-        if not self._in_memory(self._in_memory_delete, thread, wait=True):
-            with self.cursor() as cur:
-                cur.execute("DELETE FROM checkpoints WHERE thread_id = ?", (thread,))
-                cur.execute("DELETE FROM writes WHERE thread_id = ?", (thread,))
-
-    def close(self) -> None:
-        """Write what is held (and delete the deleted threads' rows), close the connection.
-        What could not be written is forgotten: closing again does nothing."""
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """A failure of SQLite in the block, raised as `StorageError` (its `__cause__`)."""
         try:
-            self.flush()
-        finally:
-            self._held.clear()
-            self._deleted.clear()
-            with _sqlite_errors(self.conn):
-                self.conn.close()
+            yield
+        except sqlite3.Error as exc:
+            where = _file_of(self.conn)
+            raise StorageError(f"LangGraph's checkpointer failed on {where}: {exc}") from exc
 
 
 def _session_gone(cur: sqlite3.Cursor, thread: str) -> bool:
@@ -352,16 +228,6 @@ def _session_gone(cur: sqlite3.Cursor, thread: str) -> bool:
             return False
         raise
     return bool(tree and not found)
-
-
-@contextmanager
-def _sqlite_errors(conn: sqlite3.Connection) -> Iterator[None]:
-    """A failure of SQLite in the block, raised as `StorageError` (its `__cause__`)."""
-    try:
-        yield
-    except sqlite3.Error as exc:
-        where = _file_of(conn)
-        raise StorageError(f"LangGraph's checkpointer failed on {where}: {exc}") from exc
 
 
 def _file_of(conn: sqlite3.Connection) -> str:
