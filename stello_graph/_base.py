@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -29,11 +30,12 @@ from langchain_core.messages import (
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from stello_graph._context import message_text
-from stello_graph._copies import ashared_records, shared_records
-from stello_graph._flow import Flow, Storage, arun, run
+from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._session_context import SessionContext
+from stello_graph._session_core import failing_as
 from stello_graph._stream import AsyncSessionStream, SessionStream
 from stello_graph._turn_parts import (
+    _READ,
     ContextParts,
     ModelInput,
     ToolChoice,
@@ -57,7 +59,6 @@ from stello_graph.errors import (
     InvalidInputError,
     ModelCallError,
     ModelNotConfiguredError,
-    StelloError,
 )
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease, SendResult
@@ -138,25 +139,17 @@ class SessionBase(SessionContext):
         (`"required"` / `"any"`, a tool's name, ...); by default the model chooses.
         """
         runnable = self._runnable(tool_choice)
-        try:
+        with failing_as(self._model_error):
             return _as_ai_message(runnable.invoke(list(prompt), config=self._config()), self._id)
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._model_error(exc) from exc
 
     async def ainvoke(
         self, prompt: Sequence[BaseMessage], *, tool_choice: ToolChoice = None
     ) -> AIMessage:
         """Async twin of `invoke`."""
         runnable = self._runnable(tool_choice)
-        try:
+        with failing_as(self._model_error):
             reply = await runnable.ainvoke(list(prompt), config=self._config())
             return _as_ai_message(reply, self._id)
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._model_error(exc) from exc
 
     # -- commit -----------------------------------------------------------------------------
     def commit_turn(
@@ -232,25 +225,11 @@ class SessionBase(SessionContext):
         The call holds the session's lease (`stello_graph.lease`): turns on one session, from
         here, other threads, agents or processes, run one at a time.
         """
-        human = HumanMessage(content=check_text(content))
-        back = _freed_by_commit()  # the commit frees the lease
-        with self._leases().hold(self._id, handback=back) as lease:
-            ctx = self.turn_context()
-            reply = self.invoke(ctx.prompt([human]), tool_choice=tool_choice)
-            self.commit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
-            back.released = True
-        return to_send_result(reply)
+        return self._send(HumanMessage(content=check_text(content)), tool_choice)
 
     async def asend(self, content: str, *, tool_choice: ToolChoice = None) -> SendResult:
         """Async twin of `send`."""
-        human = HumanMessage(content=check_text(content))
-        back = _freed_by_commit()  # the commit frees the lease
-        async with self._leases().ahold(self._id, handback=back) as lease:
-            ctx = await self.aturn_context()
-            reply = await self.ainvoke(ctx.prompt([human]), tool_choice=tool_choice)
-            await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
-            back.released = True
-        return to_send_result(reply)
+        return await self._asend(HumanMessage(content=check_text(content)), tool_choice)
 
     def _leases(self) -> SessionLeases:
         if self._lease_keeper is None:
@@ -264,36 +243,57 @@ class SessionBase(SessionContext):
         new reply are appended to L3 together.
         """
         tool_messages = _check_tool_results(results)
-        self._active(self._load_meta(), "a turn")  # refused before the lease is taken
-        _continue_history(self._id, shared_records(self._storage, self._id), tool_messages)
-        back = _freed_by_commit()  # the commit frees the lease
-        with self._leases().hold(self._id, handback=back) as lease:
-            ctx = self.turn_context()
-            raw = shared_records(self._storage, self._id)[_through(ctx) :]
-            history = _continue_history(self._id, raw, tool_messages)
-            reply = self.invoke(replace(ctx, history=history).prompt())
-            self.commit_turn(
-                [*tool_messages, reply], insight=ctx.insight, lease=lease, release=True
-            )
-            back.released = True
-        return to_send_result(reply)
+        run(self._continuable_flow(tool_messages), self._storage)
+        return self._send(tool_messages, None)
 
     async def asend_tool_results(self, results: Sequence[ToolMessage] | ToolMessage) -> SendResult:
         """Async twin of `send_tool_results`."""
         tool_messages = _check_tool_results(results)
-        self._active(await self._aload_meta(), "a turn")  # refused before the lease is taken
-        _continue_history(self._id, await ashared_records(self._storage, self._id), tool_messages)
-        back = _freed_by_commit()  # the commit frees the lease
-        async with self._leases().ahold(self._id, handback=back) as lease:
-            ctx = await self.aturn_context()
-            raw = (await ashared_records(self._storage, self._id))[_through(ctx) :]
-            history = _continue_history(self._id, raw, tool_messages)
-            reply = await self.ainvoke(replace(ctx, history=history).prompt())
-            await self.acommit_turn(
-                [*tool_messages, reply], insight=ctx.insight, lease=lease, release=True
-            )
+        await arun(self._continuable_flow(tool_messages), self._storage)
+        return await self._asend(tool_messages, None)
+
+    def _continuable_flow(self, tool_messages: list[ToolMessage]) -> Flow[None]:
+        """Refuse tool results that continue no reply, before the lease is taken."""
+        self._active((yield from self._meta_flow()), "a turn")
+        records = yield Storage(MainStorage.shared_records, self._id)
+        _continue_history(self._id, records, tool_messages)
+
+    def _send(self, new: HumanMessage | list[ToolMessage], tool_choice: ToolChoice) -> SendResult:
+        """A turn of one model call under the session's lease, which its commit frees."""
+        back = _freed_by_commit()
+        with self._leases().hold(self._id, handback=back) as lease:
+            reply = run(self._send_flow(new, tool_choice, lease), self._storage)
             back.released = True
         return to_send_result(reply)
+
+    async def _asend(
+        self, new: HumanMessage | list[ToolMessage], tool_choice: ToolChoice
+    ) -> SendResult:
+        """Async twin of `_send`."""
+        back = _freed_by_commit()
+        async with self._leases().ahold(self._id, handback=back) as lease:
+            reply = await arun(self._send_flow(new, tool_choice, lease), self._storage)
+            back.released = True
+        return to_send_result(reply)
+
+    def _send_flow(
+        self, new: HumanMessage | list[ToolMessage], tool_choice: ToolChoice, lease: Lease
+    ) -> Flow[AIMessage]:
+        """Read the context, call the model with it and `new` (a user message, or the tool
+        results that continue the last reply), commit both."""
+        ctx: TurnContext = yield from self._context_flow("a turn", _READ, None)
+        if isinstance(new, HumanMessage):
+            records: list[BaseMessage] = [new]
+            prompt = ctx.prompt(records)
+        else:
+            raw = (yield Storage(MainStorage.shared_records, self._id))[_through(ctx) :]
+            prompt = replace(ctx, history=_continue_history(self._id, raw, new)).prompt()
+            records = [*new]
+        invoke = partial(self.invoke, tool_choice=tool_choice)
+        ainvoke = partial(self.ainvoke, tool_choice=tool_choice)
+        reply: AIMessage = yield Call(invoke, ainvoke, (prompt,))
+        yield from self.commit_flow([*records, reply], ctx.insight, lease, None, True)
+        return reply
 
     # -- stream -----------------------------------------------------------------------------
     def stream(self, content: str) -> SessionStream:
@@ -304,7 +304,7 @@ class SessionBase(SessionContext):
         session's lease is held from the first chunk asked for until the stream ends.
         """
         human = HumanMessage(content=check_text(content))
-        self._active(self._load_meta(), "a turn")
+        self._active(run(self._meta_flow(), self._storage), "a turn")
         self._runnable()
         return SessionStream(self._stream_turn(human))
 
@@ -314,19 +314,11 @@ class SessionBase(SessionContext):
             ctx = self.turn_context()
             runnable = self._runnable()
             total: AIMessageChunk | None = None
-            try:
+            with failing_as(self._model_error):
                 for chunk in runnable.stream(ctx.prompt([human]), config=self._config()):
-                    if not isinstance(chunk, AIMessageChunk):
-                        text = message_text(_as_ai_message(chunk).content)
-                        chunk = AIMessageChunk(content=text)
-                    total = chunk if total is None else total + chunk
-                    text = message_text(chunk.content)
+                    total, text = self._added(total, chunk)
                     if text:
                         yield text
-            except StelloError:
-                raise
-            except Exception as exc:
-                raise self._model_error(exc) from exc
             reply = _chunk_to_message(total, self._id)
             self.commit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
             back.released = True
@@ -343,22 +335,19 @@ class SessionBase(SessionContext):
             ctx = await self.aturn_context()
             runnable = self._runnable()
             total: AIMessageChunk | None = None
-            try:
+            with failing_as(self._model_error):
                 async for chunk in runnable.astream(ctx.prompt([human]), config=self._config()):
-                    if not isinstance(chunk, AIMessageChunk):
-                        text = message_text(_as_ai_message(chunk).content)
-                        chunk = AIMessageChunk(content=text)
-                    total = chunk if total is None else total + chunk
-                    text = message_text(chunk.content)
+                    total, text = self._added(total, chunk)
                     if text:
                         yield text
-            except StelloError:
-                raise
-            except Exception as exc:
-                raise self._model_error(exc) from exc
             reply = _chunk_to_message(total, self._id)
             await self.acommit_turn([human, reply], insight=ctx.insight, lease=lease, release=True)
             back.released = True
         yield to_send_result(reply)
 
-    # -- records and prompt -----------------------------------------------------------------
+    @staticmethod
+    def _added(total: AIMessageChunk | None, chunk: object) -> tuple[AIMessageChunk, str]:
+        """The reply so far with `chunk` added, and the chunk's text."""
+        if not isinstance(chunk, AIMessageChunk):
+            chunk = AIMessageChunk(content=message_text(_as_ai_message(chunk).content))
+        return (chunk if total is None else total + chunk), message_text(chunk.content)

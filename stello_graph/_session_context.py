@@ -3,14 +3,13 @@ the model's window (`CompressionPolicy`)."""
 
 from __future__ import annotations
 
-from langchain_core.messages import (
-    BaseMessage,
-)
+from langchain_core.messages import BaseMessage, SystemMessage
 
 from stello_graph._calls import call_async, call_sync
+from stello_graph._context import summary_block, system_message
 from stello_graph._copies import detached_all
 from stello_graph._flow import Call, Flow, Storage, arun, run
-from stello_graph._session_core import SessionCore
+from stello_graph._session_core import SessionCore, failing_as
 from stello_graph._text import storable
 from stello_graph._turn_parts import _READ, ContextParts, TurnContext, _opt_str
 from stello_graph.compression import plan_cut
@@ -18,7 +17,6 @@ from stello_graph.errors import (
     FunctionCallError,
     FunctionNotConfiguredError,
     SessionNotFoundError,
-    StelloError,
 )
 from stello_graph.memory import CompressFn, llm_compressor
 from stello_graph.models import Compression, SessionMeta
@@ -47,12 +45,6 @@ class SessionContext(SessionCore):
             return None
         insight: str | None = yield Storage(MainStorage.get_insight, self._id)
         return insight
-
-    def _meta_flow(self) -> Flow[SessionMeta]:
-        meta: SessionMeta | None = yield Storage(MainStorage.get_session, self._id)
-        if meta is None:
-            raise SessionNotFoundError(self._id)
-        return meta
 
     def turn_context(
         self,
@@ -123,6 +115,15 @@ class SessionContext(SessionCore):
         self._turn = None if turn_id is None else (turn_id, len(records), ctx)
         return ctx
 
+    def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
+        summary = parts.compression.summary if parts.compression is not None else None
+        blocks = self._blocks(meta, parts)
+        return system_message([parts.prompt, *blocks, summary_block(summary) if summary else None])
+
+    def _blocks(self, meta: SessionMeta, parts: ContextParts) -> list[str | None]:
+        """The system message's parts between the session's own prompt and the summary."""
+        raise NotImplementedError
+
     def _turn_context(
         self, meta: SessionMeta, parts: ContextParts, records: list[BaseMessage]
     ) -> TurnContext:
@@ -175,13 +176,9 @@ class SessionContext(SessionCore):
     ) -> Flow[Compression]:
         start = current.through if current is not None else 0
         previous = current.summary if current is not None else None
-        try:
+        with failing_as(self._compress_error):
             older = detached_all(records[start:cut])
             result = yield Call(call_sync, call_async, (self._compressor(), previous, older))
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._compress_error(exc) from exc
         compression = Compression(summary=self._summary(result), through=cut)
         yield Storage(MainStorage.put_compression, self._id, compression)
         self._cut = compression, len(records)

@@ -6,19 +6,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, ClassVar, Self, TypeVar
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     BaseMessage,
-    SystemMessage,
 )
 from langchain_core.runnables import Runnable
 
 from stello_graph._context import SanitizedHistory
+from stello_graph._flow import Atomic, Flow, Storage, arun, run
 from stello_graph._topology_slot import TopologySlot
-from stello_graph._turn_parts import ContextParts, ModelInput, TurnContext, _with_turns
+from stello_graph._turn_parts import ModelInput, TurnContext, _with_turns
 from stello_graph._validate import (
     check_chat_model,
     check_label,
@@ -30,12 +31,33 @@ from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     SessionArchivedError,
     SessionNotFoundError,
+    StelloError,
 )
 from stello_graph.lease import SessionLeases
 from stello_graph.models import Compression, SessionMeta, SessionRole, utcnow
-from stello_graph.storage import SessionStorage
+from stello_graph.storage import MainStorage, SessionStorage
 
 __all__ = ["SessionCore"]
+
+T = TypeVar("T")
+
+
+@contextmanager
+def failing_as(error: Callable[[Exception], StelloError]) -> Iterator[None]:
+    """Any exception of the block but stello's own, raised again as `error(exc)` (a user
+    function's or a model's failure, named for the operation it failed)."""
+    try:
+        yield
+    except StelloError:
+        raise
+    except Exception as exc:
+        raise error(exc) from exc
+
+
+def atomic(flow: Flow[T]) -> Flow[T]:
+    """`flow`, run in one storage transaction."""
+    result: T = yield Atomic(flow)
+    return result
 
 
 class SessionCore:
@@ -71,6 +93,25 @@ class SessionCore:
         # The context the running turn read: (turn id, records in L3 then, context).
         self._turn: tuple[str, int, TurnContext] | None = None
 
+    @classmethod
+    def _create_flow(
+        cls, storage: SessionStorage, meta: SessionMeta, prompt: object, options: dict[str, Any]
+    ) -> Flow[Self]:
+        """The steps of `create`: the session, its system prompt and the `options` of the
+        object are checked now, before anything is written."""
+        prompt = check_optional_text(prompt, "system_prompt")
+        return cls(meta, storage, **options)._stored(prompt)
+
+    def _stored(self, prompt: str | None) -> Flow[Self]:
+        yield Atomic(self._store_flow(prompt))
+        return self
+
+    def _store_flow(self, prompt: str | None) -> Flow[None]:
+        """Write the new session (in the transaction of `create`)."""
+        yield Storage(MainStorage.put_session, self._meta)
+        if prompt:
+            yield Storage(MainStorage.put_system_prompt, self._id, prompt)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self._id!r}, label={self._meta.label!r})"
 
@@ -83,12 +124,12 @@ class SessionCore:
     @property
     def meta(self) -> SessionMeta:
         """The session's meta, read from storage (so another writer's changes show)."""
-        self._meta = self._load_meta()
+        self._meta = run(self._meta_flow(), self._storage)
         return self._meta
 
     async def ameta(self) -> SessionMeta:
         """Async twin of `meta`."""
-        self._meta = await self._aload_meta()
+        self._meta = await arun(self._meta_flow(), self._storage)
         return self._meta
 
     @property
@@ -105,14 +146,8 @@ class SessionCore:
         return list(self._tools)
 
     # -- storage reads ----------------------------------------------------------------------
-    def _load_meta(self) -> SessionMeta:
-        meta = self._storage.get_session(self._id)
-        if meta is None:
-            raise SessionNotFoundError(self._id)
-        return meta
-
-    async def _aload_meta(self) -> SessionMeta:
-        meta = await self._storage.aget_session(self._id)
+    def _meta_flow(self) -> Flow[SessionMeta]:
+        meta: SessionMeta | None = yield Storage(MainStorage.get_session, self._id)
         if meta is None:
             raise SessionNotFoundError(self._id)
         return meta
@@ -127,9 +162,6 @@ class SessionCore:
     def _memory_part(self) -> bool:
         """Whether the system message carries the session's memory (the main's synthesis)."""
         return False
-
-    def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
-        raise NotImplementedError
 
     def messages(
         self, *, limit: int | None = None, offset: int = 0, role: str | None = None
@@ -167,17 +199,22 @@ class SessionCore:
         The status check and the write are one transaction: a session archived meanwhile
         refuses the change with `SessionArchivedError`.
         """
-        prompt = check_optional_text(prompt, "system_prompt")
-        with self._storage.transaction():
-            self._active(self._load_meta(), "a system prompt change")
-            self._storage.put_system_prompt(self._id, prompt)
+        run(self._prompt_write(prompt), self._storage)
 
     async def aset_system_prompt(self, prompt: str | None) -> None:
         """Async twin of `set_system_prompt`."""
-        prompt = check_optional_text(prompt, "system_prompt")
-        async with self._storage.atransaction():
-            self._active(await self._aload_meta(), "a system prompt change")
-            await self._storage.aput_system_prompt(self._id, prompt)
+        await arun(self._prompt_write(prompt), self._storage)
+
+    def _prompt_write(self, prompt: str | None) -> Flow[None]:
+        prompt = check_optional_text(prompt, "system_prompt")  # checked before the transaction
+        step = Storage(MainStorage.put_system_prompt, self._id, prompt)
+        return atomic(self._active_write("a system prompt change", step))
+
+    def _active_write(self, operation: str, step: Storage) -> Flow[None]:
+        """The meta read and refused if archived (`operation` names the write), then `step`:
+        run in one transaction, so a session archived meanwhile refuses the write."""
+        self._active((yield from self._meta_flow()), operation)
+        yield step
 
     def _changes(
         self,
@@ -195,9 +232,6 @@ class SessionCore:
             changes["metadata"] = check_metadata(metadata)
         return changes
 
-    def _updated(self, meta: SessionMeta, changes: dict[str, Any]) -> SessionMeta:
-        return meta.model_copy(update={**changes, "updated_at": utcnow()})
-
     def update_meta(
         self,
         *,
@@ -211,12 +245,8 @@ class SessionCore:
         the fields given: a concurrent archive or update of other fields is never undone
         (and an archive that came first refuses the update with `SessionArchivedError`).
         """
-        s, changes = self._storage, self._changes(label, tags, metadata)
-        with s.transaction():
-            new = self._updated(self._active(self._load_meta(), "a meta update"), changes)
-            s.put_session(new)
-        self._meta = new
-        return new
+        changes = self._changes(label, tags, metadata)
+        return run(self._meta_write(self._updated_flow(changes)), self._storage)
 
     async def aupdate_meta(
         self,
@@ -226,9 +256,16 @@ class SessionCore:
         metadata: dict[str, Any] | None = None,
     ) -> SessionMeta:
         """Async twin of `update_meta`."""
-        s, changes = self._storage, self._changes(label, tags, metadata)
-        async with s.atransaction():
-            new = self._updated(self._active(await self._aload_meta(), "a meta update"), changes)
-            await s.aput_session(new)
-        self._meta = new
+        changes = self._changes(label, tags, metadata)
+        return await arun(self._meta_write(self._updated_flow(changes)), self._storage)
+
+    def _meta_write(self, flow: Flow[SessionMeta]) -> Flow[SessionMeta]:
+        """`flow` run in one transaction; the meta it wrote is the object's from then on."""
+        self._meta = yield Atomic(flow)
+        return self._meta
+
+    def _updated_flow(self, changes: dict[str, Any]) -> Flow[SessionMeta]:
+        meta = self._active((yield from self._meta_flow()), "a meta update")
+        new = meta.model_copy(update={**changes, "updated_at": utcnow()})
+        yield Storage(MainStorage.put_session, new)
         return new

@@ -26,15 +26,15 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import SystemMessage
 from typing_extensions import TypedDict, Unpack
 
 from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
 from stello_graph._calls import call_async, call_sync
-from stello_graph._context import summary_block, synthesis_block, system_message
+from stello_graph._context import synthesis_block
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
+from stello_graph._session_core import failing_as
 from stello_graph._text import storable
-from stello_graph._validate import check_id, check_optional_text
+from stello_graph._validate import check_id
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     FunctionNotConfiguredError,
@@ -45,7 +45,6 @@ from stello_graph.errors import (
     MainSessionForkError,
     MainSessionNotFoundError,
     NothingToIntegrateError,
-    StelloError,
 )
 from stello_graph.memory import IntegrateFn
 from stello_graph.models import ChildL2, IntegrationResult, SessionMeta, TopologyNode
@@ -190,20 +189,6 @@ class MainOptions(TypedDict, total=False):
     compression: CompressionPolicy | None
 
 
-def _create_flow(meta: SessionMeta, prompt: str | None) -> Flow[None]:
-    yield Atomic(_store_new(meta, prompt))
-
-
-def _store_new(meta: SessionMeta, prompt: str | None) -> Flow[None]:
-    existing = yield Storage(MainStorage.get_main_session)
-    if existing is not None:
-        raise MainSessionExistsError(existing.id)
-    yield Storage(MainStorage.put_session, meta)
-    if prompt:
-        yield Storage(MainStorage.put_system_prompt, meta.id, prompt)
-    yield Storage(MainStorage.put_node, TopologyNode(id=meta.id, parent_id=None, label=meta.label))
-
-
 def _load_flow(storage: MainStorage, session_id: str | None) -> Flow[SessionMeta]:
     if session_id is None:
         found = yield Storage(MainStorage.get_main_session)
@@ -256,10 +241,7 @@ class MainSession(SessionBase):
             MainSessionExistsError: the tree already has a main session.
         """
         meta = new_meta("main", label, (), None, id)
-        prompt = check_optional_text(system_prompt, "system_prompt")
-        session = cls(meta, storage, **options)  # the options are checked before the write
-        run(_create_flow(meta, prompt), storage)
-        return session
+        return run(cls._create_flow(storage, meta, system_prompt, dict(options)), storage)
 
     @classmethod
     async def acreate(
@@ -273,10 +255,16 @@ class MainSession(SessionBase):
     ) -> MainSession:
         """Async twin of `create`."""
         meta = new_meta("main", label, (), None, id)
-        prompt = check_optional_text(system_prompt, "system_prompt")
-        session = cls(meta, storage, **options)  # the options are checked before the write
-        await arun(_create_flow(meta, prompt), storage)
-        return session
+        return await arun(cls._create_flow(storage, meta, system_prompt, dict(options)), storage)
+
+    def _store_flow(self, prompt: str | None) -> Flow[None]:
+        """The main session and its root TopologyNode, in the tree that has none."""
+        existing = yield Storage(MainStorage.get_main_session)
+        if existing is not None:
+            raise MainSessionExistsError(existing.id)
+        yield from super()._store_flow(prompt)
+        label = self._meta.label
+        yield Storage(MainStorage.put_node, TopologyNode(id=self._id, parent_id=None, label=label))
 
     @classmethod
     def load(
@@ -301,15 +289,8 @@ class MainSession(SessionBase):
     def _memory_part(self) -> bool:
         return True
 
-    def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
-        summary = parts.compression.summary if parts.compression is not None else None
-        return system_message(
-            [
-                parts.prompt,
-                synthesis_block(parts.extra) if parts.extra else None,
-                summary_block(summary) if summary else None,
-            ]
-        )
+    def _blocks(self, meta: SessionMeta, parts: ContextParts) -> list[str | None]:
+        return [synthesis_block(parts.extra) if parts.extra else None]
 
     # -- synthesis and integration ----------------------------------------------------------
     def synthesis(self) -> str | None:
@@ -389,13 +370,9 @@ class MainSession(SessionBase):
         if pending and not active and not archived:
             yield Atomic(forget_final(pending))  # none of them has an L2 to bring
         children = self._children([*active, *archived])
-        try:
+        with failing_as(self._fn_error):
             synthesis = yield Storage(MainStorage.get_memory, sid)
             raw = yield Call(call_sync, call_async, (chosen, list(children), synthesis))
-        except StelloError:
-            raise
-        except Exception as exc:
-            raise self._fn_error(exc) from exc
         targets = {c.session_id for c in active}
         result = check_integration(raw, children, sid, targets=targets)
         written: dict[str, str] = yield Atomic(self._write_flow(result, version, pending))

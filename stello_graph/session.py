@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import BaseMessage, SystemMessage
+from langchain_core.messages import BaseMessage
 from typing_extensions import TypedDict, Unpack
 
 from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
@@ -32,17 +32,15 @@ from stello_graph._context import (
     branch_block,
     identity_line,
     insight_block,
-    summary_block,
-    system_message,
 )
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
+from stello_graph._session_core import atomic, failing_as
 from stello_graph._text import storable
 from stello_graph._topology_slot import TopologySlot, check_topology_slot
 from stello_graph._validate import (
     check_chat_model,
     check_id,
-    check_optional_text,
     check_text,
     check_tools,
 )
@@ -52,7 +50,6 @@ from stello_graph.errors import (
     DuplicateSessionError,
     FunctionNotConfiguredError,
     InvalidInputError,
-    StelloError,
 )
 from stello_graph.memory import CompressFn, ConsolidateFn
 from stello_graph.models import SessionMeta, utcnow
@@ -95,18 +92,6 @@ class SessionOptions(TypedDict, total=False):
     consolidate_fn: ConsolidateFn | None
     compression: CompressionPolicy | None
     topology_slot: TopologySlot | bool | None
-
-
-def _create_flow(meta: SessionMeta, prompt: str | None) -> Flow[None]:
-    yield Atomic(_store_new(meta, prompt))
-
-
-def _store_new(meta: SessionMeta, prompt: str | None) -> Flow[None]:
-    if (yield Storage(MainStorage.get_session, meta.id)) is not None:
-        raise DuplicateSessionError(meta.id)
-    yield Storage(MainStorage.put_session, meta)
-    if prompt:
-        yield Storage(MainStorage.put_system_prompt, meta.id, prompt)
 
 
 def _load_flow(session_id: str) -> Flow[SessionMeta]:
@@ -154,10 +139,7 @@ class Session(SessionBase):
             InvalidInputError: a bad label, tags, metadata, id or system prompt.
         """
         meta = new_meta("standard", label, tags, metadata, id)
-        prompt = check_optional_text(system_prompt, "system_prompt")
-        session = cls(meta, storage, **options)  # the options are checked before the write
-        run(_create_flow(meta, prompt), storage)
-        return session
+        return run(cls._create_flow(storage, meta, system_prompt, dict(options)), storage)
 
     @classmethod
     async def acreate(
@@ -173,10 +155,12 @@ class Session(SessionBase):
     ) -> Session:
         """Async twin of `create`."""
         meta = new_meta("standard", label, tags, metadata, id)
-        prompt = check_optional_text(system_prompt, "system_prompt")
-        session = cls(meta, storage, **options)  # the options are checked before the write
-        await arun(_create_flow(meta, prompt), storage)
-        return session
+        return await arun(cls._create_flow(storage, meta, system_prompt, dict(options)), storage)
+
+    def _store_flow(self, prompt: str | None) -> Flow[None]:
+        if (yield Storage(MainStorage.get_session, self._id)) is not None:
+            raise DuplicateSessionError(self._id)
+        yield from super()._store_flow(prompt)
 
     @classmethod
     def load(
@@ -198,18 +182,13 @@ class Session(SessionBase):
         return cls(await arun(_load_flow(session_id), storage), storage, **options)
 
     # -- context ----------------------------------------------------------------------------
-    def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
-        summary = parts.compression.summary if parts.compression is not None else None
-        return system_message(
-            [
-                parts.prompt,
-                identity_line(meta.label),
-                parts.topology,
-                insight_block(parts.extra) if parts.extra else None,
-                branch_block(parts.branch) if parts.branch else None,
-                summary_block(summary) if summary else None,
-            ]
-        )
+    def _blocks(self, meta: SessionMeta, parts: ContextParts) -> list[str | None]:
+        return [
+            identity_line(meta.label),
+            parts.topology,
+            insight_block(parts.extra) if parts.extra else None,
+            branch_block(parts.branch) if parts.branch else None,
+        ]
 
     # -- insight and memory -----------------------------------------------------------------
     def insight(self) -> str | None:
@@ -225,17 +204,15 @@ class Session(SessionBase):
         The status check and the write are one transaction: a session archived meanwhile
         refuses the insight with `SessionArchivedError`.
         """
-        text = check_text(insight, "insight")
-        with self._storage.transaction():
-            self._active(self._load_meta(), "an insight")
-            self._storage.put_insight(self._id, text)
+        run(self._insight_write(insight), self._storage)
 
     async def aset_insight(self, insight: str) -> None:
         """Async twin of `set_insight`."""
-        text = check_text(insight, "insight")
-        async with self._storage.atransaction():
-            self._active(await self._aload_meta(), "an insight")
-            await self._storage.aput_insight(self._id, text)
+        await arun(self._insight_write(insight), self._storage)
+
+    def _insight_write(self, insight: str) -> Flow[None]:
+        step = Storage(MainStorage.put_insight, self._id, check_text(insight, "insight"))
+        return atomic(self._active_write("an insight", step))
 
     def memory(self) -> str | None:
         """The session's L2: its outward summary, as the main session sees it."""
@@ -295,12 +272,8 @@ class Session(SessionBase):
             current, through, records = read
             if not records:
                 return current
-            try:
+            with failing_as(self._fn_error):
                 result = yield Call(call_sync, call_async, (chosen, current, list(records)))
-            except StelloError:
-                raise
-            except Exception as exc:
-                raise self._fn_error(exc) from exc
             l2 = _consolidated(result, sid)
             stored: tuple[str | None, int] | None
             stored = yield Atomic(self._put_l2_flow(l2, (current, through), len(records)))
@@ -455,22 +428,17 @@ class Session(SessionBase):
         The meta is read and written in one transaction, so only the status changes: an
         update that ran meanwhile is kept, and one that comes after is refused.
         """
-        with self._storage.transaction():
-            meta = self._load_meta()
-            if meta.status != "archived":
-                meta = _archived(meta)
-                self._storage.put_session(meta)
-        self._meta = meta
-        return meta
+        return run(self._meta_write(self._archive_flow()), self._storage)
 
     async def aarchive(self) -> SessionMeta:
         """Async twin of `archive`."""
-        async with self._storage.atransaction():
-            meta = await self._aload_meta()
-            if meta.status != "archived":
-                meta = _archived(meta)
-                await self._storage.aput_session(meta)
-        self._meta = meta
+        return await arun(self._meta_write(self._archive_flow()), self._storage)
+
+    def _archive_flow(self) -> Flow[SessionMeta]:
+        meta = yield from self._meta_flow()
+        if meta.status != "archived":
+            meta = meta.model_copy(update={"status": "archived", "updated_at": utcnow()})
+            yield Storage(MainStorage.put_session, meta)
         return meta
 
 
@@ -479,7 +447,3 @@ def _check_child_setup(model: object, tools: object) -> BaseChatModel | None:
     if tools is not None:
         check_tools(tools, schemas=True)
     return None if model is None else check_chat_model(model)
-
-
-def _archived(meta: SessionMeta) -> SessionMeta:
-    return meta.model_copy(update={"status": "archived", "updated_at": utcnow()})
