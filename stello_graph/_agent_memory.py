@@ -13,6 +13,7 @@ from typing import Any, Literal, overload
 
 from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
+from stello_graph._flow import Atomic, Flow, Storage, arun, run
 from stello_graph._validate import check_id
 from stello_graph.errors import (
     InvalidInputError,
@@ -176,9 +177,9 @@ class _Memory:
         Both modes are all or nothing: the results are written in one transaction at the end,
         so a failed integration (at any level, in tree mode) leaves everything as it was.
         """
-        run = run_tree if _check_mode(mode) == "tree" else run_integrate
+        integrate = run_tree if _check_mode(mode) == "tree" else run_integrate
         with self._mux.quiet():
-            done = _integration(run(self._runtime)["integration"])
+            done = _integration(integrate(self._runtime)["integration"])
         self._recorder.settle()
         return done
 
@@ -191,9 +192,9 @@ class _Memory:
         self, mode: IntegrationMode = "flat"
     ) -> IntegrationResult | TreeIntegration:
         """Async twin of `integrate`."""
-        run = arun_tree if _check_mode(mode) == "tree" else arun_integrate
+        integrate = arun_tree if _check_mode(mode) == "tree" else arun_integrate
         with self._mux.quiet():
-            return _integration((await run(self._runtime))["integration"])
+            return _integration((await integrate(self._runtime))["integration"])
 
     # -- profiles and skills ----------------------------------------------------------------
     def register_profile(self, profile: ForkProfile) -> None:
@@ -211,38 +212,35 @@ class _Memory:
             SessionNotFoundError: there is no such session (the allow-list is the session's,
                 so a session without a node has one too).
         """
-        sid = check_id(session_id)
-        if self.storage.get_session(sid) is None:
-            raise SessionNotFoundError(sid)
-        allowed = self.storage.get_settings(sid).get(SKILLS_KEY)
-        return list(self._runtime.skill_map) if allowed is None else list(allowed)
+        return run(self._skills_flow(check_id(session_id)), self.storage)
 
     async def askills_of(self, session_id: str) -> list[str]:
         """Async twin of `skills_of`."""
-        sid = check_id(session_id)
-        if await self.storage.aget_session(sid) is None:
+        return await arun(self._skills_flow(check_id(session_id)), self.storage)
+
+    def _skills_flow(self, sid: str) -> Flow[list[str]]:
+        if (yield Storage(MainStorage.get_session, sid)) is None:
             raise SessionNotFoundError(sid)
-        allowed = (await self.storage.aget_settings(sid)).get(SKILLS_KEY)
+        allowed = (yield Storage(MainStorage.get_settings, sid)).get(SKILLS_KEY)
         return list(self._runtime.skill_map) if allowed is None else list(allowed)
 
     def set_skills(self, session_id: str, skills: Sequence[str] | None) -> None:
         """Replace a session's skills allow-list (`None`: every skill; `[]`: none)."""
-        sid = check_id(session_id)
-        allowed = (
-            None if skills is None else check_allow_list(skills, list(self._runtime.skill_map))
-        )
-        with self.storage.transaction():
-            settings = self.storage.get_settings(sid)
-            self.storage.put_settings(sid, {**settings, SKILLS_KEY: allowed})
-        self._runtime.refresh(sid)
+        run(self._skills_write(session_id, skills), self.storage)
 
     async def aset_skills(self, session_id: str, skills: Sequence[str] | None) -> None:
         """Async twin of `set_skills`."""
+        await arun(self._skills_write(session_id, skills), self.storage)
+
+    def _skills_write(self, session_id: str, skills: Sequence[str] | None) -> Flow[None]:
         sid = check_id(session_id)
         allowed = (
             None if skills is None else check_allow_list(skills, list(self._runtime.skill_map))
         )
-        async with self.storage.atransaction():
-            settings = await self.storage.aget_settings(sid)
-            await self.storage.aput_settings(sid, {**settings, SKILLS_KEY: allowed})
+        yield Atomic(_settings_flow(sid, {SKILLS_KEY: allowed}))
         self._runtime.refresh(sid)
+
+
+def _settings_flow(sid: str, changes: dict[str, Any]) -> Flow[None]:
+    settings = yield Storage(MainStorage.get_settings, sid)
+    yield Storage(MainStorage.put_settings, sid, {**settings, **changes})

@@ -3,8 +3,10 @@ lineage of forks and the sessions' digests."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from stello_graph._event_log import EventRecorder
-from stello_graph._flow import Flow, Storage, arun, run
+from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._threads import CheckpointThreads
 from stello_graph._validate import check_id
 from stello_graph.digest import SessionDigest, digest_flow, digests_flow
@@ -40,29 +42,17 @@ class _Tree:
 
     # The tree reads raise `NodeNotFoundError` for an id without a node (an unknown id, or a
     # session made outside the tree); an empty answer always means a node that has none.
-    def _known(self, found: list[TopologyNode], node_id: str) -> list[TopologyNode]:
-        if not found:
-            self._node(self.storage.get_node(node_id), node_id)
-        return found
-
-    async def _aknown(self, found: list[TopologyNode], node_id: str) -> list[TopologyNode]:
-        if not found:
-            self._node(await self.storage.aget_node(node_id), node_id)
-        return found
-
     def children(self, session_id: str) -> list[TopologyNode]:
         """The direct children of a session's node, in creation order (read on demand).
 
         Raises:
             NodeNotFoundError: the id has no node.
         """
-        sid = check_id(session_id)
-        return self._known(self.storage.get_children(sid), sid)
+        return run(_nodes_flow(MainStorage.get_children, session_id), self.storage)
 
     async def achildren(self, session_id: str) -> list[TopologyNode]:
         """Async twin of `children`."""
-        sid = check_id(session_id)
-        return await self._aknown(await self.storage.aget_children(sid), sid)
+        return await arun(_nodes_flow(MainStorage.get_children, session_id), self.storage)
 
     def ancestors(self, session_id: str) -> list[TopologyNode]:
         """The parent, grandparent, ... up to the main session (nearest first).
@@ -70,13 +60,11 @@ class _Tree:
         Raises:
             NodeNotFoundError: the id has no node.
         """
-        sid = check_id(session_id)
-        return self._known(self.storage.get_ancestors(sid), sid)
+        return run(_nodes_flow(MainStorage.get_ancestors, session_id), self.storage)
 
     async def aancestors(self, session_id: str) -> list[TopologyNode]:
         """Async twin of `ancestors`."""
-        sid = check_id(session_id)
-        return await self._aknown(await self.storage.aget_ancestors(sid), sid)
+        return await arun(_nodes_flow(MainStorage.get_ancestors, session_id), self.storage)
 
     def siblings(self, session_id: str) -> list[TopologyNode]:
         """The other children of the session's parent.
@@ -84,31 +72,17 @@ class _Tree:
         Raises:
             NodeNotFoundError: the id has no node.
         """
-        sid = check_id(session_id)
-        node = self._node(self.storage.get_node(sid), sid)
-        if node.parent_id is None:
-            return []
-        return [n for n in self.storage.get_children(node.parent_id) if n.id != sid]
+        return run(_siblings_flow(check_id(session_id)), self.storage)
 
     async def asiblings(self, session_id: str) -> list[TopologyNode]:
         """Async twin of `siblings`."""
-        sid = check_id(session_id)
-        node = self._node(await self.storage.aget_node(sid), sid)
-        if node.parent_id is None:
-            return []
-        return [n for n in await self.storage.aget_children(node.parent_id) if n.id != sid]
+        return await arun(_siblings_flow(check_id(session_id)), self.storage)
 
-    @staticmethod
-    def _node(node: TopologyNode | None, node_id: str) -> TopologyNode:
-        if node is None:
-            raise NodeNotFoundError(node_id)
-        return node
-
-    def _movable(self, session_id: object, new_parent_id: object) -> tuple[str, str]:
+    def _movable(self, session_id: object, new_parent_id: object) -> Flow[TopologyNode]:
         sid, parent = check_id(session_id), check_id(new_parent_id, "new parent id")
         if sid == self.main.id:
             raise InvalidInputError("The main session is the root of the tree; it cannot move.")
-        return sid, parent
+        return _move_flow(sid, parent)
 
     def move(self, session_id: str, new_parent_id: str) -> TopologyNode:
         """Move a session, with its whole subtree, under another parent.
@@ -118,29 +92,35 @@ class _Tree:
             TopologyCycleError: the new parent is the session itself or lies in its subtree.
             InvalidInputError: the session is the main session.
         """
-        sid, parent = self._movable(session_id, new_parent_id)
-        node = self._node(self.storage.get_node(sid), sid)
-        self._node(self.storage.get_node(parent), parent)
-        moved = node.model_copy(update={"parent_id": parent})
-        self.storage.put_node(moved)
-        return moved
+        return run(self._movable(session_id, new_parent_id), self.storage)
 
     async def amove(self, session_id: str, new_parent_id: str) -> TopologyNode:
         """Async twin of `move`."""
-        sid, parent = self._movable(session_id, new_parent_id)
-        node = self._node(await self.storage.aget_node(sid), sid)
-        self._node(await self.storage.aget_node(parent), parent)
-        moved = node.model_copy(update={"parent_id": parent})
-        await self.storage.aput_node(moved)
-        return moved
+        return await arun(self._movable(session_id, new_parent_id), self.storage)
 
-    def _removable(self, session_id: object) -> str:
+    def _removable(self, session_id: object, cascade: bool) -> Flow[str]:
+        """The session's id, refused before its lease is taken: the main session, a session
+        without a node, one with children (unless `cascade`)."""
         sid = check_id(session_id)
         if sid == self.main.id:
             raise InvalidInputError(
                 "The main session is the root of the tree; it cannot be removed."
             )
+        yield from _node_flow(sid)
+        children = yield Storage(MainStorage.get_children, sid)
+        if children and not cascade:
+            raise NodeHasChildrenError(sid, len(children))
         return sid
+
+    def _remove_flow(self, sid: str, cascade: bool) -> Flow[list[str]]:
+        """Under the session's lease: its events queued so far stored (then blanked), the
+        subtree removed with its checkpoint threads and what was published of it."""
+        yield Call(self._recorder.flush, self._recorder.aflush)
+        removed: list[str] = yield Storage(MainStorage.remove_node, sid, cascade=cascade)
+        for gone in removed:
+            yield Call(self._threads.drop, self._threads.adrop, (gone,))
+            yield Call(unpublish, aunpublish, (self._runtime, gone))
+        return removed
 
     def remove(self, session_id: str, *, cascade: bool = False) -> list[str]:
         """Delete a session, its node and all its data; with `cascade`, its whole subtree.
@@ -155,34 +135,19 @@ class _Tree:
             NodeHasChildrenError: the session has children and `cascade` is false.
             NodeNotFoundError: the session has no node.
         """
-        sid = self._removable(session_id)
-        self._node(self.storage.get_node(sid), sid)  # refused before the lease is taken
-        children = self.storage.get_children(sid)
-        if children and not cascade:
-            raise NodeHasChildrenError(sid, len(children))
+        sid = run(self._removable(session_id, cascade), self.storage)
         with self._leases.hold(sid):
-            self._recorder.flush()  # its events queued so far are stored, then blanked
-            removed = self.storage.remove_node(sid, cascade=cascade)
-            for gone in removed:
-                self._threads.drop(gone)
-                unpublish(self._runtime, gone)
-        for gone in removed:
-            self._runtime.forget(gone)
-        return removed
+            removed = run(self._remove_flow(sid, cascade), self.storage)
+        return self._forgotten(removed)
 
     async def aremove(self, session_id: str, *, cascade: bool = False) -> list[str]:
         """Async twin of `remove`."""
-        sid = self._removable(session_id)
-        self._node(await self.storage.aget_node(sid), sid)
-        children = await self.storage.aget_children(sid)
-        if children and not cascade:
-            raise NodeHasChildrenError(sid, len(children))
+        sid = await arun(self._removable(session_id, cascade), self.storage)
         async with self._leases.ahold(sid):
-            await self._recorder.aflush()
-            removed = await self.storage.aremove_node(sid, cascade=cascade)
-            for gone in removed:
-                await self._threads.adrop(gone)
-                await aunpublish(self._runtime, gone)
+            removed = await arun(self._remove_flow(sid, cascade), self.storage)
+        return self._forgotten(removed)
+
+    def _forgotten(self, removed: list[str]) -> list[str]:
         for gone in removed:
             self._runtime.forget(gone)
         return removed
@@ -229,6 +194,40 @@ class _Tree:
     async def adigest(self, session_id: str) -> SessionDigest:
         """Async twin of `digest`."""
         return await arun(digest_flow(self.storage, session_id), self.storage)
+
+
+def _node_flow(node_id: str) -> Flow[TopologyNode]:
+    node: TopologyNode | None = yield Storage(MainStorage.get_node, node_id)
+    if node is None:
+        raise NodeNotFoundError(node_id)
+    return node
+
+
+def _nodes_flow(
+    read: Callable[[MainStorage, str], list[TopologyNode]], session_id: str
+) -> Flow[list[TopologyNode]]:
+    """The nodes `read` finds for a session's node, which must exist."""
+    sid = check_id(session_id)
+    found: list[TopologyNode] = yield Storage(read, sid)
+    if not found:
+        yield from _node_flow(sid)
+    return found
+
+
+def _siblings_flow(sid: str) -> Flow[list[TopologyNode]]:
+    node = yield from _node_flow(sid)
+    if node.parent_id is None:
+        return []
+    children: list[TopologyNode] = yield Storage(MainStorage.get_children, node.parent_id)
+    return [n for n in children if n.id != sid]
+
+
+def _move_flow(sid: str, parent: str) -> Flow[TopologyNode]:
+    node = yield from _node_flow(sid)
+    yield from _node_flow(parent)
+    moved = node.model_copy(update={"parent_id": parent})
+    yield Storage(MainStorage.put_node, moved)
+    return moved
 
 
 def lineage_flow(session_id: str, *, limit: int = 10_000) -> Flow[list[ForkPoint]]:

@@ -95,31 +95,10 @@ def in_own_context(source: Generator[T, None, None]) -> Generator[T, None, None]
         context.run(source.close)
 
 
-class SessionStream(Iterator[str]):
-    """Iterates over the reply's text chunks (`str`); `result` is the `SendResult` afterwards.
+class _Ends:
+    """What both streams share: the `SendResult` the stream ends with."""
 
-    Example:
-        >>> stream = session.stream("Hello")  # doctest: +SKIP
-        >>> text = "".join(stream)  # doctest: +SKIP
-        >>> stream.result.content == text  # doctest: +SKIP
-        True
-    """
-
-    def __init__(self, source: Generator[str | SendResult, None, None]) -> None:
-        self._source = in_own_context(source)
-        self._result: SendResult | None = None
-
-    def __iter__(self) -> SessionStream:
-        return self
-
-    def __next__(self) -> str:
-        if self._result is not None:
-            raise StopIteration
-        item = next(self._source)
-        if isinstance(item, SendResult):
-            self._result = item
-            raise StopIteration
-        return item
+    _result: SendResult | None = None
 
     @property
     def done(self) -> bool:
@@ -134,6 +113,31 @@ class SessionStream(Iterator[str]):
                 "The stream has not finished: iterate it to the end before reading .result."
             )
         return self._result
+
+
+class SessionStream(_Ends, Iterator[str]):
+    """Iterates over the reply's text chunks (`str`); `result` is the `SendResult` afterwards.
+
+    Example:
+        >>> stream = session.stream("Hello")  # doctest: +SKIP
+        >>> text = "".join(stream)  # doctest: +SKIP
+        >>> stream.result.content == text  # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, source: Generator[str | SendResult, None, None]) -> None:
+        self._source = in_own_context(source)
+
+    def __iter__(self) -> SessionStream:
+        return self
+
+    def __next__(self) -> str:
+        if self._result is None:
+            item = next(self._source)
+            if not isinstance(item, SendResult):
+                return item
+            self._result = item
+        raise StopIteration
 
     def close(self) -> None:
         """Stop early: nothing of the turn is committed and a pending insight is kept."""
@@ -153,37 +157,22 @@ class SessionStream(Iterator[str]):
         self.close()
 
 
-class AsyncSessionStream(AsyncIterator[str]):
+class AsyncSessionStream(_Ends, AsyncIterator[str]):
     """Async twin of `SessionStream`: `async for chunk in stream`, then `stream.result`."""
 
     def __init__(self, source: AsyncIterator[str | SendResult]) -> None:
         self._source = source
-        self._result: SendResult | None = None
 
     def __aiter__(self) -> AsyncSessionStream:
         return self
 
     async def __anext__(self) -> str:
-        if self._result is not None:
-            raise StopAsyncIteration
-        item = await anext(self._source)
-        if isinstance(item, SendResult):
-            self._result = item
-            raise StopAsyncIteration
-        return item
-
-    @property
-    def done(self) -> bool:
-        return self._result is not None
-
-    @property
-    def result(self) -> SendResult:
-        """The final `SendResult`; raises `StreamNotFinishedError` before the stream ends."""
         if self._result is None:
-            raise StreamNotFinishedError(
-                "The stream has not finished: iterate it to the end before reading .result."
-            )
-        return self._result
+            item = await anext(self._source)
+            if not isinstance(item, SendResult):
+                return item
+            self._result = item
+        raise StopAsyncIteration
 
     async def aclose(self) -> None:
         """Stop early: nothing of the turn is committed and a pending insight is kept."""
