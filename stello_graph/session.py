@@ -99,6 +99,21 @@ def _load_flow(session_id: str) -> Flow[SessionMeta]:
     return check_loaded(found, session_id, "standard")
 
 
+class SessionForkOptions(TypedDict, total=False):
+    """The options of `Session.fork` (each documented there; each left out: its default)."""
+
+    context: ForkContext
+    at_turn: int | None
+    system_prompt: str | None
+    prompt: str | None
+    model: BaseChatModel | str | None
+    tools: Sequence[Any] | None
+    tags: Sequence[str]
+    metadata: dict[str, Any] | None
+    id: str | None
+    compress_fn: CompressFn | None
+
+
 class Session(SessionBase):
     """A child session of the topology. Create with `Session.create`, reopen with `load`."""
 
@@ -320,26 +335,7 @@ class Session(SessionBase):
             compression=self._compression,
         )
 
-    def _fork_compressor(self, context: object, given: CompressFn | None) -> CompressFn | None:
-        if context != "compress" or given is not None:
-            return given
-        return self._compressor()
-
-    def fork(
-        self,
-        label: str,
-        *,
-        context: ForkContext = "none",
-        at_turn: int | None = None,
-        system_prompt: str | None = None,
-        prompt: str | None = None,
-        model: BaseChatModel | str | None = None,
-        tools: Sequence[Any] | None = None,
-        tags: Sequence[str] = (),
-        metadata: dict[str, Any] | None = None,
-        id: str | None = None,
-        compress_fn: CompressFn | None = None,
-    ) -> Session:
+    def fork(self, label: str, **options: Unpack[SessionForkOptions]) -> Session:
         """A new, independent session that starts from this one's context once.
 
         Args:
@@ -376,51 +372,30 @@ class Session(SessionBase):
         (this session, and the user turn its context ends at) is stored with it
         (`storage.get_lineage(child.id)`).
         """
-        model = _check_child_setup(model, tools)
-        req = ForkRequest.build(
-            self._id,
-            label,
-            context=context,
-            at_turn=at_turn,
-            system_prompt=system_prompt,
-            prompt=prompt,
-            tags=tags,
-            metadata=metadata,
-            id=id,
-            compress_fn=self._fork_compressor(context, compress_fn),
-        )
-        return self._child(fork_session(self._storage, req), model, tools)
+        request, model, tools = self._fork_request(label, options)
+        return self._child(fork_session(self._storage, request), model, tools)
 
-    async def afork(
-        self,
-        label: str,
-        *,
-        context: ForkContext = "none",
-        at_turn: int | None = None,
-        system_prompt: str | None = None,
-        prompt: str | None = None,
-        model: BaseChatModel | str | None = None,
-        tools: Sequence[Any] | None = None,
-        tags: Sequence[str] = (),
-        metadata: dict[str, Any] | None = None,
-        id: str | None = None,
-        compress_fn: CompressFn | None = None,
-    ) -> Session:
+    async def afork(self, label: str, **options: Unpack[SessionForkOptions]) -> Session:
         """Async twin of `fork`."""
-        model = _check_child_setup(model, tools)
-        req = ForkRequest.build(
-            self._id,
-            label,
-            context=context,
-            at_turn=at_turn,
-            system_prompt=system_prompt,
-            prompt=prompt,
-            tags=tags,
-            metadata=metadata,
-            id=id,
-            compress_fn=self._fork_compressor(context, compress_fn),
-        )
-        return self._child(await afork_session(self._storage, req), model, tools)
+        request, model, tools = self._fork_request(label, options)
+        return self._child(await afork_session(self._storage, request), model, tools)
+
+    def _fork_request(
+        self, label: str, options: SessionForkOptions
+    ) -> tuple[ForkRequest, BaseChatModel | None, Sequence[Any] | None]:
+        """A fork's request, and the child's own model (a name built) and tools: all checked
+        before the child is written."""
+        given: dict[str, Any] = dict(options)
+        unknown = set(given) - set(SessionForkOptions.__annotations__)
+        if unknown:
+            raise TypeError(f"fork() got unexpected keyword arguments {sorted(unknown)}")
+        model, tools = given.pop("model", None), given.pop("tools", None)
+        if tools is not None:
+            check_tools(tools, schemas=True)
+        model = None if model is None else check_chat_model(model)
+        if given.get("context") == "compress" and given.get("compress_fn") is None:
+            given["compress_fn"] = self._compressor()
+        return ForkRequest.build(self._id, label, **given), model, tools
 
     def archive(self) -> SessionMeta:
         """Archive the session: from now on it refuses turns, forks, consolidation, updates.
@@ -440,10 +415,3 @@ class Session(SessionBase):
             meta = meta.model_copy(update={"status": "archived", "updated_at": utcnow()})
             yield Storage(MainStorage.put_session, meta)
         return meta
-
-
-def _check_child_setup(model: object, tools: object) -> BaseChatModel | None:
-    """A fork's own model (a name built) and tools, checked before the child is written."""
-    if tools is not None:
-        check_tools(tools, schemas=True)
-    return None if model is None else check_chat_model(model)
