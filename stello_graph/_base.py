@@ -36,7 +36,6 @@ from stello_graph._session_core import failing_as
 from stello_graph._stream import AsyncSessionStream, SessionStream
 from stello_graph._turn_parts import (
     _READ,
-    ContextParts,
     ModelInput,
     ToolChoice,
     TurnContext,
@@ -47,9 +46,7 @@ from stello_graph._turn_parts import (
     _is_user_turn,
     _storable_records,
     _through,
-    check_loaded,
     check_tool_choice,
-    new_meta,
     to_send_result,
 )
 from stello_graph._validate import (
@@ -65,14 +62,10 @@ from stello_graph.models import Lease, SendResult
 from stello_graph.storage import MainStorage
 
 __all__ = [
-    "ContextParts",
     "SessionBase",
     "ToolChoice",
     "TurnContext",
-    "check_loaded",
     "check_tool_choice",
-    "new_meta",
-    "to_send_result",
 ]
 
 

@@ -41,7 +41,7 @@ class SessionContext(SessionCore):
 
     def _open_flow(self, operation: str) -> Flow[str | None]:
         self._active((yield from self._meta_flow()), operation)
-        if self._memory_part():
+        if self.role == "main":
             return None
         insight: str | None = yield Storage(MainStorage.get_insight, self._id)
         return insight
@@ -99,7 +99,7 @@ class SessionContext(SessionCore):
             raise SessionNotFoundError(sid)
         meta = self._active(snap.meta, operation)
         parts = ContextParts(prompt=snap.system_prompt)
-        if self._memory_part():
+        if self.role == "main":
             parts.extra = snap.memory
         else:
             parts.extra = snap.insight if insight is _READ else _opt_str(insight)
@@ -129,7 +129,7 @@ class SessionContext(SessionCore):
     ) -> TurnContext:
         through = parts.compression.through if parts.compression is not None else 0
         history = self._history(records[through:])
-        insight = None if self._memory_part() else parts.extra
+        insight = None if self.role == "main" else parts.extra
         system = self._system(meta, parts)
         return TurnContext(self._id, system, history, insight, parts.compression)
 

@@ -158,11 +158,7 @@ class SessionCore:
         self._meta = meta
         return meta
 
-    # -- context ----------------------------------------------------------------------------
-    def _memory_part(self) -> bool:
-        """Whether the system message carries the session's memory (the main's synthesis)."""
-        return False
-
+    # -- records and system prompt ----------------------------------------------------------
     def messages(
         self, *, limit: int | None = None, offset: int = 0, role: str | None = None
     ) -> list[BaseMessage]:

@@ -28,12 +28,13 @@ from typing import Any, NoReturn
 from langchain_core.language_models import BaseChatModel
 from typing_extensions import TypedDict, Unpack
 
-from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
+from stello_graph._base import SessionBase
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import synthesis_block
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._session_core import failing_as
 from stello_graph._text import storable
+from stello_graph._turn_parts import ContextParts, check_loaded, new_meta
 from stello_graph._validate import check_id
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
@@ -286,9 +287,6 @@ class MainSession(SessionBase):
         return cls(await arun(_load_flow(storage, session_id), storage), storage, **options)
 
     # -- context ----------------------------------------------------------------------------
-    def _memory_part(self) -> bool:
-        return True
-
     def _blocks(self, meta: SessionMeta, parts: ContextParts) -> list[str | None]:
         return [synthesis_block(parts.extra) if parts.extra else None]
 
@@ -310,13 +308,6 @@ class MainSession(SessionBase):
         if not callable(chosen):
             raise InvalidInputError(f"fn must be callable, got {type(chosen).__name__}.")
         return chosen
-
-    def _children(self, children: list[ChildL2]) -> list[ChildL2]:
-        if not children:
-            raise NothingToIntegrateError(
-                "No active child session has an L2 yet: consolidate some sessions first."
-            )
-        return children
 
     def _fn_error(self, exc: Exception) -> IntegrationError:
         return IntegrationError(
@@ -369,7 +360,11 @@ class MainSession(SessionBase):
         archived = yield from archived_l2s([*extra, *pending])
         if pending and not active and not archived:
             yield Atomic(forget_final(pending))  # none of them has an L2 to bring
-        children = self._children([*active, *archived])
+        children = [*active, *archived]
+        if not children:
+            raise NothingToIntegrateError(
+                "No active child session has an L2 yet: consolidate some sessions first."
+            )
         with failing_as(self._fn_error):
             synthesis = yield Storage(MainStorage.get_memory, sid)
             raw = yield Call(call_sync, call_async, (chosen, list(children), synthesis))

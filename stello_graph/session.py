@@ -26,7 +26,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from typing_extensions import TypedDict, Unpack
 
-from stello_graph._base import ContextParts, SessionBase, check_loaded, new_meta
+from stello_graph._base import SessionBase
 from stello_graph._calls import call_async, call_sync
 from stello_graph._context import (
     branch_block,
@@ -38,6 +38,7 @@ from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_ses
 from stello_graph._session_core import atomic, failing_as
 from stello_graph._text import storable
 from stello_graph._topology_slot import TopologySlot, check_topology_slot
+from stello_graph._turn_parts import ContextParts, check_loaded, new_meta
 from stello_graph._validate import (
     check_chat_model,
     check_id,
