@@ -71,9 +71,6 @@ class TreePlan:
     version: int = 0
     archived: list[str] = field(default_factory=list)
 
-    def is_internal(self, node_id: str) -> bool:
-        return bool(self.children.get(node_id))
-
 
 def _plan(
     root: SessionMeta | None,
@@ -104,14 +101,12 @@ def _plan(
 
 def plan_tree(storage: MainStorage) -> TreePlan:
     """Read the active tree of `storage` and group its internal nodes by level."""
-    plan: TreePlan = run(_plan_flow(storage.tree_id), storage)
-    return plan
+    return run(_plan_flow(storage.tree_id), storage)
 
 
 async def aplan_tree(storage: MainStorage) -> TreePlan:
     """Async twin of `plan_tree`."""
-    plan: TreePlan = await arun(_plan_flow(storage.tree_id), storage)
-    return plan
+    return await arun(_plan_flow(storage.tree_id), storage)
 
 
 def _plan_flow(tree: str) -> Flow[TreePlan]:
@@ -119,14 +114,6 @@ def _plan_flow(tree: str) -> Flow[TreePlan]:
     drawn = (yield from integration_read()) if root is not None else (0, [])
     nodes = yield Storage(MainStorage.get_tree)
     return _plan(root, nodes, (yield Storage(MainStorage.list_sessions)), tree, drawn)
-
-
-def _inputs(plan: TreePlan, node_id: str, l2s: dict[str, str | None]) -> list[ChildL2]:
-    return [
-        ChildL2(session_id=child, label=plan.labels.get(child, ""), l2=l2)
-        for child in plan.children.get(node_id, [])
-        if (l2 := l2s.get(child))
-    ]
 
 
 def branch_l2(own: str | None, summary: str | None) -> str | None:
@@ -138,16 +125,9 @@ def branch_l2(own: str | None, summary: str | None) -> str | None:
 
 def _child_l2_flow(plan: TreePlan, child: str, made: Summaries) -> Flow[str | None]:
     summary = made.get(child)
-    if summary is None and plan.is_internal(child):
+    if summary is None and plan.children.get(child):
         summary = yield Storage(MainStorage.get_subtree_synthesis, child)
     return branch_l2((yield Storage(MainStorage.get_memory, child)), summary)
-
-
-def _error(node_id: str, exc: Exception) -> IntegrationError:
-    return IntegrationError(
-        f"Integrating the subtree of {node_id!r} failed: {type(exc).__name__}: {exc}",
-        session_id=node_id,
-    )
 
 
 def integrate_node(
@@ -162,8 +142,7 @@ def integrate_node(
     Writes nothing: a child's subtree synthesis is taken from `made` (what this run made of
     it) before storage, and `write_tree` stores the results of the whole run.
     """
-    result: IntegrationResult | None = run(_node_flow(plan, node_id, fn, made or {}), storage)
-    return result
+    return run(_node_flow(plan, node_id, fn, made or {}), storage)
 
 
 async def aintegrate_node(
@@ -174,18 +153,16 @@ async def aintegrate_node(
     made: Summaries | None = None,
 ) -> IntegrationResult | None:
     """Async twin of `integrate_node`."""
-    flow = _node_flow(plan, node_id, fn, made or {})
-    result: IntegrationResult | None = await arun(flow, storage)
-    return result
+    return await arun(_node_flow(plan, node_id, fn, made or {}), storage)
 
 
 def _node_flow(
     plan: TreePlan, node_id: str, fn: IntegrateFn, made: Summaries
 ) -> Flow[IntegrationResult | None]:
-    l2s = {}
+    inputs = []
     for child in plan.children.get(node_id, []):
-        l2s[child] = yield from _child_l2_flow(plan, child, made)
-    inputs = _inputs(plan, node_id, l2s)
+        if l2 := (yield from _child_l2_flow(plan, child, made)):
+            inputs.append(ChildL2(session_id=child, label=plan.labels.get(child, ""), l2=l2))
     targets = [c.session_id for c in inputs]
     if node_id == plan.root_id:
         inputs += yield from archived_l2s(plan.archived)
@@ -198,7 +175,10 @@ def _node_flow(
     except StelloError:
         raise
     except Exception as exc:
-        raise _error(node_id, exc) from exc
+        raise IntegrationError(
+            f"Integrating the subtree of {node_id!r} failed: {type(exc).__name__}: {exc}",
+            session_id=node_id,
+        ) from exc
     return check_integration(raw, inputs, node_id, targets=targets)
 
 
@@ -207,18 +187,14 @@ def write_tree(
 ) -> None:
     """Store a run's results in one transaction: each node's subtree synthesis (the main
     session's synthesis, for the root) and the insights to its children."""
-    run(_write_flow(plan, results), storage)
+    Atomic(_writes(plan, results)).run(storage)
 
 
 async def awrite_tree(
     storage: MainStorage, plan: TreePlan, results: Mapping[str, IntegrationResult]
 ) -> None:
     """Async twin of `write_tree`."""
-    await arun(_write_flow(plan, results), storage)
-
-
-def _write_flow(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flow[None]:
-    yield Atomic(_writes(plan, results))
+    await Atomic(_writes(plan, results)).arun(storage)
 
 
 def _writes(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flow[None]:
