@@ -20,6 +20,7 @@ from functools import cached_property
 from operator import itemgetter
 from typing import Any, NoReturn
 
+from stello_graph._flow import Flow, Maybe, Storage, arun, run
 from stello_graph._tree_text import (
     TOPOLOGY_SESSION_COLUMNS,
     NodeRow,
@@ -43,9 +44,8 @@ _META_END = _UPDATED + 1
 """Positions in a `TopologyText.sessions` row; its `MetaRow` is `row[:_META_END]`."""
 
 
-def _turns(sessions: Mapping[str, SessionMeta], counts: Mapping[str, int]) -> dict[str, int]:
-    """The user turns of each of `sessions`, from `list_turn_counts`."""
-    return {sid: counts.get(sid, 0) for sid in sessions}
+def _meta_fields(meta: SessionMeta) -> tuple[str, str, str]:
+    return meta.role, meta.status, meta.updated_at.isoformat()
 
 
 class _Metas(Mapping[str, SessionMeta]):
@@ -130,17 +130,18 @@ class Topology:
         """A `Topology` as a field of a pydantic model: given as one, dumped as its parts."""
         from pydantic_core import core_schema
 
-        def dumped(tree: Topology) -> dict[str, Any]:
-            return {
-                "nodes": tree.nodes,
-                "sessions": dict(tree.sessions),
-                "turns": dict(tree.turns),
-                "lineage": dict(tree.lineage),
-            }
-
         return core_schema.is_instance_schema(
-            cls, serialization=core_schema.plain_serializer_function_ser_schema(dumped)
+            cls, serialization=core_schema.plain_serializer_function_ser_schema(cls._parts)
         )
+
+    def _parts(self) -> dict[str, Any]:
+        """The four parts, as plain values (what equality compares, and pydantic dumps)."""
+        return {
+            "nodes": self.nodes,
+            "sessions": dict(self.sessions),
+            "turns": dict(self.turns),
+            "lineage": dict(self.lineage),
+        }
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError(f"a Topology is read-only; cannot set {name!r}")
@@ -160,52 +161,12 @@ class Topology:
         """Read the whole tree of `storage`: one statement on a stello storage of SQLite or
         PostgreSQL (`topology_text`), three on another (`topology_parts`), else four reads,
         or one turn count per session on a storage without `list_turn_counts`."""
-        text = getattr(storage, "topology_text", None)
-        found = text() if callable(text) else None
-        if found is not None:
-            return cls.of_text(found)
-        parts = getattr(storage, "topology_parts", None)
-        if callable(parts):
-            return cls._of(*parts())
-        nodes, metas = storage.get_tree(), storage.list_sessions()
-        lineage = storage.list_lineage()
-        counts = getattr(storage, "list_turn_counts", None)
-        if callable(counts):
-            return cls._of(nodes, metas, lineage, counts())
-        shown = {node.id for node in nodes}
-        turns = {m.id: storage.get_turn_count(m.id) for m in metas if m.id in shown}
-        return cls._of(nodes, metas, lineage, turns)
+        return run(_read_flow(), storage)
 
     @classmethod
     async def aread(cls, storage: MainStorage) -> Topology:
         """Async twin of `read`."""
-        atext = getattr(storage, "atopology_text", None)
-        found = (await atext()) if callable(atext) else None
-        if found is not None:
-            return cls.of_text(found)
-        aparts = getattr(storage, "atopology_parts", None)
-        if callable(aparts):
-            return cls._of(*(await aparts()))
-        nodes, metas = await storage.aget_tree(), await storage.alist_sessions()
-        lineage = await storage.alist_lineage()
-        acounts = getattr(storage, "alist_turn_counts", None)
-        if callable(acounts):
-            return cls._of(nodes, metas, lineage, await acounts())
-        shown = {node.id for node in nodes}
-        turns = {m.id: await storage.aget_turn_count(m.id) for m in metas if m.id in shown}
-        return cls._of(nodes, metas, lineage, turns)
-
-    @classmethod
-    def _of(
-        cls,
-        nodes: Sequence[TopologyNode],
-        metas: Sequence[SessionMeta],
-        lineage: Mapping[str, ForkPoint],
-        counts: Mapping[str, int],
-    ) -> Topology:
-        by_id = {meta.id: meta for meta in metas}
-        sessions = {node.id: by_id[node.id] for node in nodes if node.id in by_id}
-        return cls(tuple(nodes), sessions, _turns(sessions, counts), lineage)
+        return await arun(_read_flow(), storage)
 
     # -- the rows: what every view reads --------------------------------------------------
     @cached_property
@@ -346,12 +307,7 @@ class Topology:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Topology):
             return NotImplemented
-        return (self.nodes, dict(self.sessions), dict(self.turns), dict(self.lineage)) == (
-            other.nodes,
-            dict(other.sessions),
-            dict(other.turns),
-            dict(other.lineage),
-        )
+        return self._parts() == other._parts()
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -364,9 +320,7 @@ class Topology:
         rows = self._rows
         found: dict[str, tuple[str, ...]] = dict(self.__dict__.get("_node_damage", {}))
         if self._text is None:
-            for node in self.nodes:
-                if node.damaged:
-                    found[node.id] = node.damaged
+            found.update((node.id, node.damaged) for node in self.nodes if node.damaged)
             metas = {sid: meta.damaged for sid, meta in self.sessions.items() if meta.damaged}
         else:
             metas = {sid: bad for sid, row in self._shown.items() if (bad := row_damage(row))}
@@ -402,10 +356,7 @@ class Topology:
     def _meta_fields(self) -> dict[str, tuple[str, str, str]]:
         """`(role, status, updated_at as ISO 8601)` of each node's session."""
         if self._text is None:
-            return {
-                sid: (meta.role, meta.status, meta.updated_at.isoformat())
-                for sid, meta in self.sessions.items()
-            }
+            return {sid: _meta_fields(meta) for sid, meta in self.sessions.items()}
         from stello_graph.checkpoints._serde import from_iso
 
         damaged = self.damaged
@@ -413,14 +364,10 @@ class Topology:
             sid: (
                 (row[_ROLE], row[_STATUS], from_iso(row[_UPDATED]).isoformat())
                 if sid not in damaged
-                else self._placeholder_fields(sid)
+                else _meta_fields(self.sessions[sid])  # its stand-ins
             )
             for sid, row in self._shown.items()
         }
-
-    def _placeholder_fields(self, session_id: str) -> tuple[str, str, str]:
-        meta = self.sessions[session_id]
-        return meta.role, meta.status, meta.updated_at.isoformat()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable form: nodes with their session's label, role, status, turns,
@@ -446,3 +393,28 @@ class Topology:
                 entry["damaged"] = list(damaged[node.id])
             out.append(entry)
         return {"nodes": out}
+
+
+def _read_flow() -> Flow[Topology]:
+    """`Topology.read`: the first of the storage's whole-tree reads it has (see `read`)."""
+    from stello_graph.checkpoints._bulk import BulkReads
+
+    text: TopologyText | None = yield Maybe(None, BulkReads.topology_text)
+    if text is not None:
+        return Topology.of_text(text)
+    parts = yield Maybe(None, BulkReads.topology_parts)
+    if parts is not None:
+        nodes, metas, lineage, counts = parts
+    else:
+        nodes = yield Storage(MainStorage.get_tree)
+        metas = yield Storage(MainStorage.list_sessions)
+        lineage = yield Storage(MainStorage.list_lineage)
+        counts = yield Maybe(None, BulkReads.list_turn_counts)
+    by_id: dict[str, SessionMeta] = {meta.id: meta for meta in metas}
+    sessions = {node.id: by_id[node.id] for node in nodes if node.id in by_id}
+    if counts is None:  # one read per session
+        counts = {}
+        for meta in metas:
+            if meta.id in sessions:
+                counts[meta.id] = yield Storage(MainStorage.get_turn_count, meta.id)
+    return Topology(nodes, sessions, {sid: counts.get(sid, 0) for sid in sessions}, lineage)
