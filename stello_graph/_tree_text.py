@@ -89,9 +89,32 @@ def tree_order(nodes: Sequence[N], detached: set[str] | None = None) -> list[N]:
         else:
             kids.append(node)
     ordered: list[N] = []
-    stack = [iter(roots)]  # the siblings left to visit, at each depth of the walk
+    _walk(roots, children, ordered)
+    if len(ordered) < len(nodes):  # each cycle from its first-created node on
+        seen = {node.id for node in ordered}
+        for start in nodes:
+            if start.id not in seen:
+                if detached is not None:
+                    detached.add(start.id)
+                _walk([start], children, ordered, seen)
+    return ordered
+
+
+def _walk(
+    starts: Sequence[N],
+    children: dict[str, list[N]],
+    ordered: list[N],
+    seen: set[str] | None = None,
+) -> None:
+    """Append to `ordered` the nodes under each of `starts` (itself first), depth first; with
+    `seen` (a damaged tree), only those not in it, which it then holds."""
+    stack = [iter(starts)]  # the siblings left to visit, at each depth of the walk
     while stack:
         for node in stack[-1]:
+            if seen is not None:
+                if node.id in seen:
+                    continue
+                seen.add(node.id)
             ordered.append(node)
             kids = children.get(node.id)
             if kids is not None:
@@ -99,38 +122,6 @@ def tree_order(nodes: Sequence[N], detached: set[str] | None = None) -> list[N]:
                 break
         else:
             stack.pop()
-    if len(ordered) < len(nodes):
-        _walk_cycles(nodes, children, ordered, detached)
-    return ordered
-
-
-def _walk_cycles(
-    nodes: Sequence[N],
-    children: dict[str, list[N]],
-    ordered: list[N],
-    detached: set[str] | None,
-) -> None:
-    """Append to `ordered` the nodes it lacks (no root reaches them), each cycle from its
-    first-created node on."""
-    seen = {node.id for node in ordered}
-    for start in nodes:
-        if start.id in seen:
-            continue
-        if detached is not None:
-            detached.add(start.id)
-        seen.add(start.id)
-        ordered.append(start)
-        stack = [iter(children.get(start.id, ()))]
-        while stack:
-            for node in stack[-1]:
-                if node.id in seen:
-                    continue
-                seen.add(node.id)
-                ordered.append(node)
-                stack.append(iter(children.get(node.id, ())))
-                break
-            else:
-                stack.pop()
 
 
 def marked_rows(
