@@ -24,13 +24,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPORT_FORMAT",
+    "Entries",
     "RowReader",
-    "damage_of",
     "head_of",
-    "node_entry",
-    "session_entries",
+    "row_entries",
+    "write_entries",
     "write_export_rows",
-    "write_rows",
 ]
 
 EXPORT_FORMAT = "stello-graph.export/1"
@@ -62,24 +61,16 @@ def _json_time(text: str) -> str:
 def _entry(row: tuple[Any, ...]) -> dict[str, Any]:
     """The export entry of a session row (`ExportPart` `"sessions"`), without records; of a
     damaged row, what decodes, stand-ins, and its columns that do not (`"damaged"`)."""
-    sid, label, role, status, tags, metadata, created, updated = row[:8]
     parent_id, turns, record_count, system_prompt, memory, insight = row[8:14]
+    damaged: tuple[str, ...] = ()
     try:
-        entry = {
-            "id": sid,
-            "label": label,
-            "role": role,
-            "status": status,
-            "tags": [] if tags == "[]" else _loaded(tags, list),
-            "metadata": {} if metadata == "{}" else _loaded(metadata, dict),
-            "created_at": _json_time(created),
-            "updated_at": _json_time(updated),
-        }
-        sound = role in ROLES and status in STATUSES and not any(map(undecodable, row[:14]))
+        entry = _meta_entry(row, damaged)
+        sound = row[2] in ROLES and row[3] in STATUSES and not any(map(undecodable, row[:14]))
     except (ValueError, TypeError):
         sound = False
     if not sound:
-        entry, damaged = _placeholder(row)
+        damaged = meta_damage(row[:8])
+        entry = _meta_entry(row, damaged)
     standard = entry["role"] == "standard"
     entry.update(
         parent_id=parent_id,
@@ -110,20 +101,20 @@ def _loaded(text: str, kind: type) -> Any:
     return value
 
 
-def _placeholder(row: tuple[Any, ...]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The meta part of a damaged session row's entry, and its columns that do not decode."""
-    bad = meta_damage(row[:8])
+def _meta_entry(row: tuple[Any, ...], bad: tuple[str, ...]) -> dict[str, Any]:
+    """The meta part of a session row's entry, a stand-in for each of the columns `bad`
+    (those of a damaged row that do not decode)."""
     sid, label, role, status, tags, metadata, created, updated = row[:8]
     return {
-        "id": shown(sid),
+        "id": shown(sid) if bad else sid,
         "label": UNDECODABLE if "label" in bad else label,
         "role": "standard" if "role" in bad else role,
         "status": "active" if "status" in bad else status,
-        "tags": [] if "tags" in bad else json.loads(tags),
-        "metadata": {} if "metadata" in bad else json.loads(metadata),
+        "tags": [] if "tags" in bad or tags == "[]" else _loaded(tags, list),
+        "metadata": {} if "metadata" in bad or metadata == "{}" else _loaded(metadata, dict),
         "created_at": None if "created_at" in bad else _json_time(created),
         "updated_at": None if "updated_at" in bad else _json_time(updated),
-    }, bad
+    }
 
 
 def _record_dict(data: str) -> dict[str, Any]:
@@ -192,26 +183,39 @@ def head_of(tree_id: str, main: tuple[str, str | None] | None) -> dict[str, Any]
     }
 
 
+Emit = Callable[[dict[str, Any]], None]
+Entries = Callable[[Emit], object]
+"""One list of the export: `entries(emit)` calls `emit` on each entry, in order."""
+
+
+def row_entries(reader: RowReader, records: bool) -> tuple[Entries, Entries]:
+    """The export's node and session entries, from the rows `reader` streams (one pass each)."""
+    return (
+        lambda emit: reader.export_rows("nodes", lambda row: emit(node_entry(row))),
+        lambda emit: session_entries(reader, records, emit),
+    )
+
+
 def write_export_rows(
     rows: TreeRows, out: TextIO, *, records: bool = False
 ) -> dict[str, tuple[str, ...]]:
     """What `write_export` writes (and returns) for the storage of the same SQLite file,
     read from `rows` (one snapshot, no model built: what `stello-graph export` runs)."""
-    return write_rows(rows, head_of(rows.tree_id, rows.main_session()), out, records)
+    head = head_of(rows.tree_id, rows.main_session())
+    return write_entries(head, row_entries(rows, records), out)
 
 
-def write_rows(
-    reader: RowReader, head: dict[str, Any], out: TextIO, records: bool
+def write_entries(
+    head: dict[str, Any], lists: tuple[Entries, Entries], out: TextIO
 ) -> dict[str, tuple[str, ...]]:
-    """Write the export; return what it marked `damaged` (or `detached`), by id."""
+    """Write the export (its head, then the `nodes` and `sessions` lists, entry by entry as
+    they are emitted); return what it marked `damaged` (or `detached`), by id."""
     damaged: dict[str, tuple[str, ...]] = {}
     text = json.dumps(head, indent=2, ensure_ascii=False)
     out.write(text[:-2] + ',\n  "nodes": ')  # the head's members, without its closing brace
-    _write_list(
-        out, lambda emit: reader.export_rows("nodes", lambda r: emit(node_entry(r))), damaged
-    )
+    _write_list(out, lists[0], damaged)
     out.write(',\n  "sessions": ')
-    _write_list(out, lambda emit: session_entries(reader, records, emit), damaged)
+    _write_list(out, lists[1], damaged)
     out.write("\n}")
     return damaged
 
@@ -224,11 +228,7 @@ def damage_of(entry: dict[str, Any], found: dict[str, tuple[str, ...]]) -> None:
         found[sid] = tuple(dict.fromkeys((*found.get(sid, ()), *columns)))
 
 
-def _write_list(
-    out: TextIO,
-    produce: Callable[[Callable[[dict[str, Any]], None]], object],
-    damaged: dict[str, tuple[str, ...]],
-) -> None:
+def _write_list(out: TextIO, produce: Entries, damaged: dict[str, tuple[str, ...]]) -> None:
     """Write the items `produce` emits as a JSON list at the second level of indentation."""
     first = [True]
 

@@ -29,18 +29,16 @@ Example:
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TextIO
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from stello_graph._export_rows import (
     EXPORT_FORMAT,
+    Entries,
     RowReader,
-    damage_of,
     head_of,
-    node_entry,
-    session_entries,
-    write_rows,
+    row_entries,
+    write_entries,
 )
 from stello_graph.storage import MainStorage
 
@@ -53,10 +51,6 @@ __all__ = ["EXPORT_FORMAT", "export_tree", "write_export"]
 def _head(storage: MainStorage) -> dict[str, Any]:
     main = storage.get_main_session()
     return head_of(storage.tree_id, (main.id, storage.get_memory(main.id)) if main else None)
-
-
-def _streams(storage: MainStorage) -> RowReader | None:
-    return storage if callable(getattr(storage, "export_rows", None)) else None  # type: ignore[return-value]
 
 
 def export_tree(storage: MainStorage, *, records: bool = False) -> dict[str, Any]:
@@ -72,14 +66,7 @@ def export_tree(storage: MainStorage, *, records: bool = False) -> dict[str, Any
         `l2` and pending `insight` (and `records` when asked). Nodes and sessions are in the
         tree's depth-first order (`MainStorage.get_tree`).
     """
-    reader = _streams(storage)
-    if reader is None:
-        return _export_by_session(storage, records)
-    nodes: list[dict[str, Any]] = []
-    sessions: list[dict[str, Any]] = []
-    reader.export_rows("nodes", lambda row: nodes.append(node_entry(row)))
-    session_entries(reader, records, sessions.append)
-    return {**_head(storage), "nodes": nodes, "sessions": sessions}
+    return _gathered(storage, _entries(storage, records))
 
 
 def write_export(
@@ -101,27 +88,45 @@ def write_export(
         with stand-ins (`"damaged"`), `parent_id` for a node no root reaches (`"detached"`:
         its parents make a cycle). Empty for a sound tree.
     """
-    reader = _streams(storage)
-    if reader is None:
-        data = export_tree(storage, records=records)
-        out.write(json.dumps(data, indent=2, ensure_ascii=False))
-        damaged: dict[str, tuple[str, ...]] = {}
-        for entry in (*data["nodes"], *data["sessions"]):
-            damage_of(entry, damaged)
-        return damaged
-    return write_rows(reader, _head(storage), out, records)
+    return write_entries(_head(storage), _entries(storage, records), out)
+
+
+def _entries(storage: MainStorage, records: bool) -> tuple[Entries, Entries]:
+    """The node and session entries of the export: streamed from the rows of a stello
+    storage (`export_rows`), else read session by session."""
+    if callable(getattr(storage, "export_rows", None)):
+        return row_entries(cast(RowReader, storage), records)
+    return _by_session(storage, records)
+
+
+def _gathered(storage: MainStorage, lists: tuple[Entries, Entries]) -> dict[str, Any]:
+    nodes: list[dict[str, Any]] = []
+    sessions: list[dict[str, Any]] = []
+    lists[0](nodes.append)
+    lists[1](sessions.append)
+    return {**_head(storage), "nodes": nodes, "sessions": sessions}
 
 
 # -- a storage without `export_rows`: one read per session --------------------------------
 def _export_by_session(storage: MainStorage, records: bool) -> dict[str, Any]:
+    """The export as a storage without `export_rows` makes it."""
+    return _gathered(storage, _by_session(storage, records))
+
+
+def _by_session(storage: MainStorage, records: bool) -> tuple[Entries, Entries]:
     from stello_graph.topology import Topology
 
     tree = Topology.read(storage)
-    return {
-        **_head(storage),
-        "nodes": [_marked(node.model_dump(mode="json"), node.damaged) for node in tree.nodes],
-        "sessions": list(_entries_by_session(storage, tree, records)),
-    }
+    nodes = [_marked(node.model_dump(mode="json"), node.damaged) for node in tree.nodes]
+    return _emitting(nodes), _emitting(_entries_by_session(storage, tree, records))
+
+
+def _emitting(entries: Iterable[dict[str, Any]]) -> Entries:
+    def produce(emit: Callable[[dict[str, Any]], None]) -> None:
+        for entry in entries:
+            emit(entry)
+
+    return produce
 
 
 def _marked(entry: dict[str, Any], damaged: tuple[str, ...]) -> dict[str, Any]:
