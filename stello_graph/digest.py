@@ -103,13 +103,6 @@ class SessionDigest:
     damaged: tuple[str, ...] = ()
 
 
-def check_status(value: object) -> SessionStatus | None:
-    """`None`, `"active"` or `"archived"`."""
-    if value is None or value in ("active", "archived"):
-        return value
-    raise InvalidInputError(f"status must be 'active', 'archived' or None, got {value!r}.")
-
-
 # The digest's slots, set through their descriptors: a frozen dataclass's `__init__` sets
 # each field with `object.__setattr__`, twice the cost of a whole-tree read of 100,000 of them.
 _new = object.__new__
@@ -128,12 +121,12 @@ def digest_from_row(row: DigestRow) -> SessionDigest:
     damaged: tuple[str, ...] = ()
     try:
         at = datetime.fromisoformat(updated_at)  # written with its offset (`_serde.to_iso`)
-        sound = role in _ROLES and status in _STATUSES
-        sound = sound and not any(undecodable(v) for v in (sid, label, parent_id, memory, insight))
     except (ValueError, TypeError):
-        at, sound = _EPOCH, False
-    if not sound:
-        sid, label, role, status, parent_id, memory, insight, damaged = _stand_ins(row)
+        at = None
+    texts = (sid, label, parent_id, memory, insight)
+    if at is None or role not in _ROLES or status not in _STATUSES or any(map(undecodable, texts)):
+        sid, label, role, status, parent_id, memory, insight, damaged = _stand_ins(row, at)
+        at = at or _EPOCH
     digest = _new(SessionDigest)
     _set_id(digest, sid)
     _set_label(digest, label)
@@ -152,23 +145,18 @@ def digest_from_row(row: DigestRow) -> SessionDigest:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _stand_ins(row: DigestRow) -> tuple[Any, ...]:
-    """A damaged digest row's values, a stand-in for each that does not decode, and the
-    columns of those."""
-    sid, label, role, status, updated_at, parent_id, _, memory, _, insight = row
+def _stand_ins(row: DigestRow, at: datetime | None) -> tuple[Any, ...]:
+    """A damaged digest row's values (`at`: its time, `None` when it does not parse), a
+    stand-in for each that does not decode, and the columns of those."""
+    sid, label, role, status, _, parent_id, _, memory, _, insight = row
     role, status = _ROLE.get(role, role), _STATUS.get(status, status)
-    try:
-        datetime.fromisoformat(updated_at)
-        dated = True
-    except (ValueError, TypeError):
-        dated = False
     damaged = [
         name
         for name, bad in (
             *((name, undecodable(v)) for name, v in (("id", sid), ("label", label))),
             ("role", role not in _ROLES),
             ("status", status not in _STATUSES),
-            ("updated_at", not dated),
+            ("updated_at", at is None),
             ("parent_id", undecodable(parent_id)),
             ("memory", undecodable(memory)),
             ("insight", undecodable(insight)),
@@ -189,9 +177,10 @@ def _stand_ins(row: DigestRow) -> tuple[Any, ...]:
 
 def digests_flow(status: object = None) -> Flow[list[SessionDigest]]:
     """Every session's digest (with `status`, only those), in creation order."""
-    wanted = check_status(status)
+    if status is not None and status not in _STATUSES:
+        raise InvalidInputError(f"status must be 'active', 'archived' or None, got {status!r}.")
     found: list[SessionDigest] = yield Storage(MainStorage.list_session_digests)
-    return found if wanted is None else [d for d in found if d.status == wanted]
+    return found if status is None else [d for d in found if d.status == status]
 
 
 def digest_flow(storage: SessionStorage, session_id: object) -> Flow[SessionDigest]:
