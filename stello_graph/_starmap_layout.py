@@ -95,16 +95,14 @@ def _angles(
         leaves[node.id] = sum(leaves.get(k.id, 0) for k in kids[node.id]) or 1
     root = order[0][0]
     sectors = {root.id: (-math.pi / 2, 2 * math.pi)}  # start at the top, go clockwise
-    placed = {root.id: (-math.pi / 2, 2 * math.pi)}
     for node, _ in order:
         start, width = sectors[node.id]
         total = sum(leaves[k.id] for k in kids[node.id])
         for kid in kids[node.id]:
             share = width * leaves[kid.id] / total
             sectors[kid.id] = (start, share)
-            placed[kid.id] = (start + share / 2, share)
             start += share
-    return placed
+    return {nid: (start + width / 2, width) for nid, (start, width) in sectors.items()}
 
 
 DEFAULT_MAX_STARS = 2_500
@@ -140,12 +138,9 @@ def _shown(tree: TreeData, max_stars: int) -> _Shown:
     hidden: dict[str, int] = {}
     shown_at: dict[str, str] = {}
     for node, _ in order:  # parents come first: each hidden node's drawn ancestor is known
-        if node.id in kept:
-            shown_at[node.id] = node.id
-            continue
-        at = shown_at[parent_of.get(node.id, root.id)]
-        shown_at[node.id] = at
-        hidden[at] = hidden.get(at, 0) + 1
+        at = shown_at[node.id] = node.id if node.id in kept else shown_at[parent_of[node.id]]
+        if at != node.id:
+            hidden[at] = hidden.get(at, 0) + 1
     drawn = [node for node, _ in order if node.id in kept]
     sessions = {sid: meta for sid, meta in tree.sessions.items() if sid in kept}
     turns = {sid: n for sid, n in tree.turns.items() if sid in kept}

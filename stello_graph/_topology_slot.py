@@ -212,30 +212,22 @@ def render_topology_slot(view: TopologyView, slot: TopologySlot | None = None) -
     """The slot's text for `view`, within the limits of `slot` (default ones if `None`)."""
     slot = slot if slot is not None else TopologySlot()
     lines = [f"<{SLOT_TAG}>", "Where this session stands in the tree of sessions:"]
-    ancestors = list(view.ancestors)
-    hidden = max(0, len(ancestors) - slot.max_ancestors)
-    shown = ancestors[:1] + ancestors[1 + hidden :] if hidden else ancestors
-    depth = 0
-    for i, ancestor in enumerate(shown):
-        lines.append(f"{'  ' * depth}- {_name(ancestor)}")
-        if i == 0 and hidden:
-            lines.append(f"{'  ' * (depth + 1)}- ... {hidden} more above")
-            depth += 1
-        depth += 1
-    indent = "  " * depth
+    names = [_name(ancestor) for ancestor in view.ancestors]
+    hidden = max(0, len(names) - slot.max_ancestors)
+    if hidden:  # the root, then the nearest ones
+        names[1 : 1 + hidden] = [f"... {hidden} more above"]
+    lines.extend(f"{'  ' * depth}- {name}" for depth, name in enumerate(names))
+    indent = "  " * len(names)
     me = view.session.id
     index = next((i for i, e in enumerate(view.siblings) if e.id == me), 0)
     others = [e for e in view.siblings if e.id != me]
-    before = others[:index]
-    limit = slot.max_siblings
-    lines.extend(f"{indent}- {_name(e)}" for e in before[:limit])
+    listed = others[: slot.max_siblings]  # those before the session, then those after it
+    lines.extend(f"{indent}- {_name(e)}" for e in listed[:index])
     lines.append(f"{indent}- {_name(view.session)}{_HERE}")
     lines.extend(_listed(list(view.children), slot.max_children, indent + "  "))
-    after = others[index:]
-    room = max(0, limit - len(before))
-    lines.extend(f"{indent}- {_name(e)}" for e in after[:room])
-    if len(others) > limit:
-        lines.append(f"{indent}- ... and {len(others) - limit} more sibling(s)")
+    lines.extend(f"{indent}- {_name(e)}" for e in listed[index:])
+    if len(others) > slot.max_siblings:
+        lines.append(f"{indent}- ... and {len(others) - slot.max_siblings} more sibling(s)")
     lines.append(f"</{SLOT_TAG}>")
     return "\n".join(lines)
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import colorsys
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -89,9 +90,7 @@ def _distinct_labels(stars: list[Star], limit: int) -> dict[str, str]:
         siblings.setdefault(star.node.parent_id, []).append(star)
     for group in siblings.values():
         for tail in range((limit - 1) // 3 + 1, limit - 1):
-            seen: dict[str, int] = {}
-            for star in group:
-                seen[out[star.node.id]] = seen.get(out[star.node.id], 0) + 1
+            seen = Counter(out[star.node.id] for star in group)
             clashes = [
                 s for s in group if seen[out[s.node.id]] > 1 and out[s.node.id] != s.node.label
             ]
@@ -164,11 +163,22 @@ def _star_svg(star: Star, label: _Label | None, scale: float, hidden: int = 0) -
 def _label_spots(
     star: Star, font: float, centre: float, outward: bool, chars: int
 ) -> Iterator[tuple[float, float, str]]:
-    """Where a label may go, best first: its usual place, then under, over, right of and
-    left of its star; only places that keep it on the map."""
-    yield _label_anchor(star, font, centre, outward, chars)
+    """Where a label may go, best first. Its usual place: a leaf's runs outward, away from
+    every edge; a parent's sits under (or over) its star, clear of the edges to its children
+    further out. Then under, over, right of and left of its star. Only places that keep it
+    on the map (its width is estimated: there is no font metrics without a browser)."""
+    dx, dy = star.x - centre, star.y - centre
+    distance = math.hypot(dx, dy)
+    cos, sin = (dx / distance, dy / distance) if distance else (0.0, 1.0)
     gap, width = star.radius + font * 0.3, chars * font * _CHAR_WIDTH
     size = 2 * centre
+    x = star.x + math.copysign(gap, cos)
+    if outward and abs(cos) > 0.35 and ((x + width <= size) if cos > 0 else (x - width >= 0)):
+        yield x, star.y + font * 0.35, "start" if cos > 0 else "end"
+    else:
+        half = min(width / 2, centre)
+        x = min(max(star.x, half), size - half)
+        yield x, star.y + (gap + font * 0.8 if sin >= 0 else -gap), "middle"
     for y in (star.y + gap + font * 0.8, star.y - gap):
         if font <= y <= size and width / 2 <= star.x <= size - width / 2:
             yield star.x, y, "middle"
@@ -198,7 +208,6 @@ def place_labels(
         key=lambda star: (star.depth, -star.turns),
     )
     placed: dict[str, _Label] = {}
-    boxes: list[tuple[float, ...]] = []
     cell = 48 * scale
     grid: dict[tuple[int, int], list[tuple[float, ...]]] = {}
     for star in order:
@@ -220,30 +229,10 @@ def place_labels(
             near = [b for c in cells for b in grid.get(c, ())]
             if not _overlaps(box, near):
                 placed[star.node.id] = label
-                boxes.append(box)
                 for c in cells:
                     grid.setdefault(c, []).append(box)
                 break
     return placed
-
-
-def _label_anchor(
-    star: Star, font: float, centre: float, outward: bool, chars: int
-) -> tuple[float, float, str]:
-    """Where a label goes: a leaf's runs outward, away from every edge; a parent's sits
-    under (or over) its star, clear of the edges to its children further out. Either way it
-    stays on the map (its width is estimated: there is no font metrics without a browser)."""
-    dx, dy = star.x - centre, star.y - centre
-    distance = math.hypot(dx, dy)
-    cos, sin = (dx / distance, dy / distance) if distance else (0.0, 1.0)
-    gap, width = star.radius + font * 0.3, chars * font * _CHAR_WIDTH
-    if outward and abs(cos) > 0.35:
-        x = star.x + math.copysign(gap, cos)
-        if (x + width <= 2 * centre) if cos > 0 else (x - width >= 0):
-            return x, star.y + font * 0.35, "start" if cos > 0 else "end"
-    half = min(width / 2, centre)
-    x = min(max(star.x, half), 2 * centre - half)
-    return x, star.y + (gap + font * 0.8 if sin >= 0 else -gap), "middle"
 
 
 def _edges_svg(stars: list[Star], scale: float) -> Iterator[str]:
@@ -274,9 +263,7 @@ def _orbits_svg(stars: list[Star], size: float) -> Iterator[str]:
 def _labelled_depth(stars: list[Star], max_labels: int) -> int:
     """The deepest ring whose labels, with all those nearer the centre, fit in `max_labels`
     (a ring is labelled whole or not at all); -1 when not even the sun's label fits."""
-    per_depth: dict[int, int] = {}
-    for star in stars:
-        per_depth[star.depth] = per_depth.get(star.depth, 0) + 1
+    per_depth = Counter(star.depth for star in stars)
     deepest, total = -1, 0
     for depth in sorted(per_depth):
         total += per_depth[depth]
@@ -334,6 +321,7 @@ def render_topology(
     shown = _shown(tree, max_stars)
     stars = layout(shown, size=size)
     scale, legend = size / 640, _text(_legend(stars, shown))
+    labels = place_labels(stars, size, max_labels, label_chars)
     return "".join(
         [
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{size:g}" height="{size:g}"'
@@ -344,21 +332,11 @@ def render_topology(
             '</g><g class="edges">',
             *_edges_svg(stars, scale),
             '</g><g class="sessions">',
-            *_stars_svg(stars, size, max_labels, label_chars, shown.hidden),
+            *(  # children first, so parents (and the sun) sit on top
+                _star_svg(star, labels.get(star.node.id), scale, shown.hidden.get(star.node.id, 0))
+                for star in reversed(stars)
+            ),
             f'</g><text class="legend" x="{8 * scale:.1f}" y="{size - 8 * scale:.1f}"'
             f' font-size="{10 * scale:.1f}" fill="{_EDGE}">{legend}</text></svg>',
         ]
     )
-
-
-def _stars_svg(
-    stars: list[Star], size: float, max_labels: int, label_chars: int, hidden: Mapping[str, int]
-) -> list[str]:
-    """Every star, drawn children first, so parents (and the sun) sit on top."""
-    labels = place_labels(stars, size, max_labels, label_chars)
-    scale = size / 640
-    drawn = [
-        _star_svg(star, labels.get(star.node.id), scale, hidden.get(star.node.id, 0))
-        for star in stars
-    ]
-    return drawn[::-1]
