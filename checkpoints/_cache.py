@@ -17,26 +17,55 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
-__all__ = ["RecordCache"]
+__all__ = ["Lru", "RecordCache"]
+
+V = TypeVar("V")
 
 
-class RecordCache:
-    """Decoded records of up to `size` sessions (0 disables the cache)."""
+class Lru(Generic[V]):
+    """Up to `size` values by session, the least recently used dropped first (0 keeps none)."""
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._entries: OrderedDict[str, list[BaseMessage]] = OrderedDict()
-        self._data_version: int | None = None
-        self._version: int | None = None
-        self._touched: set[str] = set()
+        self._entries: OrderedDict[str, V] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def get(self, session_id: str) -> V | None:
+        value = self._entries.get(session_id)
+        if value is not None:
+            self._entries.move_to_end(session_id)
+        return value
+
+    def put(self, session_id: str, value: V) -> None:
+        if self._size <= 0:
+            return
+        self._entries[session_id] = value
+        self._entries.move_to_end(session_id)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+    def pop(self, session_id: str) -> V | None:
+        return self._entries.pop(session_id, None)
+
+
+class RecordCache(Lru["list[BaseMessage]"]):
+    """Decoded records of up to `size` sessions (0 disables the cache)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self._data_version: int | None = None
+        self._version: int | None = None
+        self._touched: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -48,7 +77,7 @@ class RecordCache:
         return bool(self._touched)
 
     def clear(self) -> None:
-        self._entries.clear()
+        super().clear()
         self._data_version = None
         self._version = None
 
@@ -65,20 +94,6 @@ class RecordCache:
         if version != self._version:
             self._entries.clear()
             self._version = version
-
-    def get(self, session_id: str) -> list[BaseMessage] | None:
-        records = self._entries.get(session_id)
-        if records is not None:
-            self._entries.move_to_end(session_id)
-        return records
-
-    def put(self, session_id: str, records: list[BaseMessage]) -> None:
-        if self._size <= 0:
-            return
-        self._entries[session_id] = records
-        self._entries.move_to_end(session_id)
-        while len(self._entries) > self._size:
-            self._entries.popitem(last=False)
 
     def extend(self, session_id: str, decode: Callable[[], list[BaseMessage]]) -> None:
         """Add appended records to a cached session (`decode` is only called if cached)."""

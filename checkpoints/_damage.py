@@ -28,6 +28,7 @@ from typing import Any
 from stello_graph.errors import DamagedDataError
 
 __all__ = [
+    "META",
     "META_COLUMNS",
     "ROLES",
     "STATUSES",
@@ -50,6 +51,8 @@ ROLES = ("standard", "main")
 STATUSES = ("active", "archived")
 META_COLUMNS = ("id", "label", "role", "status", "tags", "metadata", "created_at", "updated_at")
 """The columns of a `MetaRow` (`_serde`), in order."""
+META = ", ".join(META_COLUMNS)
+"""`META_COLUMNS` as a statement lists them."""
 
 _NOT_UTF8 = re.compile(r"Could not decode to UTF-8 column '(.*)", re.DOTALL)
 """SQLite's message (cut short after so many characters: a long column name loses its end)."""

@@ -34,7 +34,8 @@ from typing import Any
 import psycopg
 
 from stello_graph.checkpoints._postgres_conn import Link, Query
-from stello_graph.errors import ForeignDatabaseError, SchemaVersionError
+from stello_graph.checkpoints._schema import check_version
+from stello_graph.errors import ForeignDatabaseError
 from stello_graph.models import utcnow
 
 __all__ = [
@@ -197,11 +198,7 @@ def check_shape(
     if sorted(schema_columns) != ["applied_at", "version"]:
         raise _foreign(where, tables)
     found = version or 0
-    if found > SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"The database {where} has stello schema version {found}, but this version of "
-            f"stello-graph only knows versions up to {SCHEMA_VERSION}: upgrade stello-graph."
-        )
+    check_version(found, where, SCHEMA_VERSION)
     return found
 
 

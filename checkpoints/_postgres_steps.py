@@ -9,40 +9,52 @@ the decoded records of recently read sessions, each with the `records_stamp` it 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.messages import BaseMessage
 
 import stello_graph.checkpoints._postgres_schema as _schema
-from stello_graph._ids import legacy_thread_id, thread_id
+from stello_graph.checkpoints._cache import Lru
+from stello_graph.checkpoints._damage import META
 from stello_graph.checkpoints._postgres_conn import Query, Steps
 from stello_graph.checkpoints._postgres_schema import (
     CHECKPOINT_TABLES,
     EVENTS,
-    GLOBALS,
     NODES,
     RECORDS,
     SESSIONS,
 )
-from stello_graph.checkpoints._postgres_tree import _META, _META_COUNT, TreeStatements
-from stello_graph.checkpoints._rows import built, stored_meta, stored_node
+from stello_graph.checkpoints._postgres_tree import TreeStatements, checked_fields
+from stello_graph.checkpoints._rows import (
+    CHILDREN,
+    EVENTS_AFTER,
+    GET_GLOBAL,
+    GET_NODE,
+    PUT_GLOBAL,
+    PUT_NODE,
+    built,
+    listed_sessions,
+    stored_meta,
+    stored_node,
+)
 from stello_graph.checkpoints._serde import (
     REMOVED_PAYLOAD,
     EncodedMessage,
+    EventRow,
     MetaRow,
     RecordTurn,
     SessionRead,
     decode_message,
     decode_records,
-    row_to_meta,
+    read_turns,
     run_heads,
+    session_threads,
+    split_read,
 )
 from stello_graph.checkpoints._shared_l3 import SharedPrefixes
-from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.checkpoints._validate import CommitArgs
-from stello_graph.errors import InvalidInputError, SessionNotFoundError
+from stello_graph.errors import SessionNotFoundError
 from stello_graph.models import (
     SessionMeta,
     SessionRole,
@@ -50,18 +62,11 @@ from stello_graph.models import (
     TopologyNode,
 )
 
-__all__ = ["COLUMNS", "EVENTS_CHANNEL", "EventRow", "Statements"]
+__all__ = ["EVENTS_CHANNEL", "EventRow", "Statements"]
 
 EVENTS_CHANNEL = "stello_events"
 """The channel notified of each appended event; the payload is JSON
 `{"tree_id": ..., "cursor": ...}` (the event's cursor in its tree)."""
-
-EventRow = tuple[int, str, str | None, str, str]
-"""`(cursor, kind, session_id, payload, at)` of one stored event."""
-
-COLUMNS = FIELDS
-"""The per-session columns `op_get_fields` / `op_set_fields` accept (names are checked before
-they are put in SQL)."""
 
 
 class Statements(TreeStatements):
@@ -69,8 +74,7 @@ class Statements(TreeStatements):
 
     def __init__(self, tree_id: str, cache_size: int) -> None:
         self.tree_id = tree_id
-        self.cache_size = cache_size
-        self.cache: OrderedDict[str, tuple[int, list[BaseMessage]]] = OrderedDict()
+        self.cache: Lru[tuple[int, list[BaseMessage]]] = Lru(cache_size)
         """Decoded records by session, with the `records_stamp` they were read at."""
         self.shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
         """The statements of shared L3 prefixes (`_shared_l3`)."""
@@ -78,7 +82,7 @@ class Statements(TreeStatements):
     def put_session(self, row: MetaRow) -> Steps[None]:
         tree = self.tree_id
         yield Query(
-            f"""INSERT INTO {SESSIONS} (tree_id, {_META}, created_seq)
+            f"""INSERT INTO {SESSIONS} (tree_id, {META}, created_seq)
             VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,
                 (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM {SESSIONS} WHERE tree_id = %s))
             ON CONFLICT (tree_id, id) DO UPDATE SET
@@ -93,20 +97,12 @@ class Statements(TreeStatements):
     def list_sessions(
         self, status: SessionStatus | None, role: SessionRole | None
     ) -> Steps[list[SessionMeta]]:
-        where, params = ["tree_id = %s"], [self.tree_id]
-        if role is not None:
-            where.append("role = %s")
-            params.append(role)
-        if status is not None:
-            where.append("status = %s")
-            params.append(status)
-        sql = f"SELECT {_META} FROM {SESSIONS} WHERE {' AND '.join(where)} ORDER BY created_seq"
+        sql, params = listed_sessions(self.tree_id, status, role)
         return built(stored_meta, (yield Query(sql, params)).rows)
 
     def get_fields(self, session_id: str, names: Sequence[str]) -> Steps[tuple[Any, ...] | None]:
-        if not COLUMNS.issuperset(names):
-            raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - COLUMNS)}.")
-        sql = f"SELECT {', '.join(names)} FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
+        columns = ", ".join(checked_fields(names))
+        sql = f"SELECT {columns} FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
         rows = (yield Query(sql, (self.tree_id, session_id))).rows
         return tuple(rows[0]) if rows else None
 
@@ -115,29 +111,23 @@ class Statements(TreeStatements):
     ) -> Steps[SessionRead | None]:
         """The meta, the named fields and the record stamp in one statement; the records
         from the cache when the stamp says they did not change (else one more statement)."""
-        if not COLUMNS.issuperset(names):
-            raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - COLUMNS)}.")
-        columns = "".join(f", {name}" for name in names)
-        sql = f"""SELECT {_META}{columns}, records_stamp FROM {SESSIONS}
+        columns = "".join(f", {name}" for name in checked_fields(names))
+        sql = f"""SELECT {META}{columns}, records_stamp FROM {SESSIONS}
             WHERE tree_id = %s AND id = %s"""
         rows = (yield Query(sql, (self.tree_id, session_id))).rows
         if not rows:
             return None
-        row = rows[0]
-        meta, values, stamp = row_to_meta(row[:_META_COUNT]), tuple(row[_META_COUNT:-1]), row[-1]
+        (meta, values), stamp = split_read(rows[0][:-1]), rows[0][-1]
         if not records:
             return meta, values, ()
         cached = self.cache.get(session_id)
         if cached is not None and cached[0] == stamp:
-            self.cache.move_to_end(session_id)
             return meta, values, cached[1]
         found: list[BaseMessage] = yield from self._load_records(session_id)
         return meta, values, found
 
     def set_fields(self, session_id: str, values: dict[str, Any]) -> Steps[None]:
-        if not COLUMNS.issuperset(values):
-            raise InvalidInputError(f"Unknown session fields: {sorted(set(values) - COLUMNS)}.")
-        columns = ", ".join(f"{name} = %s" for name in values)
+        columns = ", ".join(f"{name} = %s" for name in checked_fields(values))
         sql = f"UPDATE {SESSIONS} SET {columns} WHERE tree_id = %s AND id = %s"
         done = yield Query(sql, (*values.values(), self.tree_id, session_id))
         if done.rowcount == 0:
@@ -155,7 +145,7 @@ class Statements(TreeStatements):
         yield Query(sql, (REMOVED_PAYLOAD, self.tree_id, list(session_ids)))
         yield from self._delete_threads(session_ids)
         for session_id in session_ids:
-            self.cache.pop(session_id, None)
+            self.cache.pop(session_id)
 
     def _delete_threads(self, session_ids: list[str]) -> Steps[None]:
         # The sessions' turn threads in LangGraph's tables on this database (the stello
@@ -165,13 +155,7 @@ class Statements(TreeStatements):
         # gone (`StelloPostgresSaver`).
         sql = "SELECT name FROM unnest(%s::text[]) AS name WHERE to_regclass(name) IS NOT NULL"
         found = (yield Query(sql, (list(CHECKPOINT_TABLES),))).rows
-        threads = [
-            thread
-            for session_id in session_ids
-            for thread in (
-                thread_id(self.tree_id, session_id), legacy_thread_id(self.tree_id, session_id)
-            )
-        ]  # fmt: skip
+        threads = session_threads(self.tree_id, session_ids)
         for (table,) in found:
             yield Query(f"DELETE FROM {table} WHERE thread_id = ANY(%s)", (threads,))
 
@@ -222,10 +206,7 @@ class Statements(TreeStatements):
                     [turn_seq for _, turn_seq in heads],
                 ),
             )
-            cached = self.cache.pop(session_id, None)
-            if cached is not None and cached[0] == old_stamp:
-                added = [decode_message(data) for _, data in records]
-                self.remember(session_id, stamp, [*cached[1], *added])
+        self.committed(session_id, records, old_stamp, stamp)
         return int(before) + count
 
     def has_turn(self, session_id: str, turn_id: str) -> Steps[bool]:
@@ -243,12 +224,7 @@ class Statements(TreeStatements):
         return (yield from self.run(self.shared.has_turn(prefix, turn_id)))
 
     def turns(self, session_id: str) -> Steps[list[RecordTurn]]:
-        rows = yield from self.run(self.shared.rows(session_id, "turn_id, turn_seq"))
-        turns, turn_id = [], ""
-        for stored, turn_seq in rows or ():
-            turn_id = stored or turn_id  # the first record of a run carries the turn's id
-            turns.append((turn_id, turn_seq))
-        return turns
+        return read_turns((yield from self.run(self.shared.rows(session_id, "turn_id, turn_seq"))))
 
     def records(self, session_id: str) -> Steps[list[BaseMessage]]:
         key = (self.tree_id, session_id)
@@ -257,7 +233,6 @@ class Statements(TreeStatements):
             sql = f"SELECT records_stamp FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
             found = (yield Query(sql, key)).rows
             if found and found[0][0] == cached[0]:
-                self.cache.move_to_end(session_id)
                 return cached[1]
         loaded: list[BaseMessage] = yield from self._load_records(session_id)
         return loaded
@@ -274,7 +249,7 @@ class Statements(TreeStatements):
             )
         ).rows
         if not rows:
-            self.cache.pop(session_id, None)
+            self.cache.pop(session_id)
             return []
         stamp = rows[0][0]
         if rows[0][1] is not None:  # a shared prefix: its rows, then the session's own
@@ -283,17 +258,8 @@ class Statements(TreeStatements):
             shared = yield from self.run(self.shared.rows(session_id, "data"))
             rows = [(stamp, None, data) for (data,) in shared or ()]
         records = decode_records(session_id, [data for _, _, data in rows if data is not None])
-        self.remember(session_id, stamp, records)
+        self.cache.put(session_id, (stamp, records))
         return records
-
-    def remember(self, session_id: str, stamp: int, records: list[BaseMessage]) -> None:
-        """Keep a session's decoded records (the newest `record_cache_size` sessions)."""
-        if self.cache_size <= 0:
-            return
-        self.cache[session_id] = (stamp, records)
-        self.cache.move_to_end(session_id)
-        while len(self.cache) > self.cache_size:
-            self.cache.popitem(last=False)
 
     def count(self, session_id: str) -> Steps[int]:
         sql = f"""SELECT s.base_count + (SELECT COUNT(*) FROM {RECORDS} r
@@ -332,7 +298,7 @@ class Statements(TreeStatements):
             WHERE tree_id = %s AND id = %s""",
             key,
         )
-        self.cache.pop(session_id, None)
+        self.cache.pop(session_id)
 
     def copy_records(self, source_id: str, target_id: str, count: int) -> Steps[int]:
         tree = self.tree_id
@@ -346,20 +312,14 @@ class Statements(TreeStatements):
                 raise SessionNotFoundError(session_id)
         count = min(count, int(present[source_id][1]))  # checked by the caller; kept exact
         first, records = present[target_id]
-        if count > 0 and source_id != target_id and records == 0:
-            # a fresh child shares the source's rows: none is written
-            yield from self.run(self.shared.share(source_id, target_id, count))
-        else:  # copied in the database, stored form and turn kept; seqs continue the target's
-            segments = yield from self.run(self.shared.prefix(source_id, count))
-            copied = yield from self.run(self.shared.copy_rows(target_id, segments, first))
-            sql = f"UPDATE {SESSIONS} SET next_seq = %s WHERE tree_id = %s AND id = %s"
-            yield Query(sql, (first + copied, tree, target_id))
+        empty = count > 0 and source_id != target_id and records == 0
+        yield from self.run(self.shared.fork(source_id, target_id, count, first, empty))
         yield Query(
             f"""UPDATE {SESSIONS} SET records_stamp = nextval('{_schema.STAMPS}')
             WHERE tree_id = %s AND id = %s""",
             (tree, target_id),
         )
-        self.cache.pop(target_id, None)
+        self.cache.pop(target_id)
         return (yield from self.count(target_id))
 
     def acquire_lease(
@@ -465,13 +425,13 @@ class Statements(TreeStatements):
     def committed(
         self, session_id: str, records: list[EncodedMessage], old_stamp: int, stamp: int
     ) -> None:
-        """Keep the record cache exact after `commit_records` appended `records`."""
+        """Keep the record cache exact after `append` or `commit_records` added `records`."""
         if not records:
             return
-        cached = self.cache.pop(session_id, None)
+        cached = self.cache.pop(session_id)
         if cached is not None and cached[0] == old_stamp:
             added = [decode_message(data) for _, data in records]
-            self.remember(session_id, stamp, [*cached[1], *added])
+            self.cache.put(session_id, (stamp, [*cached[1], *added]))
 
     def release_lease(self, session_id: str, owner: str, token: int) -> tuple[str, list[Any]]:
         """Free the session if `(owner, token)` still holds it: `RETURNING 1` when it did."""
@@ -497,40 +457,24 @@ class Statements(TreeStatements):
         return int(rows[0][0])
 
     def events_after(self, cursor: int, limit: int) -> Steps[list[EventRow]]:
-        sql = f"""SELECT cursor, kind, session_id, payload, at FROM {EVENTS}
-            WHERE tree_id = %s AND cursor > %s ORDER BY cursor LIMIT %s"""
-        rows = (yield Query(sql, (self.tree_id, cursor, limit))).rows
+        rows = (yield Query(EVENTS_AFTER, (self.tree_id, cursor, limit))).rows
         return [(int(c), kind, sid, payload, at) for c, kind, sid, payload, at in rows]
 
     def get_node(self, node_id: str) -> Steps[TopologyNode | None]:
-        sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = %s AND id = %s"
-        rows = (yield Query(sql, (self.tree_id, node_id))).rows
+        rows = (yield Query(GET_NODE, (self.tree_id, node_id))).rows
         return stored_node(rows[0]) if rows else None
 
     def put_node(self, node: TopologyNode) -> Steps[None]:
         tree = self.tree_id
-        yield Query(
-            f"""INSERT INTO {NODES} (tree_id, id, parent_id, label, position)
-            VALUES (%s, %s, %s, %s,
-                (SELECT COALESCE(MAX(position), 0) + 1 FROM {NODES} WHERE tree_id = %s))
-            ON CONFLICT (tree_id, id) DO UPDATE SET
-                parent_id = excluded.parent_id, label = excluded.label""",
-            (tree, node.id, node.parent_id, node.label, tree),
-        )
+        yield Query(PUT_NODE, (tree, node.id, node.parent_id, node.label, tree))
 
     def children(self, parent_id: str) -> Steps[list[TopologyNode]]:
-        sql = f"""SELECT id, parent_id, label FROM {NODES}
-            WHERE tree_id = %s AND parent_id = %s ORDER BY position"""
-        return [stored_node(row) for row in (yield Query(sql, (self.tree_id, parent_id))).rows]
+        rows = (yield Query(CHILDREN, (self.tree_id, parent_id))).rows
+        return [stored_node(row) for row in rows]
 
     def get_global(self, key: str) -> Steps[str | None]:
-        sql = f"SELECT value FROM {GLOBALS} WHERE tree_id = %s AND key = %s"
-        rows = (yield Query(sql, (self.tree_id, key))).rows
+        rows = (yield Query(GET_GLOBAL, (self.tree_id, key))).rows
         return None if not rows else str(rows[0][0])
 
     def put_global(self, key: str, value: str) -> Steps[None]:
-        yield Query(
-            f"""INSERT INTO {GLOBALS} (tree_id, key, value) VALUES (%s, %s, %s)
-            ON CONFLICT (tree_id, key) DO UPDATE SET value = excluded.value""",
-            (self.tree_id, key, value),
-        )
+        yield Query(PUT_GLOBAL, (self.tree_id, key, value))

@@ -5,13 +5,13 @@ tree's size, with the shared fork prefixes resolved (`_shared_l3`)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Collection, Sequence
+from typing import Any, TypeVar, cast
 
 from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
 from stello_graph.checkpoints._postgres_conn import Query, Steps, unescape_text
 from stello_graph.checkpoints._postgres_schema import NODES, RECORDS, SESSIONS
-from stello_graph.checkpoints._rows import built, stats_from_row, stored_node
+from stello_graph.checkpoints._rows import ALL_NODES, L2S_AFTER, built, stats_from_row, stored_node
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, export_with_prefixes
 from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.digest import DigestRow
@@ -21,15 +21,33 @@ from stello_graph.models import (
     TopologyNode,
 )
 
-__all__ = ["TreeStatements"]
+__all__ = ["TreeStatements", "checked_fields"]
 
-_META = "id, label, role, status, tags, metadata, created_at, updated_at"
-_META_COUNT = 8
+C = TypeVar("C", bound=Collection[str])
+
 _TOPOLOGY_TEXT = f"""SELECT
     (SELECT COALESCE(json_agg(json_build_array(id, parent_id, label) ORDER BY position),
         '[]')::text FROM {NODES} WHERE tree_id = %s),
     (SELECT COALESCE(json_agg(json_build_array({", ".join(TOPOLOGY_SESSION_COLUMNS)})),
         '[]')::text FROM {SESSIONS} WHERE tree_id = %s)"""
+_HUMANS_AFTER = f"""CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
+    ELSE (SELECT COUNT(*) FROM {RECORDS} r
+        WHERE r.tree_id = s.tree_id AND r.session_id = s.id AND r.type = 'human'
+        AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
+            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END"""
+"""As SQLite's: a session's seqs are contiguous, so the user records after the L2 cursor are
+those from MIN(seq) + memory_through on."""
+
+
+def checked_fields(names: C) -> C:
+    """`names`, once each is known to be a per-session column (`FIELDS`): they go in SQL.
+
+    Raises:
+        InvalidInputError: one is not.
+    """
+    if not FIELDS.issuperset(names):
+        raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - FIELDS)}.")
+    return names
 
 
 def _unescaped(text: str) -> str:
@@ -60,15 +78,7 @@ class TreeStatements:
             return done.value  # type: ignore[no-any-return]
 
     def l2s_after(self, after: int, limit: int) -> Steps[list[tuple[Any, ...]]]:
-        rows = (
-            yield Query(
-                f"""SELECT created_seq, id, label, memory FROM {SESSIONS}
-                WHERE tree_id = %s AND role = 'standard' AND status = 'active'
-                    AND memory IS NOT NULL AND created_seq > %s
-                ORDER BY created_seq LIMIT %s""",
-                (self.tree_id, after, limit),
-            )
-        ).rows
+        rows = (yield Query(L2S_AFTER, (self.tree_id, after, limit))).rows
         return [tuple(row) for row in rows]
 
     def export_rows(self, part: str) -> Steps[list[tuple[Any, ...]]]:
@@ -84,22 +94,13 @@ class TreeStatements:
         return list(export_with_prefixes(part, rows, bases, lambda base: by_base[base]))
 
     def session_stats(self) -> Steps[list[SessionStats]]:
-        # As SQLite's: a session's seqs are contiguous, so the records after the L2 cursor
-        # are those from MIN(seq) + memory_through on.
         rows = (
             yield Query(
                 f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
                     n.id IS NOT NULL, s.turn_count,
                     (SELECT COUNT(*) FROM {RECORDS} r
                         WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
-                    s.memory_through,
-                    CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
-                    ELSE (SELECT COUNT(*) FROM {RECORDS} r
-                        WHERE r.tree_id = s.tree_id AND r.session_id = s.id
-                        AND r.type = 'human'
-                        AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
-                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END,
-                    s.memory IS NOT NULL, s.insight IS NOT NULL,
+                    s.memory_through, {_HUMANS_AFTER}, s.memory IS NOT NULL, s.insight IS NOT NULL,
                     s.subtree_synthesis IS NOT NULL
                 FROM {SESSIONS} s
                 LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
@@ -111,27 +112,16 @@ class TreeStatements:
         return [stats_from_row(row) for row in rows]
 
     def all_fields(self, names: Sequence[str]) -> Steps[list[tuple[Any, ...]]]:
-        if not FIELDS.issuperset(names):
-            raise InvalidInputError(f"Unknown session fields: {sorted(set(names) - FIELDS)}.")
-        columns = "".join(f", {name}" for name in names)
+        columns = "".join(f", {name}" for name in checked_fields(names))
         sql = f"SELECT id{columns} FROM {SESSIONS} WHERE tree_id = %s ORDER BY created_seq"
         rows = (yield Query(sql, (self.tree_id,))).rows
         return [tuple(row) for row in rows]
 
     def digests(self) -> Steps[list[DigestRow]]:
-        # As SQLite's: the user records after the L2 cursor are those from MIN(seq) +
-        # memory_through on.
         rows = (
             yield Query(
                 f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
-                    s.turn_count, s.memory,
-                    CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
-                    ELSE (SELECT COUNT(*) FROM {RECORDS} r
-                        WHERE r.tree_id = s.tree_id AND r.session_id = s.id
-                        AND r.type = 'human'
-                        AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {RECORDS} f
-                            WHERE f.tree_id = s.tree_id AND f.session_id = s.id)) END,
-                    s.insight
+                    s.turn_count, s.memory, {_HUMANS_AFTER}, s.insight
                 FROM {SESSIONS} s
                 LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
                 WHERE s.tree_id = %s ORDER BY s.created_seq""",
@@ -147,8 +137,7 @@ class TreeStatements:
         return TopologyText(_unescaped(row[0]), _unescaped(row[1]))
 
     def all_nodes(self) -> Steps[list[TopologyNode]]:
-        sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = %s ORDER BY position"
-        return built(stored_node, (yield Query(sql, (self.tree_id,))).rows)
+        return built(stored_node, (yield Query(ALL_NODES, (self.tree_id,))).rows)
 
 
 _WALK = f"""WITH RECURSIVE walk(id, path) AS (

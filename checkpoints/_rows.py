@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from stello_graph.checkpoints._damage import (
+    META,
     ROLES,
     STATUSES,
     UNDECODABLE,
@@ -32,7 +33,16 @@ from stello_graph.checkpoints._serde import from_iso
 from stello_graph.models import ChildL2, SessionMeta, SessionStats, TopologyNode
 
 __all__ = [
+    "ALL_NODES",
+    "CHILDREN",
+    "EVENTS_AFTER",
+    "GET_GLOBAL",
+    "GET_NODE",
+    "L2S_AFTER",
+    "PUT_GLOBAL",
+    "PUT_NODE",
     "built",
+    "listed_sessions",
     "no_collection",
     "placeholder_meta",
     "stats_from_row",
@@ -45,6 +55,38 @@ __all__ = [
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
 T = TypeVar("T")
+
+# -- statements both SQL backends run, as written for PostgreSQL (`%s`; SQLite's `?`) --------
+_NODE = "SELECT id, parent_id, label FROM stello_nodes WHERE tree_id = %s"
+GET_NODE = f"{_NODE} AND id = %s"
+CHILDREN = f"{_NODE} AND parent_id = %s ORDER BY position"
+ALL_NODES = f"{_NODE} ORDER BY position"
+PUT_NODE = """INSERT INTO stello_nodes (tree_id, id, parent_id, label, position)
+    VALUES (%s, %s, %s, %s,
+        (SELECT COALESCE(MAX(position), 0) + 1 FROM stello_nodes WHERE tree_id = %s))
+    ON CONFLICT (tree_id, id) DO UPDATE SET
+        parent_id = excluded.parent_id, label = excluded.label"""
+GET_GLOBAL = "SELECT value FROM stello_globals WHERE tree_id = %s AND key = %s"
+PUT_GLOBAL = """INSERT INTO stello_globals (tree_id, key, value) VALUES (%s, %s, %s)
+    ON CONFLICT (tree_id, key) DO UPDATE SET value = excluded.value"""
+EVENTS_AFTER = """SELECT cursor, kind, session_id, payload, at FROM stello_events
+    WHERE tree_id = %s AND cursor > %s ORDER BY cursor LIMIT %s"""
+L2S_AFTER = """SELECT created_seq, id, label, memory FROM stello_sessions
+    WHERE tree_id = %s AND role = 'standard' AND status = 'active'
+        AND memory IS NOT NULL AND created_seq > %s
+    ORDER BY created_seq LIMIT %s"""
+
+
+def listed_sessions(tree_id: str, status: str | None, role: str | None) -> tuple[str, list[str]]:
+    """The statement of `op_list_sessions` (placeholders `%s`) and its parameters."""
+    where, params = ["tree_id = %s"], [tree_id]
+    for column, value in (("role", role), ("status", status)):
+        if value is not None:
+            where.append(f"{column} = %s")
+            params.append(value)
+    sql = f"SELECT {META} FROM stello_sessions WHERE {' AND '.join(where)} ORDER BY created_seq"
+    return sql, params
+
 
 _new = object.__new__
 _FIELDS: dict[type[BaseModel], set[str]] = {}

@@ -502,16 +502,18 @@ def read_version(conn: sqlite3.Connection) -> int:
     return version
 
 
-def check_version(version: int, where: str) -> None:
-    """Refuse a database written by a newer stello-graph.
+def check_version(version: int, where: str, known: int | None = None) -> None:
+    """Refuse a database written by a newer stello-graph (`known`: the newest version this
+    one knows, SQLite's `SCHEMA_VERSION` by default; PostgreSQL's has its own).
 
     Raises:
-        SchemaVersionError: `version` is newer than `SCHEMA_VERSION`.
+        SchemaVersionError: `version` is newer than `known`.
     """
-    if version > SCHEMA_VERSION:
+    known = SCHEMA_VERSION if known is None else known
+    if version > known:
         raise SchemaVersionError(
             f"The database {where} has stello schema version {version}, but this version of "
-            f"stello-graph only knows versions up to {SCHEMA_VERSION}: upgrade stello-graph."
+            f"stello-graph only knows versions up to {known}: upgrade stello-graph."
         )
 
 

@@ -15,8 +15,15 @@ from datetime import UTC, datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from stello_graph._ids import legacy_thread_id, thread_id
 from stello_graph._validate import check_depth
-from stello_graph.checkpoints._damage import ROLES, STATUSES, damaged_error, meta_damage
+from stello_graph.checkpoints._damage import (
+    META_COLUMNS,
+    ROLES,
+    STATUSES,
+    damaged_error,
+    meta_damage,
+)
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import SessionMeta
 
@@ -38,7 +45,10 @@ __all__ = [
     "encode_message",
     "from_iso",
     "message_role",
+    "read_turns",
     "run_heads",
+    "session_threads",
+    "split_read",
     "meta_to_row",
     "row_to_meta",
     "stored_id",
@@ -325,6 +335,26 @@ def run_heads(turns: list[RecordTurn]) -> list[tuple[str | None, int]]:
     return heads
 
 
+def read_turns(rows: Iterable[tuple[str | None, int]] | None) -> list[RecordTurn]:
+    """The turns of stored `(turn_id, turn_seq)` rows: a run's later records inherit the id
+    of its first (`run_heads` undone)."""
+    turns, turn_id = [], ""
+    for stored, turn_seq in rows or ():
+        turn_id = stored or turn_id
+        turns.append((turn_id, turn_seq))
+    return turns
+
+
+def session_threads(tree_id: str, session_ids: Iterable[str]) -> list[str]:
+    """The checkpoint threads of the sessions' turns (current and legacy ids): what removing
+    the sessions deletes from LangGraph's tables."""
+    return [
+        thread
+        for session_id in session_ids
+        for thread in (thread_id(tree_id, session_id), legacy_thread_id(tree_id, session_id))
+    ]
+
+
 def to_iso(value: datetime) -> str:
     """ISO-8601 text in UTC; a naive datetime is taken to be UTC already."""
     if value.tzinfo is None:
@@ -375,6 +405,11 @@ def row_to_meta(row: Sequence[Any]) -> SessionMeta:
         known = {"role": ROLES, "status": STATUSES}.get(column)
         reason = f"{row[2 if column == 'role' else 3]!r} is none of {known}" if known else None
         raise damaged_error(str(sid), column, reason or _reason(exc)) from exc
+
+
+def split_read(row: Sequence[Any]) -> tuple[SessionMeta, tuple[Any, ...]]:
+    """The meta (`row_to_meta`) and the further columns of a row that starts with a `MetaRow`."""
+    return row_to_meta(row[: len(META_COLUMNS)]), tuple(row[len(META_COLUMNS) :])
 
 
 def decode_records(

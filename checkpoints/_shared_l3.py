@@ -35,7 +35,9 @@ from typing import Any, TypeVar
 
 __all__ = [
     "Lookup",
+    "drive_sqlite",
     "export_with_prefixes",
+    "sqlite_marks",
     "Segment",
     "SharedPrefixes",
 ]
@@ -105,6 +107,22 @@ class SharedPrefixes:
             f"""UPDATE {self.sessions} SET base_id = %s, base_count = %s, next_seq = %s
             WHERE tree_id = %s AND id = %s""",
             (holder, count, count, self.tree_id, target_id),
+        )
+
+    def fork(
+        self, source_id: str, target_id: str, count: int, first: int, empty: bool
+    ) -> Lookup[None]:
+        """Give the target the first `count` records of the source after its own: shared when
+        the target is `empty` (a fresh fork: no row written), else copied inside the database
+        with seqs from `first` (its `next_seq`) on, stored form and turns kept."""
+        if empty:
+            yield from self.share(source_id, target_id, count)
+            return
+        segments = yield from self.prefix(source_id, count)
+        copied = yield from self.copy_rows(target_id, segments, first)
+        yield (
+            f"UPDATE {self.sessions} SET next_seq = %s WHERE tree_id = %s AND id = %s",
+            (first + copied, self.tree_id, target_id),
         )
 
     def segment_rows(self, segment: Segment, columns: str) -> Lookup[list[tuple[Any, ...]]]:
@@ -327,11 +345,16 @@ def export_with_prefixes(
         yield tuple(patched)
 
 
+def sqlite_marks(sql: str) -> str:
+    """A statement written for both SQL backends (here, `_rows`), with SQLite's placeholders."""
+    return sql.replace("%s", "?")
+
+
 def drive_sqlite(steps: Lookup[T], run: Any) -> T:
     """Run `steps` with `run(sql, params) -> rows` (placeholders turned to SQLite's `?`)."""
     try:
         sql, params = next(steps)
         while True:
-            sql, params = steps.send(run(sql.replace("%s", "?"), params))
+            sql, params = steps.send(run(sqlite_marks(sql), params))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

@@ -11,14 +11,14 @@ through `SqliteMainStorage`, which brings it up to date first.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints import _schema
-from stello_graph.checkpoints._damage import META_COLUMNS, row_damage
+from stello_graph.checkpoints._damage import META, row_damage
 from stello_graph.checkpoints._schema import NODES, RECORDS, ROWS, SESSIONS, read_version
 from stello_graph.checkpoints._shared_l3 import (
     Lookup,
@@ -39,16 +39,12 @@ if TYPE_CHECKING:
 
 __all__ = ["SessionMark", "TreeRows", "export_rows"]
 
-Query = Callable[[str, Mapping[str, Any]], Generator[Any, None, None]]
-"""Runs one statement with named parameters and yields its rows (`stream_rows`)."""
 Run = Callable[[Lookup[Any]], Any]
 """Drives shared-prefix statements (`_shared_l3`) on the same connection."""
 
 SessionMark = tuple[str, str, int, str | None, int | None, tuple[str, ...]]
 """What a printed tree shows of a session: id, status, user turns, its lineage
 (`forked_from`, `forked_at_turn`), and the columns of its row that do not decode."""
-
-META = ", ".join(META_COLUMNS)
 
 WALK = f"""WITH RECURSIVE walk(id, path) AS (
     SELECT n.id, printf('%012d', n.position) FROM {NODES} n
@@ -93,7 +89,12 @@ node's row ends with whether it is detached."""
 
 
 def export_rows(
-    query: Query, run: Run, shared: SharedPrefixes, part: ExportPart, sink: RowSink
+    conn: sqlite3.Connection,
+    where: str,
+    run: Run,
+    shared: SharedPrefixes,
+    part: ExportPart,
+    sink: RowSink,
 ) -> int:
     """Hand `sink` every row of `part` of `shared.tree_id`'s tree, as it is read; how many.
 
@@ -102,7 +103,7 @@ def export_rows(
     resolved (`export_with_prefixes`)."""
     bases = run(shared.bases()) if part != "nodes" else {}
     count = 0
-    with closing(query(WALK + EXPORT[part], {"tree": shared.tree_id})) as rows:
+    with closing(stream_rows(conn, WALK + EXPORT[part], {"tree": shared.tree_id}, where)) as rows:
         for row in export_with_prefixes(
             part, rows, bases, lambda base: run(shared.inherited(base, "data"))
         ):
@@ -190,14 +191,7 @@ class TreeRows:
 
     def export_rows(self, part: ExportPart, sink: RowSink) -> int:
         """What `SqliteMainStorage.export_rows(part, sink)` gives on the same file."""
-        conn, where = self._conn, self._where
-        return export_rows(
-            lambda sql, params: stream_rows(conn, sql, params, where),
-            self._run,
-            self._shared,
-            part,
-            sink,
-        )
+        return export_rows(self._conn, self._where, self._run, self._shared, part, sink)
 
     def main_session(self) -> tuple[str, str | None] | None:
         """The id and synthesis of the tree's main session (the first created), if any."""

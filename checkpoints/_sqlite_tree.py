@@ -9,11 +9,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
-from stello_graph.checkpoints._rows import built, stats_from_row, stored_node
+from stello_graph.checkpoints._rows import ALL_NODES, L2S_AFTER, built, stats_from_row, stored_node
 from stello_graph.checkpoints._schema import NODES, ROWS, SESSIONS
-from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T
+from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, sqlite_marks
 from stello_graph.checkpoints._shell import FIELDS
-from stello_graph.checkpoints._sqlite_conn import stream_rows
 from stello_graph.checkpoints._sqlite_rows import export_rows
 from stello_graph.digest import ROLE_CODE, STATUS_CODE, DigestRow
 from stello_graph.errors import StorageError
@@ -33,6 +32,13 @@ _TOPOLOGY_TEXT = f"""SELECT
         SELECT id, parent_id, label FROM {NODES} WHERE tree_id = :tree ORDER BY position)),
     (SELECT json_group_array(json_array({", ".join(TOPOLOGY_SESSION_COLUMNS)}))
         FROM {SESSIONS} WHERE tree_id = :tree)"""
+_HUMANS_AFTER = f"""CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
+    ELSE (SELECT COUNT(*) FROM {ROWS} r
+        WHERE r.l3_key = s.l3_key AND r.type = 'human'
+        AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {ROWS} f
+            WHERE f.l3_key = s.l3_key)) END"""
+"""A session's user records after its L2 cursor: a session's seqs are contiguous (appends
+take `next_seq` on, a trim drops the oldest), so those from MIN(seq) + memory_through on."""
 
 
 class SqliteTreeReads:
@@ -59,20 +65,13 @@ class SqliteTreeReads:
         def _run(self, steps: Lookup[T], session_id: str | None = None) -> T: ...
 
     def op_session_stats(self) -> list[SessionStats]:
-        # Per session, through the records' primary key. A session's seqs are contiguous
-        # (appends take `next_seq` on, a trim drops the oldest), so the records after the L2
-        # cursor (a count from the first record) are those from MIN(seq) + memory_through on.
+        # Per session, through the records' primary key.
         rows = self._fetch(
             f"""SELECT s.id, s.label, s.role, s.status, s.updated_at, n.parent_id,
                 n.id IS NOT NULL, s.turn_count,
                 (SELECT COUNT(*) FROM {ROWS} r
                     WHERE r.l3_key = s.l3_key),
-                s.memory_through,
-                CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
-                ELSE (SELECT COUNT(*) FROM {ROWS} r
-                    WHERE r.l3_key = s.l3_key AND r.type = 'human'
-                    AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {ROWS} f
-                        WHERE f.l3_key = s.l3_key)) END,
+                s.memory_through, {_HUMANS_AFTER},
                 s.memory IS NOT NULL, s.insight IS NOT NULL, s.subtree_synthesis IS NOT NULL
             FROM {SESSIONS} s
             LEFT JOIN {NODES} n ON n.tree_id = s.tree_id AND n.id = s.id
@@ -89,42 +88,22 @@ class SqliteTreeReads:
         return [tuple(row) for row in self._fetch(sql, (self.tree_id,))]
 
     def op_digests(self) -> list[DigestRow]:
-        # The records after the L2 cursor are those from MIN(seq) + memory_through on (see
-        # `op_session_stats`); a session without records counts none. The parent is the
-        # row's copy of its node's (`node_parent`, kept by the nodes' triggers): no join.
+        # A session without records counts none after its cursor. The parent is the row's
+        # copy of its node's (`node_parent`, kept by the nodes' triggers): no join.
         rows = self._fetch(
             f"""SELECT s.id, s.label, {ROLE_CODE}, {STATUS_CODE}, s.updated_at, s.node_parent,
-                s.turn_count, s.memory,
-                CASE WHEN s.memory_through >= s.next_seq THEN 0 -- no record after the cursor
-                ELSE (SELECT COUNT(*) FROM {ROWS} r
-                    WHERE r.l3_key = s.l3_key AND r.type = 'human'
-                    AND r.seq >= s.memory_through + (SELECT MIN(f.seq) FROM {ROWS} f
-                        WHERE f.l3_key = s.l3_key)) END,
-                s.insight
+                s.turn_count, s.memory, {_HUMANS_AFTER}, s.insight
             FROM {SESSIONS} s WHERE s.tree_id = ? ORDER BY s.created_seq""",
             (self.tree_id,),
         )
         return self._run(self._shared.patch(rows, None, 8))
 
     def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
-        rows: list[L2Row] = self._fetch(
-            f"""SELECT created_seq, id, label, memory FROM {SESSIONS}
-            WHERE tree_id = ? AND role = 'standard' AND status = 'active'
-                AND memory IS NOT NULL AND created_seq > ?
-            ORDER BY created_seq LIMIT ?""",
-            (self.tree_id, after, limit),
-        )
+        rows: list[L2Row] = self._fetch(sqlite_marks(L2S_AFTER), (self.tree_id, after, limit))
         return rows
 
     def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
-        conn, where = self._conn, repr(self.path)
-        return export_rows(
-            lambda sql, params: stream_rows(conn, sql, params, where),
-            self._run,
-            self._shared,
-            part,
-            sink,
-        )
+        return export_rows(self._conn, repr(self.path), self._run, self._shared, part, sink)
 
     def op_topology_text(self) -> TopologyText | None:
         # One statement, so one snapshot; the nodes' ordered subquery is not flattened into
@@ -139,5 +118,4 @@ class SqliteTreeReads:
         return TopologyText(row[0], row[1])
 
     def op_all_nodes(self) -> list[TopologyNode]:
-        sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? ORDER BY position"
-        return built(stored_node, self._fetch(sql, (self.tree_id,)))
+        return built(stored_node, self._fetch(sqlite_marks(ALL_NODES), (self.tree_id,)))

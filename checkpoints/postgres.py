@@ -371,10 +371,7 @@ class PostgresMainStorage(BackendStorage):
 
     def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
         # one statement; its rows arrive whole (no server-side cursor yet), then go one by one
-        rows = self._link.drive(self._steps.export_rows(part))
-        for row in rows:
-            sink(row)
-        return len(rows)
+        return _sunk(self._link.drive(self._steps.export_rows(part)), sink)
 
     def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         self._link.drive(self._steps.set_fields(session_id, values))
@@ -470,10 +467,7 @@ class PostgresMainStorage(BackendStorage):
         return cast("list[L2Row]", await self._link.adrive(self._steps.l2s_after(after, limit)))
 
     async def aop_export_rows(self, part: ExportPart, sink: RowSink) -> int:
-        rows = await self._link.adrive(self._steps.export_rows(part))
-        for row in rows:
-            sink(row)
-        return len(rows)
+        return _sunk(await self._link.adrive(self._steps.export_rows(part)), sink)
 
     async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         await self._link.adrive(self._steps.set_fields(session_id, values))
@@ -559,6 +553,13 @@ class PostgresMainStorage(BackendStorage):
         from stello_graph.checkpoints._postgres_saver import postgres_saver
 
         return postgres_saver(self.conninfo)
+
+
+def _sunk(rows: list[tuple[Any, ...]], sink: RowSink) -> int:
+    """Hand `rows` to `sink` one by one; how many."""
+    for row in rows:
+        sink(row)
+    return len(rows)
 
 
 def open_postgres(

@@ -18,13 +18,23 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import stello_graph.checkpoints._schema as _schema
-from stello_graph._ids import legacy_thread_id, thread_id
 from stello_graph.checkpoints._cache import RecordCache
+from stello_graph.checkpoints._damage import META
 from stello_graph.checkpoints._primitives import one
-from stello_graph.checkpoints._rows import built, stored_meta, stored_node
+from stello_graph.checkpoints._rows import (
+    CHILDREN,
+    EVENTS_AFTER,
+    GET_GLOBAL,
+    GET_NODE,
+    PUT_GLOBAL,
+    PUT_NODE,
+    built,
+    listed_sessions,
+    stored_meta,
+    stored_node,
+)
 from stello_graph.checkpoints._schema import (
     EVENTS,
-    GLOBALS,
     LANGGRAPH_TABLES,
     NODES,
     RECORDS,
@@ -40,14 +50,17 @@ from stello_graph.checkpoints._serde import (
     SessionRead,
     decode_message,
     decode_records,
-    row_to_meta,
+    read_turns,
     run_heads,
+    session_threads,
+    split_read,
 )
 from stello_graph.checkpoints._shared_l3 import (
     Lookup,
     SharedPrefixes,
     T,
     drive_sqlite,
+    sqlite_marks,
 )
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
 from stello_graph.checkpoints._sqlite_conn import (
@@ -79,8 +92,6 @@ if TYPE_CHECKING:
 
 __all__ = ["InMemoryMainStorage", "SqliteMainStorage"]
 
-_META = "id, label, role, status, tags, metadata, created_at, updated_at"
-_META_COUNT = 8
 _CHECKPOINT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)"
 
 
@@ -246,7 +257,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     def op_put_session(self, row: MetaRow) -> None:
         tree = self.tree_id
         self._q(
-            f"""INSERT INTO {SESSIONS} (tree_id, {_META}, created_seq, l3_key)
+            f"""INSERT INTO {SESSIONS} (tree_id, {META}, created_seq, l3_key)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?,
                 (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM {SESSIONS} WHERE tree_id = ?),
                 (SELECT COALESCE(MAX(l3_key), 0) + 1 FROM {SESSIONS}))
@@ -263,15 +274,8 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     def op_list_sessions(
         self, status: SessionStatus | None, role: SessionRole | None
     ) -> list[SessionMeta]:
-        where, params = ["tree_id = ?"], [self.tree_id]
-        if role is not None:
-            where.append("role = ?")
-            params.append(role)
-        if status is not None:
-            where.append("status = ?")
-            params.append(status)
-        sql = f"SELECT {_META} FROM {SESSIONS} WHERE {' AND '.join(where)} ORDER BY created_seq"
-        return built(stored_meta, self._fetch(sql, params))
+        sql, params = listed_sessions(self.tree_id, status, role)
+        return built(stored_meta, self._fetch(sqlite_marks(sql), params))
 
     def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
         assert FIELDS.issuperset(names)
@@ -284,12 +288,11 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     ) -> SessionRead | None:
         assert FIELDS.issuperset(names)
         columns = "".join(f", {name}" for name in names)
-        sql = f"SELECT {_META}{columns} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
+        sql = f"SELECT {META}{columns} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         row = self._one(sql, (self.tree_id, session_id), session_id)
         if row is None:
             return None
-        meta, values = row_to_meta(row[:_META_COUNT]), tuple(row[_META_COUNT:])
-        return meta, values, self.op_records(session_id) if records else ()
+        return *split_read(row), self.op_records(session_id) if records else ()
 
     def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         assert FIELDS.issuperset(values)
@@ -343,12 +346,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         return records
 
     def op_turns(self, session_id: str) -> list[RecordTurn]:
-        turns, turn_id = [], ""
-        found = self._run(self._shared.rows(session_id, "turn_id, turn_seq"), session_id)
-        for stored, turn_seq in found or ():
-            turn_id = stored or turn_id  # the first record of a run carries the turn's id
-            turns.append((turn_id, turn_seq))
-        return turns
+        return read_turns(self._run(self._shared.rows(session_id, "turn_id, turn_seq"), session_id))
 
     def op_has_turn(self, session_id: str, turn_id: str) -> bool:
         # one statement for the usual case: the session's own rows, and whether it has more
@@ -414,39 +412,25 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         target = self._cache.get(target_id)
         self._cache.discard(target_id)  # marks it touched: a rollback forgets it
         empty = count > 0 and source_id != target_id and found[1][2] == 0
-        if empty:  # a fresh child: it shares the source's rows, none is written
-            self._run(self._shared.share(source_id, target_id, count))
-        else:  # rows copied inside the database, after the target's own
-            first: int = found[1][0]
-            segments = self._run(self._shared.prefix(source_id, count))
-            copied = self._run(self._shared.copy_rows(target_id, segments, first))
-            sql = f"UPDATE {SESSIONS} SET next_seq = ? WHERE tree_id = ? AND id = ?"
-            self._q(sql, (first + copied, tree, target_id))
+        self._run(self._shared.fork(source_id, target_id, count, found[1][0], empty))
         if source is not None and (target is not None or empty):
             self._cache.put(target_id, [*(target or ()), *source[:count]])
         return self.op_count(target_id)
 
     # -- topology -------------------------------------------------------------------------
     def op_get_node(self, node_id: str) -> TopologyNode | None:
-        sql = f"SELECT id, parent_id, label FROM {NODES} WHERE tree_id = ? AND id = ?"
-        row = self._one(sql, (self.tree_id, node_id), node_id)
+        row = self._one(sqlite_marks(GET_NODE), (self.tree_id, node_id), node_id)
         return None if row is None else stored_node(row)
 
     def op_put_node(self, node: TopologyNode) -> None:
         tree = self.tree_id
-        self._q(
-            f"""INSERT INTO {NODES} (tree_id, id, parent_id, label, position)
-            VALUES (?, ?, ?, ?,
-                (SELECT COALESCE(MAX(position), 0) + 1 FROM {NODES} WHERE tree_id = ?))
-            ON CONFLICT (tree_id, id) DO UPDATE SET
-                parent_id = excluded.parent_id, label = excluded.label""",
-            (tree, node.id, node.parent_id, node.label, tree),
-        )
+        self._q(sqlite_marks(PUT_NODE), (tree, node.id, node.parent_id, node.label, tree))
 
     def op_children(self, parent_id: str) -> list[TopologyNode]:
-        sql = f"""SELECT id, parent_id, label FROM {NODES}
-            WHERE tree_id = ? AND parent_id = ? ORDER BY position"""
-        return [stored_node(row) for row in self._fetch(sql, (self.tree_id, parent_id))]
+        return [
+            stored_node(row)
+            for row in self._fetch(sqlite_marks(CHILDREN), (self.tree_id, parent_id))
+        ]
 
     def op_delete_sessions(self, session_ids: list[str]) -> None:
         # Sessions that share a prefix of these copy it first (`_shared_l3`); then ON DELETE
@@ -471,28 +455,17 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         # saver), in this transaction: a kill after it leaves none of them, and the saver
         # writes nothing of a thread whose session is gone (`StelloSqliteSaver`).
         found = {row[0] for row in self._q(_CHECKPOINT_TABLES, tuple(LANGGRAPH_TABLES))}
-        threads = [
-            (thread,)
-            for session_id in session_ids
-            for thread in (
-                thread_id(self.tree_id, session_id), legacy_thread_id(self.tree_id, session_id)
-            )
-        ]  # fmt: skip
+        threads = [(thread,) for thread in session_threads(self.tree_id, session_ids)]
         for table in sorted(found):
             self._qmany(f"DELETE FROM {table} WHERE thread_id = ?", threads)
 
     # -- globals --------------------------------------------------------------------------
     def op_get_global(self, key: str) -> str | None:
-        sql = f"SELECT value FROM {GLOBALS} WHERE tree_id = ? AND key = ?"
-        row = self._q(sql, (self.tree_id, key)).fetchone()
+        row = self._q(sqlite_marks(GET_GLOBAL), (self.tree_id, key)).fetchone()
         return None if row is None else str(row[0])
 
     def op_put_global(self, key: str, value: str) -> None:
-        self._q(
-            f"""INSERT INTO {GLOBALS} (tree_id, key, value) VALUES (?, ?, ?)
-            ON CONFLICT (tree_id, key) DO UPDATE SET value = excluded.value""",
-            (self.tree_id, key, value),
-        )
+        self._q(sqlite_marks(PUT_GLOBAL), (self.tree_id, key, value))
 
     # -- the event log --------------------------------------------------------------------
     def op_append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> int:
@@ -508,9 +481,8 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         return cursor
 
     def op_events_after(self, cursor: int, limit: int) -> list[EventRow]:
-        sql = f"""SELECT cursor, kind, session_id, payload, at FROM {EVENTS}
-            WHERE tree_id = ? AND cursor > ? ORDER BY cursor LIMIT ?"""
-        return [tuple(row) for row in self._fetch(sql, (self.tree_id, cursor, limit))]
+        rows = self._fetch(sqlite_marks(EVENTS_AFTER), (self.tree_id, cursor, limit))
+        return [tuple(row) for row in rows]
 
 
 class InMemoryMainStorage(SqliteMainStorage):
