@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from langgraph.config import get_store
 from langgraph.store.base import BaseStore, Item
 
+from stello_graph._flow import Flow, Storage, arun, run
 from stello_graph._ids import store_label
 from stello_graph.events import emit
 from stello_graph.schedule import BackgroundFailure, StorageFailureLog
@@ -111,32 +112,26 @@ def _report(deps: StelloRuntime, exc: Exception, session_id: str | None) -> None
 
 
 def _apply(store: BaseStore, writes: Sequence[StoreWrite]) -> None:
-    for ns, key, value in writes:
-        if isinstance(value, DeleteIf):
-            if value.holds(store.get(ns, key)):
-                store.delete(ns, key)
-        elif value is None:
-            store.delete(ns, key)
-        else:
-            store.put(ns, key, value)
+    run(_apply_flow(writes), store)
 
 
 async def _aapply(store: BaseStore, writes: Sequence[StoreWrite]) -> None:
     try:
-        await _aapply_async(store, writes)
+        await arun(_apply_flow(writes), store)
     except NotImplementedError:  # a sync-only store (`SqliteStore`): its own API, off the loop
         await asyncio.to_thread(_apply, store, writes)
 
 
-async def _aapply_async(store: BaseStore, writes: Sequence[StoreWrite]) -> None:
+def _apply_flow(writes: Sequence[StoreWrite]) -> Flow[None]:
+    """The writes as store calls (`BaseStore.get`, `.aget` when driven async, ...)."""
     for ns, key, value in writes:
         if isinstance(value, DeleteIf):
-            if value.holds(await store.aget(ns, key)):
-                await store.adelete(ns, key)
+            if value.holds((yield Storage(BaseStore.get, ns, key))):
+                yield Storage(BaseStore.delete, ns, key)
         elif value is None:
-            await store.adelete(ns, key)
+            yield Storage(BaseStore.delete, ns, key)
         else:
-            await store.aput(ns, key, value)
+            yield Storage(BaseStore.put, ns, key, value)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
