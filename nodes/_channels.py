@@ -103,14 +103,11 @@ class RunValue(Generic[Value], BaseChannel[Value, Value, Any]):
             empty.value, empty.stale = value, stale
         return empty
 
-    def _accept(self, value: Any) -> Any:
-        return value
-
     def update(self, values: Sequence[Any]) -> bool:
         if len(values) > 1:
             raise InvalidUpdateError(f"At key {self.key!r}: only one value per step.")
         if values:
-            self.value, self.stale = self._accept(values[0]), False
+            self.value, self.stale = values[0], False
             return True
         if self.stale and self.value is not MISSING:  # a new run's step that did not write it
             self.value, self.stale = MISSING, False
@@ -191,7 +188,7 @@ def _packed(messages: Any) -> list[str] | None:
     return packed
 
 
-def _conversation(value: Any) -> list[BaseMessage]:
+def conversation(value: Any) -> list[BaseMessage]:
     """A run's `messages` input as messages (dicts and tuples as the SDK sends them)."""
     if not isinstance(value, Sequence) or isinstance(value, str | bytes):
         raise InvalidInputError(
@@ -243,7 +240,7 @@ class ThreadMessages(BinaryOperatorAggregate[list[Any]]):
 
     def update(self, values: Sequence[Any]) -> bool:
         checked: list[Any] = [
-            value if isinstance(value, Overwrite) else _conversation(value) for value in values
+            value if isinstance(value, Overwrite) else conversation(value) for value in values
         ]
         if checked and self.value is MISSING:
             self.value = []  # the first input goes through `add_messages` too (ids)

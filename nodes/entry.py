@@ -46,7 +46,6 @@ from langchain_core.messages import (
     BaseMessage,
     HumanMessage,
     RemoveMessage,
-    convert_to_messages,
 )
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.message import add_messages
@@ -54,14 +53,17 @@ from langgraph.runtime import get_runtime
 from langgraph.types import Overwrite
 
 from stello_graph._context import message_text
+from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkRequest, afork_session, fork_session
 from stello_graph._validate import MAX_LABEL_CHARS, check_id, check_label
 from stello_graph.errors import InvalidInputError, MainSessionNotFoundError
 from stello_graph.events import emit
 from stello_graph.models import SessionMeta
+from stello_graph.nodes._channels import conversation
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.state import TurnState
+from stello_graph.storage import MainStorage
 
 __all__ = [
     "SESSION_KEY",
@@ -90,15 +92,7 @@ def needs_entry(state: Mapping[str, Any]) -> bool:
 
 
 def _user_message(messages: object) -> HumanMessage:
-    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
-        raise InvalidInputError(
-            f'"messages" must be a list of messages, got {type(messages).__name__}.'
-        )
-    try:
-        converted = convert_to_messages(messages)  # dicts and tuples as the SDK sends them
-    except (ValueError, TypeError, NotImplementedError) as exc:
-        raise InvalidInputError(f'"messages" holds something that is not a message: {exc}') from exc
-    for message in reversed(converted):
+    for message in reversed(conversation(messages)):
         if isinstance(message, HumanMessage):
             return message
     raise InvalidInputError(
@@ -241,11 +235,31 @@ class _Entry:
         return _entered(state, sid, self.message, self.thread)
 
 
-def _started(deps: StelloRuntime, req: ForkRequest, meta: SessionMeta, by: str) -> str:
+def _fork(deps: StelloRuntime, req: ForkRequest, by: str) -> Flow[str]:
+    meta: SessionMeta = yield Call(fork_session, afork_session, (deps.storage, req))
     at: dict[str, Any] = {} if req.at_turn is None else {"at_turn": req.at_turn}
     emit(deps.bus, "session_forked", meta.id, parent_id=req.source_id, label=meta.label,
          by=by, **at)  # fmt: skip
     return meta.id
+
+
+def _enter_flow(deps: StelloRuntime, state: TurnState, config: RunnableConfig) -> Flow[TurnState]:
+    entry = _Entry(state, config)
+    main = None
+    if entry.sid is not None and entry.rewind is not None:
+        turns = yield Storage(MainStorage.get_turn_count, entry.sid)
+        if entry.behind(turns) or (entry.shown and not turns):
+            source = yield Storage(MainStorage.get_session, entry.sid)
+            if source is None:  # gone: the main session, if the conversation showed it
+                entry.sid = None if entry.shown else entry.sid
+            elif (req := entry.branch(source, turns)) is not None:
+                entry.sid = yield from _fork(deps, req, "time_travel")
+    if entry.sid is None:
+        found = yield Storage(MainStorage.get_main_session)
+        main = None if found is None else found.id
+        if entry.new and main is not None:
+            entry.sid = yield from _fork(deps, entry.request(main), "thread")
+    return entry.done(deps, state, main)
 
 
 def make_enter_node(deps: StelloRuntime) -> StelloNode:
@@ -260,44 +274,10 @@ def make_enter_node(deps: StelloRuntime) -> StelloNode:
     earlier checkpoint (`TRAVEL_KEY`): two threads may share a session on purpose."""
 
     def enter(state: TurnState, config: RunnableConfig) -> TurnState:
-        entry = _Entry(state, config)
-        main = None
-        if entry.sid is not None and entry.rewind is not None:
-            turns = deps.storage.get_turn_count(entry.sid)
-            if entry.behind(turns) or (entry.shown and not turns):
-                source = deps.storage.get_session(entry.sid)
-                if source is None:  # gone: the main session, if the conversation showed it
-                    entry.sid = None if entry.shown else entry.sid
-                elif (req := entry.branch(source, turns)) is not None:
-                    forked = fork_session(deps.storage, req)
-                    entry.sid = _started(deps, req, forked, "time_travel")
-        if entry.sid is None:
-            found = deps.storage.get_main_session()
-            main = None if found is None else found.id
-            if entry.new and main is not None:
-                req = entry.request(main)
-                entry.sid = _started(deps, req, fork_session(deps.storage, req), "thread")
-        return entry.done(deps, state, main)
+        return run(_enter_flow(deps, state, config), deps.storage)
 
     async def aenter(state: TurnState, config: RunnableConfig) -> TurnState:
-        entry = _Entry(state, config)
-        main = None
-        if entry.sid is not None and entry.rewind is not None:
-            turns = await deps.storage.aget_turn_count(entry.sid)
-            if entry.behind(turns) or (entry.shown and not turns):
-                source = await deps.storage.aget_session(entry.sid)
-                if source is None:
-                    entry.sid = None if entry.shown else entry.sid
-                elif (req := entry.branch(source, turns)) is not None:
-                    forked = await afork_session(deps.storage, req)
-                    entry.sid = _started(deps, req, forked, "time_travel")
-        if entry.sid is None:
-            found = await deps.storage.aget_main_session()
-            main = None if found is None else found.id
-            if entry.new and main is not None:
-                req = entry.request(main)
-                entry.sid = _started(deps, req, await afork_session(deps.storage, req), "thread")
-        return entry.done(deps, state, main)
+        return await arun(_enter_flow(deps, state, config), deps.storage)
 
     return StelloNode("enter", enter, aenter)
 
