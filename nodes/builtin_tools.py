@@ -29,18 +29,22 @@ from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool
 from langgraph.prebuilt import InjectedState
 from pydantic import BaseModel, Field, create_model
 
+from stello_graph._flow import Atomic, Flow, Storage, arun, run
 from stello_graph._fork import ForkRequest, afork_session, fork_session
 from stello_graph._ids import compose
 from stello_graph.errors import DuplicateSessionError, InvalidInputError
 from stello_graph.events import emit
 from stello_graph.models import SessionMeta
-from stello_graph.nodes.forking import LAST_FORK_KEY, SKILLS_KEY, afork_request, fork_request
-from stello_graph.profiles import SplitGuardError
+from stello_graph.nodes.forking import LAST_FORK_KEY, SKILLS_KEY, fork_request_flow
+from stello_graph.profiles import SplitGuard, SplitGuardError
+from stello_graph.storage import MainStorage
 
 if TYPE_CHECKING:
     from stello_graph.nodes.deps import StelloDeps
 
 __all__ = ["CREATE_SESSION_DESCRIPTION", "BuiltinTools"]
+
+_Prepared = tuple[ForkRequest, dict[str, str] | None, dict[str, Any] | None]
 
 CREATE_SESSION_DESCRIPTION = """\
 Create a new branch session, forked from the current one, for a sub-topic that deserves its \
@@ -129,49 +133,22 @@ def _description(deps: StelloDeps) -> str:
     return CREATE_SESSION_DESCRIPTION + "\nProfiles you can name in `profile`:\n" + "\n".join(lines)
 
 
-class _Guard:
-    """Applies the split guard: check and book a fork of a session in one transaction."""
+def _booked(guard: SplitGuard, settings: Mapping[str, Any], committed_turns: int) -> dict[str, Any]:
+    turns = committed_turns + 1  # the turn in progress counts
+    last = settings.get(LAST_FORK_KEY)
+    reason = guard.refusal(turns, last if isinstance(last, int) else None)
+    if reason is not None:
+        raise SplitGuardError(f"Fork refused: {reason}")
+    return {**settings, LAST_FORK_KEY: turns}
 
-    def __init__(self, deps: StelloDeps) -> None:
-        self.deps = deps
 
-    def _booked(self, settings: Mapping[str, Any], committed_turns: int) -> dict[str, Any]:
-        guard = self.deps.split_guard
-        assert guard is not None
-        turns = committed_turns + 1  # the turn in progress counts
-        last = settings.get(LAST_FORK_KEY)
-        reason = guard.refusal(turns, last if isinstance(last, int) else None)
-        if reason is not None:
-            raise SplitGuardError(f"Fork refused: {reason}")
-        return {**settings, LAST_FORK_KEY: turns}
-
-    def book(self, source: str) -> dict[str, Any] | None:
-        """Refuse (`SplitGuardError`) or record the fork; return the settings to restore."""
-        if self.deps.split_guard is None:
-            return None
-        storage = self.deps.storage
-        with storage.transaction():
-            settings = storage.get_settings(source)
-            storage.put_settings(source, self._booked(settings, storage.get_turn_count(source)))
-        return settings
-
-    async def abook(self, source: str) -> dict[str, Any] | None:
-        if self.deps.split_guard is None:
-            return None
-        storage = self.deps.storage
-        async with storage.atransaction():
-            settings = await storage.aget_settings(source)
-            turns = await storage.aget_turn_count(source)
-            await storage.aput_settings(source, self._booked(settings, turns))
-        return settings
-
-    def undo(self, source: str, previous: dict[str, Any] | None) -> None:
-        if previous is not None:
-            self.deps.storage.put_settings(source, previous)
-
-    async def aundo(self, source: str, previous: dict[str, Any] | None) -> None:
-        if previous is not None:
-            await self.deps.storage.aput_settings(source, previous)
+def _booking(guard: SplitGuard, source: str) -> Flow[dict[str, Any]]:
+    """Apply the split guard: refuse (`SplitGuardError`) or record the fork of `source`
+    (in one transaction); the settings to restore."""
+    settings: dict[str, Any] = yield Storage(MainStorage.get_settings, source)
+    turns = yield Storage(MainStorage.get_turn_count, source)
+    yield Storage(MainStorage.put_settings, source, _booked(guard, settings, turns))
+    return settings
 
 
 class BuiltinTools:
@@ -179,7 +156,6 @@ class BuiltinTools:
 
     def __init__(self, deps: StelloDeps) -> None:
         self.deps = deps
-        self._guard = _Guard(deps)
         self._skill_tools: dict[tuple[str, ...], BaseTool] = {}
         self._create: BaseTool | None = None
         self.refresh()
@@ -209,63 +185,58 @@ class BuiltinTools:
              by="model")  # fmt: skip
         return {"session_id": meta.id, "label": meta.label}
 
-    def _replay(self, req: ForkRequest, legacy: str | None = None) -> dict[str, str] | None:
+    def _replay(self, req: ForkRequest, legacy: str | None = None) -> Flow[dict[str, str] | None]:
         for child_id in (req.id, legacy):
             if child_id is not None:
-                node = self.deps.storage.get_node(child_id)
-                meta = self.deps.storage.get_session(child_id)
+                node = yield Storage(MainStorage.get_node, child_id)
+                meta = yield Storage(MainStorage.get_session, child_id)
                 done = _replayed(meta, node.parent_id if node else None, req.source_id)
                 if done is not None:
                     return done
         return None
 
-    async def _areplay(self, req: ForkRequest, legacy: str | None = None) -> dict[str, str] | None:
-        for child_id in (req.id, legacy):
-            if child_id is not None:
-                node = await self.deps.storage.aget_node(child_id)
-                meta = await self.deps.storage.aget_session(child_id)
-                done = _replayed(meta, node.parent_id if node else None, req.source_id)
-                if done is not None:
-                    return done
-        return None
+    def _before(self, args: Mapping[str, Any]) -> Flow[_Prepared]:
+        """The fork's request; the child an earlier run of this very call made (a resumed
+        tool round: nothing more to do), else the settings the split guard's booking left."""
+        tree_id, source = self.deps.storage.tree_id, args["state"]["session_id"]
+        spec = _spec(args, _child_id(tree_id, args))
+        req = yield from fork_request_flow(self.deps, source, spec, within_parent=True)
+        done = yield from self._replay(req, _legacy_child_id(tree_id, args))
+        guard = self.deps.split_guard
+        if done is not None or guard is None:
+            return req, done, None
+        return req, None, (yield Atomic(_booking(guard, source)))
+
+    def _failed(
+        self, req: ForkRequest, previous: dict[str, Any] | None, exc: BaseException
+    ) -> Flow[dict[str, str]]:
+        """After a failed fork: undo the guard's booking; a fork another run of this call
+        made meanwhile stands for it."""
+        if previous is not None:
+            yield Storage(MainStorage.put_settings, req.source_id, previous)
+        if isinstance(exc, DuplicateSessionError):
+            done = yield from self._replay(req)
+            if done is not None:
+                return done
+        raise exc
 
     def _fork(self, args: Mapping[str, Any]) -> dict[str, str]:
-        source = args["state"]["session_id"]
-        spec = _spec(args, _child_id(self.deps.storage.tree_id, args))
-        req = fork_request(self.deps, source, spec, within_parent=True)
-        done = self._replay(req, _legacy_child_id(self.deps.storage.tree_id, args))
-        if done is not None:  # this very call already forked: a resumed tool round
-            return done
-        previous = self._guard.book(source)
-        try:
-            return self._created(source, fork_session(self.deps.storage, req))
-        except DuplicateSessionError:
-            self._guard.undo(source, previous)
-            if (done := self._replay(req)) is None:
-                raise
-            return done
-        except BaseException:
-            self._guard.undo(source, previous)
-            raise
-
-    async def _afork(self, args: Mapping[str, Any]) -> dict[str, str]:
-        source = args["state"]["session_id"]
-        spec = _spec(args, _child_id(self.deps.storage.tree_id, args))
-        req = await afork_request(self.deps, source, spec, within_parent=True)
-        done = await self._areplay(req, _legacy_child_id(self.deps.storage.tree_id, args))
+        req, done, previous = run(self._before(args), self.deps.storage)
         if done is not None:
             return done
-        previous = await self._guard.abook(source)
         try:
-            return self._created(source, await afork_session(self.deps.storage, req))
-        except DuplicateSessionError:
-            await self._guard.aundo(source, previous)
-            if (done := await self._areplay(req)) is None:
-                raise
+            return self._created(req.source_id, fork_session(self.deps.storage, req))
+        except BaseException as exc:
+            return run(self._failed(req, previous, exc), self.deps.storage)
+
+    async def _afork(self, args: Mapping[str, Any]) -> dict[str, str]:
+        req, done, previous = await arun(self._before(args), self.deps.storage)
+        if done is not None:
             return done
-        except BaseException:
-            await self._guard.aundo(source, previous)
-            raise
+        try:
+            return self._created(req.source_id, await afork_session(self.deps.storage, req))
+        except BaseException as exc:
+            return await arun(self._failed(req, previous, exc), self.deps.storage)
 
     def _create_session_tool(self) -> BaseTool:
         def create_session(**args: Any) -> dict[str, str]:
@@ -298,9 +269,11 @@ class BuiltinTools:
             state=(Annotated[dict[str, Any], InjectedState], Field(default_factory=dict)),
         )
 
-        def content(
-            name: str, state: Mapping[str, Any] | None, stored: Mapping[str, Any] | None
-        ) -> str:
+        def content(name: str, state: Mapping[str, Any] | None) -> Flow[str]:
+            sid = (state or {}).get("session_id")
+            stored = None
+            if isinstance(sid, str):
+                stored = yield Storage(MainStorage.get_settings, sid)
             allowed = names if stored is None else self.allowed_skills(stored)
             skill = skills.get(name) if name in allowed else None
             if skill is None:
@@ -311,14 +284,10 @@ class BuiltinTools:
             return skill.content
 
         def activate_skill(name: str, state: dict[str, Any] | None = None) -> str:
-            sid = (state or {}).get("session_id")
-            stored = self.deps.storage.get_settings(sid) if isinstance(sid, str) else None
-            return content(name, state, stored)
+            return run(content(name, state), self.deps.storage)
 
         async def aactivate_skill(name: str, state: dict[str, Any] | None = None) -> str:
-            sid = (state or {}).get("session_id")
-            stored = await self.deps.storage.aget_settings(sid) if isinstance(sid, str) else None
-            return content(name, state, stored)
+            return await arun(content(name, state), self.deps.storage)
 
         return StructuredTool.from_function(
             func=activate_skill,

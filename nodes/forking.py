@@ -19,11 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from stello_graph._flow import Flow, Storage, arun, run
 from stello_graph._fork import ForkRequest
 from stello_graph._validate import check_depth
 from stello_graph.errors import InvalidInputError
 from stello_graph.profiles import ForkProfile
 from stello_graph.skills import check_allow_list
+from stello_graph.storage import MainStorage
 
 if TYPE_CHECKING:
     from stello_graph.nodes.deps import StelloDeps
@@ -133,13 +135,19 @@ def fork_request(
     With `within_parent` (forks the model asks for), the child's skills must be among its
     parent's; otherwise any registered skill may be given.
     """
-    settings = deps.storage.get_settings(source_id)
-    return _request(deps, source_id, spec, settings, within_parent)
+    return run(fork_request_flow(deps, source_id, spec, within_parent), deps.storage)
 
 
 async def afork_request(
     deps: StelloDeps, source_id: str, spec: Mapping[str, Any], *, within_parent: bool = False
 ) -> ForkRequest:
     """Async twin of `fork_request`."""
-    settings = await deps.storage.aget_settings(source_id)
+    return await arun(fork_request_flow(deps, source_id, spec, within_parent), deps.storage)
+
+
+def fork_request_flow(
+    deps: StelloDeps, source_id: str, spec: Mapping[str, Any], within_parent: bool = False
+) -> Flow[ForkRequest]:
+    """`fork_request`'s steps, for either driver."""
+    settings = yield Storage(MainStorage.get_settings, source_id)
     return _request(deps, source_id, spec, settings, within_parent)
