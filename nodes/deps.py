@@ -21,6 +21,7 @@ from typing_extensions import Unpack
 from stello_graph._base import SessionBase
 from stello_graph._calls import sync_tool
 from stello_graph._claims import JobClaims
+from stello_graph._flow import Flow, Storage, arun, run
 from stello_graph._validate import check_chat_model, check_id, check_tools
 from stello_graph.compression import CompressionPolicy
 from stello_graph.config import BUILTIN_TOOLS, StelloConfig, StelloSettings
@@ -357,20 +358,17 @@ class StelloRuntime:
         """
         sid = check_id(session_id)
         found = self._lookup(sid)
-        if found is not None:
-            return found.session
-        meta = self.storage.get_session(sid)
-        settings = self.storage.get_settings(sid) if meta is not None else {}
-        return self._cached(sid, meta, settings)
+        return found.session if found is not None else run(self._read(sid), self.storage)
 
     async def asession(self, session_id: object) -> SessionBase:
         """Async twin of `session`."""
         sid = check_id(session_id)
         found = self._lookup(sid)
-        if found is not None:
-            return found.session
-        meta = await self.storage.aget_session(sid)
-        settings = await self.storage.aget_settings(sid) if meta is not None else {}
+        return found.session if found is not None else await arun(self._read(sid), self.storage)
+
+    def _read(self, sid: str) -> Flow[SessionBase]:
+        meta = yield Storage(MainStorage.get_session, sid)
+        settings = (yield Storage(MainStorage.get_settings, sid)) if meta is not None else {}
         return self._cached(sid, meta, settings)
 
     def turn_session(
@@ -386,11 +384,7 @@ class StelloRuntime:
         sid = check_id(session_id)
         if snapshot is not None:
             return self._for_turn(sid, snapshot.meta, snapshot.settings)
-        settings = self.storage.get_settings(sid)
-        found = self._lookup(sid, settings)
-        if found is not None:
-            return found.session
-        return self._for_turn(sid, self.storage.get_session(sid), settings)
+        return run(self._read_for_turn(sid), self.storage)
 
     async def aturn_session(
         self, session_id: object, snapshot: SessionSnapshot | None = None
@@ -399,11 +393,14 @@ class StelloRuntime:
         sid = check_id(session_id)
         if snapshot is not None:
             return self._for_turn(sid, snapshot.meta, snapshot.settings)
-        settings = await self.storage.aget_settings(sid)
+        return await arun(self._read_for_turn(sid), self.storage)
+
+    def _read_for_turn(self, sid: str) -> Flow[SessionBase]:
+        settings = yield Storage(MainStorage.get_settings, sid)
         found = self._lookup(sid, settings)
         if found is not None:
             return found.session
-        return self._for_turn(sid, await self.storage.aget_session(sid), settings)
+        return self._for_turn(sid, (yield Storage(MainStorage.get_session, sid)), settings)
 
     def _for_turn(
         self, sid: str, meta: SessionMeta | None, settings: Mapping[str, Any]

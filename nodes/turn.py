@@ -31,7 +31,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.errors import ParentCommand
 from langgraph.types import Command, Overwrite
 
-from stello_graph._base import SessionBase, TurnContext
+from stello_graph._base import TurnContext
 from stello_graph._context import message_text
 from stello_graph._text import storable_message
 from stello_graph._validate import check_id, check_text
@@ -84,10 +84,9 @@ def _human_id(config: RunnableConfig) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"stello-turn/{thread}/{task}"))
 
 
-def _start(session: SessionBase, state: State, insight: str | None, human_id: str) -> State:
-    human = HumanMessage(content=state["input"], id=human_id)
+def _fresh(state: State, insight: str | None) -> State:
+    """The turn's keys as a new turn starts them."""
     return {
-        "pending": Overwrite([human]),  # type: ignore[typeddict-item]  # not a stream token
         "insight": insight,
         "tool_rounds": 0,
         "tool_calls": [],
@@ -95,6 +94,12 @@ def _start(session: SessionBase, state: State, insight: str | None, human_id: st
         # the input's tool_choice (cleared after this step) holds for the first model call
         "turn_tool_choice": state.get("tool_choice"),
     }
+
+
+def _start(state: State, insight: str | None, human_id: str) -> State:
+    human = HumanMessage(content=state["input"], id=human_id)
+    # `Overwrite`: not a stream token
+    return {"pending": Overwrite([human]), **_fresh(state, insight)}  # type: ignore[typeddict-item]
 
 
 def make_assemble_node(deps: StelloDeps) -> StelloNode:
@@ -107,7 +112,7 @@ def make_assemble_node(deps: StelloDeps) -> StelloNode:
             session = deps.turn_session(sid)  # the stored settings, read under the lease
             insight = session.open_turn()
         emit(deps.bus, "turn_started", session.id)
-        return {**_start(session, state, insight, _human_id(config)), **held.update()}
+        return {**_start(state, insight, _human_id(config)), **held.update()}
 
     async def aassemble(state: State, config: RunnableConfig) -> State:
         check_text(state.get("input"), "input")
@@ -116,7 +121,7 @@ def make_assemble_node(deps: StelloDeps) -> StelloNode:
             session = await deps.aturn_session(sid)
             insight = await session.aopen_turn()
         emit(deps.bus, "turn_started", session.id)
-        return {**_start(session, state, insight, _human_id(config)), **held.update()}
+        return {**_start(state, insight, _human_id(config)), **held.update()}
 
     return StelloNode("assemble", assemble, aassemble)
 
@@ -208,16 +213,11 @@ def _answered(state: State, opens: bool, stored: list[BaseMessage]) -> bool:
     return bool(stored) and stored[0].content == state.get("input")
 
 
-def _stored_turn(session: SessionBase, turn_id: str) -> list[BaseMessage]:
-    """The records of the committed turn `turn_id`, read back from L3 (a step run again
-    after it had committed: a crash before its checkpoint, a replay)."""
-    found = [m for m in session.messages() if m.response_metadata.get("stello_turn_id") == turn_id]
-    return found
-
-
-async def _astored_turn(session: SessionBase, turn_id: str) -> list[BaseMessage]:
-    found = await session.amessages()
-    return [m for m in found if m.response_metadata.get("stello_turn_id") == turn_id]
+def _stored_turn(records: list[BaseMessage], turn_id: str) -> list[BaseMessage]:
+    """The records of the committed turn `turn_id` among the session's `records`, read back
+    from L3 (a step run again after it had committed: a crash before its checkpoint, a
+    replay)."""
+    return [m for m in records if m.response_metadata.get("stello_turn_id") == turn_id]
 
 
 _UNSET: dict[str, Any] = {"tool_rounds": 0, "tool_calls": []}
@@ -246,14 +246,7 @@ def _round(
     human = HumanMessage(content=state["input"], id=turn)
     emit(deps.bus, "turn_started", ctx.session_id)
     opened: State = {"pending": [human]}
-    fresh: State = {
-        "insight": ctx.insight,
-        "tool_rounds": 0,
-        "tool_calls": [],
-        "content": "",
-        # the input's tool_choice (cleared after this step) holds for the first model call
-        "turn_tool_choice": state.get("tool_choice"),
-    }
+    fresh = _fresh(state, ctx.insight)
     for key, value in fresh.items():
         if state.get(key, _UNSET.get(key)) != value:
             opened[key] = value  # type: ignore[literal-required]
@@ -297,7 +290,7 @@ def make_model_node(deps: StelloDeps, *, replays: bool = True) -> StelloNode:
                 and _rerun(state, config, opens, replays)
                 and deps.storage.has_turn(sid, turn)
             ):
-                stored = _stored_turn(session, turn)
+                stored = _stored_turn(session.messages(), turn)
                 if _answered(state, opens, stored):
                     counts = _commit(deps, session, held, None)
                     return _done(deps, session, held, state, stored, counts, True)
@@ -326,7 +319,7 @@ def make_model_node(deps: StelloDeps, *, replays: bool = True) -> StelloNode:
                 and _rerun(state, config, opens, replays)
                 and await deps.storage.ahas_turn(sid, turn)
             ):
-                done = await _astored_turn(session, turn)
+                done = _stored_turn(await session.amessages(), turn)
                 if _answered(state, opens, done):
                     counts = await _acommit(deps, session, held, None)
                     return await _adone(deps, session, held, state, done, counts, True)
