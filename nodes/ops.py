@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from langchain_core.runnables import RunnableConfig
 
+from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkRequest, afork_session, fork_session
 from stello_graph._validate import check_id
 from stello_graph.errors import InvalidInputError, MainSessionNotFoundError
@@ -40,6 +41,7 @@ from stello_graph.nodes.state import (
     TreeState,
     TurnState,
 )
+from stello_graph.storage import MainStorage
 
 __all__ = [
     "OPS",
@@ -144,7 +146,23 @@ def make_consolidate_node(deps: StelloRuntime) -> StelloNode:
 
 
 # -- integrate ------------------------------------------------------------------------------
-def _integrated(result: IntegrationResult) -> IntegrateState:
+def run_integrate(deps: StelloRuntime) -> IntegrateState:
+    """The flat `integrate` operation: every active child's L2 -> synthesis + insights."""
+    return run(_integrate(deps), deps.storage)
+
+
+async def arun_integrate(deps: StelloRuntime) -> IntegrateState:
+    """Async twin of `run_integrate`."""
+    return await arun(_integrate(deps), deps.storage)
+
+
+def _integrate(deps: StelloRuntime) -> Flow[IntegrateState]:
+    meta = yield Storage(MainStorage.get_main_session)
+    if meta is None:
+        raise MainSessionNotFoundError(deps.storage.tree_id)
+    main = yield Call(deps.session, deps.asession, (meta.id,))
+    assert isinstance(main, MainSession)
+    result: IntegrationResult = yield Call(integrate_flat, aintegrate_flat, (deps, main))
     return {
         "integration": {
             "mode": "flat",
@@ -152,26 +170,6 @@ def _integrated(result: IntegrationResult) -> IntegrateState:
             "insights": dict(result.insights),
         }
     }
-
-
-def run_integrate(deps: StelloRuntime) -> IntegrateState:
-    """The flat `integrate` operation: every active child's L2 -> synthesis + insights."""
-    meta = deps.storage.get_main_session()
-    if meta is None:
-        raise MainSessionNotFoundError(deps.storage.tree_id)
-    main = deps.session(meta.id)
-    assert isinstance(main, MainSession)
-    return _integrated(integrate_flat(deps, main))
-
-
-async def arun_integrate(deps: StelloRuntime) -> IntegrateState:
-    """Async twin of `run_integrate`."""
-    meta = await deps.storage.aget_main_session()
-    if meta is None:
-        raise MainSessionNotFoundError(deps.storage.tree_id)
-    main = await deps.asession(meta.id)
-    assert isinstance(main, MainSession)
-    return _integrated(await aintegrate_flat(deps, main))
 
 
 def make_integrate_node(deps: StelloRuntime) -> StelloNode:

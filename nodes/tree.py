@@ -20,6 +20,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 from langgraph.types import Send
 
+from stello_graph._flow import Call, Flow, arun, run
 from stello_graph._tree import (
     TreePlan,
     aintegrate_node,
@@ -185,20 +186,14 @@ def _integration(plan: TreePlan, results: dict[str, IntegrationResult]) -> Integ
     }
 
 
-def _finished(
+def _finish(
     deps: StelloRuntime, plan: TreePlan, results: dict[str, IntegrationResult]
-) -> IntegrateState:
+) -> Flow[IntegrateState]:
+    """Write every node's result in one transaction, announce them, mirror them to the store
+    (driven async, no store call runs on the event loop)."""
+    yield Call(write_tree, awrite_tree, (deps.storage, plan, results))
     for write, key in _announced(deps, plan, results):
-        write_store(deps, [write], key)
-    return _integration(plan, results)
-
-
-async def _afinished(
-    deps: StelloRuntime, plan: TreePlan, results: dict[str, IntegrationResult]
-) -> IntegrateState:
-    """Async twin of `_finished` (no store call runs on the event loop)."""
-    for write, key in _announced(deps, plan, results):
-        await awrite_store(deps, [write], key)
+        yield Call(write_store, awrite_store, (deps, [write], key))
     return _integration(plan, results)
 
 
@@ -208,13 +203,11 @@ def make_finish_tree_node(deps: StelloRuntime) -> StelloNode:
 
     def finish(state: TreeState) -> IntegrateState:
         results, plan = _results(state), _as_plan(state["tree_plan"])
-        write_tree(deps.storage, plan, results)
-        return _finished(deps, plan, results)
+        return run(_finish(deps, plan, results), deps.storage)
 
     async def afinish(state: TreeState) -> IntegrateState:
         results, plan = _results(state), _as_plan(state["tree_plan"])
-        await awrite_tree(deps.storage, plan, results)
-        return await _afinished(deps, plan, results)
+        return await arun(_finish(deps, plan, results), deps.storage)
 
     return StelloNode("finish_tree", finish, afinish)
 
@@ -255,8 +248,7 @@ def run_tree(deps: StelloRuntime) -> IntegrateState:
                 found = future.result()
                 if found is not None:
                     results[node_id] = found
-    write_tree(deps.storage, plan, results)
-    return _finished(deps, plan, results)
+    return run(_finish(deps, plan, results), deps.storage)
 
 
 async def arun_tree(deps: StelloRuntime) -> IntegrateState:
@@ -273,5 +265,4 @@ async def arun_tree(deps: StelloRuntime) -> IntegrateState:
         made = _made(results)
         found = await asyncio.gather(*(one(n, made) for n in level))
         results.update({n: r for n, r in zip(level, found, strict=True) if r is not None})
-    await awrite_tree(deps.storage, plan, results)
-    return await _afinished(deps, plan, results)
+    return await arun(_finish(deps, plan, results), deps.storage)

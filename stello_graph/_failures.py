@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from stello_graph._flow import Atomic, Flow, Storage
 from stello_graph.models import utcnow
 from stello_graph.storage import MainStorage
 
@@ -94,12 +95,6 @@ class StorageFailureLog:
     def __init__(self, storage: MainStorage) -> None:
         self._storage = storage
 
-    def _stored(self) -> list[Any]:
-        return _listed(self._storage.get_global(FAILURES_KEY))
-
-    async def _astored(self) -> list[Any]:
-        return _listed(await self._storage.aget_global(FAILURES_KEY))
-
     def append(self, failure: BackgroundFailure) -> None:
         with self._storage.transaction():
             kept = [*self._stored(), failure.as_dict(traceback_chars=_TRACEBACK_CHARS)][
@@ -107,30 +102,35 @@ class StorageFailureLog:
             ]
             self._storage.put_global(FAILURES_KEY, kept)
 
+    def _stored(self) -> list[Any]:
+        return _listed(self._storage.get_global(FAILURES_KEY))
+
     def read(self, session_id: str | None = None) -> list[BackgroundFailure]:
-        return _of((f for f in map(_failure_from, self._stored()) if f is not None), session_id)
+        return _read(self._stored(), session_id)
 
     async def aread(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Async twin of `read`."""
-        stored = await self._astored()
-        return _of((f for f in map(_failure_from, stored) if f is not None), session_id)
+        return _read(_listed(await self._storage.aget_global(FAILURES_KEY)), session_id)
 
     def clear(self, session_id: str | None = None) -> int:
-        with self._storage.transaction():
-            stored = self._stored()
-            kept = _kept(stored, session_id)
-            if len(kept) != len(stored):
-                self._storage.put_global(FAILURES_KEY, kept)
-        return len(stored) - len(kept)
+        return int(Atomic(_clear(session_id)).run(self._storage))
 
     async def aclear(self, session_id: str | None = None) -> int:
         """Async twin of `clear`."""
-        async with self._storage.atransaction():
-            stored = await self._astored()
-            kept = _kept(stored, session_id)
-            if len(kept) != len(stored):
-                await self._storage.aput_global(FAILURES_KEY, kept)
-        return len(stored) - len(kept)
+        return int(await Atomic(_clear(session_id)).arun(self._storage))
+
+
+def _read(stored: list[Any], session_id: str | None) -> list[BackgroundFailure]:
+    return _of((f for f in map(_failure_from, stored) if f is not None), session_id)
+
+
+def _clear(session_id: str | None) -> Flow[int]:
+    """`clear`'s steps (in one transaction): drop the failures it does not keep."""
+    stored = _listed((yield Storage(MainStorage.get_global, FAILURES_KEY)))
+    kept = _kept(stored, session_id)
+    if len(kept) != len(stored):
+        yield Storage(MainStorage.put_global, FAILURES_KEY, kept)
+    return len(stored) - len(kept)
 
 
 def _async(log: FailureLog, name: str, sync: str) -> Callable[..., Awaitable[Any]]:
