@@ -16,6 +16,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
+from stello_graph._flow import Call, Flow, arun, run
 from stello_graph._ids import legacy_thread_id, thread_id
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease
@@ -69,24 +70,21 @@ class CheckpointThreads:
 
     def resolve(self, sid: str) -> None:
         """Look up once which thread `sid`'s turns run on (see `StelloAgent.config`)."""
-        if self.checkpointer is None or sid in self._found:
-            return
-        found = thread_id(self.tree_id, sid)
-        if self.checkpointer.get_tuple(thread_config(found)) is None and _belongs(
-            self.graph.get_state(self._legacy(sid)), sid, in_flight=True
-        ):
-            found = legacy_thread_id(self.tree_id, sid)
-        self._found[sid] = found
+        run(self._resolve(sid), None)
 
     async def aresolve(self, sid: str) -> None:
         """Async twin of `resolve`."""
-        if self.checkpointer is None or sid in self._found:
+        await arun(self._resolve(sid), None)
+
+    def _resolve(self, sid: str) -> Flow[None]:
+        saver, graph = self.checkpointer, self.graph
+        if saver is None or sid in self._found:
             return
         found = thread_id(self.tree_id, sid)
-        if await self.checkpointer.aget_tuple(thread_config(found)) is None and _belongs(
-            await self.graph.aget_state(self._legacy(sid)), sid, in_flight=True
-        ):
-            found = legacy_thread_id(self.tree_id, sid)
+        if (yield Call(saver.get_tuple, saver.aget_tuple, (thread_config(found),))) is None:
+            legacy = yield Call(graph.get_state, graph.aget_state, (self._legacy(sid),))
+            if _belongs(legacy, sid, in_flight=True):
+                found = legacy_thread_id(self.tree_id, sid)
         self._found[sid] = found
 
     def prunes_in_memory(self, sid: str) -> bool:
@@ -105,12 +103,20 @@ class CheckpointThreads:
         """A turn of `sid` ended: prune its thread (if asked); next turns use the new id.
 
         A turn that waits on an interrupt keeps its thread, written out now."""
+        run(self._finished(sid, interrupted), None)
+
+    async def afinished(self, sid: str, interrupted: bool) -> None:
+        """Async twin of `finished`."""
+        await arun(self._finished(sid, interrupted), None)
+
+    def _finished(self, sid: str, interrupted: bool) -> Flow[None]:
+        saver = self.checkpointer
         if interrupted:
-            self.failed()
-        elif self.checkpointer is not None:
+            yield Call(self.failed, self.afailed)
+        elif saver is not None:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
-                self.checkpointer.delete_thread(thread)
+                yield Call(saver.delete_thread, saver.adelete_thread, (thread,))
             self._found[sid] = thread_id(self.tree_id, sid)
 
     def failed(self) -> None:
@@ -145,11 +151,7 @@ class CheckpointThreads:
         try:
             yield
         except BaseException:
-            if sid is not None and back is not None and back.committed is not None:
-                with suppress(Exception):
-                    self.finished(sid, False)
-            else:
-                self.failed()
+            run(self._raised(sid, back), None)
             raise
 
     @asynccontextmanager
@@ -160,42 +162,35 @@ class CheckpointThreads:
         try:
             yield
         except BaseException:
-            if sid is not None and back is not None and back.committed is not None:
-                with suppress(Exception):
-                    await self.afinished(sid, False)
-            else:
-                await self.afailed()
+            await arun(self._raised(sid, back), None)
             raise
 
-    async def afinished(self, sid: str, interrupted: bool) -> None:
-        """Async twin of `finished`."""
-        if interrupted:
-            await self.afailed()
-        elif self.checkpointer is not None:
-            thread = self.config(sid)["configurable"]["thread_id"]
-            if self.prune:
-                await self.checkpointer.adelete_thread(thread)
-            self._found[sid] = thread_id(self.tree_id, sid)
+    def _raised(self, sid: str | None, back: Handback | None) -> Flow[None]:
+        if sid is not None and back is not None and back.committed is not None:
+            with suppress(Exception):
+                yield from self._finished(sid, False)
+        else:
+            yield Call(self.failed, self.afailed)
 
     def drop(self, sid: str) -> None:
         """Delete the checkpoint threads of a removed session (the legacy one if it is its)."""
-        self._found.pop(sid, None)
-        saver = self.checkpointer
-        if saver is None:
-            return
-        saver.delete_thread(thread_id(self.tree_id, sid))
-        if _belongs(self.graph.get_state(self._legacy(sid)), sid, in_flight=False):
-            saver.delete_thread(legacy_thread_id(self.tree_id, sid))
+        run(self._drop(sid), None)
 
     async def adrop(self, sid: str) -> None:
         """Async twin of `drop`."""
+        await arun(self._drop(sid), None)
+
+    def _drop(self, sid: str) -> Flow[None]:
         self._found.pop(sid, None)
-        saver = self.checkpointer
+        saver, graph = self.checkpointer, self.graph
         if saver is None:
             return
-        await saver.adelete_thread(thread_id(self.tree_id, sid))
-        if _belongs(await self.graph.aget_state(self._legacy(sid)), sid, in_flight=False):
-            await saver.adelete_thread(legacy_thread_id(self.tree_id, sid))
+        yield Call(saver.delete_thread, saver.adelete_thread, (thread_id(self.tree_id, sid),))
+        legacy = yield Call(graph.get_state, graph.aget_state, (self._legacy(sid),))
+        if _belongs(legacy, sid, in_flight=False):
+            yield Call(
+                saver.delete_thread, saver.adelete_thread, (legacy_thread_id(self.tree_id, sid),)
+            )
 
 
 @contextmanager
