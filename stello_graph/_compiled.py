@@ -33,6 +33,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph.state import CompiledStateGraph
 
+from stello_graph._flow import Call, Flow, arun, run
 from stello_graph.errors import InvalidInputError, TimeTravelError
 from stello_graph.nodes._channels import RUN_INPUTS
 from stello_graph.nodes.deps import StelloRuntime
@@ -132,34 +133,22 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     """The compiled stello graph: a `CompiledStateGraph` whose runs start fresh and whose
     time travel branches (see the module docstring)."""
 
-    def _saver(self) -> BaseCheckpointSaver[Any] | None:
-        saver = self.checkpointer
-        return saver if isinstance(saver, BaseCheckpointSaver) else None
-
-    def _travel(self, config: RunnableConfig | None) -> RunnableConfig | None:
+    def _travel(self, config: RunnableConfig | None) -> Flow[RunnableConfig | None]:
         """`config`, flagged when it replays an earlier checkpoint between turns."""
-        found, saver = _latest_query(config), self._saver()
-        if found is None or saver is None or config is None:
+        found, saver = _latest_query(config), self.checkpointer
+        if found is None or not isinstance(saver, BaseCheckpointSaver) or config is None:
             return config
         wanted, query = found
-        if _is_latest(wanted, saver.get_tuple(query)):
+        if _is_latest(wanted, (yield Call(saver.get_tuple, saver.aget_tuple, (query,)))):
             return config
-        snapshot = self.get_state(config)
-        if not _between_turns(snapshot):
-            raise _mid_turn("Replaying", snapshot)
+        yield from self._refuse_mid_turn(config, "Replaying")
         return _travelling(config)
 
-    async def _atravel(self, config: RunnableConfig | None) -> RunnableConfig | None:
-        found, saver = _latest_query(config), self._saver()
-        if found is None or saver is None or config is None:
-            return config
-        wanted, query = found
-        if _is_latest(wanted, await saver.aget_tuple(query)):
-            return config
-        snapshot = await self.aget_state(config)
+    def _refuse_mid_turn(self, config: RunnableConfig, action: str) -> Flow[None]:
+        """Refuse (`TimeTravelError`) a checkpoint in the middle of a turn."""
+        snapshot = yield Call(self.get_state, self.aget_state, (config,))
         if not _between_turns(snapshot):
-            raise _mid_turn("Replaying", snapshot)
-        return _travelling(config)
+            raise _mid_turn(action, snapshot)
 
     def _runtime(self) -> StelloRuntime | None:
         """The runtime the graph was built on (`build_graph` keeps it on the builder, a
@@ -174,9 +163,9 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
-        config = self._travel(config)
-        run = super().stream(fresh_input(input), config, **kwargs)
-        return run if self._runtime() is None else self._counted(run)
+        config = run(self._travel(config), None)
+        items = super().stream(fresh_input(input), config, **kwargs)
+        return items if self._runtime() is None else self._counted(items)
 
     def _counted(self, run: Iterator[Any]) -> Iterator[Any]:
         with self._running():
@@ -185,27 +174,17 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        config = await self._atravel(config)
+        config = await arun(self._travel(config), None)
         with self._running():
             async for item in super().astream(fresh_input(input), config, **kwargs):
                 yield item
 
     def bulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
         _edits_of(supersteps)
-        self._check_edit(config)
+        run(self._refuse_mid_turn(config, "Editing"), None)
         return super().bulk_update_state(config, supersteps)
 
     async def abulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
         _edits_of(supersteps)
-        await self._acheck_edit(config)
+        await arun(self._refuse_mid_turn(config, "Editing"), None)
         return await super().abulk_update_state(config, supersteps)
-
-    def _check_edit(self, config: RunnableConfig) -> None:
-        snapshot = self.get_state(config)
-        if not _between_turns(snapshot):
-            raise _mid_turn("Editing", snapshot)
-
-    async def _acheck_edit(self, config: RunnableConfig) -> None:
-        snapshot = await self.aget_state(config)
-        if not _between_turns(snapshot):
-            raise _mid_turn("Editing", snapshot)
