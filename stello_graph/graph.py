@@ -114,8 +114,8 @@ class StelloInput(TypedDict, total=False):
     """How `integrate` runs: every L2 into the main session (flat, default) or level by level."""
 
 
-class StelloOutput(TypedDict, total=False):
-    """What a run of the graph returns."""
+class TurnOutput(TypedDict, total=False):
+    """What a run of the turn graph returns (and of the graph, a turn)."""
 
     session_id: str
     content: str
@@ -131,6 +131,11 @@ class StelloOutput(TypedDict, total=False):
     """The tool calls run during the turn."""
     turn_count: int
     """User turns of the session after this one."""
+
+
+class StelloOutput(TurnOutput, total=False):
+    """What a run of the graph returns."""
+
     forked: dict[str, str]
     l2: str | None
     integration: dict[str, Any]
@@ -144,6 +149,12 @@ class StelloState(TurnState, ForkState, ConsolidateState, TreeState, total=False
     """
 
 
+def _stello(compiled: object) -> StelloCompiledGraph:
+    compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
+    assert isinstance(compiled, StelloCompiledGraph)
+    return compiled
+
+
 class StelloStateGraph(StateGraph[StelloState, StelloContext, StelloInput, StelloOutput]):
     """The stello `StateGraph`; compiled, its time travel branches (`StelloCompiledGraph`:
     a run from an earlier checkpoint goes on from a fork of the session)."""
@@ -153,10 +164,7 @@ class StelloStateGraph(StateGraph[StelloState, StelloContext, StelloInput, Stell
     run there while it runs (`StelloRuntime.running`)."""
 
     def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
-        compiled = super().compile(*args, **kwargs)
-        compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
-        assert isinstance(compiled, StelloCompiledGraph)
-        return compiled
+        return _stello(super().compile(*args, **kwargs))
 
 
 StelloGraph: TypeAlias = StelloStateGraph
@@ -206,27 +214,12 @@ class TurnInput(TypedDict, total=False):
     tool_choice: str | dict[str, Any] | bool | None
 
 
-class TurnOutput(TypedDict, total=False):
-    """What a run of the turn graph returns."""
-
-    session_id: str
-    content: str
-    messages: list[AnyMessage]
-    pending: list[AnyMessage]
-    tool_rounds: int
-    tool_calls: list[dict[str, Any]]
-    turn_count: int
-
-
 class TurnGraph(StateGraph[TurnState, None, TurnInput, TurnOutput]):
     """The graph `build_turn_graph` returns; compiled, it is a `StelloCompiledGraph` (runs
     start fresh, time travel branches)."""
 
     def compile(self, *args: Any, **kwargs: Any) -> StelloCompiledGraph:
-        compiled = super().compile(*args, **kwargs)
-        compiled.__class__ = StelloCompiledGraph  # the same object, with the refusals
-        assert isinstance(compiled, StelloCompiledGraph)
-        return compiled
+        return _stello(super().compile(*args, **kwargs))
 
 
 def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
