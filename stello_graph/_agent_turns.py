@@ -24,17 +24,14 @@ from langgraph.types import Command, Durability, Interrupt, StateSnapshot
 from stello_graph._base import ToolChoice, check_tool_choice
 from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
+from stello_graph._flow import Call, Flow, Storage, arun, run
+from stello_graph._fork import check_active
 from stello_graph._stream import in_own_context, stoppable
 from stello_graph._threads import CheckpointThreads, arun_held, run_held
 from stello_graph._validate import check_id, check_text
-from stello_graph.errors import (
-    InvalidInputError,
-    SessionArchivedError,
-    SessionNotFoundError,
-)
+from stello_graph.errors import InvalidInputError
 from stello_graph.lease import Handback, SessionLeases
-from stello_graph.main_session import MainSession
-from stello_graph.models import Lease, SessionMeta
+from stello_graph.models import Lease
 from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.scheduling import aon_switch, on_switch
@@ -92,8 +89,6 @@ class _Turns:
     storage: MainStorage
     _runtime: StelloRuntime
     _leases: SessionLeases
-    main: MainSession
-    graph: CompiledStateGraph[Any, Any, Any, Any]
     _turn_graph: CompiledStateGraph[Any, Any, Any, Any]
     checkpointer: BaseCheckpointSaver[Any] | None
     _durability: Durability
@@ -116,7 +111,7 @@ class _Turns:
     # -- turns ------------------------------------------------------------------------------
     def _begin(
         self, session_id: object, text: object, tool_choice: ToolChoice = None
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> Flow[tuple[str, dict[str, Any]]]:
         sid = check_id(session_id)
         check_text(text, "text")
         choice = None if tool_choice is None else check_tool_choice(tool_choice)
@@ -126,36 +121,43 @@ class _Turns:
         payload: dict[str, Any] = {"session_id": sid, "input": text, "turn_id": str(uuid.uuid4())}
         if choice is not None:  # an input key left out is not checkpointed
             payload["tool_choice"] = choice
+            # the session's tools, before anything is written
+            yield from self._target(sid, choice)
         return sid, payload
 
-    @staticmethod
-    def _check_target(sid: str, meta: SessionMeta | None) -> str:
-        """Refuse a missing or archived session before the graph runs (and checkpoints)."""
-        if meta is None:
-            raise SessionNotFoundError(sid)
-        if meta.status == "archived":
-            raise SessionArchivedError(sid, "a turn")
-        return sid
-
-    def _target(self, sid: str, tool_choice: ToolChoice = None) -> str:
-        self._check_target(sid, self.storage.get_session(sid))
-        if tool_choice is not None:  # the session's tools, before the graph checkpoints
-            check_tool_choice(tool_choice, self._runtime.session(sid).tools, session_id=sid)
-        return sid
-
-    async def _atarget(self, sid: str, tool_choice: ToolChoice = None) -> str:
-        self._check_target(sid, await self.storage.aget_session(sid))
+    def _target(self, sid: str, tool_choice: ToolChoice = None) -> Flow[str]:
+        """Refuse a missing or archived session before the graph runs (and checkpoints), and
+        a `tool_choice` that names none of the session's tools."""
+        check_active((yield Storage(MainStorage.get_session, sid)), sid, "a turn")
         if tool_choice is not None:
-            session = await self._runtime.asession(sid)
+            runtime = self._runtime
+            session = yield Call(runtime.session, runtime.asession, (sid,))
             check_tool_choice(tool_choice, session.tools, session_id=sid)
         return sid
 
-    def _resume_payload(self, sid: str, state: StateSnapshot, value: Any) -> Command[Any] | None:
+    def _state(self, sid: str) -> Call:
+        """The read of the state of `sid`'s checkpoint thread."""
+        graph = self._turn_graph
+        return Call(graph.get_state, graph.aget_state, (self.config(sid),))
+
+    def _in_flight(self, sid: str, value: Any) -> Flow[Command[Any] | None]:
+        """What resumes `sid`'s turn in flight (with `value`); refused when there is none."""
+        state: StateSnapshot = yield self._state(sid)
         if state.interrupts:
             return Command(resume=value)
         if not state.next:
             raise InvalidInputError(f"Session {sid!r} has no turn in flight to resume.")
         return None
+
+    def _resumable(self, session_id: object, value: Any) -> Flow[str]:
+        """The session of a resume, refused before the lease is written when it has no
+        turn in flight."""
+        sid = yield from self._target(check_id(session_id))
+        if self.checkpointer is None:
+            raise InvalidInputError("This agent has no checkpointer: turns cannot be resumed.")
+        yield Call(self._threads.resolve, self._threads.aresolve, (sid,))
+        yield from self._in_flight(sid, value)
+        return sid
 
     def _switch(self, sid: str) -> None:
         on_switch(self._runtime, self._last_session, sid)
@@ -205,9 +207,7 @@ class _Turns:
         tool's name, ...); later rounds of the turn are free to answer. A name that is not
         one of the session's tools raises `InvalidInputError` before anything is written.
         """
-        sid, payload = self._begin(session_id, text, tool_choice)
-        if tool_choice is not None:  # the session's tools, before anything is written
-            self._target(sid, tool_choice)
+        sid, payload = run(self._begin(session_id, text, tool_choice), self.storage)
         back = self._handback(sid)
         try:
             # the run's first step takes the read made with the lease (see `_held_run`)
@@ -223,9 +223,7 @@ class _Turns:
         self, session_id: str, text: str, *, tool_choice: ToolChoice = None
     ) -> TurnResult:
         """Async twin of `turn`."""
-        sid, payload = self._begin(session_id, text, tool_choice)
-        if tool_choice is not None:
-            await self._atarget(sid, tool_choice)
+        sid, payload = await arun(self._begin(session_id, text, tool_choice), self.storage)
         back = self._handback(sid)
         try:
             async with self._aheld_run(sid, back):
@@ -290,17 +288,12 @@ class _Turns:
                 the turn finished and raises this.
             SessionNotFoundError / SessionArchivedError: no such session, or it is archived.
         """
-        sid = self._target(check_id(session_id))
-        self._check_resumable()
-        self._threads.resolve(sid)
-        # nothing in flight is refused here, before the lease is written
-        self._resume_payload(sid, self._turn_graph.get_state(self.config(sid)), value)
+        sid = run(self._resumable(session_id, value), self.storage)
         back = _kept()
         try:
             with run_held(self._leases, sid, back):
                 # read again under the lease: a resume that ended meanwhile left nothing to do
-                state = self._turn_graph.get_state(self.config(sid))
-                payload = self._resume_payload(sid, state, value)
+                payload = run(self._in_flight(sid, value), None)
                 with self._threads.running(sid, back):
                     config = _resuming(self.config(sid))
                     out = self._turn_graph.invoke(payload, config, durability=self._durability)
@@ -310,16 +303,11 @@ class _Turns:
 
     async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
         """Async twin of `resume`."""
-        sid = await self._atarget(check_id(session_id))
-        self._check_resumable()
-        await self._threads.aresolve(sid)
-        # nothing in flight is refused here, before the lease is written
-        self._resume_payload(sid, await self._turn_graph.aget_state(self.config(sid)), value)
+        sid = await arun(self._resumable(session_id, value), self.storage)
         back = _kept()
         try:
             async with arun_held(self._leases, sid, back):
-                state = await self._turn_graph.aget_state(self.config(sid))
-                payload = self._resume_payload(sid, state, value)
+                payload = await arun(self._in_flight(sid, value), None)
                 async with self._threads.arunning(sid, back):
                     out = await self._turn_graph.ainvoke(
                         payload, _resuming(self.config(sid)), durability=self._durability
@@ -327,10 +315,6 @@ class _Turns:
                     return await self._afinished(sid, self._result(sid, out))
         except Exception as error:
             return self._stored(sid, back, error)
-
-    def _check_resumable(self) -> None:
-        if self.checkpointer is None:
-            raise InvalidInputError("This agent has no checkpointer: turns cannot be resumed.")
 
     # -- streaming --------------------------------------------------------------------------
     def stream(
@@ -365,9 +349,7 @@ class _Turns:
         stream_mode: str | Sequence[str],
         tool_choice: ToolChoice,
     ) -> Generator[Any, None, None]:
-        sid, payload = self._begin(session_id, text, tool_choice)
-        if tool_choice is not None:
-            self._target(sid, tool_choice)
+        sid, payload = run(self._begin(session_id, text, tool_choice), self.storage)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
@@ -378,7 +360,7 @@ class _Turns:
                 config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
                 self._switch(sid)
                 q = self._mux.open()
-                run = stoppable(
+                items = stoppable(
                     lambda: self._turn_graph.stream(
                         payload,
                         config,
@@ -388,18 +370,15 @@ class _Turns:
                     cancel.cancel,
                 )
                 try:
-                    for item in run:
+                    for item in items:
                         yield from self._mux.drain(q, modes, multi)
                         if "messages" not in modes or self._mux.from_model(item, multi):
                             yield item
                     yield from self._mux.drain(q, modes, multi)
                 finally:
-                    run.close()  # now, under the lock: the run has ended when this returns
+                    items.close()  # now, under the lock: the run has ended when this returns
                     self._mux.close(q)
-                ended = self._threads.ended_in_memory(sid) or not self.checkpointer
-                state = None if ended else self._turn_graph.get_state(self.config(sid))
-                if state is None or not state.interrupts:
-                    self._finished(sid, TurnResult(session_id=sid, content=""))
+                run(self._stream_end(sid), None)
         except Exception as error:
             self._stored(sid, back, error)  # the stream ends as the turn did
 
@@ -412,9 +391,7 @@ class _Turns:
         tool_choice: ToolChoice = None,
     ) -> AsyncIterator[Any]:
         """Async twin of `stream`."""
-        sid, payload = self._begin(session_id, text, tool_choice)
-        if tool_choice is not None:
-            await self._atarget(sid, tool_choice)
+        sid, payload = await arun(self._begin(session_id, text, tool_choice), self.storage)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         back = _kept()
@@ -437,12 +414,17 @@ class _Turns:
                         yield event
                 finally:
                     self._mux.close(q)
-                ended = self._threads.ended_in_memory(sid) or not self.checkpointer
-                state = None if ended else await self._turn_graph.aget_state(self.config(sid))
-                if state is None or not state.interrupts:
-                    await self._afinished(sid, TurnResult(session_id=sid, content=""))
+                await arun(self._stream_end(sid), None)
         except Exception as error:
             self._stored(sid, back, error)  # the stream ends as the turn did
+
+    def _stream_end(self, sid: str) -> Flow[None]:
+        """A stream's run ended: its turn is finished unless it waits on an interrupt."""
+        ended = self._threads.ended_in_memory(sid) or not self.checkpointer
+        state = None if ended else (yield self._state(sid))
+        if state is None or not state.interrupts:
+            done = TurnResult(session_id=sid, content="")
+            yield Call(self._finished, self._afinished, (sid, done))
 
 
 def _resuming(config: RunnableConfig) -> RunnableConfig:

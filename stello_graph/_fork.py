@@ -62,6 +62,7 @@ __all__ = [
     "ForkContext",
     "ForkRequest",
     "afork_session",
+    "check_active",
     "check_at_turn",
     "fork_session",
     "turn_cut",
@@ -223,21 +224,13 @@ class _Child:
     transaction (copied as rows when the cut is clean)."""
 
 
-def _check_source(meta: SessionMeta | None, source_id: str) -> SessionMeta:
+def check_active(meta: SessionMeta | None, session_id: str, operation: str) -> SessionMeta:
+    """`meta`, refused when missing or archived (`SessionArchivedError` names `operation`)."""
     if meta is None:
-        raise SessionNotFoundError(source_id)
+        raise SessionNotFoundError(session_id)
     if meta.status == "archived":
-        raise SessionArchivedError(source_id, "a fork")
+        raise SessionArchivedError(session_id, operation)
     return meta
-
-
-def _outside_the_tree(source_id: str) -> NodeNotFoundError:
-    return NodeNotFoundError(
-        source_id,
-        message=f"Session {source_id!r} has no topology node in this tree, so a fork of it "
-        "would be a session outside the tree: fork a session of the tree (the main session "
-        "or one made by a fork), or give it a node first with put_node(TopologyNode(...)).",
-    )
 
 
 _NO_TOPOLOGY: Any = object()
@@ -257,7 +250,12 @@ def _node_flow(source_id: str) -> Flow[bool]:
     if node is not None:
         return True
     if (yield Storage(MainStorage.get_main_session)) is not None:
-        raise _outside_the_tree(source_id)
+        raise NodeNotFoundError(
+            source_id,
+            message=f"Session {source_id!r} has no topology node in this tree, so a fork of it "
+            "would be a session outside the tree: fork a session of the tree (the main session "
+            "or one made by a fork), or give it a node first with put_node(TopologyNode(...)).",
+        )
     return False
 
 
@@ -332,7 +330,8 @@ def _inherit_flow(storage: SessionStorage, req: ForkRequest, child_id: str) -> F
 def _checks_flow(req: ForkRequest) -> Flow[tuple[SessionMeta, bool]]:
     """The source (refused when missing or archived) and whether the child gets a node
     (refused outside the tree, or for a label a sibling has with `unique_label`)."""
-    source = _check_source((yield Storage(MainStorage.get_session, req.source_id)), req.source_id)
+    meta = yield Storage(MainStorage.get_session, req.source_id)
+    source = check_active(meta, req.source_id, "a fork")
     with_node = yield from _node_flow(req.source_id)
     if with_node and req.unique_label:
         yield from _label_flow(req)
@@ -374,10 +373,6 @@ def _write_flow(storage: SessionStorage, req: ForkRequest, made: _Child | None) 
     return child
 
 
-def _fn_error(exc: Exception, what: str) -> FunctionCallError:
-    return FunctionCallError(f"The fork's {what} function failed: {type(exc).__name__}: {exc}")
-
-
 def fork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     """Create the child of `req.source_id` and its TopologyNode atomically; return its meta.
 
@@ -386,14 +381,12 @@ def fork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     function (`context="none"` / `"inherit"`) the checks run in the fork's one write
     transaction, so on SQLite a refused fork waits for another writer's lock as a fork does.
     """
-    meta: SessionMeta = run(_fork_flow(storage, req), storage)
-    return meta
+    return run(_fork_flow(storage, req), storage)
 
 
 async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     """Async twin of `fork_session`."""
-    meta: SessionMeta = await arun(_fork_flow(storage, req), storage)
-    return meta
+    return await arun(_fork_flow(storage, req), storage)
 
 
 def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
@@ -419,7 +412,10 @@ def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
     except StelloError:
         raise
     except Exception as exc:
-        raise _fn_error(exc, "context" if callable(req.context) else "compress") from exc
+        what = "context" if callable(req.context) else "compress"
+        raise FunctionCallError(
+            f"The fork's {what} function failed: {type(exc).__name__}: {exc}"
+        ) from exc
     child = _child(req, source, source_prompt, selected, compression, turn or None)
     yield Atomic(_write_flow(storage, req, child))
     return child.meta
