@@ -36,6 +36,7 @@ from stello_graph._agent_turns import TurnResult, _Turns
 from stello_graph._as_tool import session_tool
 from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
+from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkContext
 from stello_graph._threads import CheckpointThreads
 from stello_graph._validate import check_chat_model, check_id, check_tools
@@ -79,6 +80,14 @@ def _open_storage(
 
         return SqliteMainStorage(DEFAULT_DB if storage is None else storage, tree_id=tree_id)
     return storage
+
+
+def _main_id(storage: MainStorage, cfg: StelloConfig) -> str:
+    """The id of the tree's main session, created (as `cfg` says) when it has none."""
+    found = storage.get_main_session()
+    if found is not None:
+        return found.id
+    return MainSession.create(storage, label=cfg.main_label, system_prompt=cfg.system_prompt).id
 
 
 def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
@@ -166,15 +175,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
         try:
             self._runtime = StelloRuntime(self.storage, cfg)
             """The runtime the graph's nodes share (read it; configure through `config`)."""
-            found = self.storage.get_main_session()
-            main_id = (
-                MainSession.create(
-                    self.storage, label=cfg.main_label, system_prompt=cfg.system_prompt
-                ).id
-                if found is None
-                else found.id
-            )
-            main = self._runtime.session(main_id)
+            main = self._runtime.session(_main_id(self.storage, cfg))
             assert isinstance(main, MainSession)
             self.main: MainSession = main
             """The main session, with the agent's model, tools and integrate function."""
@@ -409,47 +410,44 @@ class StelloAgent(_Turns, _Memory, _Tree):
         with self._mux.quiet():
             return self._forked(await arun_fork(self._runtime, state), options)
 
-    def _archivable(self, session_id: object) -> str:
-        sid = check_id(session_id)
-        if sid == self.main.id:
-            raise InvalidInputError("The main session cannot be archived.")
-        return sid
-
     def archive(self, session_id: str) -> SessionMeta:
         """Archive a session (after its running turn, if any); it then refuses all work.
 
         Archiving an archived session changes nothing and returns its meta.
         """
-        sid = self._archivable(session_id)
-        found = self.storage.get_session(sid)
-        if found is None:
-            raise SessionNotFoundError(sid)
-        if found.status == "archived":
-            return found
-        with self._leases.hold(sid):
-            session = self.session(sid)
-            assert isinstance(session, Session)
-            meta = session.archive()
-        emit(self._runtime.bus, "session_archived", sid)
-        on_archive(self._runtime, sid)
-        self._recorder.settle()
-        return meta
+        return run(self._archive(session_id, settle=True), self.storage)
 
     async def aarchive(self, session_id: str) -> SessionMeta:
         """Async twin of `archive`."""
-        sid = self._archivable(session_id)
-        found = await self.storage.aget_session(sid)
+        return await arun(self._archive(session_id), self.storage)
+
+    def _archive(self, session_id: object, *, settle: bool = False) -> Flow[SessionMeta]:
+        sid = check_id(session_id)
+        if sid == self.main.id:
+            raise InvalidInputError("The main session cannot be archived.")
+        found: SessionMeta | None = yield Storage(MainStorage.get_session, sid)
         if found is None:
             raise SessionNotFoundError(sid)
         if found.status == "archived":
             return found
+        meta: SessionMeta = yield Call(self._archived, self._aarchived, (sid,))
+        emit(self._runtime.bus, "session_archived", sid)
+        on_archive(self._runtime, sid)
+        if settle:  # a sync call's events are stored when it returns
+            self._recorder.settle()
+        return meta
+
+    def _archived(self, sid: str) -> SessionMeta:
+        with self._leases.hold(sid):
+            session = self.session(sid)
+            assert isinstance(session, Session)
+            return session.archive()
+
+    async def _aarchived(self, sid: str) -> SessionMeta:
         async with self._leases.ahold(sid):
             session = await self._runtime.asession(sid)
             assert isinstance(session, Session)
-            meta = await session.aarchive()
-        emit(self._runtime.bus, "session_archived", sid)
-        on_archive(self._runtime, sid)
-        return meta
+            return await session.aarchive()
 
     # -- composition ------------------------------------------------------------------------
     def as_tool(

@@ -52,6 +52,7 @@ from typing_extensions import Unpack
 
 from stello_graph._base import TurnContext
 from stello_graph._context import message_text, sanitize_history
+from stello_graph._flow import Call, Flow, arun, run
 from stello_graph.config import StelloConfig, StelloSettings
 from stello_graph.errors import InvalidInputError, StelloError
 from stello_graph.main_session import MainSession
@@ -141,7 +142,7 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
 
     def _open(self, tree: str) -> tuple[StelloRuntime, str]:
         """Open a tree of the storage, creating its main session if it has none."""
-        from stello_graph.agent import _open_storage
+        from stello_graph.agent import _main_id, _open_storage
 
         storage = _open_storage(self._storage, tree)
         if storage.tree_id != tree:
@@ -149,14 +150,7 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
                 f"StelloContext names tree {tree!r}, but the middleware's storage holds "
                 f"tree {storage.tree_id!r}: pass a path or URL to open any tree."
             )
-        found, cfg = storage.get_main_session(), self._config
-        main = (
-            found.id
-            if found is not None
-            else MainSession.create(
-                storage, label=cfg.main_label, system_prompt=cfg.system_prompt
-            ).id
-        )
+        main = _main_id(storage, self._config)
         return StelloRuntime(storage, self._config), main
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -227,11 +221,8 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         named, bound = _named(runtime, "tree_id"), state.get("stello_tree_id")
         tree, main = self._tree(named or bound)
         same = named is None or tree.storage.tree_id == bound
-        return (
-            tree,
-            main,
-            _named(runtime, "session_id") or (state.get("stello_session_id") if same else None),
-        )
+        sid = _named(runtime, "session_id") or (state.get("stello_session_id") if same else None)
+        return tree, main, sid
 
     def before_agent(
         self, state: Mapping[str, Any], runtime: Runtime[Any]
@@ -259,20 +250,20 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         run = {"session_id": state["stello_session_id"], "pending": self._records(state)}
         return self._run_tree(state)._builtins, {**args, "state": run}
 
+    def _create_session(self, args: Mapping[str, Any]) -> Flow[dict[str, str] | str]:
+        builtins, fork = self._fork_args(args)
+        try:
+            forked: dict[str, str] = yield Call(builtins._fork, builtins._afork, (fork,))
+            return forked
+        except StelloError as exc:  # the model reads it and can try again
+            return tool_error_message(exc)
+
     def _create_session_tool(self, tree: StelloRuntime) -> BaseTool:
         def create_session(**args: Any) -> dict[str, str] | str:
-            builtins, fork = self._fork_args(args)
-            try:
-                return builtins._fork(fork)
-            except StelloError as exc:  # the model reads it and can try again
-                return tool_error_message(exc)
+            return run(self._create_session(args), None)
 
         async def acreate_session(**args: Any) -> dict[str, str] | str:
-            builtins, fork = self._fork_args(args)
-            try:
-                return await builtins._afork(fork)
-            except StelloError as exc:
-                return tool_error_message(exc)
+            return await arun(self._create_session(args), None)
 
         return StructuredTool.from_function(
             func=create_session,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,16 +90,12 @@ def load_skills(folder: str | os.PathLike[str]) -> list[Skill]:
     for path in sorted(root.rglob("SKILL.md")):
         text = path.read_text(encoding="utf-8")
         skills.append(parse_skill(text, default_name=path.parent.name, where=str(path)))
-    _unique(skills)
-    return skills
-
-
-def _unique(skills: Iterable[Skill]) -> None:
     seen: set[str] = set()
     for skill in skills:
         if skill.name in seen:
             raise SkillLoadError(f"Two skills are named {skill.name!r}.")
         seen.add(skill.name)
+    return skills
 
 
 def check_allow_list(names: object, known: Sequence[str]) -> list[str]:
