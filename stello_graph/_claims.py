@@ -28,8 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +35,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from stello_graph._ids import new_owner, owner_is_dead
+from stello_graph._ids import add_live, discard_live, new_owner, owner_is_dead
 from stello_graph.lease import DEFAULT_LEASE_TTL, check_lease_ttl
 from stello_graph.storage import MainStorage
 
@@ -45,11 +43,6 @@ __all__ = ["CLAIMS_KEY", "Claim", "JobClaims"]
 
 CLAIMS_KEY = "stello:jobs"
 """The tree global holding the claims of running jobs, by `<kind>:<session id>`."""
-
-# Owners of this process holding a claim: a claim naming this process but not listed here
-# is a leftover (of a scheduler that stopped mid-job), free to take over.
-_live: set[str] = set()
-_live_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,20 +60,15 @@ def claim_key(kind: str, session_id: str | None) -> str:
     return f"{kind}:{session_id or ''}"
 
 
-def _dead(owner: str) -> bool:
-    if owner.startswith(f"{socket.gethostname()}/{os.getpid()}/"):  # this process
-        with _live_lock:
-            return owner not in _live
-    return owner_is_dead(owner)
-
-
 def _free(stored: Any, now: float) -> bool:
     if not isinstance(stored, dict):
         return True  # never claimed, released, or written by something else
     owner, expires = stored.get("owner"), stored.get("expires_at")
     if not isinstance(owner, str) or not isinstance(expires, int | float):
         return True
-    return expires <= now or _dead(owner)
+    # a claim naming this process but not held (`add_live`) is a leftover of a scheduler
+    # that stopped mid-job, free to take over
+    return expires <= now or owner_is_dead(owner)
 
 
 class JobClaims:
@@ -106,8 +94,7 @@ class JobClaims:
     def claim(self, kind: str, session_id: str | None) -> Claim | None:
         """Claim the job; `None` while another scheduler holds its claim."""
         key, owner = claim_key(kind, session_id), new_owner()
-        with _live_lock:
-            _live.add(owner)
+        add_live(owner)
         claimed: Claim | None = None
         try:
             with self.storage.transaction():
@@ -118,7 +105,7 @@ class JobClaims:
                     self._put(claims, now)
         finally:
             if claimed is None:
-                self._forget(owner)
+                discard_live(owner)
         return claimed
 
     def renew(self, claim: Claim) -> Claim | None:
@@ -143,7 +130,7 @@ class JobClaims:
                     del claims[claim.key]
                     self._put(claims, time.time())
         finally:
-            self._forget(claim.owner)
+            discard_live(claim.owner)
 
     @contextmanager
     def hold(self, kind: str, session_id: str | None) -> Iterator[Claim | None]:
@@ -173,8 +160,3 @@ class JobClaims:
                 current = self.renew(current)
             except Exception:  # a failing storage: the claim lapses, another may take over
                 return
-
-    @staticmethod
-    def _forget(owner: str) -> None:
-        with _live_lock:
-            _live.discard(owner)

@@ -36,8 +36,8 @@ __all__ = [
 
 _HOST = socket.gethostname()
 
-# Owners of this process that hold (or are acquiring) a lease: any other owner naming this
-# process is a leftover, free to take over.
+# Owners of this process that hold (or are acquiring) a lease or a job claim: any other
+# owner naming this process is a leftover, free to take over.
 _live: set[str] = set()
 _live_lock = threading.Lock()
 
@@ -104,7 +104,7 @@ def owner_is_dead(owner: str) -> bool:
 
 
 def add_live(owner: str) -> None:
-    """Count `owner`, of this process, as live (holding or acquiring)."""
+    """Count `owner`, of this process, as live (holding or acquiring a lease or a claim)."""
     with _live_lock:
         _live.add(owner)
 
