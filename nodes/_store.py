@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from langgraph.config import get_store
 from langgraph.store.base import BaseStore, Item
 
+from stello_graph._event_log import running_loop
 from stello_graph._flow import Flow, Storage, arun, run
 from stello_graph._ids import store_label
 from stello_graph.events import emit
@@ -134,13 +135,6 @@ def _apply_flow(writes: Sequence[StoreWrite]) -> Flow[None]:
             yield Storage(BaseStore.put, ns, key, value)
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
 def write_store(
     deps: StelloRuntime, writes: Sequence[StoreWrite], session_id: str | None = None
 ) -> None:
@@ -151,7 +145,7 @@ def write_store(
     try:
         _apply(store, writes)
     except asyncio.InvalidStateError as exc:  # an async store, called on its loop
-        loop = _running_loop()
+        loop = running_loop()
         if loop is None:
             _report(deps, exc, session_id)
             return

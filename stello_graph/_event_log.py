@@ -23,7 +23,7 @@ from typing import Any
 from stello_graph.events import STORED_EVENT_TYPES, StelloEvent
 from stello_graph.storage import MainStorage
 
-__all__ = ["EventRecorder"]
+__all__ = ["EventRecorder", "running_loop"]
 
 _BATCH = 100
 """The most events appended in one transaction."""
@@ -52,7 +52,7 @@ class EventRecorder:
         with self._state:
             if self._closed:
                 return
-            inline = not self._pending and not _on_event_loop()
+            inline = not self._pending and running_loop() is None
             if not inline:
                 self._pending += 1
                 self._start_writer()
@@ -84,7 +84,7 @@ class EventRecorder:
         """At the end of a sync operation: when it ran on the event loop (so its events were
         queued), wait until they are stored, so a sync call's events are stored when it
         returns wherever it ran (it blocked the loop anyway)."""
-        if self._pending and _on_event_loop():
+        if self._pending and running_loop() is not None:
             self.flush(10.0)
 
     async def aflush(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
@@ -145,12 +145,12 @@ class EventRecorder:
         self._storage.append_event(event.type, event.session_id, _jsonable(event.data), at=event.at)
 
 
-def _on_event_loop() -> bool:
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running on this thread, if any."""
     try:
-        asyncio.get_running_loop()
+        return asyncio.get_running_loop()
     except RuntimeError:
-        return False
-    return True
+        return None
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
