@@ -23,8 +23,10 @@ due, so two workers that found the same work due run it once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph.errors import (
     IntegrationSupersededError,
     InvalidInputError,
@@ -43,6 +45,7 @@ from stello_graph.nodes._store import (
 )
 from stello_graph.nodes._store import namespace as store_namespace
 from stello_graph.session import Session
+from stello_graph.storage import MainStorage
 
 TREE_TURNS_KEY = "stello:tree_turns"
 """The tree's user turns, counted when the schedule integrates every N of them (kept by
@@ -64,7 +67,6 @@ __all__ = [
     "integrate_now",
     "on_archive",
     "on_switch",
-    "publish",
     "published",
     "recover",
     "unpublish",
@@ -76,15 +78,8 @@ consolidations), `done` (how many of those requests ran) and `tree_turns` (the t
 count when the last scheduled integration started)."""
 
 
-def publish(
-    deps: StelloDeps, namespace: tuple[str, ...], key: str, value: dict[str, object]
-) -> None:
-    """Mirror a memory write to the LangGraph store, if there is one (`nodes._store`)."""
-    write_store(deps, [published(deps, namespace, key, value)], key)
-
-
 _PUBLISHED = ("l2", "synthesis", "subtree", "insights")
-"""What `publish` writes under a session's id."""
+"""What is published to the store under a session's id."""
 
 
 def _unpublished(deps: StelloDeps, session_id: str) -> list[StoreWrite]:
@@ -121,37 +116,35 @@ async def aforget_insight(deps: StelloDeps, session_id: str, insight: str | None
 def published(
     deps: StelloDeps, namespace: tuple[str, ...], key: str, value: dict[str, object]
 ) -> StoreWrite:
-    """The store write `publish` makes."""
+    """The store write that mirrors a memory write to the LangGraph store (`nodes._store`)."""
     return (store_namespace(deps, *namespace), key, dict(value))
 
 
 def consolidate_now(deps: StelloDeps, session_id: str, *, archived_ok: bool = False) -> str | None:
     """Consolidate one session with the deps' function; emit and publish the new L2."""
-    session = deps.session(session_id)
-    if not isinstance(session, Session):
-        raise InvalidInputError("The main session integrates; it does not consolidate.")
-    l2 = session.consolidate(deps.consolidate_fn, archived_ok=archived_ok)
-    if l2 is not None:
-        emit(deps.bus, "consolidated", session_id, l2=l2)
-        write_store(deps, [_l2_write(deps, session_id, l2, session.meta.label)], session_id)
-    return l2
+    return run(_consolidate(deps, session_id, archived_ok), deps.storage)
 
 
 async def aconsolidate_now(deps: StelloDeps, session_id: str) -> str | None:
     """Async twin of `consolidate_now` (active sessions only)."""
-    session = await deps.asession(session_id)
+    return await arun(_consolidate(deps, session_id, False), deps.storage)
+
+
+def _consolidate(deps: StelloDeps, session_id: str, archived_ok: bool) -> Flow[str | None]:
+    session = yield Call(deps.session, deps.asession, (session_id,))
     if not isinstance(session, Session):
         raise InvalidInputError("The main session integrates; it does not consolidate.")
-    l2 = await session.aconsolidate(deps.consolidate_fn)
+    l2: str | None = yield Call(
+        partial(session.consolidate, archived_ok=archived_ok),
+        partial(session.aconsolidate, archived_ok=archived_ok),
+        (deps.consolidate_fn,),
+    )
     if l2 is not None:
         emit(deps.bus, "consolidated", session_id, l2=l2)
-        meta = await session.ameta()
-        await awrite_store(deps, [_l2_write(deps, session_id, l2, meta.label)], session_id)
+        meta: SessionMeta = yield Call(lambda: session.meta, session.ameta)
+        writes = [published(deps, ("l2",), session_id, {"l2": l2, "label": meta.label})]
+        yield Call(write_store, awrite_store, (deps, writes, session_id))
     return l2
-
-
-def _l2_write(deps: StelloDeps, session_id: str, l2: str, label: str) -> StoreWrite:
-    return (store_namespace(deps, "l2"), session_id, {"l2": l2, "label": label})
 
 
 def announce_integration(
@@ -263,11 +256,11 @@ def _with_store(deps: StelloDeps, job: Callable[[], object]) -> Callable[[], obj
     """`job`, run with the store of the run that queues it (a worker thread has no run)."""
     store = current_store(deps)
 
-    def run() -> object:
+    def in_store() -> object:
         with job_store(store):
             return job()
 
-    return run
+    return in_store
 
 
 def _queue_consolidation(
@@ -319,31 +312,25 @@ def recover(deps: StelloDeps) -> None:
         _queue_integration(deps)
 
 
-def _left(deps: StelloDeps, previous: str | None, current: str) -> str | None:
-    """The session the user left for `current`, when the schedule consolidates it."""
-    schedule = deps.schedule
-    if schedule is None or not schedule.consolidate_on_switch or previous == current:
-        return None
-    return previous
-
-
-def _queue_left(deps: StelloDeps, meta: SessionMeta | None) -> None:
-    if meta is not None and meta.role == "standard" and meta.status == "active":
-        _queue_consolidation(deps, meta.id)
-
-
 def on_switch(deps: StelloDeps, previous: str | None, current: str) -> None:
     """The user moved from `previous` to `current`: consolidate `previous` if scheduled."""
-    left = _left(deps, previous, current)
-    if left is not None:
-        _queue_left(deps, deps.storage.get_session(left))
+    run(_switched(deps, previous, current), deps.storage)
 
 
 async def aon_switch(deps: StelloDeps, previous: str | None, current: str) -> None:
     """Async twin of `on_switch` (its read never runs on the event loop)."""
-    left = _left(deps, previous, current)
-    if left is not None:
-        _queue_left(deps, await deps.storage.aget_session(left))
+    await arun(_switched(deps, previous, current), deps.storage)
+
+
+def _switched(deps: StelloDeps, previous: str | None, current: str) -> Flow[None]:
+    schedule = deps.schedule
+    if schedule is None or not schedule.consolidate_on_switch or previous is None:
+        return
+    if previous == current:
+        return
+    meta: SessionMeta | None = yield Storage(MainStorage.get_session, previous)
+    if meta is not None and meta.role == "standard" and meta.status == "active":
+        _queue_consolidation(deps, meta.id)
 
 
 def on_archive(deps: StelloDeps, session_id: str) -> None:
