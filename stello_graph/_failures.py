@@ -5,12 +5,13 @@ the tree sees them)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal, Protocol
 
-from stello_graph._flow import Atomic, Flow, Storage
+from stello_graph._flow import Atomic, Call, Flow, Storage
 from stello_graph.models import utcnow
 from stello_graph.storage import MainStorage
 
@@ -127,36 +128,24 @@ def _read(stored: list[Any], session_id: str | None) -> list[BackgroundFailure]:
 def _clear(session_id: str | None) -> Flow[int]:
     """`clear`'s steps (in one transaction): drop the failures it does not keep."""
     stored = _listed((yield Storage(MainStorage.get_global, FAILURES_KEY)))
-    kept = _kept(stored, session_id)
-    if len(kept) != len(stored):
-        yield Storage(MainStorage.put_global, FAILURES_KEY, kept)
-    return len(stored) - len(kept)
-
-
-def _async(log: FailureLog, name: str, sync: str) -> Callable[..., Awaitable[Any]]:
-    """The log's async method `name`; a log without one (a `FailureLog` needs only the sync
-    methods) has its sync method `sync` run in a worker thread: its I/O (a file, a database)
-    never blocks the event loop."""
-    found = getattr(log, name, None)
-    if found is not None:
-        return found  # type: ignore[no-any-return]
-    method = getattr(log, sync)
-
-    async def call(*args: Any) -> Any:
-        return await asyncio.to_thread(method, *args)
-
-    return call
-
-
-def _listed(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, list) else []
-
-
-def _kept(stored: list[Any], session_id: str | None) -> list[Any]:
-    """The stored failures `clear(session_id)` keeps (none, without a session)."""
-    return [
+    kept = [  # none, without a session
         v
         for v in stored
         if session_id is not None
         and not (isinstance(v, dict) and v.get("session_id") == session_id)
     ]
+    if len(kept) != len(stored):
+        yield Storage(MainStorage.put_global, FAILURES_KEY, kept)
+    return len(stored) - len(kept)
+
+
+def log_call(log: FailureLog, name: str, *args: Any) -> Call:
+    """A call of the log's method `name` as a flow step. Driven async, it awaits the log's
+    `a<name>`; a log without one (a `FailureLog` needs only the sync methods) has `name` run
+    in a worker thread: its I/O (a file, a database) never blocks the event loop."""
+    sync = getattr(log, name)
+    return Call(sync, getattr(log, f"a{name}", None) or partial(asyncio.to_thread, sync), args)
+
+
+def _listed(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []

@@ -24,6 +24,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 
 from stello_graph._claims import JobClaims
@@ -32,9 +33,10 @@ from stello_graph._failures import (
     FailureLog,
     JobKind,
     StorageFailureLog,
-    _async,
     _of,
+    log_call,
 )
+from stello_graph._flow import Flow, arun, run
 from stello_graph.errors import InvalidInputError
 from stello_graph.events import EventBus, emit
 
@@ -155,38 +157,29 @@ class Scheduler:
                 self._next[key] = job
                 return True
             self._queued.add(key)
-            pool = self._ensure_pool()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self.schedule.max_concurrency, thread_name_prefix="stello-bg"
+                )
+            pool = self._pool
         pool.submit(self._run, key, job)
         return True
-
-    def _ensure_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                self.schedule.max_concurrency, thread_name_prefix="stello-bg"
-            )
-        return self._pool
 
     def _run(self, key: Key, job: Job) -> None:
         kind, session_id = key
         with self._lock:
             self._queued.discard(key)  # from now on a new request waits for this run
             self._running.add(key)
+        # run `job` while holding its claim; skip it when another scheduler holds it
+        hold = nullcontext(True) if self._claims is None else self._claims.hold(kind, session_id)
         try:
-            self._claimed(kind, session_id, job)
-        finally:
-            self._finished(key)
-
-    def _claimed(self, kind: JobKind, session_id: str | None, job: Job) -> None:
-        """Run `job` while holding its claim; skip it when another scheduler holds it."""
-        if self._claims is None:
-            self._attempt(kind, session_id, job)
-            return
-        try:
-            with self._claims.hold(kind, session_id) as claim:
+            with hold as claim:
                 if claim is not None:
                     self._attempt(kind, session_id, job)
         except Exception as exc:  # the claim could not be read or written
             self._record(kind, session_id, exc, 1)
+        finally:
+            self._finished(key)
 
     def _finished(self, key: Key) -> None:
         with self._lock:
@@ -270,76 +263,55 @@ class Scheduler:
         self._scanner.start()
 
     def _scan_loop(self, scan: Callable[[], object]) -> None:
-        first = True
-        while True:
-            try:
+        # a failing scan is retried at the next one; the jobs record their own failures
+        try:
+            with suppress(Exception):
                 scan()
-            except Exception:  # retried at the next scan; the jobs record their own failures
-                pass
-            finally:
-                if first:
-                    first = False
-                    with self._lock:
-                        self._active -= 1
-                        self._lock.notify_all()
-            every = self.schedule.recover_every
-            if every is None or self._stop.wait(every):
-                return
+        finally:
+            with self._lock:
+                self._active -= 1
+                self._lock.notify_all()
+        every = self.schedule.recover_every
+        while every is not None and not self._stop.wait(every):
+            with suppress(Exception):
+                scan()
 
     # -- reading ----------------------------------------------------------------------------
     def failures(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Failures kept so far, oldest first; only those of `session_id` when given."""
-        try:
-            stored = self._log.read(session_id) if self._log is not None else None
-        except Exception:  # the storage is closed: what this process kept is still known
-            stored = None
-        return self._with_own(stored, session_id)
+        return run(self._read_failures(session_id), None)
 
     async def afailures(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Async twin of `failures`."""
-        try:
-            stored = (
-                await _async(self._log, "aread", "read")(session_id)
-                if self._log is not None
-                else None
-            )
-        except Exception:
-            stored = None
-        return self._with_own(stored, session_id)
+        return await arun(self._read_failures(session_id), None)
 
-    def _with_own(
-        self, stored: list[BackgroundFailure] | None, session_id: str | None
-    ) -> list[BackgroundFailure]:
+    def _read_failures(self, session_id: str | None) -> Flow[list[BackgroundFailure]]:
         """The stored failures and those this process could not store, oldest first."""
+        try:
+            stored = None if self._log is None else (yield log_call(self._log, "read", session_id))
+        except Exception:  # the storage is closed: what this process kept is still known
+            stored = None
         with self._lock:
             own = _of((f for f, saved in self._failures if stored is None or not saved), session_id)
         return sorted([*(stored or ()), *own], key=lambda f: f.at)
 
     def clear_failures(self, session_id: str | None = None) -> int:
         """Forget the kept failures (of one session, when given); return how many."""
-        cleared = self._log.clear(session_id) if self._log is not None else 0
-        return cleared + self._forget_own(session_id)
+        return run(self._clear_failures(session_id), None)
 
     async def aclear_failures(self, session_id: str | None = None) -> int:
         """Async twin of `clear_failures`."""
-        cleared = (
-            await _async(self._log, "aclear", "clear")(session_id) if self._log is not None else 0
-        )
-        return cleared + self._forget_own(session_id)
+        return await arun(self._clear_failures(session_id), None)
 
-    def _forget_own(self, session_id: str | None) -> int:
+    def _clear_failures(self, session_id: str | None) -> Flow[int]:
+        cleared: int = 0 if self._log is None else (yield log_call(self._log, "clear", session_id))
         with self._lock:
-            gone = [
-                saved
-                for f, saved in self._failures
-                if session_id is None or f.session_id == session_id
+            kept = [
+                (f, saved) for f, saved in self._failures if session_id not in (None, f.session_id)
             ]
-            self._failures = [
-                (f, saved)
-                for f, saved in self._failures
-                if session_id is not None and f.session_id != session_id
-            ]
-        return gone.count(False)
+            gone = [saved for f, saved in self._failures if session_id in (None, f.session_id)]
+            self._failures = kept
+        return cleared + gone.count(False)
 
     @property
     def busy(self) -> bool:
