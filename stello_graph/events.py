@@ -118,15 +118,6 @@ class EventBus:
                 listener(event)
 
 
-def _stream_writer() -> Callable[[Any], None] | None:
-    try:
-        from langgraph.config import get_stream_writer
-
-        return get_stream_writer()
-    except (ImportError, RuntimeError, KeyError):
-        return None
-
-
 def emit(
     bus: EventBus | None,
     type: EventType,
@@ -136,7 +127,12 @@ def emit(
     **data: Any,
 ) -> StelloEvent:
     """Publish an event to `bus` and, inside a graph run, to the `custom` stream."""
-    writer = _stream_writer() if stream else None
+    writer: Callable[[Any], None] | None = None
+    with contextlib.suppress(ImportError, RuntimeError, KeyError):  # outside a graph run
+        if stream:
+            from langgraph.config import get_stream_writer
+
+            writer = get_stream_writer()
     event = StelloEvent(type=type, session_id=session_id, data=data, streamed=writer is not None)
     if writer is not None:
         writer(event.as_dict())
