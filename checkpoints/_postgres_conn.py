@@ -39,7 +39,7 @@ import psycopg_pool
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
-from stello_graph._flow import arun, run
+from stello_graph._flow import Call, arun, run
 from stello_graph.errors import InvalidInputError, StorageError, StorageUnavailableError
 
 __all__ = [
@@ -345,19 +345,9 @@ class Link:
         assert self.txn is None and self.atxn is None, "atomic() inside a transaction"
         conn = self.acquire()
         try:
-            script, bound = self._script(key, sql, params)
             cur = psycopg.ClientCursor(conn)
             try:
-                cur.execute(script, bound)
-                for _ in range(3):  # BEGIN, SET LOCAL, the lock: then the statement's result
-                    cur.nextset()
-                rows = _rows(cur.fetchall()) if cur.description else []
-                return Result(rows, cur.rowcount)
-            except psycopg.Error as exc:
-                if not (conn.broken or conn.closed):
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
-                raise self.error(conn, exc) from exc
+                return run(self._atomic(conn, cur, key, sql, params), self)
             finally:
                 cur.close()
         finally:
@@ -370,23 +360,29 @@ class Link:
         assert self.txn is None and self.atxn is None, "aatomic() inside a transaction"
         own = await self._aconnect() if self._closed else None  # a call after `close()`
         conn = own if own is not None else await self.aacquire()
-        script, bound = self._script(key, sql, params)
         cur = psycopg.AsyncClientCursor(conn)
         try:
-            await cur.execute(script, bound)
-            for _ in range(3):  # BEGIN, SET LOCAL, the lock: then the statement's result
-                cur.nextset()
-            rows = _rows(await cur.fetchall()) if cur.description else []
-            return Result(rows, cur.rowcount)
-        except psycopg.Error as exc:
-            if not (conn.broken or conn.closed):
-                with contextlib.suppress(psycopg.Error):
-                    await conn.execute("ROLLBACK")
-            raise self.error(conn, exc) from exc
+            return await arun(self._atomic(conn, cur, key, sql, params), self)
         finally:
             await cur.close()
             if own is not None:
                 await own.close()
+
+    def _atomic(
+        self, conn: Any, cur: Any, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]
+    ) -> Generator[Call, Any, Result]:
+        """The steps of `atomic` on a client-side cursor `cur` of `conn`, either side's."""
+        try:
+            yield Call(cur.execute, cur.execute, self._script(key, sql, params))
+            for _ in range(3):  # BEGIN, SET LOCAL, the lock: then the statement's result
+                cur.nextset()
+            rows = _rows((yield Call(cur.fetchall, cur.fetchall))) if cur.description else []
+            return Result(rows, cur.rowcount)
+        except psycopg.Error as exc:
+            if not (conn.broken or conn.closed):
+                with contextlib.suppress(psycopg.Error):
+                    yield Call(conn.execute, conn.execute, ("ROLLBACK",))
+            raise self.error(conn, exc) from exc
 
     def _script(
         self, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]
@@ -456,43 +452,41 @@ def _rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _last_row(cur: Any) -> Any:
-    """The first value of the last result of a multi-statement `execute`."""
+def _begun(conn: Any, sql: str) -> Generator[Call, Any, bool]:
+    """The steps of a hook's `begin` on `conn`, either side's: run the multi-statement `sql`
+    and return the first value of its last result (whether the lock was taken)."""
+    cur = yield Call(conn.execute, conn.execute, (sql,))
     while cur.nextset():
         pass
-    return cur.fetchone()[0]
+    row = yield Call(cur.fetchone, cur.fetchone)
+    return bool(row[0])
 
 
-async def _alast_row(cur: Any) -> Any:
-    while cur.nextset():
-        pass
-    row = await cur.fetchone()
-    return row[0]
-
-
-class SyncHooks:
-    """`TransactionHooks` on the sync side of a `Link`."""
+class _Hooks:
+    """The transaction hooks of one tree (its advisory lock `key`) on a `Link`."""
 
     def __init__(self, link: Link, key: int) -> None:
         self._link, self._key = link, key
+
+
+class SyncHooks(_Hooks):
+    """`TransactionHooks` on the sync side of a `Link`."""
 
     def begin(self, *, wait: bool) -> bool:
         link = self._link
         conn = link.acquire()
         try:
-            cur = conn.execute(link.begin_sql(self._key, wait=wait))
-            got = bool(_last_row(cur)) or wait  # the waiting lock returns void
-        except psycopg.Error as exc:
+            # the waiting lock returns void
+            if run(_begun(conn, link.begin_sql(self._key, wait=wait)), link) or wait:
+                link.txn = conn
+                return True
+        except BaseException as exc:
             self._abandon(conn)
-            raise link.error(conn, exc) from exc
-        except BaseException:
-            self._abandon(conn)
+            if isinstance(exc, psycopg.Error):
+                raise link.error(conn, exc) from exc
             raise
-        if not got:
-            self._abandon(conn)
-            return False
-        link.txn = conn
-        return True
+        self._abandon(conn)
+        return False
 
     def _abandon(self, conn: psycopg.Connection[Any]) -> None:
         try:
@@ -530,29 +524,23 @@ class SyncHooks:
             link.execute(Query(f"RELEASE SAVEPOINT stello_{int(depth)}"))
 
 
-class AsyncHooks:
+class AsyncHooks(_Hooks):
     """The async twins of `SyncHooks`, on the loop's `AsyncConnection`."""
-
-    def __init__(self, link: Link, key: int) -> None:
-        self._link, self._key = link, key
 
     async def begin(self, *, wait: bool) -> bool:
         link = self._link
         conn = await link.aacquire()
         try:
-            cur = await conn.execute(link.begin_sql(self._key, wait=wait))
-            got = bool(await _alast_row(cur)) or wait
-        except psycopg.Error as exc:
+            if await arun(_begun(conn, link.begin_sql(self._key, wait=wait)), link) or wait:
+                link.atxn = (asyncio.get_running_loop(), conn)
+                return True
+        except BaseException as exc:
             await self._abandon(conn)
-            raise link.error(conn, exc) from exc
-        except BaseException:
-            await self._abandon(conn)
+            if isinstance(exc, psycopg.Error):
+                raise link.error(conn, exc) from exc
             raise
-        if not got:
-            await self._abandon(conn)
-            return False
-        link.atxn = (asyncio.get_running_loop(), conn)
-        return True
+        await self._abandon(conn)
+        return False
 
     async def _abandon(self, conn: psycopg.AsyncConnection[Any]) -> None:
         try:
