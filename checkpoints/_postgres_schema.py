@@ -28,13 +28,13 @@ each migration once. To change the schema, append a migration; never edit a rele
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
 from stello_graph.checkpoints._postgres_conn import Link, Query
-from stello_graph.checkpoints._schema import check_version
+from stello_graph.checkpoints._schema import check_version, listing
 from stello_graph.errors import ForeignDatabaseError
 from stello_graph.models import utcnow
 
@@ -50,8 +50,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "SESSIONS",
     "STAMPS",
-    "check_shape",
-    "migration_statements",
 ]
 
 SESSIONS = "stello_sessions"
@@ -174,60 +172,16 @@ SCHEMA_COLUMNS = (
     f"WHERE table_schema = current_schema() AND table_name = '{SCHEMA}' ORDER BY column_name"
 )
 
-
-def check_shape(
-    where: str, tables: Sequence[str], schema_columns: Sequence[str], version: int | None
-) -> int:
-    """The schema version, once the database is known to be stello's (or empty of it).
-
-    Args:
-        where: the database, for messages.
-        tables: the tables named `stello_*` it holds.
-        schema_columns: the columns of its `stello_schema` table (empty if none).
-        version: the highest version recorded there (`None` when unread).
-
-    Raises:
-        ForeignDatabaseError: tables with stello's names that stello did not make (no
-            `stello_schema`, or one of another shape).
-        SchemaVersionError: the schema is newer than this stello-graph knows.
-    """
-    if SCHEMA not in tables:
-        if tables:
-            raise _foreign(where, tables)
-        return 0
-    if sorted(schema_columns) != ["applied_at", "version"]:
-        raise _foreign(where, tables)
-    found = version or 0
-    check_version(found, where, SCHEMA_VERSION)
-    return found
+_RECORD_VERSION = f"INSERT INTO {SCHEMA} (version, applied_at) VALUES (%s, %s)"
 
 
 def _foreign(where: str, tables: Sequence[str]) -> ForeignDatabaseError:
-    listed = ", ".join(map(repr, tables[:5])) + (", ..." if len(tables) > 5 else "")
     return ForeignDatabaseError(
-        f"The database {where} holds tables named like stello-graph's ({listed}) that "
+        f"The database {where} holds tables named like stello-graph's ({listing(tables)}) that "
         "stello-graph did not make (another application's), so stello-graph left the "
         "database untouched. Name another database, or another schema through the "
         "connection's search_path (options='-c search_path=...')."
     )
-
-
-Statement = tuple[str, tuple[object, ...]]
-"""SQL and its parameters."""
-
-
-def migration_statements(version: int, applied_at: Callable[[], str]) -> list[Statement]:
-    """The statements (with parameters) that bring a database at `version` up to date."""
-    statements: list[Statement] = [(CREATE_SCHEMA_TABLE, ())] if version < SCHEMA_VERSION else []
-    for target in range(version + 1, SCHEMA_VERSION + 1):
-        statements.extend((sql, ()) for sql in MIGRATIONS[target - 1])
-        statements.append(
-            (
-                f"INSERT INTO {SCHEMA} (version, applied_at) VALUES (%s, %s)",
-                (target, applied_at()),
-            )
-        )
-    return statements
 
 
 def migrate(link: Link) -> None:
@@ -241,8 +195,12 @@ def migrate(link: Link) -> None:
         link.run(conn, Query(f"BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
         try:
             version = _read_version(link, conn)
-            for sql, params in migration_statements(version, lambda: utcnow().isoformat()):
-                link.run(conn, Query(sql, params))
+            if version < SCHEMA_VERSION:
+                link.run(conn, Query(CREATE_SCHEMA_TABLE))
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for sql in MIGRATIONS[target - 1]:
+                    link.run(conn, Query(sql))
+                link.run(conn, Query(_RECORD_VERSION, (target, utcnow().isoformat())))
             link.run(conn, Query("COMMIT"))
         except BaseException:
             if not (conn.broken or conn.closed):
@@ -253,9 +211,21 @@ def migrate(link: Link) -> None:
 
 
 def _read_version(link: Link, conn: psycopg.Connection[Any]) -> int:
+    """The schema version, once the database is known to be stello's (or empty of it).
+
+    Raises:
+        ForeignDatabaseError: tables with stello's names that stello did not make (no
+            `stello_schema`, or one of another shape).
+        SchemaVersionError: the schema is newer than this stello-graph knows.
+    """
     tables = [row[0] for row in link.run(conn, Query(STELLO_TABLES)).rows]
     columns = [row[0] for row in link.run(conn, Query(SCHEMA_COLUMNS)).rows]
-    version = None
-    if SCHEMA in tables and sorted(columns) == ["applied_at", "version"]:
-        version = link.run(conn, Query(f"SELECT MAX(version) FROM {SCHEMA}")).rows[0][0]
-    return check_shape(link.where, tables, columns, version)
+    if SCHEMA not in tables:
+        if tables:
+            raise _foreign(link.where, tables)
+        return 0
+    if sorted(columns) != ["applied_at", "version"]:
+        raise _foreign(link.where, tables)
+    version: int = link.run(conn, Query(f"SELECT MAX(version) FROM {SCHEMA}")).rows[0][0] or 0
+    check_version(version, link.where, SCHEMA_VERSION)
+    return version

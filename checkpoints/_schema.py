@@ -94,7 +94,7 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -111,6 +111,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "check_not_foreign",
     "check_version",
+    "listing",
     "migrate",
     "read_version",
 ]
@@ -459,19 +460,17 @@ SCHEMA_VERSION = len(MIGRATIONS)
 _RELEASED = MIGRATIONS
 
 
-def _fresh_applies() -> bool:
-    """Whether `_fresh_schema` creates this schema version (tests swap the migrations)."""
+def _create_fresh(conn: sqlite3.Connection) -> bool:
+    """Create the schema in one step, where `_fresh_schema` holds this schema version (tests
+    swap the migrations); `False`: it does not."""
     from stello_graph.checkpoints import _fresh_schema
 
-    return MIGRATIONS is _RELEASED and _fresh_schema.VERSION == SCHEMA_VERSION
-
-
-def _create_fresh(conn: sqlite3.Connection) -> None:
-    from stello_graph.checkpoints import _fresh_schema
-
+    if MIGRATIONS is not _RELEASED or _fresh_schema.VERSION != SCHEMA_VERSION:
+        return False
     for sql in _fresh_schema.STATEMENTS:
         conn.execute(sql)
     _record_versions(conn, range(1, SCHEMA_VERSION + 1))
+    return True
 
 
 def _apply_migrations(conn: sqlite3.Connection, version: int) -> None:
@@ -521,14 +520,9 @@ LANGGRAPH_TABLES = frozenset({"checkpoints", "writes"})
 """Tables of LangGraph's SQLite checkpointer, which stello puts on its own file: not foreign."""
 
 
-def foreign_tables(conn: sqlite3.Connection) -> list[str]:
-    """The tables that are neither SQLite's, stello's nor a LangGraph checkpointer's."""
-    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-    return [
-        name
-        for (name,) in rows
-        if not name.startswith(("sqlite_", "stello_")) and name not in LANGGRAPH_TABLES
-    ]
+def listing(names: Sequence[str]) -> str:
+    """The first five `names`, quoted, then `...` for the rest, for a message."""
+    return ", ".join(map(repr, names[:5])) + (", ..." if len(names) > 5 else "")
 
 
 def check_not_foreign(conn: sqlite3.Connection, version: int, where: str) -> None:
@@ -538,11 +532,17 @@ def check_not_foreign(conn: sqlite3.Connection, version: int, where: str) -> Non
         ForeignDatabaseError: the database has no stello schema (`version` 0) and holds
             other tables.
     """
-    found = foreign_tables(conn) if version == 0 else []
+    if version != 0:
+        return
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+    found = [  # neither SQLite's, stello's nor a LangGraph checkpointer's
+        name
+        for (name,) in rows
+        if not name.startswith(("sqlite_", "stello_")) and name not in LANGGRAPH_TABLES
+    ]
     if found:
-        listed = ", ".join(map(repr, found[:5])) + (", ..." if len(found) > 5 else "")
         raise ForeignDatabaseError(
-            f"The database {where} holds another application's tables ({listed}) and no "
+            f"The database {where} holds another application's tables ({listing(found)}) and no "
             "stello-graph data, so stello-graph did not add its tables to it. Name another "
             "file, or pass SqliteMainStorage(..., allow_foreign_tables=True) to share this one."
         )
@@ -564,9 +564,7 @@ def migrate(
     try:
         version = read_version(conn)
         check_version(version, where)
-        if fresh and version == 0 and _fresh_applies():
-            _create_fresh(conn)
-        else:
+        if not (fresh and version == 0 and _create_fresh(conn)):
             _apply_migrations(conn, version)
         conn.execute("COMMIT")
     except BaseException:
