@@ -104,19 +104,12 @@ class SqliteHooks:
         if self._synced and self._conn.in_transaction:
             return
         if self._cache.enabled:
-            self._cache.sync(self._scalar("PRAGMA data_version"), self._version)
+            self._cache.sync(self._exec("PRAGMA data_version"), self._version)
 
     def _version(self) -> int:
         """The tree's L3 change counter (see `_schema`)."""
         sql = f"SELECT version FROM {CHANGES} WHERE tree_id = ?"
-        return self._scalar(sql, (self._tree_id,)) or 0
-
-    def _scalar(self, sql: str, params: tuple[str, ...] = ()) -> Any:
-        try:
-            row = self._conn.execute(sql, params).fetchone()
-        except sqlite3.Error as exc:
-            raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
-        return None if row is None else row[0]
+        return self._exec(sql, (self._tree_id,)) or 0
 
     def commit(self) -> None:
         # Read before COMMIT, while no other connection can write: the counter then counts
@@ -152,11 +145,13 @@ class SqliteHooks:
             self._exec(f"RELEASE stello_{depth}")
         self._cache.forget_touched()
 
-    def _exec(self, sql: str) -> None:
+    def _exec(self, sql: str, params: tuple[str, ...] = ()) -> Any:
+        """Run `sql`; the first value of its first row (`None`: none)."""
         try:
-            self._conn.execute(sql)
+            row = self._conn.execute(sql, params).fetchone()
         except sqlite3.Error as exc:
             raise StorageError(f"SQLite failed on {sql!r}: {exc}") from exc
+        return None if row is None else row[0]
 
 
 # -- failures, and reads of damaged rows -----------------------------------------------------
