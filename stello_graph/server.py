@@ -232,13 +232,18 @@ def _load_tools(spec: str) -> list[Any]:
     return check_tools(tools, TOOLS_ENV)
 
 
-def _every(name: str, default: int) -> int | None:
+def _env_number(name: str, default: int, least: int, what: str) -> int:
+    """The whole number the variable `name` holds, at least `least` (`default`: unset)."""
     text = os.environ.get(name, "").strip()
     if not text:
-        return default or None
-    if not (text.isascii() and text.isdigit()):
-        raise InvalidInputError(f"{name} must be a whole number of turns (0: off), got {text!r}.")
-    return int(text) or None
+        return default
+    if not (text.isascii() and text.isdigit()) or int(text) < least:
+        raise InvalidInputError(f"{name} must be {what}, got {text!r}.")
+    return int(text)
+
+
+def _every(name: str, default: int) -> int | None:
+    return _env_number(name, default, 0, "a whole number of turns (0: off)") or None
 
 
 def server_schedule() -> Schedule | None:
@@ -265,17 +270,6 @@ def server_schedule() -> Schedule | None:
     )
 
 
-def _max_open_trees() -> int:
-    text = os.environ.get(MAX_OPEN_TREES_ENV, "").strip()
-    if not text:
-        return DEFAULT_MAX_OPEN_TREES
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise InvalidInputError(
-            f"{MAX_OPEN_TREES_ENV} must be a positive whole number of trees, got {text!r}."
-        )
-    return int(text)
-
-
 @dataclass(frozen=True, slots=True)
 class _Settings:
     uri: str
@@ -294,7 +288,10 @@ def _env_settings() -> _Settings:
         if _settings is None:
             model, memory = _env_model()
             tools = _load_tools(os.environ.get(TOOLS_ENV, ""))
-            schedule, max_open = server_schedule(), _max_open_trees()
+            schedule = server_schedule()
+            max_open = _env_number(
+                MAX_OPEN_TREES_ENV, DEFAULT_MAX_OPEN_TREES, 1, "a positive whole number of trees"
+            )
             config = StelloConfig(model=model, tools=tools, schedule=schedule, **memory)
             _settings = _Settings(os.environ.get(DATABASE_ENV) or DEFAULT_DB, config, max_open)
         return _settings
@@ -387,8 +384,11 @@ def _off_the_loop(func: Callable[[], _T]) -> _T:
         return pool.submit(func).result()
 
 
-def _key(tree_id: str, uri: str | None, settings: _Settings) -> tuple[str, str]:
-    return (uri or settings.uri, check_tree_id(tree_id))
+def _get_tree(tree_id: str, uri: str | None = None) -> _Tree:
+    """The open tree `tree_id` names, opened if it is not (off the event loop)."""
+    settings = _env_settings()
+    key = (uri or settings.uri, check_tree_id(tree_id))
+    return _take(key) or _off_the_loop(lambda: _acquire(key, settings))
 
 
 def open_tree(tree_id: str, uri: str | None = None) -> StelloRuntime:
@@ -399,10 +399,7 @@ def open_tree(tree_id: str, uri: str | None = None) -> StelloRuntime:
         tree_id: the tree (one per user).
         uri: the database (default: `STELLO_DATABASE_URI`, else `stello.db`).
     """
-    settings = _env_settings()
-    key = _key(tree_id, uri, settings)
-    found = _take(key) or _off_the_loop(lambda: _acquire(key, settings))
-    return found.runtime
+    return _get_tree(tree_id, uri).runtime
 
 
 def _tree_id(config: RunnableConfig | None) -> str:
@@ -430,18 +427,7 @@ def make_graph(config: RunnableConfig) -> StelloGraph:
         InvalidInputError: a bad `tree_id`, `STELLO_MODEL` (a provider LangChain does not
             know), `STELLO_TOOLS` or `STELLO_MAX_OPEN_TREES`.
     """
-    settings = _env_settings()
-    key = _key(_tree_id(config), None, settings)
-    found = _take(key) or _off_the_loop(lambda: _acquire(key, settings))
-    return found.graph
-
-
-async def aopen_tree(tree_id: str, uri: str | None = None) -> StelloRuntime:
-    """Async twin of `open_tree`: a tree not open yet (and the environment, on the first
-    call) is opened in a worker thread, awaited."""
-    settings = _settings
-    found = None if settings is None else _take(_key(tree_id, uri, settings))
-    return found.runtime if found is not None else await asyncio.to_thread(open_tree, tree_id, uri)
+    return _get_tree(_tree_id(config)).graph
 
 
 async def _ahold(tree_id: str) -> _Tree:
@@ -451,7 +437,7 @@ async def _ahold(tree_id: str) -> _Tree:
     settings = _settings
     if settings is None:
         settings = await asyncio.to_thread(_env_settings)
-    key = _key(tree_id, None, settings)
+    key = (settings.uri, check_tree_id(tree_id))
     while (found := _take(key, hold=True)) is None:
         await asyncio.to_thread(_acquire, key, settings)  # closed again meanwhile: rare
     return found
