@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from stello_graph._flow import Storage, arun, run
+from stello_graph._flow import Maybe
+from stello_graph._flow import arun as adrive  # a flow on the async primitives of a backend
+from stello_graph._flow import run as drive  # a flow on the sync primitives of a backend
 from stello_graph.checkpoints._rows import stats_from_row
 from stello_graph.checkpoints._serde import encode_message, to_iso
 from stello_graph.checkpoints.backend import OptionalPrimitives, StorageBackend
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 
     from stello_graph.checkpoints._serde import RecordTurn
     from stello_graph.digest import DigestRow
-    from stello_graph.models import SessionMeta, SessionStats, TopologyNode
+    from stello_graph.models import SessionStats, TopologyNode
 
 __all__ = ["DEFAULTS", "Flow", "Op", "adrive", "drive", "one"]
 
@@ -35,7 +37,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class Op(Storage):
+class Op(Maybe):
     """One call of a backend primitive, named by the protocol's own method:
     `Op(OptionalPrimitives.op_count, session_id)` calls the backend's `op_count` when driven
     sync and its `aop_count` twin when driven async (the core's `Storage` step). On a
@@ -46,22 +48,11 @@ class Op(Storage):
     def __init__(
         self, method: Callable[Concatenate[Any, P], object], /, *args: P.args, **kwargs: P.kwargs
     ) -> None:
-        super().__init__(method, *args, **kwargs)
+        super().__init__(None, method, *args, **kwargs)
         self.method = method
 
-    def run(self, backend: object) -> Any:
-        found = getattr(backend, self.name, None)
-        if found is None:
-            return run(self._default(), backend)
-        return found(*self.args, **self.kwargs)
-
-    async def arun(self, backend: object) -> Any:
-        found = getattr(backend, f"a{self.name}", None)
-        if found is None:
-            return await arun(self._default(), backend)
-        return await found(*self.args, **self.kwargs)
-
-    def _default(self) -> Flow[Any]:
+    def missing(self) -> Flow[Any]:
+        """The composed default of an optional primitive the backend lacks."""
         default = DEFAULTS.get(self.method)
         if default is None:
             raise TypeError(f"The storage backend lacks {self.name}, a required primitive.")
@@ -70,16 +61,6 @@ class Op(Storage):
 
 Flow = Generator[Op, Any, T]
 """A storage operation: yields primitives, receives their results, returns its own."""
-
-
-def drive(flow: Flow[T], backend: object) -> T:
-    """Run `flow` on the sync primitives of `backend`; return what it returns."""
-    return run(flow, backend)
-
-
-async def adrive(flow: Flow[T], backend: object) -> T:
-    """Run `flow` on the async primitives of `backend` (an `AsyncStorageBackend`)."""
-    return await arun(flow, backend)
 
 
 def one(
@@ -135,12 +116,13 @@ def copy_records(source_id: str, target_id: str, count: int) -> Flow[int]:
     return copied
 
 
-_Figures = tuple["SessionMeta", "str | None", bool, tuple[Any, ...], int]
+_Figures = tuple[tuple[Any, ...], bool, tuple[Any, ...], int]
 
 
 def _figures() -> Flow[list[_Figures]]:
-    """Per session in creation order: its meta, its node's parent, whether it has a node,
-    its `_FIGURES` and the user turns among its records after the L2's cursor."""
+    """Per session in creation order: `(id, label, role, status, updated_at, its node's
+    parent)`, whether it has a node, its `_FIGURES` with its record count, and the user turns
+    among its records after the L2's cursor."""
     nodes = {node.id: node for node in (yield Op(StorageBackend.op_all_nodes))}
     found = []
     for meta in (yield Op(StorageBackend.op_list_sessions, None, None)):
@@ -151,24 +133,23 @@ def _figures() -> Flow[list[_Figures]]:
         stale = sum(1 for record in records[values[2] or 0 :] if record.type == "human")
         node = nodes.get(meta.id)
         parent = node.parent_id if node is not None else None
-        found.append((meta, parent, node is not None, (*values, len(records)), stale))
+        row = (meta.id, meta.label, meta.role, meta.status, to_iso(meta.updated_at), parent)
+        found.append((row, node is not None, (*values, len(records)), stale))
     return found
 
 
 def digests() -> Flow[list[DigestRow]]:
     rows: list[DigestRow] = []
-    for meta, parent, _, values, stale in (yield from _figures()):
+    for row, _, values, stale in (yield from _figures()):
         turns, memory, _, insight, _, _ = values
-        row = (meta.id, meta.label, meta.role, meta.status, to_iso(meta.updated_at), parent)
         rows.append((*row, int(turns or 0), memory, stale, insight))
     return rows
 
 
 def session_stats() -> Flow[list[SessionStats]]:
     stats = []
-    for meta, parent, in_tree, values, stale in (yield from _figures()):
+    for row, in_tree, values, stale in (yield from _figures()):
         turns, memory, through, insight, subtree, records = values
-        row = (meta.id, meta.label, meta.role, meta.status, to_iso(meta.updated_at), parent)
         figures = (in_tree, int(turns or 0), records, int(through or 0), stale)
         present = (memory is not None, insight is not None, subtree is not None)
         stats.append(stats_from_row((*row, *figures, *present)))

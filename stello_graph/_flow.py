@@ -67,11 +67,18 @@ class Maybe(Storage):
 
     def run(self, storage: object) -> Any:
         method = getattr(storage, self.name, None)
-        return self.default if method is None else method(*self.args, **self.kwargs)
+        return run(self.missing(), storage) if method is None else method(*self.args, **self.kwargs)
 
     async def arun(self, storage: object) -> Any:
         method = getattr(storage, f"a{self.name}", None)
-        return self.default if method is None else await method(*self.args, **self.kwargs)
+        if method is None:
+            return await arun(self.missing(), storage)
+        return await method(*self.args, **self.kwargs)
+
+    def missing(self) -> Generator[Any, Any, Any]:
+        """What runs in place of the method on a storage that lacks it: `default`."""
+        yield from ()  # a flow of no step
+        return self.default
 
 
 @dataclass(frozen=True, slots=True)
