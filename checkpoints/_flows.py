@@ -101,6 +101,14 @@ def settings(session_id: str) -> Flow[dict[str, Any]]:
     return dict(found) if isinstance(found, dict) else {}
 
 
+def _fields(session_id: str, names: tuple[str, ...]) -> Flow[tuple[Any, ...]]:
+    """The named `FIELDS` of the session; `SessionNotFoundError` for a missing session."""
+    values: tuple[Any, ...] | None = yield Op(StorageBackend.op_get_fields, session_id, names)
+    if values is None:
+        raise SessionNotFoundError(session_id)
+    return values
+
+
 def get_global(key: str) -> Flow[Any]:
     return loads((yield Op(StorageBackend.op_get_global, key)))
 
@@ -112,10 +120,7 @@ def loads(text: str | None) -> Any:
 
 def clear_insight(session_id: str, expected: str | None) -> Flow[bool]:
     """Compare-and-clear: remove the insight only when it is still `expected` (if given)."""
-    values = yield Op(StorageBackend.op_get_fields, session_id, ("insight",))
-    if values is None:
-        raise SessionNotFoundError(session_id)
-    current = values[0]
+    (current,) = yield from _fields(session_id, ("insight",))
     if current is None or (expected is not None and current != expected):
         return False
     yield Op(StorageBackend.op_set_fields, session_id, {"insight": None})
@@ -125,8 +130,7 @@ def clear_insight(session_id: str, expected: str | None) -> Flow[bool]:
 def put_memory(session_id: str, values: dict[str, Any]) -> Flow[None]:
     through = values.get("memory_through")
     if through is not None:
-        if not (yield from exists(session_id)):
-            raise SessionNotFoundError(session_id)
+        yield from _existing(session_id)
         count = yield Op(OptionalPrimitives.op_count, session_id)
         if through > count:
             raise InvalidInputError(
@@ -150,8 +154,10 @@ def l2s() -> Flow[list[ChildL2]]:
     return built(lambda row: stored_l2(row[1], row[2], row[3]), rows)
 
 
-def exists(session_id: str) -> Flow[bool]:
-    return (yield from get_session(session_id)) is not None
+def _existing(session_id: str) -> Flow[None]:
+    """`SessionNotFoundError` for a missing session."""
+    if (yield from get_session(session_id)) is None:
+        raise SessionNotFoundError(session_id)
 
 
 def count(session_id: str) -> Flow[int]:
@@ -279,25 +285,20 @@ def shared_records(session_id: str) -> Flow[list[BaseMessage]]:
 
 
 def trim(session_id: str, keep_last: int) -> Flow[int]:
-    cursors = yield Op(
-        StorageBackend.op_get_fields, session_id, ("memory_through", "compression_through")
-    )
-    if cursors is None:
-        raise SessionNotFoundError(session_id)
+    cursors = yield from _fields(session_id, ("memory_through", "compression_through"))
     dropped = (yield Op(OptionalPrimitives.op_count, session_id)) - keep_last
     if dropped <= 0:
         return 0
     yield Op(StorageBackend.op_drop_oldest, session_id, dropped)
     memory, compressed = (max(0, (c or 0) - dropped) for c in cursors)
-    cursors = {"memory_through": memory, "compression_through": compressed}
-    yield Op(StorageBackend.op_set_fields, session_id, cursors)
+    moved = {"memory_through": memory, "compression_through": compressed}
+    yield Op(StorageBackend.op_set_fields, session_id, moved)
     return int(dropped)
 
 
 # -- topology -------------------------------------------------------------------------------
 def put_node(node: TopologyNode) -> Flow[None]:
-    if not (yield from exists(node.id)):
-        raise SessionNotFoundError(node.id)
+    yield from _existing(node.id)
     parent_id = node.parent_id
     if parent_id is not None:
         if parent_id == node.id:
@@ -385,8 +386,7 @@ LINEAGE = ("forked_from", "forked_at_turn")
 
 def copy_records(source_id: str, target_id: str, count: int) -> Flow[int]:
     for session_id in (source_id, target_id):
-        if not (yield from exists(session_id)):
-            raise SessionNotFoundError(session_id)
+        yield from _existing(session_id)
     available = yield Op(OptionalPrimitives.op_count, source_id)
     if count > available:
         raise InvalidInputError(
@@ -443,9 +443,7 @@ _QUEUE = (*_LEASE, "lease_waiter", "lease_wait_until")
 def acquire_lease(
     session_id: str, owner: str, ttl: float, replace: str | None
 ) -> Flow[Lease | None]:
-    row = yield Op(StorageBackend.op_get_fields, session_id, _QUEUE)
-    if row is None:
-        raise SessionNotFoundError(session_id)
+    row = yield from _fields(session_id, _QUEUE)
     return (yield from _decide_lease(session_id, owner, ttl, replace, row))
 
 
@@ -489,10 +487,7 @@ def _decide_lease(
 
 
 def renew_lease(lease: Lease, ttl: float) -> Flow[Lease | None]:
-    row = yield Op(StorageBackend.op_get_fields, lease.session_id, _QUEUE)
-    if row is None:
-        raise SessionNotFoundError(lease.session_id)
-    holder, token = row[:2]
+    holder, token = (yield from _fields(lease.session_id, _QUEUE))[:2]
     if holder != lease.owner or token != lease.token:
         return None
     renewed = Lease(lease.session_id, lease.owner, token, time.time() + ttl)
@@ -531,8 +526,6 @@ def get_lease(session_id: str) -> Flow[Lease | None]:
 
 
 def check_lease(lease: Lease) -> Flow[None]:
-    values = yield Op(StorageBackend.op_get_fields, lease.session_id, _LEASE)
-    if values is None:
-        raise SessionNotFoundError(lease.session_id)
+    values = yield from _fields(lease.session_id, _LEASE)
     if values[0] != lease.owner or values[1] != lease.token:
         raise LeaseLostError(lease.session_id)
