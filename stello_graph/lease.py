@@ -34,13 +34,14 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from stello_graph._cancelled import CallCancelled
+from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._ids import add_live, discard_live, new_owner, owner_is_dead
 from stello_graph.errors import (
     InvalidInputError,
@@ -223,25 +224,17 @@ class SessionLeases:
             raise self._reentrant(session_id)
         return hold.lease
 
-    @contextmanager
-    def busy(self, lease: Lease) -> Iterator[None]:
+    def busy(self, lease: Lease) -> AbstractContextManager[None]:
         """Mark the session held by the code run inside (a turn's tools): an attempt to
         take it there fails at once instead of waiting for itself."""
-        reset = self._mark(lease, busy=True)
-        try:
-            yield
-        finally:
-            _HELD.reset(reset)
+        return self._marked(lease, busy=True)
 
-    @contextmanager
-    def lending(self, lease: Lease, handback: Handback | None = None) -> Iterator[None]:
+    def lending(
+        self, lease: Lease, handback: Handback | None = None
+    ) -> AbstractContextManager[None]:
         """Let the graph run inside use `lease` (the agent holds it for the whole run); with
         `handback`, its commit may also free it (see `Handback`)."""
-        reset = self._mark(lease, busy=False, handback=handback)
-        try:
-            yield
-        finally:
-            _HELD.reset(reset)
+        return self._marked(lease, busy=False, handback=handback)
 
     def handback(self, session_id: str) -> Handback | None:
         """The lender's `Handback` of the lease this call chain was lent, if it gave one
@@ -250,10 +243,17 @@ class SessionLeases:
         back = None if hold is None or hold.busy else hold.handback
         return back if back is not None and not back.released else None
 
-    def _mark(self, lease: Lease, *, busy: bool, handback: Handback | None = None) -> Any:
+    @contextmanager
+    def _marked(
+        self, lease: Lease, *, busy: bool, handback: Handback | None = None
+    ) -> Iterator[None]:
         held = dict(_held())
         held[(self.scope, lease.session_id)] = _Hold(lease, busy, handback)
-        return _HELD.set(held)
+        reset = _HELD.set(held)
+        try:
+            yield
+        finally:
+            _HELD.reset(reset)
 
     def _refuse_reentry(self, session_id: str) -> None:
         if (self.scope, session_id) in _held():
@@ -274,11 +274,7 @@ class SessionLeases:
     ) -> Lease | None:
         if into is None:
             return self.storage.acquire_lease(session_id, owner, self.ttl, replace=replace)
-        taken = _lease_session(self.storage, session_id, owner, self.ttl, replace)
-        if taken is None:
-            return None
-        into.prefetched = taken[1]
-        return taken[0]
+        return _prefetched(into, _lease_session(self.storage, session_id, owner, self.ttl, replace))
 
     async def _atake(
         self, session_id: str, owner: str, replace: str | None, into: Handback | None
@@ -295,10 +291,7 @@ class SessionLeases:
             # on at once), or the session stays held by a gone owner until the ttl lapses.
             self._free_later(cancelled.result)
             raise
-        if taken is None:
-            return None
-        into.prefetched = taken[1]
-        return taken[0]
+        return _prefetched(into, taken)
 
     def _free_later(self, taken: object) -> None:
         """Release the lease in `taken` (a take's result: a `Lease`, `(lease, snapshot)` or
@@ -331,32 +324,27 @@ class SessionLeases:
         finally:
             _wake_waiters()
 
-    def _try(self, session_id: str, owner: str, into: Handback | None = None) -> Lease | None:
-        lease = self._take(session_id, owner, None, into)
-        if lease is None:
-            current = self.storage.get_lease(session_id)
-            if current is not None and owner_is_dead(current.owner):
-                lease = self._take(session_id, owner, current.owner, into)
-        return lease
-
-    async def _atry(
-        self, session_id: str, owner: str, into: Handback | None = None
-    ) -> Lease | None:
-        lease = await self._atake(session_id, owner, None, into)
-        if lease is None:
-            current = await self.storage.aget_lease(session_id)
-            if current is not None and owner_is_dead(current.owner):
-                lease = await self._atake(session_id, owner, current.owner, into)
-        return lease
-
-    def _deadline(self) -> float | None:
-        return None if self.wait is None else time.monotonic() + self.wait
-
-    def _check_deadline(self, session_id: str, deadline: float | None) -> None:
-        if deadline is not None and time.monotonic() >= deadline:
-            raise SessionBusyError(
-                session_id, f"another turn held it for longer than {self.wait:g} s."
-            )
+    def _asking(self, session_id: str, owner: str, into: Handback | None) -> Flow[Lease]:
+        """Ask for the lease until it is taken (over from a holder that died, too), waiting
+        between asks for a release of this process (or the next pause) until `wait` runs
+        out."""
+        deadline = None if self.wait is None else time.monotonic() + self.wait
+        pause, asked = 0.001, (session_id, owner, None, into)
+        while True:
+            lease: Lease | None = yield Call(self._take, self._atake, asked)
+            if lease is None:
+                current = yield Storage(SessionStorage.get_lease, session_id)
+                if current is not None and owner_is_dead(current.owner):
+                    replacing = (session_id, owner, current.owner, into)
+                    lease = yield Call(self._take, self._atake, replacing)
+            if lease is not None:
+                return lease
+            if deadline is not None and time.monotonic() >= deadline:
+                raise SessionBusyError(
+                    session_id, f"another turn held it for longer than {self.wait:g} s."
+                )
+            yield Call(_wait_released, asyncio.sleep, (pause,))
+            pause = min(pause * 2, _MAX_PAUSE)
 
     def acquire(
         self, session_id: str, *, owner: str | None = None, into: Handback | None = None
@@ -372,13 +360,8 @@ class SessionLeases:
         self._refuse_reentry(session_id)
         owner = owner or new_owner()
         add_live(owner)
-        deadline, pause = self._deadline(), 0.001
         try:
-            while (lease := self._try(session_id, owner, into)) is None:
-                self._check_deadline(session_id, deadline)
-                with _released:
-                    _released.wait(pause)
-                pause = min(pause * 2, _MAX_PAUSE)
+            return run(self._asking(session_id, owner, into), self.storage)
         except BaseException as error:
             try:
                 if _frees_place(error):
@@ -389,7 +372,6 @@ class SessionLeases:
             finally:
                 discard_live(owner)
             raise
-        return lease
 
     async def aacquire(
         self, session_id: str, *, owner: str | None = None, into: Handback | None = None
@@ -401,12 +383,8 @@ class SessionLeases:
         else:
             await self._after_frees(session_id, owner)
         add_live(owner)
-        deadline, pause = self._deadline(), 0.001
         try:
-            while (lease := await self._atry(session_id, owner, into)) is None:
-                self._check_deadline(session_id, deadline)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, _MAX_PAUSE)
+            return await arun(self._asking(session_id, owner, into), self.storage)
         except BaseException as error:
             try:
                 if isinstance(error, asyncio.CancelledError):
@@ -418,7 +396,6 @@ class SessionLeases:
             finally:
                 discard_live(owner)  # even when freeing the place is itself cancelled
             raise
-        return lease
 
     def release(self, lease: Lease) -> None:
         """Free the session (if `lease` still holds it) and wake local waiters."""
@@ -516,6 +493,14 @@ def _freed(key: tuple[str, str, str], task: asyncio.Task[None]) -> None:
         task.exception()  # retrieved: a release that failed leaves the lease to its ttl
 
 
+def _prefetched(into: Handback, taken: tuple[Lease, SessionSnapshot] | None) -> Lease | None:
+    """The lease of a take that read the session too, its read left in `into`."""
+    if taken is None:
+        return None
+    into.prefetched = taken[1]
+    return taken[0]
+
+
 def _prefetch_into(handback: Handback | None, prefetch: bool) -> Handback | None:
     if prefetch and handback is None:
         raise InvalidInputError("prefetch needs a handback to leave the session's read in.")
@@ -592,6 +577,12 @@ async def _alease_session(
 def _released_by(owner: str) -> None:
     discard_live(owner)
     _wake_waiters()
+
+
+def _wait_released(pause: float) -> None:
+    """Wait `pause` seconds, or less when this process releases a lease."""
+    with _released:
+        _released.wait(pause)
 
 
 def _wake_waiters() -> None:
