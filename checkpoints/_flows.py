@@ -88,17 +88,19 @@ def number(session_id: str, name: str) -> Flow[int]:
 
 
 def compression(session_id: str) -> Flow[Compression | None]:
-    values = yield Op(
-        StorageBackend.op_get_fields, session_id, ("compression", "compression_through")
-    )
-    if values is None or values[0] is None:
-        return None
-    return Compression(summary=values[0], through=values[1] or 0)
+    values = yield from _when_set(session_id, ("compression", "compression_through"))
+    return None if values is None else Compression(summary=values[0], through=values[1] or 0)
 
 
 def settings(session_id: str) -> Flow[dict[str, Any]]:
     found = loads((yield from field(session_id, "settings")))
     return dict(found) if isinstance(found, dict) else {}
+
+
+def _when_set(session_id: str, names: tuple[str, ...]) -> Flow[tuple[Any, ...] | None]:
+    """The named `FIELDS` of the session; `None` for a missing session or an unset first."""
+    values: tuple[Any, ...] | None = yield Op(StorageBackend.op_get_fields, session_id, names)
+    return None if values is None or values[0] is None else values
 
 
 def _fields(session_id: str, names: tuple[str, ...]) -> Flow[tuple[Any, ...]]:
@@ -398,10 +400,8 @@ def copy_records(source_id: str, target_id: str, count: int) -> Flow[int]:
 
 
 def lineage(session_id: str) -> Flow[ForkPoint | None]:
-    values = yield Op(StorageBackend.op_get_fields, session_id, LINEAGE)
-    if values is None or values[0] is None:
-        return None
-    return ForkPoint(session_id, values[0], values[1])
+    values = yield from _when_set(session_id, LINEAGE)
+    return None if values is None else ForkPoint(session_id, values[0], values[1])
 
 
 def list_lineage() -> Flow[dict[str, ForkPoint]]:
@@ -519,8 +519,8 @@ def release_lease(lease: Lease) -> Flow[bool]:
 
 
 def get_lease(session_id: str) -> Flow[Lease | None]:
-    values = yield Op(StorageBackend.op_get_fields, session_id, _LEASE)
-    if values is None or values[0] is None:
+    values = yield from _when_set(session_id, _LEASE)
+    if values is None:
         return None
     return Lease(session_id, values[0], int(values[1] or 0), float(values[2] or 0.0))
 
