@@ -12,7 +12,13 @@ from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
 from stello_graph.checkpoints._postgres_conn import Query, Steps, unescape_text
 from stello_graph.checkpoints._postgres_schema import NODES, RECORDS, SESSIONS
 from stello_graph.checkpoints._rows import ALL_NODES, L2S_AFTER, built, stats_from_row, stored_node
-from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, export_with_prefixes
+from stello_graph.checkpoints._shared_l3 import (
+    Lookup,
+    SharedPrefixes,
+    T,
+    export_statements,
+    export_with_prefixes,
+)
 from stello_graph.checkpoints._shell import FIELDS
 from stello_graph.digest import DigestRow
 from stello_graph.errors import InvalidInputError
@@ -22,6 +28,13 @@ from stello_graph.models import (
 )
 
 __all__ = ["TreeStatements", "checked_fields"]
+
+_EXPORT = export_statements(
+    "%s",
+    "lpad({}::text, 12, '0')",
+    f"(SELECT COUNT(*) FROM {RECORDS} c WHERE c.tree_id = s.tree_id AND c.session_id = s.id)",
+    f"LEFT JOIN {RECORDS} r ON r.tree_id = %s AND r.session_id = w.id",
+)
 
 C = TypeVar("C", bound=Collection[str])
 
@@ -82,7 +95,7 @@ class TreeStatements:
         return [tuple(row) for row in rows]
 
     def export_rows(self, part: str) -> Steps[list[tuple[Any, ...]]]:
-        sql = _WALK + _EXPORT[part]
+        sql = _EXPORT[part]
         # every placeholder of the walk and of the part is the tree's id
         rows = [tuple(row) for row in (yield Query(sql, (self.tree_id,) * sql.count("%s"))).rows]
         bases = (yield from self.run(self.shared.bases())) if part != "nodes" else {}
@@ -138,40 +151,3 @@ class TreeStatements:
 
     def all_nodes(self) -> Steps[list[TopologyNode]]:
         return built(stored_node, (yield Query(ALL_NODES, (self.tree_id,))).rows)
-
-
-_WALK = f"""WITH RECURSIVE walk(id, path) AS (
-    SELECT n.id, lpad(n.position::text, 12, '0') FROM {NODES} n
-    WHERE n.tree_id = %s AND (n.parent_id IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {NODES} p WHERE p.tree_id = n.tree_id AND p.id = n.parent_id))
-    UNION ALL
-    SELECT c.id, w.path || lpad(c.position::text, 12, '0')
-    FROM walk w JOIN {NODES} c ON c.tree_id = %s AND c.parent_id = w.id),
-every(id, path, detached) AS (
-    SELECT id, path, 0 FROM walk
-    UNION ALL
-    SELECT n.id, lpad(n.position::text, 12, '0'), 1 FROM {NODES} n
-    WHERE n.tree_id = %s AND n.id NOT IN (SELECT id FROM walk))
-"""
-"""As SQLite's: ordered by `path`, the nodes in the tree's depth-first pre-order, then those
-no root reaches (`detached`: their parents make a cycle) in creation order."""
-
-_EXPORT: dict[str, str] = {
-    "nodes": f"""SELECT n.id, n.parent_id, n.label, w.detached
-        FROM every w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
-        ORDER BY w.detached, w.path""",
-    "sessions": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
-            s.updated_at, n.parent_id, s.turn_count,
-            (SELECT COUNT(*) FROM {RECORDS} r WHERE r.tree_id = s.tree_id AND r.session_id = s.id),
-            s.system_prompt, s.memory, s.insight
-        FROM every w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
-        JOIN {SESSIONS} s ON s.tree_id = %s AND s.id = w.id ORDER BY w.detached, w.path""",
-    "records": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
-            s.updated_at, n.parent_id, s.turn_count,
-            (SELECT COUNT(*) FROM {RECORDS} c WHERE c.tree_id = s.tree_id AND c.session_id = s.id),
-            s.system_prompt, s.memory, s.insight, r.data
-        FROM every w JOIN {NODES} n ON n.tree_id = %s AND n.id = w.id
-        JOIN {SESSIONS} s ON s.tree_id = %s AND s.id = w.id
-        LEFT JOIN {RECORDS} r ON r.tree_id = %s AND r.session_id = w.id
-        ORDER BY w.detached, w.path, r.seq""",
-}

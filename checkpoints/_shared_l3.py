@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 __all__ = [
     "Lookup",
     "drive_sqlite",
+    "export_statements",
     "export_with_prefixes",
     "sqlite_marks",
     "Segment",
@@ -125,16 +126,17 @@ class SharedPrefixes:
             (first + copied, self.tree_id, target_id),
         )
 
-    def segment_rows(self, segment: Segment, columns: str) -> Lookup[list[tuple[Any, ...]]]:
-        """The columns of a segment's rows, in append order."""
-        holder, count = segment
-        sql = f"""SELECT {columns} FROM {self.records}
-            WHERE tree_id = %s AND session_id = %s ORDER BY seq"""
-        params: tuple[Any, ...] = (self.tree_id, holder)
-        if count is not None:
-            sql += " LIMIT %s"
-            params = (*params, count)
-        rows = yield sql, params
+    def read(self, segments: list[Segment], columns: str) -> Lookup[list[tuple[Any, ...]]]:
+        """The columns of the rows of `segments`, in append order."""
+        rows: list[tuple[Any, ...]] = []
+        for holder, count in segments:
+            cut, bound = ("", ()) if count is None else (" LIMIT %s", (count,))
+            found = yield (
+                f"""SELECT {columns} FROM {self.records}
+                WHERE tree_id = %s AND session_id = %s ORDER BY seq{cut}""",
+                (self.tree_id, holder, *bound),
+            )
+            rows.extend(found)
         return rows
 
     def rows(self, session_id: str, columns: str) -> Lookup[list[tuple[Any, ...]] | None]:
@@ -142,10 +144,7 @@ class SharedPrefixes:
         found = yield from self.base(session_id)
         if found is None:
             return None
-        rows: list[tuple[Any, ...]] = []
-        for segment in (yield from self.plan(session_id, found)):
-            rows.extend((yield from self.segment_rows(segment, columns)))
-        return rows
+        return (yield from self.read((yield from self.plan(session_id, found)), columns))
 
     def bases(self) -> Lookup[dict[str, tuple[str, int]]]:
         """`(base_id, base_count)` of every session of the tree that shares a prefix."""
@@ -158,10 +157,7 @@ class SharedPrefixes:
 
     def inherited(self, base: tuple[str, int], columns: str) -> Lookup[list[tuple[Any, ...]]]:
         """The columns of the records a session with `base` inherits, in append order."""
-        rows: list[tuple[Any, ...]] = []
-        for segment in (yield from self.prefix(*base)):
-            rows.extend((yield from self.segment_rows(segment, columns)))
-        return rows
+        return (yield from self.read((yield from self.prefix(*base)), columns))
 
     def has_turn(self, prefix: list[Segment], turn_id: str) -> Lookup[bool]:
         """Whether a record of the shared segments was written by the turn `turn_id`."""
@@ -178,6 +174,15 @@ class SharedPrefixes:
                 return True
         return False
 
+    def _segment(self, holder: str, count: int | None) -> tuple[str, tuple[Any, ...]]:
+        """The `FROM ... WHERE` of a segment's rows `r` (`m.low`: the holder's first seq), and
+        its parameters."""
+        cut, bound = ("", ()) if count is None else (" AND r.seq < m.low + %s", (count,))
+        sql = f"""FROM {self.records} r, (SELECT MIN(seq) AS low FROM {self.records}
+            WHERE tree_id = %s AND session_id = %s) m
+            WHERE r.tree_id = %s AND r.session_id = %s{cut}"""
+        return sql, (self.tree_id, holder, self.tree_id, holder, *bound)
+
     def humans_from(self, session_id: str, start: int) -> Lookup[tuple[int, int]]:
         """`(records, user records at index >= start)` of the session's whole L3."""
         found = yield from self.base(session_id)
@@ -185,14 +190,11 @@ class SharedPrefixes:
             return 0, 0
         total = humans = 0
         for holder, count in (yield from self.plan(session_id, found)):
-            cut, bound = ("", ()) if count is None else (" AND r.seq < m.low + %s", (count,))
+            segment, params = self._segment(holder, count)
             rows = yield (
                 f"""SELECT COUNT(*), COALESCE(SUM(CASE WHEN r.type = 'human'
-                    AND r.seq >= m.low + %s THEN 1 ELSE 0 END), 0)
-                FROM {self.records} r, (SELECT MIN(seq) AS low FROM {self.records}
-                    WHERE tree_id = %s AND session_id = %s) m
-                WHERE r.tree_id = %s AND r.session_id = %s{cut}""",
-                (max(0, start - total), self.tree_id, holder, self.tree_id, holder, *bound),
+                    AND r.seq >= m.low + %s THEN 1 ELSE 0 END), 0) {segment}""",
+                (max(0, start - total), *params),
             )
             size, users = rows[0]
             total += int(size)
@@ -264,16 +266,13 @@ class SharedPrefixes:
         keeping its stored form and turn; return how many."""
         offset = first
         for holder, count in segments:
-            cut, bound = ("", ()) if count is None else (" AND r.seq < m.low + %s", (count,))
+            segment, params = self._segment(holder, count)
             yield (
                 f"""INSERT INTO {self.records}
                     (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
                 SELECT r.tree_id, %s, %s + r.seq - m.low, r.type, r.data, r.created_at,
-                    r.turn_id, r.turn_seq
-                FROM {self.records} r, (SELECT MIN(seq) AS low FROM {self.records}
-                    WHERE tree_id = %s AND session_id = %s) m
-                WHERE r.tree_id = %s AND r.session_id = %s{cut}""",
-                (target_id, offset, self.tree_id, holder, self.tree_id, holder, *bound),
+                    r.turn_id, r.turn_seq {segment}""",
+                (target_id, offset, *params),
             )
             counted = yield (
                 f"SELECT COUNT(*) FROM {self.records} WHERE tree_id = %s AND session_id = %s",
@@ -309,6 +308,43 @@ EXPORT_RECORD_COUNT = 10
 """The column of an export row (`sessions` and `records` parts) holding the record count."""
 EXPORT_DATA = 14
 """The column of a `records` export row holding a record's stored form (NULL: no record)."""
+
+
+def export_statements(tree: str, pad: str, counted: str, records: str) -> dict[str, str]:
+    """The statement of each `ExportPart`, in the tree's depth-first pre-order, for one SQL
+    backend: `tree` is the placeholder of the tree's id, `pad` the text of a position (`{}`)
+    that sorts as its number, `counted` a session's record count and `records` the join of
+    its records (`r`). A node's row ends with whether it is detached.
+
+    Ordered by path (a node's positions from its root), the nodes come in depth-first
+    pre-order (`_flows.tree_order`: a node whose parent is missing is a root); those no root
+    reaches (their parents make a cycle: a damaged tree) come after, `detached`, in creation
+    order."""
+    walk = f"""WITH RECURSIVE walk(id, path) AS (
+    SELECT n.id, {pad.format("n.position")} FROM stello_nodes n
+    WHERE n.tree_id = {tree} AND (n.parent_id IS NULL OR NOT EXISTS (
+        SELECT 1 FROM stello_nodes p WHERE p.tree_id = n.tree_id AND p.id = n.parent_id))
+    UNION ALL
+    SELECT c.id, w.path || {pad.format("c.position")}
+    FROM walk w JOIN stello_nodes c ON c.tree_id = {tree} AND c.parent_id = w.id),
+every(id, path, detached) AS (
+    SELECT id, path, 0 FROM walk
+    UNION ALL
+    SELECT n.id, {pad.format("n.position")}, 1 FROM stello_nodes n
+    WHERE n.tree_id = {tree} AND n.id NOT IN (SELECT id FROM walk))
+"""
+    nodes = f"FROM every w JOIN stello_nodes n ON n.tree_id = {tree} AND n.id = w.id"
+    sessions = f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
+            s.updated_at, n.parent_id, s.turn_count, {counted}, s.system_prompt, s.memory,
+            s.insight"""
+    joined = f"{nodes} JOIN stello_sessions s ON s.tree_id = {tree} AND s.id = w.id"
+    return {
+        "nodes": f"{walk}SELECT n.id, n.parent_id, n.label, w.detached {nodes} "
+        "ORDER BY w.detached, w.path",
+        "sessions": f"{walk}{sessions} {joined} ORDER BY w.detached, w.path",
+        "records": f"{walk}{sessions}, r.data {joined} {records} "
+        "ORDER BY w.detached, w.path, r.seq",
+    }
 
 
 def export_with_prefixes(

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints import _schema
 from stello_graph.checkpoints._damage import META, row_damage
-from stello_graph.checkpoints._schema import NODES, RECORDS, ROWS, SESSIONS, read_version
+from stello_graph.checkpoints._schema import RECORDS, ROWS, SESSIONS, read_version
 from stello_graph.checkpoints._shared_l3 import (
     Lookup,
     SharedPrefixes,
     T,
     drive_sqlite,
+    export_statements,
     export_with_prefixes,
 )
 from stello_graph.checkpoints._sqlite_conn import (
@@ -46,46 +47,13 @@ SessionMark = tuple[str, str, int, str | None, int | None, tuple[str, ...]]
 """What a printed tree shows of a session: id, status, user turns, its lineage
 (`forked_from`, `forked_at_turn`), and the columns of its row that do not decode."""
 
-WALK = f"""WITH RECURSIVE walk(id, path) AS (
-    SELECT n.id, printf('%012d', n.position) FROM {NODES} n
-    WHERE n.tree_id = :tree AND (n.parent_id IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {NODES} p WHERE p.tree_id = n.tree_id AND p.id = n.parent_id))
-    UNION ALL
-    SELECT c.id, w.path || printf('%012d', c.position)
-    FROM walk w JOIN {NODES} c ON c.tree_id = :tree AND c.parent_id = w.id),
-every(id, path, detached) AS (
-    SELECT id, path, 0 FROM walk
-    UNION ALL
-    SELECT n.id, printf('%012d', n.position), 1 FROM {NODES} n
-    WHERE n.tree_id = :tree AND n.id NOT IN (SELECT id FROM walk))
-"""
-"""Every node with its path of positions from its root: ordered by path, the tree's
-depth-first pre-order (`_flows.tree_order`: a node whose parent is missing is a root). The
-nodes no root reaches (their parents make a cycle: a damaged tree) come after, `detached`,
-in creation order."""
-
-EXPORT: dict[str, str] = {
-    "nodes": f"""SELECT n.id, n.parent_id, n.label, w.detached
-        FROM every w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
-        ORDER BY w.detached, w.path""",
-    "sessions": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
-            s.updated_at, n.parent_id, s.turn_count,
-            (SELECT COUNT(*) FROM {ROWS} r WHERE r.l3_key = s.l3_key),
-            s.system_prompt, s.memory, s.insight
-        FROM every w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
-        JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id
-        ORDER BY w.detached, w.path""",
-    "records": f"""SELECT s.id, s.label, s.role, s.status, s.tags, s.metadata, s.created_at,
-            s.updated_at, n.parent_id, s.turn_count,
-            (SELECT COUNT(*) FROM {ROWS} c WHERE c.l3_key = s.l3_key),
-            s.system_prompt, s.memory, s.insight, r.data
-        FROM every w JOIN {NODES} n ON n.tree_id = :tree AND n.id = w.id
-        JOIN {SESSIONS} s ON s.tree_id = :tree AND s.id = w.id
-        LEFT JOIN {ROWS} r ON r.l3_key = s.l3_key
-        ORDER BY w.detached, w.path, r.seq""",
-}
-"""The rows of each `ExportPart`, in the tree's depth-first pre-order (after `WALK`); a
-node's row ends with whether it is detached."""
+EXPORT = export_statements(
+    ":tree",
+    "printf('%012d', {})",
+    f"(SELECT COUNT(*) FROM {ROWS} c WHERE c.l3_key = s.l3_key)",
+    f"LEFT JOIN {ROWS} r ON r.l3_key = s.l3_key",
+)
+"""The rows of each `ExportPart`, in the tree's depth-first pre-order."""
 
 
 def export_rows(
@@ -103,7 +71,7 @@ def export_rows(
     resolved (`export_with_prefixes`)."""
     bases = run(shared.bases()) if part != "nodes" else {}
     count = 0
-    with closing(stream_rows(conn, WALK + EXPORT[part], {"tree": shared.tree_id}, where)) as rows:
+    with closing(stream_rows(conn, EXPORT[part], {"tree": shared.tree_id}, where)) as rows:
         for row in export_with_prefixes(
             part, rows, bases, lambda base: run(shared.inherited(base, "data"))
         ):
