@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -137,41 +137,34 @@ def row_damage(row: Sequence[Any]) -> tuple[str, ...]:
 def meta_damage(row: Sequence[Any]) -> tuple[str, ...]:
     """The columns of a `MetaRow` that do not decode, in column order (empty: sound)."""
     sid, label, role, status, tags, metadata, created_at, updated_at = row
-    found = {name for name, value in zip(META_COLUMNS, row, strict=True) if undecodable(value)}
-    if not isinstance(sid, str):
-        found.add("id")
-    if not isinstance(label, str):
-        found.add("label")
-    if role not in ROLES:
-        found.add("role")
-    if status not in STATUSES:
-        found.add("status")
     listed = _loads(tags)
-    if not (isinstance(listed, list) and all(isinstance(tag, str) for tag in listed)):
-        found.add("tags")
-    if not isinstance(_loads(metadata), dict):
-        found.add("metadata")
-    for name, value in (("created_at", created_at), ("updated_at", updated_at)):
-        if name not in found and not _iso(value):
-            found.add(name)
-    return tuple(name for name in META_COLUMNS if name in found)
+    bad = {
+        "id": not isinstance(sid, str),
+        "label": not isinstance(label, str),
+        "role": role not in ROLES,
+        "status": status not in STATUSES,
+        "tags": not (isinstance(listed, list) and all(isinstance(tag, str) for tag in listed)),
+        "metadata": not isinstance(_loads(metadata), dict),
+        "created_at": _parsed(created_at, datetime.fromisoformat) is None,
+        "updated_at": _parsed(updated_at, datetime.fromisoformat) is None,
+    }
+    return tuple(
+        name
+        for name, value in zip(META_COLUMNS, row, strict=True)
+        if bad[name] or undecodable(value)
+    )
 
 
 def _loads(text: object) -> Any:
     """The JSON value of `text` (`None` when it is not JSON text)."""
+    return _parsed(text, json.loads)
+
+
+def _parsed(text: object, parse: Callable[[str], Any]) -> Any:
+    """`parse(text)`, or `None` when `text` is not a text `parse` reads."""
     if not isinstance(text, str):
         return None
     try:
-        return json.loads(text)
+        return parse(text)
     except ValueError:
         return None
-
-
-def _iso(text: object) -> bool:
-    if not isinstance(text, str):
-        return False
-    try:
-        datetime.fromisoformat(text)
-    except ValueError:
-        return False
-    return True
