@@ -109,8 +109,7 @@ def no_collection() -> Iterator[None]:
     a whole-tree read builds hold no cycles, and the collector runs again once it is done.
     """
     paused = gc.isenabled()
-    if paused:
-        gc.disable()
+    gc.disable()
     try:
         yield
     finally:
@@ -144,6 +143,11 @@ def _sound(text: object) -> bool:
     return type(text) is not Undecodable
 
 
+def _text(text: str) -> str:
+    """`text`, or `UNDECODABLE` for a text that does not decode."""
+    return UNDECODABLE if type(text) is Undecodable else text
+
+
 def stored_node(row: Sequence[Any]) -> TopologyNode:
     """The node of an `(id, parent_id, label)` row; of a damaged one (text that is not
     UTF-8), a placeholder marked `damaged` (see `_damage`)."""
@@ -158,7 +162,7 @@ def stored_node(row: Sequence[Any]) -> TopologyNode:
         {
             "id": shown(nid),
             "parent_id": None if parent is None else shown(parent),
-            "label": UNDECODABLE if undecodable(label) else label,
+            "label": _text(label),
             "damaged": tuple(c for c, v in zip(columns, row, strict=False) if undecodable(v)),
         },
     )
@@ -167,8 +171,7 @@ def stored_node(row: Sequence[Any]) -> TopologyNode:
 def stored_l2(session_id: str, label: str, l2: str) -> ChildL2:
     """The `ChildL2` of a session's stored L2 (a text that does not decode: `UNDECODABLE`)."""
     if not (_sound(session_id) and _sound(label) and _sound(l2)):
-        session_id = shown(session_id)
-        label, l2 = (UNDECODABLE if undecodable(v) else v for v in (label, l2))
+        session_id, label, l2 = shown(session_id), _text(label), _text(l2)
     return stored_model(ChildL2, {"session_id": session_id, "label": label, "l2": l2})
 
 
@@ -186,8 +189,8 @@ def stored_meta(row: Sequence[Any]) -> SessionMeta:
                     "label": label,
                     "role": role,
                     "status": status,
-                    "tags": () if tags == "[]" else _json_texts(tags),
-                    "metadata": {} if metadata == "{}" else _json_object(metadata),
+                    "tags": () if tags == "[]" else tuple(_json(tags, list)),
+                    "metadata": {} if metadata == "{}" else _json(metadata, dict),
                     "created_at": from_iso(created_at),
                     "updated_at": from_iso(updated_at),
                     "damaged": (),
@@ -198,17 +201,15 @@ def stored_meta(row: Sequence[Any]) -> SessionMeta:
     return placeholder_meta(row)
 
 
-def _json_texts(text: str) -> tuple[str, ...]:
-    found = json.loads(text) if _sound(text) else None
-    if not isinstance(found, list):
-        raise ValueError("not a list")
-    return tuple(found)
+def _json(text: str, kind: type[T]) -> T:
+    """The JSON value of `text`, a `kind`.
 
-
-def _json_object(text: str) -> dict[str, Any]:
+    Raises:
+        ValueError: `text` does not decode, or holds another kind of value.
+    """
     found = json.loads(text) if _sound(text) else None
-    if not isinstance(found, dict):
-        raise ValueError("not an object")
+    if not isinstance(found, kind):
+        raise ValueError(f"not a {kind.__name__}")
     return found
 
 
@@ -254,7 +255,7 @@ def stats_from_row(row: Sequence[Any]) -> SessionStats:
             )
             if bad
         )
-        sid, label = shown(sid), UNDECODABLE if undecodable(label) else label
+        sid, label = shown(sid), _text(label)
         role = role if role in ROLES else "standard"
         status = status if status in STATUSES else "active"
     try:
