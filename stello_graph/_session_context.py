@@ -108,10 +108,14 @@ class SessionContext(SessionCore):
                 parts.topology = yield from self._topology_slot.flow(sid)
         records = list(snap.records)
         parts.compression = snap.compression
-        cut = self._plan(meta, parts, records)
+        system = self._system(meta, parts)
+        cut = self._plan(system, parts, records)
         if cut is not None:
             parts.compression = yield from self._compress_flow(parts.compression, records, cut)
-        ctx = self._turn_context(meta, parts, records)
+            system = self._system(meta, parts)
+        through = parts.compression.through if parts.compression is not None else 0
+        insight = None if self.role == "main" else parts.extra
+        ctx = TurnContext(sid, system, self._history(records[through:]), insight, parts.compression)
         self._turn = None if turn_id is None else (turn_id, len(records), ctx)
         return ctx
 
@@ -124,24 +128,14 @@ class SessionContext(SessionCore):
         """The system message's parts between the session's own prompt and the summary."""
         raise NotImplementedError
 
-    def _turn_context(
-        self, meta: SessionMeta, parts: ContextParts, records: list[BaseMessage]
-    ) -> TurnContext:
-        through = parts.compression.through if parts.compression is not None else 0
-        history = self._history(records[through:])
-        insight = None if self.role == "main" else parts.extra
-        system = self._system(meta, parts)
-        return TurnContext(self._id, system, history, insight, parts.compression)
-
     # -- automatic compression --------------------------------------------------------------
     def _plan(
-        self, meta: SessionMeta, parts: ContextParts, records: list[BaseMessage]
+        self, system: SystemMessage | None, parts: ContextParts, records: list[BaseMessage]
     ) -> int | None:
         policy = self._compression
         if policy is None:
             return None
         window = policy.limit(self._model)
-        system = self._system(meta, parts)
         head = [system] if system is not None else []
         # The usage figures of replies older than the summary in use measured a prompt that
         # still held the records it now covers: a tool round of the turn that cut (its own
