@@ -14,10 +14,6 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForChainRun,
-    CallbackManagerForChainRun,
-)
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import var_child_runnable_config
 
@@ -57,19 +53,9 @@ class StelloNode(Runnable[Any, Any]):
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if config is not None and var_child_runnable_config.get() is config:
             return self._call(input, config)  # a graph's task: its config is the context
-        return self._call_with_config(self._traced, input, config)
+        return self._call_with_config(self._call, input, config)  # `_call` takes its config
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if config is not None and var_child_runnable_config.get() is config:
             return await self._acall(input, config)
-        return await self._acall_with_config(self._atraced, input, config)
-
-    def _traced(
-        self, input: State, run_manager: CallbackManagerForChainRun, config: RunnableConfig
-    ) -> State:
-        return self._call(input, config)
-
-    async def _atraced(
-        self, input: State, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
-    ) -> State:
-        return await self._acall(input, config)
+        return await self._acall_with_config(self._acall, input, config)
