@@ -17,6 +17,7 @@ from langchain_core.messages import (
     HumanMessage,
     SystemMessage,
     ToolMessage,
+    message_chunk_to_message,
 )
 
 from stello_graph._context import message_text, sanitize_history
@@ -62,10 +63,9 @@ def _named_tool(choice: str | dict[str, Any] | bool) -> str | None:
     """The tool a `tool_choice` names (a name, or an OpenAI-style dict), if it names one."""
     if isinstance(choice, str):
         return None if choice in _CHOICE_MODES else choice
-    if isinstance(choice, dict):
-        function = choice.get("function")
-        name = function.get("name") if isinstance(function, dict) else choice.get("name")
-        return name if isinstance(name, str) else None
+    if isinstance(choice, dict):  # checked: its name, if any, is a string
+        name: str | None = choice.get("function", choice).get("name")
+        return name
     return None
 
 
@@ -284,26 +284,16 @@ def _is_user_turn(records: Sequence[BaseMessage]) -> bool:
 
 
 def _chunk_to_message(total: AIMessageChunk | None, session_id: str | None = None) -> AIMessage:
-    if total is None:
-        return AIMessage(content="")
-    reply = AIMessage(
-        content=total.content,
-        tool_calls=total.tool_calls,
-        invalid_tool_calls=total.invalid_tool_calls,
-        usage_metadata=total.usage_metadata,
-        response_metadata=total.response_metadata,
-        additional_kwargs=total.additional_kwargs,
-        id=total.id,
-    )
-    return storable_message(_shallow_calls(reply, session_id))
+    """A streamed reply, its chunks added up in `total`, as a stored reply is."""
+    reply = AIMessage(content="") if total is None else message_chunk_to_message(total)
+    return _as_ai_message(reply, session_id)
 
 
 def _continue_history(
     session_id: str, raw: list[BaseMessage], results: list[ToolMessage]
 ) -> tuple[BaseMessage, ...]:
     """History for a tool-continuation call: L3 plus `results`, which must close the group."""
-    combined = [*raw, *results]
-    clean = sanitize_history(combined)
+    clean = sanitize_history([*raw, *results])
     kept = {id(m) for m in clean}
     if not all(id(r) in kept for r in results):
         raise InvalidInputError(
