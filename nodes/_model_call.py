@@ -21,8 +21,8 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage
@@ -54,17 +54,14 @@ class CallCancel:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cancelled = False
+        self.cancelled = False
+        """Whether `cancel()` was called; set once, never cleared."""
         self._waiters: set[threading.Event] = set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
 
     def cancel(self) -> None:
         """Stop the run's model call in flight (it fails) and any later one (it never starts)."""
         with self._lock:
-            self._cancelled = True
+            self.cancelled = True
             waiters = list(self._waiters)
         for waiter in waiters:
             waiter.set()
@@ -74,7 +71,7 @@ class CallCancel:
         """Set `event` too when the run is cancelled, while the block runs."""
         with self._lock:
             self._waiters.add(event)
-            if self._cancelled:
+            if self.cancelled:
                 event.set()
         try:
             yield
@@ -176,8 +173,7 @@ def invoke_model(
         raise _timed_out(session, limit) from TimeoutError()
     if "error" in box:
         raise box["error"]
-    reply: AIMessage = box["reply"]
-    return reply
+    return cast(AIMessage, box["reply"])
 
 
 async def ainvoke_model(
@@ -197,12 +193,9 @@ async def ainvoke_model(
 
 
 def _accepts(retry_on: Any, exc: Exception) -> bool:
-    if isinstance(retry_on, type):
-        return isinstance(exc, retry_on)
-    if isinstance(retry_on, Sequence):
-        return isinstance(exc, tuple(retry_on))
-    check: Callable[[Exception], bool] = retry_on
-    return bool(check(exc))
+    if isinstance(retry_on, type | Sequence):  # exception types, or a callable judging one
+        return isinstance(exc, retry_on if isinstance(retry_on, type) else tuple(retry_on))
+    return bool(retry_on(exc))
 
 
 def model_retry_policy(policy: RetryPolicy | None) -> RetryPolicy | None:

@@ -56,9 +56,7 @@ Op = Literal["turn", "fork", "consolidate", "integrate"]
 
 def merge_results(left: dict[str, Any] | None, right: dict[str, Any] | None) -> dict[str, Any]:
     """Reducer of `tree_results`: merge each node's result; `None` starts over."""
-    if right is None:
-        return {}
-    return {**(left or {}), **right}
+    return {} if right is None else {**(left or {}), **right}
 
 
 class StelloContext(TypedDict, total=False):

@@ -122,8 +122,15 @@ class SanitizedHistory:
         if first is None or last is None:
             return tuple(sanitize_history(records))
         kept = self._kept
-        if kept is not None and self._extends(kept, records):
-            done, clean = kept[2], kept[3]
+        done = kept[2] if kept is not None else 0
+        # the records seen last time (same first and last), then none or a non-tool record
+        if (
+            kept is not None
+            and done <= n
+            and (first, records[done - 1].id) == kept[:2]
+            and (done == n or not isinstance(records[done], ToolMessage))
+        ):
+            clean = kept[3]
             if done == n:
                 return clean
             result = clean + tuple(sanitize_history(records[done:]))
@@ -131,18 +138,6 @@ class SanitizedHistory:
             result = tuple(sanitize_history(records))
         self._kept = (first, last, n, result)
         return result
-
-    @staticmethod
-    def _extends(
-        kept: tuple[str, str, int, tuple[BaseMessage, ...]], records: Sequence[BaseMessage]
-    ) -> bool:
-        first, last, done, _ = kept
-        return (
-            done <= len(records)
-            and records[0].id == first
-            and records[done - 1].id == last
-            and (done == len(records) or not isinstance(records[done], ToolMessage))
-        )
 
 
 def is_clean(records: Sequence[BaseMessage]) -> bool:

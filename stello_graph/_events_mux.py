@@ -90,9 +90,6 @@ class EventMux:
         """The events queued for a stream so far, as its `custom` items."""
         if "custom" not in modes:
             return
-        while True:
-            try:
-                event = q.get_nowait()
-            except queue.Empty:
-                return
+        while not q.empty():  # the stream's own queue: nothing else takes from it
+            event = q.get_nowait()
             yield ("custom", event.as_dict()) if multi else event.as_dict()

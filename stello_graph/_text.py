@@ -54,9 +54,5 @@ def storable_message(message: M) -> M:
     """`message` itself when all its text is storable, else a copy with every field that
     held a lone surrogate made storable (content, tool calls, metadata, artifact, ...)."""
     fields = {**vars(message), **(message.__pydantic_extra__ or {})}
-    update = {}
-    for name, value in fields.items():
-        fixed = storable_value(value)
-        if fixed is not value:
-            update[name] = fixed
+    update = {name: fixed for name, v in fields.items() if (fixed := storable_value(v)) is not v}
     return message.model_copy(update=update) if update else message
