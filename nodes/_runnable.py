@@ -53,9 +53,10 @@ class StelloNode(Runnable[Any, Any]):
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if config is not None and var_child_runnable_config.get() is config:
             return self._call(input, config)  # a graph's task: its config is the context
-        return self._call_with_config(self._call, input, config)  # `_call` takes its config
+        # LangChain passes `config=` to a function that takes one (its annotation omits it)
+        return self._call_with_config(self._call, input, config)  # type: ignore[arg-type]
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if config is not None and var_child_runnable_config.get() is config:
             return await self._acall(input, config)
-        return await self._acall_with_config(self._acall, input, config)
+        return await self._acall_with_config(self._acall, input, config)  # type: ignore[arg-type]
