@@ -17,8 +17,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from collections import Counter
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
@@ -109,9 +110,11 @@ Merge the earlier summary (if any) with the records into one compact memo: keep 
 decisions, facts, numbers, names, open questions and what the user asked for; drop \
 pleasantries. Plain prose, at most 250 words. Output only the memo."""
 
-_NOSTREAM: RunnableConfig = {"tags": ["nostream"]}
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
+_A = TypeVar("_A")
+_B = TypeVar("_B")
+_R = TypeVar("_R")
 
 
 def _clean(text: str) -> str:
@@ -124,52 +127,62 @@ def _clean(text: str) -> str:
 
 
 def _config(kind: str) -> RunnableConfig:
-    return {"tags": [*_NOSTREAM["tags"], f"stello:{kind}"], "run_name": f"stello.{kind}"}
+    return {"tags": ["nostream", f"stello:{kind}"], "run_name": f"stello.{kind}"}
 
 
-class LLMConsolidator:
-    """A `ConsolidateFn` backed by a chat model (made by `llm_consolidator`)."""
+class _LLMFunction(Generic[_A, _B, _R]):
+    """A memory function backed by a chat model: its system prompt, one model call (`invoke`
+    when called, `ainvoke` through `acall`, tagged `nostream`) and the answer read."""
 
-    kind: ClassVar[str] = "consolidate"
+    kind: ClassVar[str]
+    default_prompt: ClassVar[str]
 
     def __init__(self, model: BaseChatModel | str, prompt: str | None = None) -> None:
         self.model: BaseChatModel = check_chat_model(model)
-        self.prompt = prompt or DEFAULT_CONSOLIDATE_PROMPT
+        self.prompt = prompt or self.default_prompt
+
+    def messages(self, first: _A, second: _B, /) -> list[BaseMessage]:
+        raise NotImplementedError
+
+    def _read(self, text: str, first: _A, second: _B) -> _R:
+        raise NotImplementedError
+
+    def __call__(self, first: _A, second: _B, /) -> _R:
+        reply = self.model.invoke(self.messages(first, second), config=_config(self.kind))
+        return self._read(message_text(reply.content), first, second)
+
+    async def acall(self, first: _A, second: _B, /) -> _R:
+        reply = await self.model.ainvoke(self.messages(first, second), config=_config(self.kind))
+        return self._read(message_text(reply.content), first, second)
+
+
+class LLMConsolidator(_LLMFunction[str | None, list[BaseMessage], str]):
+    """A `ConsolidateFn` backed by a chat model (made by `llm_consolidator`)."""
+
+    kind: ClassVar[str] = "consolidate"
+    default_prompt: ClassVar[str] = DEFAULT_CONSOLIDATE_PROMPT
+    _BODY: ClassVar[str] = (
+        "Current summary:\n{summary}\n\nNew records:\n{records}\n\nWrite the updated summary."
+    )
+    _NO_SUMMARY: ClassVar[str] = "(none yet)"
 
     def messages(self, current_l2: str | None, records: Sequence[BaseMessage]) -> list[BaseMessage]:
         """The prompt sent to the model."""
-        body = (
-            f"Current summary:\n{current_l2 or '(none yet)'}\n\n"
-            f"New records:\n{transcript(records) or '(none)'}\n\n"
-            "Write the updated summary."
-        )
+        summary, text = current_l2 or self._NO_SUMMARY, transcript(records) or "(none)"
+        body = self._BODY.format(summary=summary, records=text)
         return [SystemMessage(content=self.prompt), HumanMessage(content=body)]
 
-    def __call__(self, current_l2: str | None, records: list[BaseMessage], /) -> str:
-        reply = self.model.invoke(self.messages(current_l2, records), config=_config(self.kind))
-        return _clean(message_text(reply.content))
-
-    async def acall(self, current_l2: str | None, records: list[BaseMessage], /) -> str:
-        reply = await self.model.ainvoke(
-            self.messages(current_l2, records), config=_config(self.kind)
-        )
-        return _clean(message_text(reply.content))
+    def _read(self, text: str, first: str | None, second: list[BaseMessage]) -> str:
+        return _clean(text)
 
 
 class LLMCompressor(LLMConsolidator):
     """A `CompressFn` backed by a chat model (made by `llm_compressor`)."""
 
     kind: ClassVar[str] = "compress"
-
-    def __init__(self, model: BaseChatModel | str, prompt: str | None = None) -> None:
-        super().__init__(model, prompt or DEFAULT_COMPRESS_PROMPT)
-
-    def messages(self, current_l2: str | None, records: Sequence[BaseMessage]) -> list[BaseMessage]:
-        body = (
-            f"Earlier summary:\n{current_l2 or '(none)'}\n\n"
-            f"Records:\n{transcript(records) or '(none)'}\n\nWrite the memo."
-        )
-        return [SystemMessage(content=self.prompt), HumanMessage(content=body)]
+    default_prompt: ClassVar[str] = DEFAULT_COMPRESS_PROMPT
+    _BODY: ClassVar[str] = "Earlier summary:\n{summary}\n\nRecords:\n{records}\n\nWrite the memo."
+    _NO_SUMMARY: ClassVar[str] = "(none)"
 
 
 def llm_compressor(model: BaseChatModel | str, prompt: str | None = None) -> LLMCompressor:
@@ -194,20 +207,15 @@ def llm_consolidator(model: BaseChatModel | str, prompt: str | None = None) -> L
     return LLMConsolidator(model, prompt)
 
 
-def _json_objects(text: str) -> list[Any]:
+def _json_objects(text: str) -> Iterator[Any]:
     """Every JSON value found in `text`: fenced blocks first, then each balanced `{...}`."""
-    found: list[Any] = []
-    decoder = json.JSONDecoder()
     for block in _FENCE.findall(text):
         with contextlib.suppress(ValueError):
-            found.append(json.loads(block))
+            yield json.loads(block)
+    decoder = json.JSONDecoder()
     for match in re.finditer(r"\{", text):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except ValueError:
-            continue
-        found.append(value)
-    return found
+        with contextlib.suppress(ValueError):
+            yield decoder.raw_decode(text, match.start())[0]
 
 
 def _as_text(value: Any) -> str:
@@ -218,34 +226,27 @@ _KEY_FIELDS = ("session_id", "sessionId", "id", "label")
 _TEXT_FIELDS = ("insight", "content", "text")
 
 
-def _insight_pairs(raw: Any) -> list[tuple[str, str]]:
+def _insight_pairs(raw: Any) -> Iterator[tuple[str, str]]:
     if isinstance(raw, Mapping):
-        return [(str(k), _as_text(v)) for k, v in raw.items()]
-    pairs: list[tuple[str, str]] = []
-    if isinstance(raw, list):
-        for item in raw:
-            if not isinstance(item, Mapping):
-                continue
+        yield from ((str(k), _as_text(v)) for k, v in raw.items())
+    for item in raw if isinstance(raw, list) else ():
+        if isinstance(item, Mapping):
             key = next((item[k] for k in _KEY_FIELDS if k in item), None)
             text = next((item[k] for k in _TEXT_FIELDS if k in item), None)
             if key is not None and text is not None:
-                pairs.append((str(key), _as_text(text)))
-    return pairs
+                yield str(key), _as_text(text)
 
 
-def _resolve_ids(pairs: list[tuple[str, str]], children: Sequence[ChildL2]) -> dict[str, str]:
+def _resolve_ids(pairs: Iterable[tuple[str, str]], children: Sequence[ChildL2]) -> dict[str, str]:
     """Keep insights addressed to given children, by id or (if unambiguous) by label."""
     ids = {c.session_id for c in children}
-    by_label: dict[str, list[str]] = {}
-    for child in children:
-        by_label.setdefault(child.label.strip().casefold(), []).append(child.session_id)
+    folded = [(c.label.strip().casefold(), c.session_id) for c in children]
+    labels = Counter(label for label, _ in folded)
+    by_label = {label: sid for label, sid in folded if labels[label] == 1}
     insights: dict[str, str] = {}
     for key, text in pairs:
         key = key.strip()
-        target = key if key in ids else None
-        if target is None:
-            matches = by_label.get(key.casefold(), [])
-            target = matches[0] if len(matches) == 1 else None
+        target = key if key in ids else by_label.get(key.casefold())
         if target is not None and text.strip():
             insights[target] = text.strip()
     return insights
@@ -267,12 +268,11 @@ def parse_integration(text: str, children: Sequence[ChildL2]) -> IntegrationResu
     return IntegrationResult(synthesis=cleaned, insights={})
 
 
-class LLMIntegrator:
+class LLMIntegrator(_LLMFunction[list[ChildL2], str | None, IntegrationResult]):
     """An `IntegrateFn` backed by a chat model (made by `llm_integrator`)."""
 
-    def __init__(self, model: BaseChatModel | str, prompt: str | None = None) -> None:
-        self.model: BaseChatModel = check_chat_model(model)
-        self.prompt = prompt or DEFAULT_INTEGRATE_PROMPT
+    kind: ClassVar[str] = "integrate"
+    default_prompt: ClassVar[str] = DEFAULT_INTEGRATE_PROMPT
 
     def messages(
         self, children: Sequence[ChildL2], current_synthesis: str | None
@@ -288,21 +288,8 @@ class LLMIntegrator:
         )
         return [SystemMessage(content=self.prompt), HumanMessage(content=body)]
 
-    def __call__(
-        self, children: list[ChildL2], current_synthesis: str | None, /
-    ) -> IntegrationResult:
-        reply = self.model.invoke(
-            self.messages(children, current_synthesis), config=_config("integrate")
-        )
-        return parse_integration(message_text(reply.content), children)
-
-    async def acall(
-        self, children: list[ChildL2], current_synthesis: str | None, /
-    ) -> IntegrationResult:
-        reply = await self.model.ainvoke(
-            self.messages(children, current_synthesis), config=_config("integrate")
-        )
-        return parse_integration(message_text(reply.content), children)
+    def _read(self, text: str, children: list[ChildL2], current: str | None) -> IntegrationResult:
+        return parse_integration(text, children)
 
 
 def llm_integrator(model: BaseChatModel | str, prompt: str | None = None) -> LLMIntegrator:
