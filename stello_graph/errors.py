@@ -175,12 +175,16 @@ class UnknownProfileError(StelloUsageError, LookupError):
         self.name = name
 
 
-class SessionError(StelloError):
-    """Base class of errors about one session."""
+class _OfSession(StelloError):
+    """An error that may name the session it happened in (`session_id`)."""
 
     def __init__(self, message: str, *, session_id: str | None = None) -> None:
         super().__init__(message)
         self.session_id = session_id
+
+
+class SessionError(_OfSession):
+    """Base class of errors about one session."""
 
 
 class SessionNotFoundError(SessionError, LookupError):
@@ -326,33 +330,25 @@ class SplitGuardError(TopologyError):
     """The split guard refused a model-initiated fork; the message gives the reason."""
 
 
-class ModelCallError(StelloError):
+class ModelCallError(_OfSession):
     """The chat model raised during a call; the original exception is the `__cause__`."""
 
-    def __init__(self, message: str, *, session_id: str | None = None) -> None:
-        super().__init__(message)
-        self.session_id = session_id
 
-
-class ToolRoundLimitError(StelloError):
+class ToolRoundLimitError(_OfSession):
     """A turn's model kept asking for tools past `max_tool_rounds`; nothing was committed."""
 
     def __init__(self, session_id: str, limit: int) -> None:
         super().__init__(
             f"The turn on session {session_id!r} exceeded max_tool_rounds={limit}: the model "
             "asked for tools again. Nothing of the turn was stored; raise the limit or change "
-            "the tools."
+            "the tools.",
+            session_id=session_id,
         )
-        self.session_id = session_id
         self.limit = limit
 
 
-class FunctionCallError(StelloError):
+class FunctionCallError(_OfSession):
     """A user-supplied (or default LLM-backed) memory function failed."""
-
-    def __init__(self, message: str, *, session_id: str | None = None) -> None:
-        super().__init__(message)
-        self.session_id = session_id
 
 
 class ConsolidationError(FunctionCallError):
