@@ -98,13 +98,11 @@ class SessionCore:
         cls, storage: SessionStorage, meta: SessionMeta, prompt: object, options: dict[str, Any]
     ) -> Flow[Self]:
         """The steps of `create`: the session, its system prompt and the `options` of the
-        object are checked now, before anything is written."""
+        object are checked first, before the transaction that writes it."""
         prompt = check_optional_text(prompt, "system_prompt")
-        return cls(meta, storage, **options)._stored(prompt)
-
-    def _stored(self, prompt: str | None) -> Flow[Self]:
-        yield Atomic(self._store_flow(prompt))
-        return self
+        session = cls(meta, storage, **options)
+        yield Atomic(session._store_flow(prompt))
+        return session
 
     def _store_flow(self, prompt: str | None) -> Flow[None]:
         """Write the new session (in the transaction of `create`)."""
@@ -212,13 +210,13 @@ class SessionCore:
         self._active((yield from self._meta_flow()), operation)
         yield step
 
-    def _changes(
+    def _meta_update(
         self,
         label: str | None,
         tags: Sequence[str] | None,
         metadata: dict[str, Any] | None,
-    ) -> dict[str, Any]:
-        """The validated fields of a meta update (checked before any lock is taken)."""
+    ) -> Flow[SessionMeta]:
+        """The steps of a meta update; its fields are checked now, before any lock is taken."""
         changes: dict[str, Any] = {}
         if label is not None:
             changes["label"] = check_label(label)
@@ -226,7 +224,7 @@ class SessionCore:
             changes["tags"] = check_tags(tags)
         if metadata is not None:
             changes["metadata"] = check_metadata(metadata)
-        return changes
+        return self._meta_write(self._updated_flow(changes))
 
     def update_meta(
         self,
@@ -241,8 +239,7 @@ class SessionCore:
         the fields given: a concurrent archive or update of other fields is never undone
         (and an archive that came first refuses the update with `SessionArchivedError`).
         """
-        changes = self._changes(label, tags, metadata)
-        return run(self._meta_write(self._updated_flow(changes)), self._storage)
+        return run(self._meta_update(label, tags, metadata), self._storage)
 
     async def aupdate_meta(
         self,
@@ -252,8 +249,7 @@ class SessionCore:
         metadata: dict[str, Any] | None = None,
     ) -> SessionMeta:
         """Async twin of `update_meta`."""
-        changes = self._changes(label, tags, metadata)
-        return await arun(self._meta_write(self._updated_flow(changes)), self._storage)
+        return await arun(self._meta_update(label, tags, metadata), self._storage)
 
     def _meta_write(self, flow: Flow[SessionMeta]) -> Flow[SessionMeta]:
         """`flow` run in one transaction; the meta it wrote is the object's from then on."""
