@@ -56,13 +56,27 @@ def _integration(raw: Mapping[str, Any]) -> IntegrationResult | TreeIntegration:
     return IntegrationResult.model_validate(fields)
 
 
-def _batch(session_ids: Iterable[str], concurrency: object) -> tuple[list[str], int]:
-    """The distinct ids of a batch, in order, and its concurrency, both checked."""
+def _batch(session_ids: Iterable[str], concurrency: object) -> Flow[tuple[list[str], int]]:
+    """The distinct ids of a batch, in order, and its concurrency, both checked: an id that
+    can never be consolidated (no session, the main session) is refused before any session is.
+
+    An archived session is not refused here: like a failing consolidate function, it fails
+    on its own, and the rest of the batch is still consolidated."""
     if isinstance(session_ids, str):
         raise InvalidInputError("session_ids must be an iterable of ids, not one str.")
     if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
         raise InvalidInputError(f"concurrency must be a positive int, got {concurrency!r}.")
-    return list(dict.fromkeys(check_id(sid) for sid in session_ids)), concurrency
+    ids = list(dict.fromkeys(check_id(sid) for sid in session_ids))
+    for sid in ids:
+        meta: SessionMeta | None = yield Storage(MainStorage.get_session, sid)
+        if meta is None:
+            raise SessionNotFoundError(sid)
+        if meta.role == "main":
+            raise InvalidInputError(
+                f"Session {sid!r} is the main session: it integrates; it does not consolidate. "
+                "Leave it out of session_ids."
+            )
+    return ids, concurrency
 
 
 def _batch_result(ids: list[str], outcomes: list[Any]) -> dict[str, str | None]:
@@ -73,20 +87,6 @@ def _batch_result(ids: list[str], outcomes: list[Any]) -> dict[str, str | None]:
             failures[0].add_note(f"{len(failures) - 1} other session(s) of the batch failed.")
         raise failures[0]
     return dict(zip(ids, outcomes, strict=True))
-
-
-def _consolidatable(sid: str, meta: SessionMeta | None) -> None:
-    """Refuse an id of a batch that can never be consolidated (before any session is).
-
-    An archived session is not refused here: like a failing consolidate function, it fails
-    on its own, and the rest of the batch is still consolidated."""
-    if meta is None:
-        raise SessionNotFoundError(sid)
-    if meta.role == "main":
-        raise InvalidInputError(
-            f"Session {sid!r} is the main session: it integrates; it does not consolidate. "
-            "Leave it out of session_ids."
-        )
 
 
 class _Memory:
@@ -135,9 +135,7 @@ class _Memory:
                 that failed, ...), in the order given, once all sessions were attempted
                 (the others' L2 are stored); a note counts the other failures.
         """
-        ids, workers = _batch(session_ids, concurrency)
-        for sid in ids:
-            _consolidatable(sid, self.storage.get_session(sid))
+        ids, workers = run(_batch(session_ids, concurrency), self.storage)
         if not ids:
             return {}
         with ThreadPoolExecutor(min(workers, len(ids)), thread_name_prefix="stello") as pool:
@@ -148,9 +146,7 @@ class _Memory:
         self, session_ids: Iterable[str], *, concurrency: int = 8
     ) -> dict[str, str | None]:
         """Async twin of `consolidate_many`."""
-        ids, workers = _batch(session_ids, concurrency)
-        for sid in ids:
-            _consolidatable(sid, await self.storage.aget_session(sid))
+        ids, workers = await arun(_batch(session_ids, concurrency), self.storage)
         gate = asyncio.Semaphore(workers)
 
         async def one(sid: str) -> str | None:

@@ -153,10 +153,9 @@ class TreeIntegration(BaseModel):
     @property
     def insights(self) -> dict[str, str]:
         """Every insight pushed, at every level, by session id."""
-        merged: dict[str, str] = {}
-        for result in self.results.values():
-            merged.update(result.insights)
-        return merged
+        return {
+            sid: text for result in self.results.values() for sid, text in result.insights.items()
+        }
 
 
 class Compression(BaseModel):
