@@ -207,7 +207,7 @@ class StelloConfig:
         """`config` (or the defaults) with the keyword `settings` applied on top."""
         if config is not None and not isinstance(config, StelloConfig):
             raise InvalidInputError(f"config must be a StelloConfig, got {type(config).__name__}.")
-        unknown = sorted(set(settings) - set(SETTINGS))
+        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise TypeError(f"Unexpected keyword argument(s) {unknown}; see StelloConfig.")
         if config is None:
@@ -225,10 +225,6 @@ class StelloConfig:
 
 def _set(config: StelloConfig, name: str, value: object) -> None:
     object.__setattr__(config, name, value)  # normalising a frozen config while it is made
-
-
-SETTINGS = tuple(f.name for f in dataclasses.fields(StelloConfig))
-"""The names of every setting."""
 
 
 class StelloSettings(TypedDict, total=False):
