@@ -101,18 +101,32 @@ def _load_flow(session_id: str) -> Flow[SessionMeta]:
 
 
 class SessionForkOptions(TypedDict, total=False):
-    """The options of `Session.fork` (each documented there; each left out: its default)."""
+    """The options of `Session.fork` (each left out: its default)."""
 
     context: ForkContext
+    """`"none"` (default), `"inherit"` (all of L3), `"compress"` (a summary of L3, made once
+    by `compress_fn`, becomes the child's starting context) or a function that picks records
+    from L3. Incomplete tool-call groups are never copied; L2 and the insight never are."""
     at_turn: int | None
+    """Start from the end of this user turn (1-based; negative counts from the end) instead
+    of the whole history; `context` then applies to that part."""
     system_prompt: str | None
+    """The child's system prompt; by default it inherits this one's."""
     prompt: str | None
+    """The child's opening assistant line."""
     model: BaseChatModel | str | None
+    """The child's model (or its name, `"openai:gpt-4o-mini"`), instead of this session's."""
     tools: Sequence[Any] | None
+    """The child's tools, instead of this session's."""
     tags: Sequence[str]
+    """The child's tags."""
     metadata: dict[str, Any] | None
+    """The child's metadata."""
     id: str | None
+    """The child's id (default: a new one)."""
     compress_fn: CompressFn | None
+    """The summariser for `context="compress"` (default: the compression policy's, else
+    `llm_compressor` with this session's model)."""
 
 
 class Session(SessionBase):
@@ -339,24 +353,11 @@ class Session(SessionBase):
     def fork(self, label: str, **options: Unpack[SessionForkOptions]) -> Session:
         """A new, independent session that starts from this one's context once.
 
+        Options (`SessionForkOptions`, each documented there): `context`, `at_turn`,
+        `system_prompt`, `prompt`, `model`, `tools`, `tags`, `metadata`, `id`, `compress_fn`.
+
         Args:
             label: the child's label.
-            context: `"none"` (default), `"inherit"` (all of L3), `"compress"` (a summary of
-                L3, made once by `compress_fn`, becomes the child's starting context) or a
-                function that picks records from L3. Incomplete tool-call groups are never
-                copied; L2 and the insight never are.
-            at_turn: start from the end of this user turn (1-based; negative counts from the
-                end) instead of the whole history; `context` then applies to that part.
-            system_prompt: the child's system prompt; by default it inherits this one's.
-            prompt: the child's opening assistant line.
-            model: the child's model (or its name, `"openai:gpt-4o-mini"`), instead of this
-                session's.
-            tools: the child's tools, instead of this session's.
-            tags: the child's tags.
-            metadata: the child's metadata.
-            id: the child's id (default: a new one).
-            compress_fn: the summariser for `context="compress"` (default: the compression
-                policy's, else `llm_compressor` with this session's model).
 
         Raises:
             FunctionNotConfiguredError: `context="compress"` and no compress function can be
