@@ -29,10 +29,10 @@ from langchain_core.messages import (
 )
 from langchain_core.runnables import Runnable, RunnableConfig
 
+from stello_graph._calls import failing_as
 from stello_graph._context import message_text
 from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._session_context import SessionContext
-from stello_graph._session_core import failing_as
 from stello_graph._stream import AsyncSessionStream, SessionStream
 from stello_graph._turn_parts import (
     _READ,

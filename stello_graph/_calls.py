@@ -14,10 +14,13 @@ import contextvars
 import functools
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
-__all__ = ["call_async", "call_sync", "sync_tool"]
+from stello_graph.errors import StelloError
+
+__all__ = ["call_async", "call_sync", "failing_as", "sync_tool"]
 
 T = TypeVar("T")
 
@@ -104,3 +107,15 @@ def _blocking(coroutine: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
         return _run_in_thread(coroutine(*args, **kwargs))
 
     return run
+
+
+@contextmanager
+def failing_as(error: Callable[[Exception], StelloError]) -> Iterator[None]:
+    """Any exception of the block but stello's own, raised again as `error(exc)` (a user
+    function's or a model's failure, named for the operation it failed)."""
+    try:
+        yield
+    except StelloError:
+        raise
+    except Exception as exc:
+        raise error(exc) from exc

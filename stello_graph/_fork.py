@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, BaseMessage
 
-from stello_graph._calls import call_async, call_sync
+from stello_graph._calls import call_async, call_sync, failing_as
 from stello_graph._context import is_clean, sanitize_history
 from stello_graph._copies import ashared_records, shared_records
 from stello_graph._flow import Atomic, Call, Flow, Maybe, Storage, arun, run
@@ -51,7 +51,6 @@ from stello_graph.errors import (
     NodeNotFoundError,
     SessionArchivedError,
     SessionNotFoundError,
-    StelloError,
     TurnOutOfRangeError,
 )
 from stello_graph.memory import CompressFn
@@ -402,20 +401,18 @@ def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
     records = records[:end]
     selected: object = []
     compression = None
-    try:
+    what = "context" if callable(req.context) else "compress"
+    with failing_as(
+        lambda exc: FunctionCallError(
+            f"The fork's {what} function failed: {type(exc).__name__}: {exc}"
+        )
+    ):
         if callable(req.context):
             selected = yield Call(call_sync, call_async, (req.context, list(records)))
         elif req.context == "compress" and req.compress_fn is not None:
             older = sanitize_history(records)
             result = yield Call(call_sync, call_async, (req.compress_fn, None, older))
             compression = _summary(result)
-    except StelloError:
-        raise
-    except Exception as exc:
-        what = "context" if callable(req.context) else "compress"
-        raise FunctionCallError(
-            f"The fork's {what} function failed: {type(exc).__name__}: {exc}"
-        ) from exc
     child = _child(req, source, source_prompt, selected, compression, turn or None)
     yield Atomic(_write_flow(storage, req, child))
     return child.meta

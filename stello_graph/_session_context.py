@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from langchain_core.messages import BaseMessage, SystemMessage
 
-from stello_graph._calls import call_async, call_sync
+from stello_graph._calls import call_async, call_sync, failing_as
 from stello_graph._context import summary_block, system_message
 from stello_graph._copies import detached_all
 from stello_graph._flow import Call, Flow, Storage, arun, run
-from stello_graph._session_core import SessionCore, failing_as
+from stello_graph._session_core import SessionCore
 from stello_graph._text import storable
 from stello_graph._turn_parts import _READ, ContextParts, TurnContext, _opt_str
 from stello_graph.compression import plan_cut

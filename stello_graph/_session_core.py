@@ -6,8 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, ClassVar, Self, TypeVar
 
 from langchain_core.language_models import BaseChatModel
@@ -31,7 +30,6 @@ from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     SessionArchivedError,
     SessionNotFoundError,
-    StelloError,
 )
 from stello_graph.lease import SessionLeases
 from stello_graph.models import Compression, SessionMeta, SessionRole, utcnow
@@ -40,18 +38,6 @@ from stello_graph.storage import MainStorage, SessionStorage
 __all__ = ["SessionCore"]
 
 T = TypeVar("T")
-
-
-@contextmanager
-def failing_as(error: Callable[[Exception], StelloError]) -> Iterator[None]:
-    """Any exception of the block but stello's own, raised again as `error(exc)` (a user
-    function's or a model's failure, named for the operation it failed)."""
-    try:
-        yield
-    except StelloError:
-        raise
-    except Exception as exc:
-        raise error(exc) from exc
 
 
 def atomic(flow: Flow[T]) -> Flow[T]:

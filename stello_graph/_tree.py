@@ -24,9 +24,9 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from stello_graph._calls import call_async, call_sync
+from stello_graph._calls import call_async, call_sync, failing_as
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
-from stello_graph.errors import IntegrationError, MainSessionNotFoundError, StelloError
+from stello_graph.errors import IntegrationError, MainSessionNotFoundError
 from stello_graph.main_session import (
     archived_l2s,
     check_integration,
@@ -170,15 +170,13 @@ def _node_flow(
         return None
     own = MainStorage.get_memory if node_id == plan.root_id else MainStorage.get_subtree_synthesis
     current = yield Storage(own, node_id)
-    try:
-        raw = yield Call(call_sync, call_async, (fn, inputs, current))
-    except StelloError:
-        raise
-    except Exception as exc:
-        raise IntegrationError(
+    with failing_as(
+        lambda exc: IntegrationError(
             f"Integrating the subtree of {node_id!r} failed: {type(exc).__name__}: {exc}",
             session_id=node_id,
-        ) from exc
+        )
+    ):
+        raw = yield Call(call_sync, call_async, (fn, inputs, current))
     return check_integration(raw, inputs, node_id, targets=targets)
 
 

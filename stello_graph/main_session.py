@@ -29,10 +29,9 @@ from langchain_core.language_models import BaseChatModel
 from typing_extensions import TypedDict, Unpack
 
 from stello_graph._base import SessionBase
-from stello_graph._calls import call_async, call_sync
+from stello_graph._calls import call_async, call_sync, failing_as
 from stello_graph._context import synthesis_block
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
-from stello_graph._session_core import failing_as
 from stello_graph._text import storable
 from stello_graph._turn_parts import ContextParts, check_loaded, new_meta
 from stello_graph._validate import check_id

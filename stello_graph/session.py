@@ -27,7 +27,7 @@ from langchain_core.messages import BaseMessage
 from typing_extensions import TypedDict, Unpack
 
 from stello_graph._base import SessionBase
-from stello_graph._calls import call_async, call_sync
+from stello_graph._calls import call_async, call_sync, failing_as
 from stello_graph._context import (
     branch_block,
     identity_line,
@@ -35,7 +35,7 @@ from stello_graph._context import (
 )
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
-from stello_graph._session_core import atomic, failing_as
+from stello_graph._session_core import atomic
 from stello_graph._text import storable
 from stello_graph._topology_slot import TopologySlot, check_topology_slot
 from stello_graph._turn_parts import ContextParts, check_loaded, new_meta
