@@ -69,7 +69,8 @@ def test_a_damaged_session_is_shown_marked_beside_the_others(
         assert "label" in (marked.locator(".damaged").get_attribute("title") or "")
         marked.click()
         panel = page.locator("#tab-session")
-        panel.locator(".empty").wait_for(timeout=TIMEOUT)
+        # the panel says "Select a session" until the session's read answers: wait for that
+        panel.locator(".empty", has_text="column").wait_for(timeout=TIMEOUT)
         assert "column 'label'" in panel.inner_text()
     page.close()
 
