@@ -69,17 +69,26 @@ class SharedPrefixes:
         rows = yield sql, (self.tree_id, session_id)
         return None if not rows else (rows[0][0], int(rows[0][1] or 0))
 
+    def holder(
+        self, session_id: str, count: int
+    ) -> Lookup[tuple[str, tuple[str | None, int] | None]]:
+        """The deepest session whose L3 starts with the first `count` records of the
+        session's and holds some of them itself (a cut inside a session's own shared prefix
+        is its base's), with its `base`."""
+        while True:
+            found = yield from self.base(session_id)
+            if found is None or found[0] is None or count > found[1]:
+                return session_id, found
+            session_id = found[0]
+
     def prefix(self, holder: str, count: int) -> Lookup[list[Segment]]:
         """The segments that make the first `count` records of `holder`'s L3."""
         segments: list[Segment] = []  # built from the end
         while count > 0:
-            found = yield from self.base(holder)
+            holder, found = yield from self.holder(holder, count)
             if found is None:  # cannot happen while the invariants hold
                 break
             base_id, base_count = found
-            if base_id is not None and count <= base_count:
-                holder = base_id  # the cut is inside the holder's own shared prefix
-                continue
             segments.append((holder, count - base_count if base_id is not None else count))
             if base_id is None:
                 break
@@ -98,12 +107,7 @@ class SharedPrefixes:
     def share(self, source_id: str, target_id: str, count: int) -> Lookup[None]:
         """Make the first `count` records of the source the (empty) target's L3; the cut
         points at the deepest session that holds those rows itself."""
-        holder = source_id
-        while True:
-            found = yield from self.base(holder)
-            if found is None or found[0] is None or count > found[1]:
-                break
-            holder = found[0]
+        holder, _ = yield from self.holder(source_id, count)
         yield (
             f"""UPDATE {self.sessions} SET base_id = %s, base_count = %s, next_seq = %s
             WHERE tree_id = %s AND id = %s""",
@@ -162,15 +166,8 @@ class SharedPrefixes:
     def has_turn(self, prefix: list[Segment], turn_id: str) -> Lookup[bool]:
         """Whether a record of the shared segments was written by the turn `turn_id`."""
         for holder, count in prefix:
-            rows = yield (
-                f"""SELECT 1 FROM {self.records} r
-                WHERE r.tree_id = %s AND r.session_id = %s AND r.turn_id = %s
-                    AND r.seq < %s + (SELECT MIN(f.seq) FROM {self.records} f
-                        WHERE f.tree_id = r.tree_id AND f.session_id = r.session_id)
-                LIMIT 1""",
-                (self.tree_id, holder, turn_id, count),
-            )
-            if rows:
+            segment, params = self._segment(holder, count)
+            if (yield f"SELECT 1 {segment} AND r.turn_id = %s LIMIT 1", (*params, turn_id)):
                 return True
         return False
 
