@@ -114,17 +114,14 @@ def damaged_error(session_id: str, column: str, cause: object) -> DamagedDataErr
     )
 
 
-_ROLES, _STATUSES = frozenset(ROLES), frozenset(STATUSES)
-
-
 def row_damage(row: Sequence[Any]) -> tuple[str, ...]:
     """`meta_damage` of the first columns of `row` (a `MetaRow` and more), after a cheap look
     that passes a sound row (a known role and status, texts that decode, tags and metadata
     that parse; the timestamps are not parsed): for the rows of a whole tree."""
     tags, metadata = row[4], row[5]
     if (
-        row[2] in _ROLES
-        and row[3] in _STATUSES
+        row[2] in ROLES
+        and row[3] in STATUSES
         and type(row[0]) is str
         and type(row[1]) is str
         and (tags == "[]" or (type(tags) is str and type(_loads(tags)) is list))

@@ -44,7 +44,6 @@ __all__ = [
     "built",
     "listed_sessions",
     "no_collection",
-    "placeholder_meta",
     "stats_from_row",
     "stored_l2",
     "stored_meta",
@@ -53,6 +52,7 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=BaseModel)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 R = TypeVar("R")
 T = TypeVar("T")
 
@@ -139,10 +139,6 @@ def stored_model(cls: type[M], values: dict[str, Any]) -> M:
     return model
 
 
-def _sound(text: object) -> bool:
-    return type(text) is not Undecodable
-
-
 def _text(text: str) -> str:
     """`text`, or `UNDECODABLE` for a text that does not decode."""
     return UNDECODABLE if type(text) is Undecodable else text
@@ -152,7 +148,7 @@ def stored_node(row: Sequence[Any]) -> TopologyNode:
     """The node of an `(id, parent_id, label)` row; of a damaged one (text that is not
     UTF-8), a placeholder marked `damaged` (see `_damage`)."""
     nid, parent, label = row[0], row[1], row[2]
-    if _sound(nid) and _sound(label) and (parent is None or _sound(parent)):
+    if not (undecodable(nid) or undecodable(label) or undecodable(parent)):
         return stored_model(
             TopologyNode, {"id": nid, "parent_id": parent, "label": label, "damaged": ()}
         )
@@ -161,7 +157,7 @@ def stored_node(row: Sequence[Any]) -> TopologyNode:
         TopologyNode,
         {
             "id": shown(nid),
-            "parent_id": None if parent is None else shown(parent),
+            "parent_id": shown(parent),
             "label": _text(label),
             "damaged": tuple(c for c, v in zip(columns, row, strict=False) if undecodable(v)),
         },
@@ -170,9 +166,9 @@ def stored_node(row: Sequence[Any]) -> TopologyNode:
 
 def stored_l2(session_id: str, label: str, l2: str) -> ChildL2:
     """The `ChildL2` of a session's stored L2 (a text that does not decode: `UNDECODABLE`)."""
-    if not (_sound(session_id) and _sound(label) and _sound(l2)):
-        session_id, label, l2 = shown(session_id), _text(label), _text(l2)
-    return stored_model(ChildL2, {"session_id": session_id, "label": label, "l2": l2})
+    return stored_model(
+        ChildL2, {"session_id": shown(session_id), "label": _text(label), "l2": _text(l2)}
+    )
 
 
 def stored_meta(row: Sequence[Any]) -> SessionMeta:
@@ -181,7 +177,7 @@ def stored_meta(row: Sequence[Any]) -> SessionMeta:
     placeholder marked `damaged` with the columns that do not decode (see `_damage`)."""
     sid, label, role, status, tags, metadata, created_at, updated_at = row
     try:
-        if role in ROLES and status in STATUSES and _sound(sid) and _sound(label):
+        if role in ROLES and status in STATUSES and not (undecodable(sid) or undecodable(label)):
             return stored_model(
                 SessionMeta,
                 {
@@ -198,29 +194,8 @@ def stored_meta(row: Sequence[Any]) -> SessionMeta:
             )
     except (ValueError, TypeError):
         pass
-    return placeholder_meta(row)
-
-
-def _json(text: str, kind: type[T]) -> T:
-    """The JSON value of `text`, a `kind`.
-
-    Raises:
-        ValueError: `text` does not decode, or holds another kind of value.
-    """
-    found = json.loads(text) if _sound(text) else None
-    if not isinstance(found, kind):
-        raise ValueError(f"not a {kind.__name__}")
-    return found
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def placeholder_meta(row: Sequence[Any]) -> SessionMeta:
-    """What a whole-tree read shows of a damaged `MetaRow`: every column that decodes, a
-    stand-in for each other one, and those columns in `damaged`."""
+    # damaged: every column that decodes, a stand-in for each other one, and those columns
     bad = meta_damage(row) or ("row",)
-    sid, label, role, status, tags, metadata, created_at, updated_at = row
     return stored_model(
         SessionMeta,
         {
@@ -237,6 +212,18 @@ def placeholder_meta(row: Sequence[Any]) -> SessionMeta:
     )
 
 
+def _json(text: str, kind: type[T]) -> T:
+    """The JSON value of `text`, a `kind`.
+
+    Raises:
+        ValueError: `text` does not decode, or holds another kind of value.
+    """
+    found = None if undecodable(text) else json.loads(text)
+    if not isinstance(found, kind):
+        raise ValueError(f"not a {kind.__name__}")
+    return found
+
+
 def stats_from_row(row: Sequence[Any]) -> SessionStats:
     """The `SessionStats` of a row of the SQL backends' session-stats statement: `(id,
     label, role, status, updated_at, parent_id, in_tree, turns, records, memory_through,
@@ -244,7 +231,7 @@ def stats_from_row(row: Sequence[Any]) -> SessionStats:
     stand-ins for what does not decode, marked `damaged`."""
     sid, label, role, status = row[0], row[1], row[2], row[3]
     damaged: tuple[str, ...] = ()
-    if not (role in ROLES and status in STATUSES and _sound(sid) and _sound(label)):
+    if not (role in ROLES and status in STATUSES and not (undecodable(sid) or undecodable(label))):
         damaged = tuple(
             name
             for name, bad in (
@@ -262,14 +249,13 @@ def stats_from_row(row: Sequence[Any]) -> SessionStats:
         updated_at = from_iso(row[4])
     except ValueError:
         updated_at, damaged = _EPOCH, (*damaged, "updated_at")
-    parent = row[5]
     return SessionStats(
         id=sid,
         label=label,
         role=role,
         status=status,
         updated_at=updated_at,
-        parent_id=parent if parent is None or _sound(parent) else shown(parent),
+        parent_id=shown(row[5]),
         in_tree=bool(row[6]),
         turns=row[7],
         records=row[8],
