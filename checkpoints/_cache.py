@@ -116,9 +116,11 @@ class RecordCache(Lru["list[BaseMessage]"]):
         """The transaction ended: nothing it touched can be undone any more."""
         self._touched.clear()
 
-    def committed(self, version: int) -> None:
-        """This connection committed, leaving the tree's change counter at `version`."""
-        self._version = version
+    def committed(self, version: int | None) -> None:
+        """This connection committed, leaving the tree's change counter at `version` (`None`:
+        not read, as the transaction touched no session's records)."""
+        if version is not None:
+            self._version = version
         self.settle()
 
     def forget_touched(self) -> None:

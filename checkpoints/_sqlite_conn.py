@@ -117,10 +117,7 @@ class SqliteHooks:
         version = self._version() if self._cache.enabled and self._cache.touched else None
         self._synced = False
         self._exec("COMMIT")
-        if version is None:
-            self._cache.settle()
-        else:
-            self._cache.committed(version)
+        self._cache.committed(version)
 
     def rollback(self) -> None:
         self._synced = False

@@ -14,7 +14,6 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints import _schema
@@ -135,12 +134,7 @@ class TreeRows:
     def __enter__(self) -> TreeRows:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Any]:

@@ -93,6 +93,8 @@ if TYPE_CHECKING:
 __all__ = ["InMemoryMainStorage", "SqliteMainStorage"]
 
 _CHECKPOINT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)"
+_COUNTED = f"s.base_count + (SELECT COUNT(*) FROM {ROWS} r WHERE r.l3_key = s.l3_key)"
+"""A session's record count (the records it inherits and its own rows) in a statement on `s`."""
 
 
 class SqliteMainStorage(SqliteTreeReads, BackendStorage):
@@ -172,11 +174,9 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
                 conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             _schema.migrate(conn, where, begin=lambda: self._hooks.begin_immediate(wait=True))
-        except sqlite3.DatabaseError as exc:
-            if "not a database" in str(exc):
-                raise NotADatabaseError(f"{where} is not a SQLite database ({exc}).") from exc
-            raise StorageError(f"Cannot open the database {where}: {exc}") from exc
         except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
+                raise NotADatabaseError(f"{where} is not a SQLite database ({exc}).") from exc
             raise StorageError(f"Cannot open the database {where}: {exc}") from exc
 
     def check(self) -> None:
@@ -201,12 +201,6 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         self._cache.clear()
         if self._owns_conn:
             self._conn.close()
-
-    def __enter__(self) -> SqliteMainStorage:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     @property
     def transaction_hooks(self) -> TransactionHooks:
@@ -244,9 +238,6 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
             self._conn.executemany(sql, rows)
         except sqlite3.Error as exc:
             raise failure(exc, repr(self.path)) from exc
-
-    def _sync_cache(self) -> None:
-        self._hooks.sync()
 
     def _run(self, steps: Lookup[T], session_id: str | None = None) -> T:
         """Run shared-prefix statements (`_shared_l3`) on the connection: for a read of
@@ -336,7 +327,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         return self.op_count(session_id)
 
     def op_records(self, session_id: str) -> Sequence[BaseMessage]:
-        self._sync_cache()
+        self._hooks.sync()
         cached = self._cache.get(session_id)
         if cached is not None:
             return cached
@@ -363,12 +354,11 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         return self._run(self._shared.has_turn(segments, turn_id), session_id)
 
     def op_count(self, session_id: str) -> int:
-        self._sync_cache()
+        self._hooks.sync()
         cached = self._cache.get(session_id)
         if cached is not None:
             return len(cached)
-        sql = f"""SELECT s.base_count + (SELECT COUNT(*) FROM {ROWS} r WHERE r.l3_key = s.l3_key)
-            FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"""
+        sql = f"SELECT {_COUNTED} FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"
         row = self._q(sql, (self.tree_id, session_id)).fetchone()
         return 0 if row is None else int(row[0])
 
@@ -400,8 +390,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     # -- branching (contract B: rows shared or copied inside the database) -----------------
     def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
         tree = self.tree_id
-        sql = f"""SELECT s.next_seq, s.base_id,
-                s.base_count + (SELECT COUNT(*) FROM {ROWS} r WHERE r.l3_key = s.l3_key)
+        sql = f"""SELECT s.next_seq, s.base_id, {_COUNTED}
             FROM {SESSIONS} s WHERE s.tree_id = ? AND s.id = ?"""
         found = [self._q(sql, (tree, sid)).fetchone() for sid in (source_id, target_id)]
         for sid, row in zip((source_id, target_id), found, strict=True):
@@ -507,6 +496,3 @@ class InMemoryMainStorage(SqliteMainStorage):
 
     def __repr__(self) -> str:
         return f"InMemoryMainStorage(tree_id={self.tree_id!r})"
-
-    def __enter__(self) -> InMemoryMainStorage:
-        return self
