@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar, cast
@@ -25,6 +25,7 @@ from langgraph.checkpoint.base import (
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
+    DeltaChannelHistory,
 )
 from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 
@@ -347,6 +348,20 @@ class AsyncInThreads(BaseCheckpointSaver[str]):
                 if not self._hidden(found):
                     yield found
 
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """The history of `channels` as `get_tuple` reads the thread: what is held of it is
+        written first; of a thread deleted since the saver's last write (its rows still on
+        disk), upstream's walk over `get_tuple` replaces the saver's own query."""
+        if thread_of(config) in self._deleted:
+            return BaseCheckpointSaver.get_delta_channel_history(
+                self, config=config, channels=channels
+            )
+        with self._errors():
+            self._flush_read(config)
+            return super().get_delta_channel_history(config=config, channels=channels)
+
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of `thread_id`: what is held of it at once (see
         the saver's class for its rows)."""
@@ -401,6 +416,13 @@ class AsyncInThreads(BaseCheckpointSaver[str]):
         )
         for item in found:
             yield item
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await self._in_thread(
+            self.get_delta_channel_history, config=config, channels=channels
+        )
 
     async def aput(
         self,
