@@ -17,7 +17,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -40,7 +40,6 @@ __all__ = [
     "thread_of",
 ]
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 HELD_CHECKPOINTS = 3
@@ -306,10 +305,10 @@ class AsyncInThreads(BaseCheckpointSaver[str]):
         self._write(None)
 
     def _flush_read(self, config: RunnableConfig | None) -> None:
+        """Before a read: write what is held of `config`'s thread (everything, and the
+        deleted threads' rows, when it names none)."""
         thread = thread_of(config)
-        if thread is None:
-            self.flush()
-        elif thread in self._held:
+        if thread is None or thread in self._held:
             self._write(config)
 
     def _hidden(self, found: _CheckpointTuple) -> bool:
@@ -396,12 +395,8 @@ class AsyncInThreads(BaseCheckpointSaver[str]):
         except RuntimeError:  # the loop's executor is shut down: the loop is going away
             self._calls.abandon(loop)
 
-    async def _in_thread(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """`asyncio.to_thread(fn, ...)` through `_calls`."""
-        return await self._calls.call(fn, *args, **kwargs)
-
     async def aget_tuple(self, config: RunnableConfig) -> _CheckpointTuple | None:
-        return await self._in_thread(self.get_tuple, config)
+        return await self._calls.call(self.get_tuple, config)
 
     async def alist(
         self,
@@ -411,7 +406,7 @@ class AsyncInThreads(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[_CheckpointTuple]:
-        found = await self._in_thread(
+        found = await self._calls.call(
             lambda: list(self.list(config, filter=filter, before=before, limit=limit))
         )
         for item in found:
@@ -420,7 +415,7 @@ class AsyncInThreads(BaseCheckpointSaver[str]):
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
-        return await self._in_thread(
+        return await self._calls.call(
             self.get_delta_channel_history, config=config, channels=channels
         )
 
@@ -435,7 +430,7 @@ class AsyncInThreads(BaseCheckpointSaver[str]):
         done = self._in_memory(self._in_memory_put, *args, wait=False)
         if done is not None:
             return done
-        return await self._in_thread(self.put, *args)
+        return await self._calls.call(self.put, *args)
 
     async def aput_writes(
         self,
@@ -446,12 +441,12 @@ class AsyncInThreads(BaseCheckpointSaver[str]):
     ) -> None:
         args = (config, writes, task_id, task_path)
         if not self._in_memory(self._in_memory_writes, *args, wait=False):
-            await self._in_thread(self.put_writes, *args)
+            await self._calls.call(self.put_writes, *args)
 
     async def aflush(self) -> None:
         """Async twin of `flush` (write what the saver holds)."""
-        await self._in_thread(self.flush)
+        await self._calls.call(self.flush)
 
     async def adelete_thread(self, thread_id: str) -> None:
         if not self._in_memory(self._in_memory_delete, str(thread_id), wait=False):
-            await self._in_thread(self.delete_thread, thread_id)
+            await self._calls.call(self.delete_thread, thread_id)
