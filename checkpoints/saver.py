@@ -70,10 +70,10 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
     with fewer write transactions.
 
     * `delete_thread` writes nothing itself: the thread's checkpoints so far are unknown to
-      `get_tuple` and `list` from the moment it returns, and deleted in the same
-      transaction as the saver's next write (or by `flush()` / `close()`). A process that
-      ends before either leaves them on disk, as if they had not been deleted: a thread of
-      finished runs, which the next run on it starts after.
+      `get_tuple`, `list` and `get_delta_channel_history` from the moment it returns, and
+      deleted in the same transaction as the saver's next write (or by `flush()` /
+      `close()`). A process that ends before either leaves them on disk, as if they had not
+      been deleted: a thread of finished runs, which the next run on it starts after.
     * With `hold_first_steps`, a run that starts from an input keeps its checkpoints and
       writes up to its first node step (`HELD_CHECKPOINTS`) in memory, and
       writes them in one transaction with the first write that comes after (the results of
