@@ -146,10 +146,9 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
                     self._saw(each, held.checkpoints[-1])
             if op is not None and not gone:
                 cur.executemany(*op())
-        if config is None or thread is None or checkpoint_id is None:
-            return None
-        with self.lock:
-            self._saw(thread, checkpoint_id)
+            if config is None or thread is None or checkpoint_id is None:
+                return None
+            self._saw(thread, checkpoint_id)  # under the lock: a delete from now covers it
         return saved(config, checkpoint_id)
 
     def _put_op(

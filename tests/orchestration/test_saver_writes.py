@@ -12,6 +12,8 @@ import asyncio
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +204,33 @@ def test_a_deleted_thread_is_gone_at_once_and_its_rows_with_the_next_write(db: P
         _put(saver, "b")  # the next write deletes it
         assert _rows(db, "checkpoints") == 1
         assert saver.get_tuple({"configurable": {"thread_id": "b"}}) is not None
+    finally:
+        saver.close()
+
+
+def test_a_thread_deleted_while_its_write_commits_is_deleted_whole(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `delete_thread` that runs the moment a write's transaction commits, before `put`
+    returns, covers the checkpoint just written."""
+    saver = sqlite_saver(db)
+    _put(saver, "a")
+    cursor = saver.cursor
+    once: list[str] = []
+
+    @contextmanager
+    def deleting_after(transaction: bool = True) -> Iterator[Any]:
+        with cursor(transaction) as cur:
+            yield cur
+        if transaction and not once:
+            once.append("a")
+            saver.delete_thread("a")  # another thread's delete, between commit and return
+
+    monkeypatch.setattr(saver, "cursor", deleting_after)
+    try:
+        _put(saver, "a")
+        assert once == ["a"]
+        assert saver.get_tuple({"configurable": {"thread_id": "a"}}) is None
     finally:
         saver.close()
 
