@@ -30,7 +30,7 @@ import contextlib
 import hashlib
 import re
 import select
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -39,6 +39,7 @@ import psycopg_pool
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
+from stello_graph._event_log import running_loop
 from stello_graph._flow import Call, arun, run
 from stello_graph.errors import InvalidInputError, StorageError, StorageUnavailableError
 
@@ -60,13 +61,16 @@ class Query:
     """One statement and its parameters."""
 
     sql: str
-    params: Sequence[Any] = ()
+    params: Sequence[Any] | dict[str, Any] = ()
+    lock: int | None = None
+    """With the advisory lock key of a tree, the statement runs in a write transaction of
+    its own holding that lock, in one round trip (`Link.atomic`)."""
 
     def run(self, link: Link) -> Result:
-        return link.execute(self)
+        return link.execute(self) if self.lock is None else link.atomic(self)
 
     async def arun(self, link: Link) -> Result:
-        return await link.aexecute(self)
+        return await (link.aexecute(self) if self.lock is None else link.aatomic(self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +299,7 @@ class Link:
         """Run a statement: in the open transaction (either side's), else on its own."""
         if self.atxn is not None:
             loop, aconn = self.atxn
-            if _running_loop() is loop:
+            if running_loop() is loop:
                 raise StorageError(
                     "A sync storage method was called on the event loop inside its own "
                     "`atransaction()`: await the async twin (`aget_session`, ...) instead."
@@ -334,8 +338,8 @@ class Link:
         """Run a primitive's statements on the async side; return its value."""
         return await arun(steps, self)
 
-    def atomic(self, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]) -> Result:
-        """Run one statement in a write transaction of its own (the tree's advisory lock
+    def atomic(self, query: Query) -> Result:
+        """Run `query` in a write transaction of its own (the advisory lock `query.lock`
         held), in one round trip: `BEGIN`, the lock, the statement and `COMMIT` are sent as
         one script, its parameters bound on the client. Only outside a transaction.
 
@@ -347,33 +351,31 @@ class Link:
         try:
             cur = psycopg.ClientCursor(conn)
             try:
-                return run(self._atomic(conn, cur, key, sql, params), self)
+                return run(self._atomic(conn, cur, query), self)
             finally:
                 cur.close()
         finally:
             self.release(conn)
 
-    async def aatomic(
-        self, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]
-    ) -> Result:
+    async def aatomic(self, query: Query) -> Result:
         """The async twin of `atomic`, on the running loop's connection."""
         assert self.txn is None and self.atxn is None, "aatomic() inside a transaction"
         own = await self._aconnect() if self._closed else None  # a call after `close()`
         conn = own if own is not None else await self.aacquire()
         cur = psycopg.AsyncClientCursor(conn)
         try:
-            return await arun(self._atomic(conn, cur, key, sql, params), self)
+            return await arun(self._atomic(conn, cur, query), self)
         finally:
             await cur.close()
             if own is not None:
                 await own.close()
 
-    def _atomic(
-        self, conn: Any, cur: Any, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]
-    ) -> Generator[Call, Any, Result]:
+    def _atomic(self, conn: Any, cur: Any, query: Query) -> Generator[Call, Any, Result]:
         """The steps of `atomic` on a client-side cursor `cur` of `conn`, either side's."""
+        assert query.lock is not None
+        script = f"{self.begin_sql(query.lock, wait=True)}; {query.sql}; COMMIT"
         try:
-            yield Call(cur.execute, cur.execute, self._script(key, sql, params))
+            yield Call(cur.execute, cur.execute, (script, _params(query.params)))
             for _ in range(3):  # BEGIN, SET LOCAL, the lock: then the statement's result
                 cur.nextset()
             rows = _rows((yield Call(cur.fetchall, cur.fetchall))) if cur.description else []
@@ -383,18 +385,6 @@ class Link:
                 with contextlib.suppress(psycopg.Error):
                     yield Call(conn.execute, conn.execute, ("ROLLBACK",))
             raise self.error(conn, exc) from exc
-
-    def _script(
-        self, key: int, sql: str, params: Mapping[str, Any] | Sequence[Any]
-    ) -> tuple[str, Any]:
-        """`sql` in a write transaction of its own as one script, and its bound parameters."""
-        script = f"{self.begin_sql(key, wait=True)}; {sql}; COMMIT"
-        bound: Any = (
-            {name: _param(value) for name, value in params.items()}
-            if isinstance(params, Mapping)
-            else _params(params)
-        )
-        return script, bound
 
     # -- transactions ---------------------------------------------------------------------
     def begin_sql(self, key: int, *, wait: bool) -> str:
@@ -435,8 +425,12 @@ def _param(value: Any) -> Any:
     return value
 
 
-def _params(params: Sequence[Any]) -> Sequence[Any] | None:
-    return [_param(value) for value in params] if params else None
+def _params(params: Sequence[Any] | dict[str, Any]) -> Any:
+    if not params:
+        return None
+    if isinstance(params, dict):
+        return {name: _param(value) for name, value in params.items()}
+    return [_param(value) for value in params]
 
 
 def _rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -578,10 +572,3 @@ def _usable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> boo
     """Whether the connection is still in its transaction (an error may have ended it)."""
     status = conn.info.transaction_status
     return status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None

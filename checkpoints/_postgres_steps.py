@@ -9,6 +9,7 @@ the decoded records of recently read sessions, each with the `records_stamp` it 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,8 @@ from langchain_core.messages import BaseMessage
 import stello_graph.checkpoints._postgres_schema as _schema
 from stello_graph.checkpoints._cache import Lru
 from stello_graph.checkpoints._damage import META
-from stello_graph.checkpoints._postgres_conn import Query, Steps
+from stello_graph.checkpoints._flows import _WAITER_TTL
+from stello_graph.checkpoints._postgres_conn import Query, Steps, tree_lock_key
 from stello_graph.checkpoints._postgres_schema import (
     CHECKPOINT_TABLES,
     EVENTS,
@@ -54,8 +56,9 @@ from stello_graph.checkpoints._serde import (
 )
 from stello_graph.checkpoints._shared_l3 import SharedPrefixes
 from stello_graph.checkpoints._validate import CommitArgs
-from stello_graph.errors import SessionNotFoundError
+from stello_graph.errors import LeaseLostError, SessionArchivedError, SessionNotFoundError
 from stello_graph.models import (
+    Lease,
     SessionMeta,
     SessionRole,
     SessionStatus,
@@ -74,6 +77,8 @@ class Statements(TreeStatements):
 
     def __init__(self, tree_id: str, cache_size: int) -> None:
         self.tree_id = tree_id
+        self.key = tree_lock_key(tree_id)
+        """The tree's advisory lock key, held by its write transactions."""
         self.cache: Lru[tuple[int, list[BaseMessage]]] = Lru(cache_size)
         """Decoded records by session, with the `records_stamp` they were read at."""
         self.shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
@@ -322,20 +327,18 @@ class Statements(TreeStatements):
         self.cache.pop(target_id)
         return (yield from self.count(target_id))
 
-    def acquire_lease(
+    def acquire_at_once(
         self,
         session_id: str,
         owner: str,
-        now: float,
         ttl: float,
         replace: str | None,
-        waiter_ttl: float,
-        *,
-        active: bool = False,
-    ) -> tuple[str, dict[str, Any]]:
-        """The shell's `acquire_lease` decision as one `UPDATE` (see `PostgresMainStorage.
-        acquire_lease`): `RETURNING (taken, token, archived)`; no row when the session is
-        missing. With `active`, an archived session is left as it was (`archived` true)."""
+        refuse_archived: str | None = None,
+    ) -> Steps[Lease | None]:
+        """The shell's `acquire_lease` decision as one `UPDATE` in a transaction of its own
+        (see `PostgresMainStorage.acquire_lease`). With `refuse_archived` (the operation
+        refused), an archived session raises `SessionArchivedError` and is left as it was."""
+        now = time.time()
         # refused: another holds it (not free), or another waits first (queued); a refused
         # owner takes the waiter's place when it is empty, its own, or lapsed
         refused = """(s.lease_owner IS DISTINCT FROM %(owner)s AND (
@@ -370,17 +373,25 @@ class Statements(TreeStatements):
         WHERE t.tree_id = %(tree)s AND t.id = d.id
         RETURNING NOT d.kept, t.lease_token, d.archived"""
         params = {
-            "owner": owner, "replace": replace, "now": now, "ttl": ttl, "active": active,
-            "waiter_ttl": waiter_ttl, "tree": self.tree_id, "sid": session_id,
+            "owner": owner, "replace": replace, "now": now, "ttl": ttl,
+            "active": refuse_archived is not None, "waiter_ttl": _WAITER_TTL,
+            "tree": self.tree_id, "sid": session_id,
         }  # fmt: skip
-        return sql, params
+        rows = (yield Query(sql, params, lock=self.key)).rows
+        if not rows:
+            raise SessionNotFoundError(session_id)
+        taken, token, was_archived = rows[0]
+        if was_archived:
+            raise SessionArchivedError(session_id, refuse_archived or "this operation")
+        return Lease(session_id, owner, int(token), now + ttl) if taken else None
 
-    def commit_records(self, args: CommitArgs, release: bool) -> tuple[str, dict[str, Any]]:
-        """A turn's commit (`_flows.commit_records`) as one statement, for
-        `PostgresMainStorage.commit_records`: the session as it was (`lease_owner, lease_token,
-        turn_count, records_stamp`) and, when it committed, the first seq and
-        the new stamp; no row when the session is missing. Nothing is written unless the
-        lease (if given) still holds the session and the session is not archived."""
+    def commit_at_once(self, args: CommitArgs, release: bool) -> Steps[int]:
+        """A turn's commit (`_flows.commit_records`) as one statement in a transaction of its
+        own, for `PostgresMainStorage.commit_records`: it reads the session as it was
+        (`lease_owner, lease_token, turn_count, records_stamp`) and, when it committed, the
+        first seq and the new stamp; no row when the session is missing. Nothing is written
+        unless the lease (if given) still holds the session and the session is not archived.
+        """
         session_id, records, at, user_turn, turns, insight, lease = args
         heads = run_heads(turns)
         sql = f"""WITH s AS (
@@ -420,7 +431,16 @@ class Statements(TreeStatements):
             "turn_ids": [turn_id for turn_id, _ in heads],
             "turn_seqs": [turn_seq for _, turn_seq in heads],
         }  # fmt: skip
-        return sql, params
+        rows = (yield Query(sql, params, lock=self.key)).rows
+        if not rows:
+            raise SessionNotFoundError(session_id)
+        owner, token, turn_count, old_stamp, first, stamp = rows[0]
+        if first is None:  # nothing written: say why, as the shell's flow would
+            if lease is not None and (owner != lease.owner or token != lease.token):
+                raise LeaseLostError(session_id)
+            raise SessionArchivedError(session_id, "a turn's records")
+        self.committed(session_id, records, old_stamp, stamp)
+        return int(turn_count or 0) + int(user_turn)
 
     def committed(
         self, session_id: str, records: list[EncodedMessage], old_stamp: int, stamp: int
@@ -433,12 +453,14 @@ class Statements(TreeStatements):
             added = [decode_message(data) for _, data in records]
             self.cache.put(session_id, (stamp, [*cached[1], *added]))
 
-    def release_lease(self, session_id: str, owner: str, token: int) -> tuple[str, list[Any]]:
-        """Free the session if `(owner, token)` still holds it: `RETURNING 1` when it did."""
+    def release_at_once(self, lease: Lease) -> Steps[bool]:
+        """Free the session if `lease` still holds it, in a transaction of its own; whether
+        it did."""
         sql = f"""UPDATE {SESSIONS} SET lease_owner = NULL, lease_expires = 0
             WHERE tree_id = %s AND id = %s AND lease_owner = %s AND lease_token = %s
             RETURNING 1"""
-        return sql, [self.tree_id, session_id, owner, token]
+        params = [self.tree_id, lease.session_id, lease.owner, lease.token]
+        return bool((yield Query(sql, params, lock=self.key)).rows)
 
     def append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> Steps[int]:
         tree = self.tree_id

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Sequence
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
 from stello_graph.checkpoints._postgres_conn import Query, Steps, unescape_text
@@ -26,6 +26,9 @@ from stello_graph.models import (
     SessionStats,
     TopologyNode,
 )
+
+if TYPE_CHECKING:
+    from stello_graph.checkpoints.backend import ExportPart, L2Row, RowSink
 
 __all__ = ["TreeStatements", "checked_fields"]
 
@@ -90,11 +93,12 @@ class TreeStatements:
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
-    def l2s_after(self, after: int, limit: int) -> Steps[list[tuple[Any, ...]]]:
+    def l2s_after(self, after: int, limit: int) -> Steps[list[L2Row]]:
         rows = (yield Query(L2S_AFTER, (self.tree_id, after, limit))).rows
-        return [tuple(row) for row in rows]
+        return [cast("L2Row", tuple(row)) for row in rows]
 
-    def export_rows(self, part: str) -> Steps[list[tuple[Any, ...]]]:
+    def export_rows(self, part: ExportPart, sink: RowSink) -> Steps[int]:
+        # one statement; its rows arrive whole (no server-side cursor yet), then go one by one
         sql = _EXPORT[part]
         # every placeholder of the walk and of the part is the tree's id
         rows = [tuple(row) for row in (yield Query(sql, (self.tree_id,) * sql.count("%s"))).rows]
@@ -104,7 +108,10 @@ class TreeStatements:
             for sid, base in bases.items():
                 inherited[sid] = yield from self.run(self.shared.inherited(base, "data"))
         by_base = {base: inherited.get(sid, []) for sid, base in bases.items()}
-        return list(export_with_prefixes(part, rows, bases, lambda base: by_base[base]))
+        rows = list(export_with_prefixes(part, rows, bases, lambda base: by_base[base]))
+        for row in rows:
+            sink(row)
+        return len(rows)
 
     def session_stats(self) -> Steps[list[SessionStats]]:
         rows = (

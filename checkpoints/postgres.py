@@ -17,30 +17,17 @@ Needs the `postgres` extra: `pip install "stello-graph[postgres]"`.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
 import psycopg_pool
 
 import stello_graph.checkpoints._postgres_schema as _schema
 from stello_graph._tree_text import TopologyText
-from stello_graph.checkpoints._flows import _WAITER_TTL
-from stello_graph.checkpoints._postgres_conn import (
-    AsyncHooks,
-    Link,
-    SyncHooks,
-    tree_lock_key,
-)
-from stello_graph.checkpoints._postgres_steps import EVENTS_CHANNEL, EventRow, Statements
+from stello_graph.checkpoints._postgres_conn import AsyncHooks, Link, Steps, SyncHooks
+from stello_graph.checkpoints._postgres_steps import EVENTS_CHANNEL, Statements
 from stello_graph.checkpoints._primitives import one
-from stello_graph.checkpoints._serde import (
-    EncodedMessage,
-    MetaRow,
-    RecordTurn,
-    SessionRead,
-)
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._validate import (
     CommitArgs,
@@ -50,36 +37,39 @@ from stello_graph.checkpoints._validate import (
     lease_args,
 )
 from stello_graph.checkpoints.backend import TransactionHooks
-from stello_graph.digest import DigestRow
-from stello_graph.errors import (
-    InvalidInputError,
-    LeaseLostError,
-    SessionArchivedError,
-    SessionNotFoundError,
-    StorageError,
-)
+from stello_graph.errors import InvalidInputError, StorageError
 from stello_graph.lease import aread_leased, read_leased
-from stello_graph.models import (
-    Lease,
-    SessionMeta,
-    SessionRole,
-    SessionStats,
-    SessionStatus,
-    TopologyNode,
-)
+from stello_graph.models import Lease
 
 if TYPE_CHECKING:
-    from langchain_core.messages import BaseMessage
-
     from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
-    from stello_graph.checkpoints.backend import ExportPart, L2Row, RowSink
     from stello_graph.storage import SessionSnapshot
 
 __all__ = ["EVENTS_CHANNEL", "PostgresMainStorage", "open_postgres"]
 
 T = TypeVar("T")
-_AtOnce = tuple[str, Any, Callable[[list[tuple[Any, ...]]], T]]
-"""A statement, its parameters, and what makes the primitive's value of its rows."""
+P = ParamSpec("P")
+
+
+def _primitive(
+    steps: Callable[Concatenate[Statements, P], Steps[T]],
+) -> tuple[
+    Callable[Concatenate[PostgresMainStorage, P], T],
+    Callable[Concatenate[PostgresMainStorage, P], Coroutine[Any, Any, T]],
+]:
+    """The `op_` primitive that runs the statements of `steps` (a method of `Statements`) on
+    a sync connection, and its `aop_` twin that runs them on the loop's async one."""
+
+    def op(storage: PostgresMainStorage, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return storage._link.drive(steps(storage._steps, *args, **kwargs))
+
+    async def aop(storage: PostgresMainStorage, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await storage._link.adrive(steps(storage._steps, *args, **kwargs))
+
+    for twin, prefix in ((op, "op_"), (aop, "aop_")):
+        twin.__name__ = f"{prefix}{steps.__name__}"  # the name a flow's `Op` calls it by
+        twin.__qualname__ = f"PostgresMainStorage.{twin.__name__}"
+    return op, aop
 
 
 class PostgresMainStorage(BackendStorage):
@@ -129,9 +119,8 @@ class PostgresMainStorage(BackendStorage):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise InvalidInputError(f"{name} must be a positive number, got {value!r}.")
         self._link = Link(conninfo, connect_timeout=connect_timeout, lock_timeout=lock_timeout)
-        key = self._key = tree_lock_key(tree_id)
-        self._hooks = SyncHooks(self._link, key)
-        self._ahooks = AsyncHooks(self._link, key)
+        self._hooks = SyncHooks(self._link, self._steps.key)
+        self._ahooks = AsyncHooks(self._link, self._steps.key)
         self.conninfo = self._link.conninfo
         """The connection string the storage (and `open_checkpointer`) connects with."""
         self._closed = False
@@ -228,32 +217,6 @@ class PostgresMainStorage(BackendStorage):
         )
         return None if lease is None else (lease, await aread_leased(self, lease, operation))
 
-    def _acquire_at_once(
-        self,
-        session_id: str,
-        owner: str,
-        ttl: float,
-        replace: str | None,
-        refuse_archived: str | None = None,
-    ) -> _AtOnce[Lease | None]:
-        """The lease's one `UPDATE`; with `refuse_archived` (the operation refused), an
-        archived session raises `SessionArchivedError` and is left as it was."""
-        now = time.time()
-        active = refuse_archived is not None
-        sql, params = self._steps.acquire_lease(
-            session_id, owner, now, ttl, replace, _WAITER_TTL, active=active
-        )
-
-        def done(rows: list[tuple[Any, ...]]) -> Lease | None:
-            if not rows:
-                raise SessionNotFoundError(session_id)
-            taken, token, archived = rows[0]
-            if archived:
-                raise SessionArchivedError(session_id, refuse_archived or "this operation")
-            return Lease(session_id, owner, int(token), now + ttl) if taken else None
-
-        return sql, params, done
-
     def release_lease(self, lease: Lease) -> bool:
         """Free the session if `lease` still holds it; `True` if it did (one round trip,
         as `acquire_lease`; a second one when it did not, to free a waiting place)."""
@@ -274,10 +237,6 @@ class PostgresMainStorage(BackendStorage):
         )
         return released or await super().arelease_lease(lease)
 
-    def _release_at_once(self, lease: Lease) -> _AtOnce[bool]:
-        sql, params = self._steps.release_lease(lease.session_id, lease.owner, lease.token)
-        return sql, params, bool
-
     def _commit_records(self, args: CommitArgs, release: bool) -> int:
         """A turn's commit as one statement sent with its transaction in one round trip (the
         shell's flow takes six); inside a transaction of the caller, the shell's flow."""
@@ -295,235 +254,43 @@ class PostgresMainStorage(BackendStorage):
         )
         return turns
 
-    def _commit_at_once(self, args: CommitArgs, release: bool) -> _AtOnce[int]:
-        session_id, records, _, user_turn, _, _, lease = args
-        sql, params = self._steps.commit_records(args, release)
-
-        def done(rows: list[tuple[Any, ...]]) -> int:
-            if not rows:
-                raise SessionNotFoundError(session_id)
-            owner, token, turn_count, old_stamp, first, stamp = rows[0]
-            if first is None:  # nothing written: say why, as the shell's flow would
-                if lease is not None and (owner != lease.owner or token != lease.token):
-                    raise LeaseLostError(session_id)
-                raise SessionArchivedError(session_id, "a turn's records")
-            self._steps.committed(session_id, records, old_stamp, stamp)
-            return int(turn_count or 0) + int(user_turn)
-
-        return sql, params, done
-
-    # the primitives the three run as (`one(...)` flows): a statement in its own
-    # transaction, one round trip, on either side
-    def op_acquire_at_once(self, *args: Any) -> Lease | None:
-        return self._at_once(self._acquire_at_once(*args))
-
-    async def aop_acquire_at_once(self, *args: Any) -> Lease | None:
-        return await self._aat_once(self._acquire_at_once(*args))
-
-    def op_release_at_once(self, lease: Lease) -> bool:
-        return self._at_once(self._release_at_once(lease))
-
-    async def aop_release_at_once(self, lease: Lease) -> bool:
-        return await self._aat_once(self._release_at_once(lease))
-
-    def op_commit_at_once(self, args: CommitArgs, release: bool) -> int:
-        return self._at_once(self._commit_at_once(args, release))
-
-    async def aop_commit_at_once(self, args: CommitArgs, release: bool) -> int:
-        return await self._aat_once(self._commit_at_once(args, release))
-
-    def _at_once(self, call: _AtOnce[T]) -> T:
-        sql, params, done = call
-        return done(self._link.atomic(self._key, sql, params).rows)
-
-    async def _aat_once(self, call: _AtOnce[T]) -> T:
-        sql, params, done = call
-        return done((await self._link.aatomic(self._key, sql, params)).rows)
-
-    # -- sync primitives ------------------------------------------------------------------
-    def op_put_session(self, row: MetaRow) -> None:
-        self._link.drive(self._steps.put_session(row))
-
-    def op_list_sessions(
-        self, status: SessionStatus | None, role: SessionRole | None
-    ) -> list[SessionMeta]:
-        return self._link.drive(self._steps.list_sessions(status, role))
-
-    def op_session_stats(self) -> list[SessionStats]:
-        return self._link.drive(self._steps.session_stats())
-
-    def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
-        return self._link.drive(self._steps.get_fields(session_id, names))
-
-    def op_read_session(
-        self, session_id: str, names: Sequence[str], records: bool
-    ) -> SessionRead | None:
-        return self._link.drive(self._steps.read_session(session_id, names, records))
-
-    def op_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
-        return self._link.drive(self._steps.all_fields(names))
-
-    def op_digests(self) -> list[DigestRow]:
-        return self._link.drive(self._steps.digests())
-
-    def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
-        return cast("list[L2Row]", self._link.drive(self._steps.l2s_after(after, limit)))
-
-    def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
-        # one statement; its rows arrive whole (no server-side cursor yet), then go one by one
-        return _sunk(self._link.drive(self._steps.export_rows(part)), sink)
-
-    def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
-        self._link.drive(self._steps.set_fields(session_id, values))
-
-    def op_delete_sessions(self, session_ids: list[str]) -> None:
-        self._link.drive(self._steps.delete_sessions(session_ids))
-
-    def op_append(
-        self,
-        session_id: str,
-        records: list[EncodedMessage],
-        at: str,
-        user_turn: bool,
-        turns: list[RecordTurn],
-    ) -> int:
-        return self._link.drive(self._steps.append(session_id, records, at, user_turn, turns))
-
-    def op_has_turn(self, session_id: str, turn_id: str) -> bool:
-        return self._link.drive(self._steps.has_turn(session_id, turn_id))
-
-    def op_turns(self, session_id: str) -> list[RecordTurn]:
-        return self._link.drive(self._steps.turns(session_id))
-
-    def op_records(self, session_id: str) -> Sequence[BaseMessage]:
-        return self._link.drive(self._steps.records(session_id))
-
-    def op_count(self, session_id: str) -> int:
-        return self._link.drive(self._steps.count(session_id))
-
-    def op_drop_oldest(self, session_id: str, count: int) -> None:
-        self._link.drive(self._steps.drop_oldest(session_id, count))
-
-    def op_copy_records(self, source_id: str, target_id: str, count: int) -> int:
-        return self._link.drive(self._steps.copy_records(source_id, target_id, count))
-
-    def op_append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> int:
-        return self._link.drive(self._steps.append_event(kind, session_id, payload, at))
-
-    def op_events_after(self, cursor: int, limit: int) -> list[EventRow]:
-        return self._link.drive(self._steps.events_after(cursor, limit))
-
-    def op_get_node(self, node_id: str) -> TopologyNode | None:
-        return self._link.drive(self._steps.get_node(node_id))
-
-    def op_put_node(self, node: TopologyNode) -> None:
-        self._link.drive(self._steps.put_node(node))
-
-    def op_children(self, parent_id: str) -> list[TopologyNode]:
-        return self._link.drive(self._steps.children(parent_id))
-
-    def op_all_nodes(self) -> list[TopologyNode]:
-        return self._link.drive(self._steps.all_nodes())
+    # the primitives, each a `Statements` generator run on either side; the three at once
+    # (a statement in its own transaction, one round trip) are the ones the above run as
+    op_acquire_at_once, aop_acquire_at_once = _primitive(Statements.acquire_at_once)
+    op_release_at_once, aop_release_at_once = _primitive(Statements.release_at_once)
+    op_commit_at_once, aop_commit_at_once = _primitive(Statements.commit_at_once)
+    op_put_session, aop_put_session = _primitive(Statements.put_session)
+    op_list_sessions, aop_list_sessions = _primitive(Statements.list_sessions)
+    op_session_stats, aop_session_stats = _primitive(Statements.session_stats)
+    op_get_fields, aop_get_fields = _primitive(Statements.get_fields)
+    op_read_session, aop_read_session = _primitive(Statements.read_session)
+    op_all_fields, aop_all_fields = _primitive(Statements.all_fields)
+    op_digests, aop_digests = _primitive(Statements.digests)
+    op_l2s_after, aop_l2s_after = _primitive(Statements.l2s_after)
+    op_export_rows, aop_export_rows = _primitive(Statements.export_rows)
+    op_set_fields, aop_set_fields = _primitive(Statements.set_fields)
+    op_delete_sessions, aop_delete_sessions = _primitive(Statements.delete_sessions)
+    op_append, aop_append = _primitive(Statements.append)
+    op_has_turn, aop_has_turn = _primitive(Statements.has_turn)
+    op_turns, aop_turns = _primitive(Statements.turns)
+    op_records, aop_records = _primitive(Statements.records)
+    op_count, aop_count = _primitive(Statements.count)
+    op_drop_oldest, aop_drop_oldest = _primitive(Statements.drop_oldest)
+    op_copy_records, aop_copy_records = _primitive(Statements.copy_records)
+    op_append_event, aop_append_event = _primitive(Statements.append_event)
+    op_events_after, aop_events_after = _primitive(Statements.events_after)
+    op_get_node, aop_get_node = _primitive(Statements.get_node)
+    op_put_node, aop_put_node = _primitive(Statements.put_node)
+    op_children, aop_children = _primitive(Statements.children)
+    op_all_nodes, aop_all_nodes = _primitive(Statements.all_nodes)
+    op_get_global, aop_get_global = _primitive(Statements.get_global)
+    op_put_global, aop_put_global = _primitive(Statements.put_global)
 
     def op_topology_text(self) -> TopologyText | None:
         try:
             return self._link.drive(self._steps.topology_text())
         except StorageError as exc:
             return self._too_long(exc)
-
-    def op_get_global(self, key: str) -> str | None:
-        return self._link.drive(self._steps.get_global(key))
-
-    def op_put_global(self, key: str, value: str) -> None:
-        self._link.drive(self._steps.put_global(key, value))
-
-    # -- async primitives (native: psycopg's AsyncConnection) -----------------------------
-    async def aop_put_session(self, row: MetaRow) -> None:
-        await self._link.adrive(self._steps.put_session(row))
-
-    async def aop_list_sessions(
-        self, status: SessionStatus | None, role: SessionRole | None
-    ) -> list[SessionMeta]:
-        return await self._link.adrive(self._steps.list_sessions(status, role))
-
-    async def aop_session_stats(self) -> list[SessionStats]:
-        return await self._link.adrive(self._steps.session_stats())
-
-    async def aop_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
-        return await self._link.adrive(self._steps.get_fields(session_id, names))
-
-    async def aop_read_session(
-        self, session_id: str, names: Sequence[str], records: bool
-    ) -> SessionRead | None:
-        return await self._link.adrive(self._steps.read_session(session_id, names, records))
-
-    async def aop_all_fields(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
-        return await self._link.adrive(self._steps.all_fields(names))
-
-    async def aop_digests(self) -> list[DigestRow]:
-        return await self._link.adrive(self._steps.digests())
-
-    async def aop_l2s_after(self, after: int, limit: int) -> list[L2Row]:
-        return cast("list[L2Row]", await self._link.adrive(self._steps.l2s_after(after, limit)))
-
-    async def aop_export_rows(self, part: ExportPart, sink: RowSink) -> int:
-        return _sunk(await self._link.adrive(self._steps.export_rows(part)), sink)
-
-    async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
-        await self._link.adrive(self._steps.set_fields(session_id, values))
-
-    async def aop_delete_sessions(self, session_ids: list[str]) -> None:
-        await self._link.adrive(self._steps.delete_sessions(session_ids))
-
-    async def aop_append(
-        self,
-        session_id: str,
-        records: list[EncodedMessage],
-        at: str,
-        user_turn: bool,
-        turns: list[RecordTurn],
-    ) -> int:
-        return await self._link.adrive(
-            self._steps.append(session_id, records, at, user_turn, turns)
-        )
-
-    async def aop_has_turn(self, session_id: str, turn_id: str) -> bool:
-        return await self._link.adrive(self._steps.has_turn(session_id, turn_id))
-
-    async def aop_turns(self, session_id: str) -> list[RecordTurn]:
-        return await self._link.adrive(self._steps.turns(session_id))
-
-    async def aop_records(self, session_id: str) -> Sequence[BaseMessage]:
-        return await self._link.adrive(self._steps.records(session_id))
-
-    async def aop_count(self, session_id: str) -> int:
-        return await self._link.adrive(self._steps.count(session_id))
-
-    async def aop_drop_oldest(self, session_id: str, count: int) -> None:
-        await self._link.adrive(self._steps.drop_oldest(session_id, count))
-
-    async def aop_copy_records(self, source_id: str, target_id: str, count: int) -> int:
-        return await self._link.adrive(self._steps.copy_records(source_id, target_id, count))
-
-    async def aop_append_event(
-        self, kind: str, session_id: str | None, payload: str, at: str
-    ) -> int:
-        return await self._link.adrive(self._steps.append_event(kind, session_id, payload, at))
-
-    async def aop_events_after(self, cursor: int, limit: int) -> list[EventRow]:
-        return await self._link.adrive(self._steps.events_after(cursor, limit))
-
-    async def aop_get_node(self, node_id: str) -> TopologyNode | None:
-        return await self._link.adrive(self._steps.get_node(node_id))
-
-    async def aop_put_node(self, node: TopologyNode) -> None:
-        await self._link.adrive(self._steps.put_node(node))
-
-    async def aop_children(self, parent_id: str) -> list[TopologyNode]:
-        return await self._link.adrive(self._steps.children(parent_id))
-
-    async def aop_all_nodes(self) -> list[TopologyNode]:
-        return await self._link.adrive(self._steps.all_nodes())
 
     async def aop_topology_text(self) -> TopologyText | None:
         try:
@@ -540,12 +307,6 @@ class PostgresMainStorage(BackendStorage):
             raise exc
         return None
 
-    async def aop_get_global(self, key: str) -> str | None:
-        return await self._link.adrive(self._steps.get_global(key))
-
-    async def aop_put_global(self, key: str, value: str) -> None:
-        await self._link.adrive(self._steps.put_global(key, value))
-
     # -- LangGraph ------------------------------------------------------------------------
     def open_checkpointer(self) -> StelloPostgresSaver:
         """A LangGraph `PostgresSaver` on the same database (its tables set up); the agent
@@ -553,13 +314,6 @@ class PostgresMainStorage(BackendStorage):
         from stello_graph.checkpoints._postgres_saver import postgres_saver
 
         return postgres_saver(self.conninfo)
-
-
-def _sunk(rows: list[tuple[Any, ...]], sink: RowSink) -> int:
-    """Hand `rows` to `sink` one by one; how many."""
-    for row in rows:
-        sink(row)
-    return len(rows)
 
 
 def open_postgres(
