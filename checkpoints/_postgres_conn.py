@@ -83,7 +83,7 @@ class Result:
 
 Steps = Generator[Query, Result, T]
 """A primitive written once: it yields statements, is sent their results, returns its value;
-`Link.drive` runs it on a sync connection, `Link.adrive` on an async one."""
+`_flow.run` runs it on a `Link`'s sync connections, `_flow.arun` on its async ones."""
 
 
 def tree_lock_key(tree_id: str) -> int:
@@ -330,14 +330,6 @@ class Link:
             if own is not None:
                 await own.close()
 
-    def drive(self, steps: Steps[T]) -> T:
-        """Run a primitive's statements on the sync side; return its value."""
-        return run(steps, self)
-
-    async def adrive(self, steps: Steps[T]) -> T:
-        """Run a primitive's statements on the async side; return its value."""
-        return await arun(steps, self)
-
     def atomic(self, query: Query) -> Result:
         """Run `query` in a write transaction of its own (the advisory lock `query.lock`
         held), in one round trip: `BEGIN`, the lock, the statement and `COMMIT` are sent as
@@ -381,9 +373,7 @@ class Link:
             rows = _rows((yield Call(cur.fetchall, cur.fetchall))) if cur.description else []
             return Result(rows, cur.rowcount)
         except psycopg.Error as exc:
-            if not (conn.broken or conn.closed):
-                with contextlib.suppress(psycopg.Error):
-                    yield Call(conn.execute, conn.execute, ("ROLLBACK",))
+            yield from _rolled_back(conn)
             raise self.error(conn, exc) from exc
 
     # -- transactions ---------------------------------------------------------------------
@@ -456,6 +446,14 @@ def _begun(conn: Any, sql: str) -> Generator[Call, Any, bool]:
     return bool(row[0])
 
 
+def _rolled_back(conn: Any) -> Generator[Call, Any, None]:
+    """The steps that roll back the transaction of `conn`, either side's; not on a lost
+    connection (the server ended its transaction), and a failure is ignored."""
+    if not (conn.broken or conn.closed):
+        with contextlib.suppress(psycopg.Error):
+            yield Call(conn.execute, conn.execute, ("ROLLBACK",))
+
+
 class _Hooks:
     """The transaction hooks of one tree (its advisory lock `key`) on a `Link`."""
 
@@ -484,10 +482,7 @@ class SyncHooks(_Hooks):
 
     def _abandon(self, conn: psycopg.Connection[Any]) -> None:
         try:
-            if not (conn.broken or conn.closed):
-                conn.execute("ROLLBACK")
-        except psycopg.Error:
-            pass
+            run(_rolled_back(conn), self._link)
         finally:
             self._link.release(conn)
 
@@ -537,11 +532,7 @@ class AsyncHooks(_Hooks):
         return False
 
     async def _abandon(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        try:
-            if not (conn.broken or conn.closed):
-                await conn.execute("ROLLBACK")
-        except psycopg.Error:
-            pass
+        await arun(_rolled_back(conn), self._link)
 
     async def commit(self) -> None:
         link = self._link

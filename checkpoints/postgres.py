@@ -24,6 +24,7 @@ import psycopg
 import psycopg_pool
 
 import stello_graph.checkpoints._postgres_schema as _schema
+from stello_graph._flow import arun, run
 from stello_graph._tree_text import TopologyText
 from stello_graph.checkpoints._postgres_conn import AsyncHooks, Link, Steps, SyncHooks
 from stello_graph.checkpoints._postgres_steps import EVENTS_CHANNEL, Statements
@@ -61,10 +62,10 @@ def _primitive(
     a sync connection, and its `aop_` twin that runs them on the loop's async one."""
 
     def op(storage: PostgresMainStorage, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return storage._link.drive(steps(storage._steps, *args, **kwargs))
+        return run(steps(storage._steps, *args, **kwargs), storage._link)
 
     async def aop(storage: PostgresMainStorage, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await storage._link.adrive(steps(storage._steps, *args, **kwargs))
+        return await arun(steps(storage._steps, *args, **kwargs), storage._link)
 
     for twin, prefix in ((op, "op_"), (aop, "aop_")):
         twin.__name__ = f"{prefix}{steps.__name__}"  # the name a flow's `Op` calls it by
@@ -141,12 +142,6 @@ class PostgresMainStorage(BackendStorage):
         self._closed = True
         self._steps.cache.clear()
         self._link.close()
-
-    def __enter__(self) -> PostgresMainStorage:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"PostgresMainStorage({self._link.where}, tree_id={self.tree_id!r})"
@@ -288,13 +283,13 @@ class PostgresMainStorage(BackendStorage):
 
     def op_topology_text(self) -> TopologyText | None:
         try:
-            return self._link.drive(self._steps.topology_text())
+            return run(self._steps.topology_text(), self._link)
         except StorageError as exc:
             return self._too_long(exc)
 
     async def aop_topology_text(self) -> TopologyText | None:
         try:
-            return await self._link.adrive(self._steps.topology_text())
+            return await arun(self._steps.topology_text(), self._link)
         except StorageError as exc:
             return self._too_long(exc)
 
