@@ -298,12 +298,7 @@ class Statements(TreeStatements):
                 ORDER BY seq LIMIT %s)""",
             (*key, *key, count),
         )
-        yield Query(
-            f"""UPDATE {SESSIONS} SET records_stamp = nextval('{_schema.STAMPS}')
-            WHERE tree_id = %s AND id = %s""",
-            key,
-        )
-        self.cache.pop(session_id)
+        yield from self._restamp(session_id)
 
     def copy_records(self, source_id: str, target_id: str, count: int) -> Steps[int]:
         tree = self.tree_id
@@ -319,13 +314,15 @@ class Statements(TreeStatements):
         first, records = present[target_id]
         empty = count > 0 and source_id != target_id and records == 0
         yield from self.run(self.shared.fork(source_id, target_id, count, first, empty))
-        yield Query(
-            f"""UPDATE {SESSIONS} SET records_stamp = nextval('{_schema.STAMPS}')
-            WHERE tree_id = %s AND id = %s""",
-            (tree, target_id),
-        )
-        self.cache.pop(target_id)
+        yield from self._restamp(target_id)
         return (yield from self.count(target_id))
+
+    def _restamp(self, session_id: str) -> Steps[None]:
+        """A new `records_stamp` for the session whose records changed; its cache dropped."""
+        sql = f"""UPDATE {SESSIONS} SET records_stamp = nextval('{_schema.STAMPS}')
+            WHERE tree_id = %s AND id = %s"""
+        yield Query(sql, (self.tree_id, session_id))
+        self.cache.pop(session_id)
 
     def acquire_at_once(
         self,
