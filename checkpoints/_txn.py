@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from stello_graph._cancelled import CallCancelled
+from stello_graph._event_log import running_loop
 from stello_graph.checkpoints._primitives import Flow, adrive, drive
 from stello_graph.checkpoints._queue import CallQueue
 from stello_graph.checkpoints.backend import TransactionHooks
@@ -274,7 +275,7 @@ class Transactions:
         if self._lock.acquire(blocking=False):
             return
         owner = self._owner
-        if owner is not None and owner.loop is not None and owner.loop is _running_loop():
+        if owner is not None and owner.loop is not None and owner.loop is running_loop():
             # The owning task runs on this very loop, which this call would block for good.
             raise StorageError(
                 "A sync storage method was called on the event loop while a task of that "
@@ -568,17 +569,10 @@ def _part_of_whole(owner: _Owner, whole: bool) -> Iterator[None]:
         owner.refuse_broken()
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
 def _wake(woken: asyncio.Future[None]) -> None:
     """Resolve a waiter's future from any thread (its loop may be another one, or closed)."""
     loop = woken.get_loop()
-    if loop is _running_loop():
+    if loop is running_loop():
         _resolve(woken)
         return
     with suppress(RuntimeError):  # a closed loop has no waiter left to wake

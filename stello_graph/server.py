@@ -89,6 +89,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 
 from stello_graph._context import message_text
+from stello_graph._event_log import running_loop
 from stello_graph._validate import (
     MODEL_PROVIDERS,
     check_chat_model,
@@ -376,9 +377,7 @@ def _acquire(key: tuple[str, str], settings: _Settings) -> _Tree:
 
 def _off_the_loop(func: Callable[[], _T]) -> _T:
     """`func()`, in a worker thread when this thread runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    if running_loop() is None:
         return func()
     with ThreadPoolExecutor(1, thread_name_prefix="stello-open") as pool:
         return pool.submit(func).result()
