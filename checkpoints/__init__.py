@@ -25,60 +25,49 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
-    from stello_graph.checkpoints.backend import (
-        AsyncStorageBackend,
-        AsyncTransactionHooks,
-        BackendStorage,
-        OptionalPrimitives,
-        StorageBackend,
-        TransactionHooks,
-    )
-    from stello_graph.checkpoints.postgres import PostgresMainStorage, open_postgres
-    from stello_graph.checkpoints.saver import StelloSqliteSaver, open_sqlite, sqlite_saver
-    from stello_graph.checkpoints.sqlite import InMemoryMainStorage, SqliteMainStorage
+    # What type checkers and IDEs read: `X as X` re-exports each name, as `__all__` (built from
+    # `_LAZY` at run time) cannot tell them.
+    from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver as StelloPostgresSaver
+    from stello_graph.checkpoints.backend import AsyncStorageBackend as AsyncStorageBackend
+    from stello_graph.checkpoints.backend import AsyncTransactionHooks as AsyncTransactionHooks
+    from stello_graph.checkpoints.backend import BackendStorage as BackendStorage
+    from stello_graph.checkpoints.backend import OptionalPrimitives as OptionalPrimitives
+    from stello_graph.checkpoints.backend import StorageBackend as StorageBackend
+    from stello_graph.checkpoints.backend import TransactionHooks as TransactionHooks
+    from stello_graph.checkpoints.postgres import PostgresMainStorage as PostgresMainStorage
+    from stello_graph.checkpoints.postgres import open_postgres as open_postgres
+    from stello_graph.checkpoints.saver import StelloSqliteSaver as StelloSqliteSaver
+    from stello_graph.checkpoints.saver import open_sqlite as open_sqlite
+    from stello_graph.checkpoints.saver import sqlite_saver as sqlite_saver
+    from stello_graph.checkpoints.sqlite import InMemoryMainStorage as InMemoryMainStorage
+    from stello_graph.checkpoints.sqlite import SqliteMainStorage as SqliteMainStorage
 
 _LAZY = {
+    # storages
+    **dict.fromkeys(
+        ("InMemoryMainStorage", "SqliteMainStorage"), "stello_graph.checkpoints.sqlite"
+    ),
+    "PostgresMainStorage": "stello_graph.checkpoints.postgres",
+    # writing a storage of your own
     **dict.fromkeys(
         (
+            "BackendStorage",
+            "StorageBackend",
+            "OptionalPrimitives",
+            "TransactionHooks",
             "AsyncStorageBackend",
             "AsyncTransactionHooks",
-            "BackendStorage",
-            "OptionalPrimitives",
-            "StorageBackend",
-            "TransactionHooks",
         ),
         "stello_graph.checkpoints.backend",
     ),
-    "InMemoryMainStorage": "stello_graph.checkpoints.sqlite",
-    "SqliteMainStorage": "stello_graph.checkpoints.sqlite",
-    "PostgresMainStorage": "stello_graph.checkpoints.postgres",
+    # LangGraph checkpointers on the same file
+    **dict.fromkeys(
+        ("StelloSqliteSaver", "open_sqlite", "sqlite_saver"), "stello_graph.checkpoints.saver"
+    ),
     "StelloPostgresSaver": "stello_graph.checkpoints._postgres_saver",
     "open_postgres": "stello_graph.checkpoints.postgres",
-    "StelloSqliteSaver": "stello_graph.checkpoints.saver",
-    "open_sqlite": "stello_graph.checkpoints.saver",
-    "sqlite_saver": "stello_graph.checkpoints.saver",
 }
-
-__all__ = [
-    # storages
-    "InMemoryMainStorage",
-    "SqliteMainStorage",
-    "PostgresMainStorage",
-    # writing a storage of your own
-    "BackendStorage",
-    "StorageBackend",
-    "OptionalPrimitives",
-    "TransactionHooks",
-    "AsyncStorageBackend",
-    "AsyncTransactionHooks",
-    # LangGraph checkpointers on the same file
-    "StelloSqliteSaver",
-    "open_sqlite",
-    "sqlite_saver",
-    "StelloPostgresSaver",
-    "open_postgres",
-]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
