@@ -15,12 +15,10 @@ import copy
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from stello_graph.storage import SessionStorage
-
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
-__all__ = ["ashared_records", "detached", "detached_all", "shared_records"]
+__all__ = ["detached", "detached_all"]
 
 M = TypeVar("M", bound="BaseMessage")
 
@@ -57,15 +55,3 @@ def detached(message: M) -> M:
 def detached_all(messages: Iterable[M]) -> list[M]:
     """`detached` copies of `messages`, as a new list."""
     return [detached(message) for message in messages]
-
-
-def shared_records(storage: SessionStorage, session_id: str) -> list[BaseMessage]:
-    """All of a session's L3 without copying it (`SessionStorage.shared_records`). For reads
-    the core keeps to itself and never changes (prompts, id scans): a turn reads all of L3 at
-    every model call."""
-    return storage.shared_records(session_id)
-
-
-async def ashared_records(storage: SessionStorage, session_id: str) -> list[BaseMessage]:
-    """Async twin of `shared_records`."""
-    return await storage.ashared_records(session_id)

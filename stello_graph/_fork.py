@@ -30,7 +30,6 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 from stello_graph._calls import call_async, call_sync, failing_as
 from stello_graph._context import is_clean, sanitize_history
-from stello_graph._copies import ashared_records, shared_records
 from stello_graph._flow import Atomic, Call, Flow, Maybe, Storage, arun, run
 from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
@@ -65,7 +64,6 @@ __all__ = [
     "check_at_turn",
     "fork_session",
     "turn_cut",
-    "user_turn_starts",
 ]
 
 ContextFn = Callable[[list[BaseMessage]], Any]
@@ -96,12 +94,6 @@ def check_at_turn(value: object) -> int | None:
     return value
 
 
-def user_turn_starts(records: list[BaseMessage]) -> list[int]:
-    """The index of the first record of each user turn: every user message starts one (the
-    records before the first belong to turn 1, the records up to the next to each turn)."""
-    return [i for i, record in enumerate(records) if record.type == "human"]
-
-
 def turn_cut(records: list[BaseMessage], at_turn: int | None, session_id: str) -> tuple[int, int]:
     """`(end, turn)`: how many records, from the first, make the history up to the end of
     user turn `at_turn` (all of them for `None`), and that turn as a positive number (0 when
@@ -110,7 +102,8 @@ def turn_cut(records: list[BaseMessage], at_turn: int | None, session_id: str) -
     Raises:
         TurnOutOfRangeError: `at_turn` names no user turn of the records.
     """
-    starts = user_turn_starts(records)
+    # every user message starts a turn (the records before the first belong to turn 1)
+    starts = [i for i, record in enumerate(records) if record.type == "human"]
     count = len(starts)
     if at_turn is None:
         return len(records), count
@@ -217,10 +210,8 @@ class _Child:
     """The records to write (re-encoded), after the copied ones."""
     compression: Compression | None
     forked_at_turn: int | None = None
-    """The source's user turn the child's context ends at (see `ForkPoint.at_turn`)."""
-    inherit: bool = False
-    """The child inherits the source's records up to `at_turn`, cut in the write's own
-    transaction (copied as rows when the cut is clean)."""
+    """The source's user turn the child's context ends at (see `ForkPoint.at_turn`); for
+    `context="inherit"` the write finds it as it cuts the source's records."""
 
 
 def check_active(meta: SessionMeta | None, session_id: str, operation: str) -> SessionMeta:
@@ -289,29 +280,17 @@ def _child(
         id=req.id or new_id(), label=req.label, tags=req.tags, metadata=req.metadata or {}
     )
     prompt = req.child_prompt(source, source_prompt)
-    inherit = req.context == "inherit"
-    records = _child_records(req, [] if inherit else selected)
-    return _Child(meta, prompt, records, compression, forked_at_turn, inherit)
+    return _Child(meta, prompt, _child_records(req, selected), compression, forked_at_turn)
 
 
-def _label_flow(req: ForkRequest) -> Flow[None]:
-    """Refuse a label a child of the source already has (`unique_label`)."""
-    children: list[TopologyNode] = yield Storage(MainStorage.get_children, req.source_id)
-    wanted = req.label.strip().casefold()
-    taken = next((c for c in children if c.label.strip().casefold() == wanted), None)
-    if taken is not None:
-        raise DuplicateLabelError(req.source_id, req.label, taken.id)
-
-
-def _inherit_flow(storage: SessionStorage, req: ForkRequest, child_id: str) -> Flow[int | None]:
+def _inherit_flow(req: ForkRequest, child_id: str) -> Flow[int | None]:
     """Give the child the source's records up to `at_turn`: copied as stored rows when
     nothing needs rewriting, else sanitised and appended. Returns the turn it ends at."""
     shared: list[BaseMessage]
-    shared = yield Call(shared_records, ashared_records, (storage, req.source_id))
+    shared = yield Storage(MainStorage.shared_records, req.source_id)
     end, turn = turn_cut(shared, req.at_turn, req.source_id)
     prefix = shared[:end]
-    copy = getattr(storage, "copy_records", None) is not None
-    if prefix and copy and is_clean(prefix):
+    if prefix and is_clean(prefix):
         yield Storage(MainStorage.copy_records, req.source_id, child_id, count=end)
     elif prefix:  # some records must go: write the others again, each keeping its turn
         keep = {id(m) for m in sanitize_history(prefix)}
@@ -333,11 +312,15 @@ def _checks_flow(req: ForkRequest) -> Flow[tuple[SessionMeta, bool]]:
     source = check_active(meta, req.source_id, "a fork")
     with_node = yield from _node_flow(req.source_id)
     if with_node and req.unique_label:
-        yield from _label_flow(req)
+        children: list[TopologyNode] = yield Storage(MainStorage.get_children, req.source_id)
+        wanted = req.label.strip().casefold()
+        taken = next((c for c in children if c.label.strip().casefold() == wanted), None)
+        if taken is not None:
+            raise DuplicateLabelError(req.source_id, req.label, taken.id)
     return source, with_node
 
 
-def _write_flow(storage: SessionStorage, req: ForkRequest, made: _Child | None) -> Flow[_Child]:
+def _write_flow(req: ForkRequest, made: _Child | None) -> Flow[_Child]:
     """The writes of a fork, run in one transaction, with its checks made again there.
 
     `made` is the child a context or compress function's result made before the
@@ -355,15 +338,15 @@ def _write_flow(storage: SessionStorage, req: ForkRequest, made: _Child | None) 
     if child.system_prompt:
         yield Storage(MainStorage.put_system_prompt, meta.id, child.system_prompt)
     at_turn = child.forked_at_turn
-    if child.inherit:
-        at_turn = yield from _inherit_flow(storage, req, meta.id)
+    if req.context == "inherit":
+        at_turn = yield from _inherit_flow(req, meta.id)
     if child.records:
         yield Storage(MainStorage.append_records, meta.id, child.records)
     if child.compression is not None:
         yield Storage(MainStorage.put_compression, meta.id, child.compression)
     if req.settings:
         yield Storage(MainStorage.put_settings, meta.id, req.settings)
-    yield Maybe(None, MainStorage.put_lineage, meta.id, req.source_id, at_turn)
+    yield Storage(MainStorage.put_lineage, meta.id, req.source_id, at_turn)
     if with_node:
         yield Storage(
             MainStorage.put_node,
@@ -380,17 +363,17 @@ def fork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     function (`context="none"` / `"inherit"`) the checks run in the fork's one write
     transaction, so on SQLite a refused fork waits for another writer's lock as a fork does.
     """
-    return run(_fork_flow(storage, req), storage)
+    return run(_fork_flow(req), storage)
 
 
 async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
     """Async twin of `fork_session`."""
-    return await arun(_fork_flow(storage, req), storage)
+    return await arun(_fork_flow(req), storage)
 
 
-def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
+def _fork_flow(req: ForkRequest) -> Flow[SessionMeta]:
     if req.context in ("none", "inherit"):  # no function runs: all of it in one transaction
-        made: _Child = yield Atomic(_write_flow(storage, req, None))
+        made: _Child = yield Atomic(_write_flow(req, None))
         return made.meta
     # refuse early, before any function runs (and again in the write's transaction)
     source, _ = yield from _checks_flow(req)
@@ -414,5 +397,5 @@ def _fork_flow(storage: SessionStorage, req: ForkRequest) -> Flow[SessionMeta]:
             result = yield Call(call_sync, call_async, (req.compress_fn, None, older))
             compression = _summary(result)
     child = _child(req, source, source_prompt, selected, compression, turn or None)
-    yield Atomic(_write_flow(storage, req, child))
+    yield Atomic(_write_flow(req, child))
     return child.meta

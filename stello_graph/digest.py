@@ -28,8 +28,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from stello_graph._copies import ashared_records, shared_records
-from stello_graph._flow import Call, Flow, Storage
+from stello_graph._flow import Flow, Storage
 from stello_graph._validate import check_id
 from stello_graph.checkpoints._damage import UNDECODABLE, shown, undecodable
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
@@ -195,7 +194,7 @@ def digest_flow(storage: SessionStorage, session_id: object) -> Flow[SessionDige
         raise SessionNotFoundError(sid)
     node: TopologyNode | None = yield Storage(MainStorage.get_node, sid)
     through: int = yield Storage(MainStorage.get_memory_through, sid)
-    records: list[BaseMessage] = yield Call(shared_records, ashared_records, (storage, sid))
+    records: list[BaseMessage] = yield Storage(MainStorage.shared_records, sid)
     stale = sum(record.type == "human" for record in records[through:])
     return SessionDigest(
         id=meta.id,
