@@ -88,13 +88,11 @@ def _allow_list(
     return chosen
 
 
-def _request(
-    deps: StelloDeps,
-    source_id: str,
-    spec: Mapping[str, Any],
-    parent_settings: Mapping[str, Any],
-    within_parent: bool,
-) -> ForkRequest:
+def fork_request_flow(
+    deps: StelloDeps, source_id: str, spec: Mapping[str, Any], within_parent: bool = False
+) -> Flow[ForkRequest]:
+    """`fork_request`'s steps, for either driver."""
+    parent: Mapping[str, Any] = yield Storage(MainStorage.get_settings, source_id)
     unknown = set(spec) - _OPTIONS - {"label", "profile", "profile_vars", "skills"}
     if unknown:
         raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
@@ -112,8 +110,9 @@ def _request(
         options.setdefault("context", profile.context or "none")
         if profile.prompt is not None:
             options.setdefault("prompt", profile.prompt)
-    parent_skills = parent_settings.get(SKILLS_KEY)
-    skills = _allow_list(deps, spec.get("skills", _UNSET), profile, parent_skills, within_parent)
+    skills = _allow_list(
+        deps, spec.get("skills", _UNSET), profile, parent.get(SKILLS_KEY), within_parent
+    )
     settings = {SKILLS_KEY: skills, PROFILE_KEY: profile.name if profile else None}
     compress_fn = deps.compress_function() if options.get("context") == "compress" else None
     return ForkRequest.build(
@@ -143,11 +142,3 @@ async def afork_request(
 ) -> ForkRequest:
     """Async twin of `fork_request`."""
     return await arun(fork_request_flow(deps, source_id, spec, within_parent), deps.storage)
-
-
-def fork_request_flow(
-    deps: StelloDeps, source_id: str, spec: Mapping[str, Any], within_parent: bool = False
-) -> Flow[ForkRequest]:
-    """`fork_request`'s steps, for either driver."""
-    settings = yield Storage(MainStorage.get_settings, source_id)
-    return _request(deps, source_id, spec, settings, within_parent)
