@@ -260,14 +260,6 @@ def _child_records(req: ForkRequest, selected: object) -> list[BaseMessage]:
     return [m.model_copy() for m in records]
 
 
-def _summary(result: object) -> Compression:
-    if not isinstance(result, str) or not result.strip():
-        raise FunctionCallError(
-            f"The compress function returned {result!r:.60}, expected a non-empty summary."
-        )
-    return Compression(summary=storable(result), through=0)
-
-
 def _child(
     req: ForkRequest,
     source: SessionMeta,
@@ -395,7 +387,11 @@ def _fork_flow(req: ForkRequest) -> Flow[SessionMeta]:
         elif req.context == "compress" and req.compress_fn is not None:
             older = sanitize_history(records)
             result = yield Call(call_sync, call_async, (req.compress_fn, None, older))
-            compression = _summary(result)
+            if not isinstance(result, str) or not result.strip():
+                raise FunctionCallError(
+                    f"The compress function returned {result!r:.60}, expected a non-empty summary."
+                )
+            compression = Compression(summary=storable(result), through=0)
     child = _child(req, source, source_prompt, selected, compression, turn or None)
     yield Atomic(_write_flow(req, child))
     return child.meta
