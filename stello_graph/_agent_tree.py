@@ -189,11 +189,11 @@ class _Tree:
         Raises:
             SessionNotFoundError: there is no such session.
         """
-        return run(digest_flow(self.storage, session_id), self.storage)
+        return run(digest_flow(session_id), self.storage)
 
     async def adigest(self, session_id: str) -> SessionDigest:
         """Async twin of `digest`."""
-        return await arun(digest_flow(self.storage, session_id), self.storage)
+        return await arun(digest_flow(session_id), self.storage)
 
 
 def _node_flow(node_id: str) -> Flow[TopologyNode]:

@@ -50,7 +50,7 @@ class Storage:
 
 class Maybe(Storage):
     """A call of a method the protocol marks optional (`get_node`, `get_tree`,
-    `put_lineage`, ...): `default` from a storage that lacks it."""
+    the bulk tree reads): `default` from a storage that lacks it."""
 
     __slots__ = ("default",)
 

@@ -33,7 +33,7 @@ from stello_graph._validate import check_id
 from stello_graph.checkpoints._damage import UNDECODABLE, shown, undecodable
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import SessionMeta, SessionRole, SessionStatus, TopologyNode
-from stello_graph.storage import MainStorage, SessionStorage
+from stello_graph.storage import MainStorage
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
@@ -182,7 +182,7 @@ def digests_flow(status: object = None) -> Flow[list[SessionDigest]]:
     return found if status is None else [d for d in found if d.status == status]
 
 
-def digest_flow(storage: SessionStorage, session_id: object) -> Flow[SessionDigest]:
+def digest_flow(session_id: object) -> Flow[SessionDigest]:
     """The digest of one session, from its own reads.
 
     Raises:
