@@ -38,7 +38,7 @@ from contextlib import AbstractContextManager, asynccontextmanager, contextmanag
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from stello_graph._cancelled import CallCancelled
 from stello_graph._flow import Call, Flow, Storage, arun, run
@@ -174,16 +174,12 @@ class _Keeper:
                     self.cond.wait(None if wake is None else max(0.0, wake - now))
                     continue
             for kept in due:
-                self._renew(kept)
-
-    @staticmethod
-    def _renew(kept: _Kept) -> None:
-        try:
-            renewed = kept.storage.renew_lease(kept.lease, kept.ttl)
-        except Exception:  # a closed or failing storage: the commit's check will tell
-            renewed = None
-        kept.lost = renewed is None
-        kept.due = time.monotonic() + kept.ttl / 3
+                try:
+                    renewed = kept.storage.renew_lease(kept.lease, kept.ttl)
+                except Exception:  # a closed or failing storage: the commit's check will tell
+                    renewed = None
+                kept.lost = renewed is None
+                kept.due = time.monotonic() + kept.ttl / 3
 
 
 _keeper = _Keeper()
@@ -272,26 +268,45 @@ class SessionLeases:
     def _take(
         self, session_id: str, owner: str, replace: str | None, into: Handback | None
     ) -> Lease | None:
-        if into is None:
-            return self.storage.acquire_lease(session_id, owner, self.ttl, replace=replace)
-        return _prefetched(into, _lease_session(self.storage, session_id, owner, self.ttl, replace))
+        return run(self._taking(session_id, owner, replace, into), self.storage)
 
     async def _atake(
         self, session_id: str, owner: str, replace: str | None, into: Handback | None
     ) -> Lease | None:
         try:
-            if into is None:
-                return await self.storage.aacquire_lease(
-                    session_id, owner, self.ttl, replace=replace
-                )
-            taken = await _alease_session(self.storage, session_id, owner, self.ttl, replace)
+            return await arun(self._taking(session_id, owner, replace, into), self.storage)
         except CallCancelled as cancelled:
             # Cancelled while the take ran in the storage's worker thread, which went on and
             # may have taken the lease: free it (in the background, so the cancellation goes
             # on at once), or the session stays held by a gone owner until the ttl lapses.
             self._free_later(cancelled.result)
             raise
-        return _prefetched(into, taken)
+
+    def _taking(
+        self, session_id: str, owner: str, replace: str | None, into: Handback | None
+    ) -> Flow[Lease | None]:
+        """One ask for the lease; with `into`, of an active session, read with the lease
+        (one transaction where the storage has `lease_session`) into `into.prefetched`."""
+        if into is None:
+            lease: Lease | None = yield Storage(
+                SessionStorage.acquire_lease, session_id, owner, self.ttl, replace=replace
+            )
+            return lease
+        args = (session_id, owner, self.ttl)
+        if callable(getattr(self.storage, "lease_session", None)):
+            taken = yield Storage(
+                _LeasesSession.lease_session, *args, replace=replace, operation=_TURN
+            )
+            if taken is None:
+                return None
+            lease, into.prefetched = taken
+            return lease
+        # without it: a check, the lease and the read
+        _active(session_id, (yield Storage(SessionStorage.read_session, session_id, records=False)))
+        lease = yield Storage(SessionStorage.acquire_lease, *args, replace=replace)
+        if lease is not None:
+            into.prefetched = yield Call(read_leased, aread_leased, (self.storage, lease))
+        return lease
 
     def _free_later(self, taken: object) -> None:
         """Release the lease in `taken` (a take's result: a `Lease`, `(lease, snapshot)` or
@@ -378,10 +393,8 @@ class SessionLeases:
     ) -> Lease:
         """Async twin of `acquire`: waiting never blocks the event loop."""
         self._refuse_reentry(session_id)
-        if owner is None:
-            owner = new_owner()
-        else:
-            await self._after_frees(session_id, owner)
+        owner = owner or new_owner()
+        await self._after_frees(session_id, owner)  # none for a new owner
         add_live(owner)
         try:
             return await arun(self._asking(session_id, owner, into), self.storage)
@@ -493,14 +506,6 @@ def _freed(key: tuple[str, str, str], task: asyncio.Task[None]) -> None:
         task.exception()  # retrieved: a release that failed leaves the lease to its ttl
 
 
-def _prefetched(into: Handback, taken: tuple[Lease, SessionSnapshot] | None) -> Lease | None:
-    """The lease of a take that read the session too, its read left in `into`."""
-    if taken is None:
-        return None
-    into.prefetched = taken[1]
-    return taken[0]
-
-
 def _prefetch_into(handback: Handback | None, prefetch: bool) -> Handback | None:
     if prefetch and handback is None:
         raise InvalidInputError("prefetch needs a handback to leave the session's read in.")
@@ -508,6 +513,15 @@ def _prefetch_into(handback: Handback | None, prefetch: bool) -> Handback | None
 
 
 _TURN = "a turn"
+
+
+class _LeasesSession(Protocol):
+    """A storage's optional `lease_session` (see the stello storages'): the lease of an active
+    session and its `read_session`, in one transaction."""
+
+    def lease_session(
+        self, session_id: str, owner: str, ttl: float, *, replace: str | None, operation: str
+    ) -> tuple[Lease, SessionSnapshot] | None: ...
 
 
 def _active(
@@ -542,36 +556,6 @@ async def aread_leased(
         with suppress(Exception):
             await storage.arelease_lease(lease)
         raise
-
-
-def _lease_session(
-    storage: SessionStorage, session_id: str, owner: str, ttl: float, replace: str | None
-) -> tuple[Lease, SessionSnapshot] | None:
-    """The storage's `lease_session`; without one, a check, the lease and the read."""
-    method = getattr(storage, "lease_session", None)
-    if callable(method):
-        found: tuple[Lease, SessionSnapshot] | None = method(
-            session_id, owner, ttl, replace=replace, operation=_TURN
-        )
-        return found
-    _active(session_id, storage.read_session(session_id, records=False))
-    lease = storage.acquire_lease(session_id, owner, ttl, replace=replace)
-    return None if lease is None else (lease, read_leased(storage, lease))
-
-
-async def _alease_session(
-    storage: SessionStorage, session_id: str, owner: str, ttl: float, replace: str | None
-) -> tuple[Lease, SessionSnapshot] | None:
-    """Async twin of `_lease_session`."""
-    method = getattr(storage, "alease_session", None)
-    if callable(method):
-        found: tuple[Lease, SessionSnapshot] | None = await method(
-            session_id, owner, ttl, replace=replace, operation=_TURN
-        )
-        return found
-    _active(session_id, await storage.aread_session(session_id, records=False))
-    lease = await storage.aacquire_lease(session_id, owner, ttl, replace=replace)
-    return None if lease is None else (lease, await aread_leased(storage, lease))
 
 
 def _released_by(owner: str) -> None:
