@@ -265,23 +265,6 @@ class SessionLeases:
         )
 
     # -- acquire and release ----------------------------------------------------------------
-    def _take(
-        self, session_id: str, owner: str, replace: str | None, into: Handback | None
-    ) -> Lease | None:
-        return run(self._taking(session_id, owner, replace, into), self.storage)
-
-    async def _atake(
-        self, session_id: str, owner: str, replace: str | None, into: Handback | None
-    ) -> Lease | None:
-        try:
-            return await arun(self._taking(session_id, owner, replace, into), self.storage)
-        except CallCancelled as cancelled:
-            # Cancelled while the take ran in the storage's worker thread, which went on and
-            # may have taken the lease: free it (in the background, so the cancellation goes
-            # on at once), or the session stays held by a gone owner until the ttl lapses.
-            self._free_later(cancelled.result)
-            raise
-
     def _taking(
         self, session_id: str, owner: str, replace: str | None, into: Handback | None
     ) -> Flow[Lease | None]:
@@ -308,14 +291,14 @@ class SessionLeases:
             into.prefetched = yield Call(read_leased, aread_leased, (self.storage, lease))
         return lease
 
-    def _free_later(self, taken: object) -> None:
-        """Release the lease in `taken` (a take's result: a `Lease`, `(lease, snapshot)` or
-        `None`) in a task of its own. It leaves the owner's liveness alone: the asker that
+    def _free_later(self, taken: object, owner: str) -> None:
+        """Release `owner`'s lease in `taken` (a step's result: a `Lease`, `(lease, snapshot)`,
+        anything else) in a task of its own. It leaves the owner's liveness alone: the asker that
         failed was forgotten at once, and the same owner may have asked again meanwhile (a
         turn's node resumed with the owner of its state), which must not count as dead."""
         lease = taken[0] if isinstance(taken, tuple) else taken
-        if not isinstance(lease, Lease):
-            return
+        if not isinstance(lease, Lease) or lease.owner != owner:
+            return  # not a lease this asker took (the holder's, read by `get_lease`)
         key = (self.scope, lease.session_id, lease.owner)
         task = asyncio.get_running_loop().create_task(self._afree(lease))
         _freeing.setdefault(key, set()).add(task)
@@ -344,14 +327,13 @@ class SessionLeases:
         between asks for a release of this process (or the next pause) until `wait` runs
         out."""
         deadline = None if self.wait is None else time.monotonic() + self.wait
-        pause, asked = 0.001, (session_id, owner, None, into)
+        pause = 0.001
         while True:
-            lease: Lease | None = yield Call(self._take, self._atake, asked)
+            lease = yield from self._taking(session_id, owner, None, into)
             if lease is None:
                 current = yield Storage(SessionStorage.get_lease, session_id)
                 if current is not None and owner_is_dead(current.owner):
-                    replacing = (session_id, owner, current.owner, into)
-                    lease = yield Call(self._take, self._atake, replacing)
+                    lease = yield from self._taking(session_id, owner, current.owner, into)
             if lease is not None:
                 return lease
             if deadline is not None and time.monotonic() >= deadline:
@@ -401,8 +383,13 @@ class SessionLeases:
         except BaseException as error:
             try:
                 if isinstance(error, asyncio.CancelledError):
-                    # the cancellation goes on at once; the place is freed in the background
-                    self._free_later(_never_held(session_id, owner))
+                    # The cancellation goes on at once; the place is freed in the background,
+                    # and so is a lease a take cancelled while it ran in the storage's worker
+                    # thread (which went on) may have taken: else the session stays held by a
+                    # gone owner until the ttl lapses.
+                    if isinstance(error, CallCancelled):
+                        self._free_later(error.result, owner)
+                    self._free_later(_never_held(session_id, owner), owner)
                 elif _frees_place(error):
                     with suppress(Exception):
                         await self.storage.arelease_lease(_never_held(session_id, owner))
