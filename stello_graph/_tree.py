@@ -72,16 +72,24 @@ class TreePlan:
     archived: list[str] = field(default_factory=list)
 
 
-def _plan(
-    root: SessionMeta | None,
-    nodes: list[TopologyNode],
-    metas: list[SessionMeta],
-    tree: str,
-    drawn: tuple[int, list[str]] = (0, []),
-) -> TreePlan:
+def plan_tree(storage: MainStorage) -> TreePlan:
+    """Read the active tree of `storage` and group its internal nodes by level."""
+    return run(_plan_flow(storage.tree_id), storage)
+
+
+async def aplan_tree(storage: MainStorage) -> TreePlan:
+    """Async twin of `plan_tree`."""
+    return await arun(_plan_flow(storage.tree_id), storage)
+
+
+def _plan_flow(tree: str) -> Flow[TreePlan]:
+    root = yield Storage(MainStorage.get_main_session)
     if root is None:
         raise MainSessionNotFoundError(tree)
-    active = {m.id: m for m in metas if m.status == "active"}
+    version, archived = yield from integration_read()
+    nodes: list[TopologyNode] = yield Storage(MainStorage.get_tree)
+    metas: list[SessionMeta] = yield Storage(MainStorage.list_sessions)
+    active = {m.id for m in metas if m.status == "active"}
     kids: dict[str, list[str]] = defaultdict(list)
     for node in nodes:  # pre-order: parents come before their children
         if node.parent_id is not None and node.id in active and node.parent_id in active:
@@ -95,25 +103,7 @@ def _plan(
     levels = [by_depth[d] for d in sorted(by_depth, reverse=True) if by_depth[d]]
     labels = {node.id: node.label for node in nodes if node.id in active}
     children = {n: kids[n] for level in levels for n in level}
-    version, archived = drawn
     return TreePlan(root.id, levels, children, labels, version, archived)
-
-
-def plan_tree(storage: MainStorage) -> TreePlan:
-    """Read the active tree of `storage` and group its internal nodes by level."""
-    return run(_plan_flow(storage.tree_id), storage)
-
-
-async def aplan_tree(storage: MainStorage) -> TreePlan:
-    """Async twin of `plan_tree`."""
-    return await arun(_plan_flow(storage.tree_id), storage)
-
-
-def _plan_flow(tree: str) -> Flow[TreePlan]:
-    root = yield Storage(MainStorage.get_main_session)
-    drawn = (yield from integration_read()) if root is not None else (0, [])
-    nodes = yield Storage(MainStorage.get_tree)
-    return _plan(root, nodes, (yield Storage(MainStorage.list_sessions)), tree, drawn)
 
 
 def branch_l2(own: str | None, summary: str | None) -> str | None:
