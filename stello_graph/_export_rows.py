@@ -220,14 +220,6 @@ def write_entries(
     return damaged
 
 
-def damage_of(entry: dict[str, Any], found: dict[str, tuple[str, ...]]) -> None:
-    """Add what an export entry marks (`damaged`, `detached`) to `found`, by id."""
-    columns = [*entry.get("damaged", ()), *(["parent_id"] if entry.get("detached") else [])]
-    if columns:
-        sid = entry["id"]
-        found[sid] = tuple(dict.fromkeys((*found.get(sid, ()), *columns)))
-
-
 def _write_list(out: TextIO, produce: Entries, damaged: dict[str, tuple[str, ...]]) -> None:
     """Write the items `produce` emits as a JSON list at the second level of indentation."""
     first = [True]
@@ -236,8 +228,10 @@ def _write_list(out: TextIO, produce: Entries, damaged: dict[str, tuple[str, ...
         text = _dumps_entry(item).replace("\n", _ITEM)
         out.write(("[" if first[0] else ",") + _ITEM + text)
         first[0] = False
-        if "damaged" in item or "detached" in item:
-            damage_of(item, damaged)
+        if "damaged" in item or "detached" in item:  # what it marks, by id
+            columns = (*item.get("damaged", ()), *(["parent_id"] if item.get("detached") else []))
+            sid = item["id"]
+            damaged[sid] = tuple(dict.fromkeys((*damaged.get(sid, ()), *columns)))
 
     produce(emit)
     out.write("[]" if first[0] else "\n  ]")

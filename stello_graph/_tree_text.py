@@ -191,8 +191,8 @@ def tree_text(
         bad = damaged.get(node.id, ())
         if "parent_id" in bad:
             lines[-1] += "  [detached: its parents make a cycle]"
-        if [column for column in bad if column != "parent_id"]:
-            lines[-1] += f"  [damaged: {', '.join(c for c in bad if c != 'parent_id')}]"
+        if columns := [column for column in bad if column != "parent_id"]:
+            lines[-1] += f"  [damaged: {', '.join(columns)}]"
         kids = children.get(node.id, [])
         below = prefix + ("" if top else ("    " if last else "│   "))
         stack.extend(

@@ -133,8 +133,8 @@ def _marked(entry: dict[str, Any], damaged: tuple[str, ...]) -> dict[str, Any]:
     """An entry of a model, marked as the streamed export marks its row."""
     if "parent_id" in damaged:
         entry["detached"] = True
-    if [column for column in damaged if column != "parent_id"]:
-        entry["damaged"] = [column for column in damaged if column != "parent_id"]
+    if columns := [column for column in damaged if column != "parent_id"]:
+        entry["damaged"] = columns
     return entry
 
 
