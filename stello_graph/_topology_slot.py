@@ -201,13 +201,6 @@ def _name(entry: SlotEntry) -> str:
     return f"{label} [archived]" if entry.archived else label
 
 
-def _listed(entries: list[SlotEntry], limit: int, indent: str) -> list[str]:
-    lines = [f"{indent}- {_name(e)}" for e in entries[:limit]]
-    if len(entries) > limit:
-        lines.append(f"{indent}- ... and {len(entries) - limit} more")
-    return lines
-
-
 def render_topology_slot(view: TopologyView, slot: TopologySlot | None = None) -> str:
     """The slot's text for `view`, within the limits of `slot` (default ones if `None`)."""
     slot = slot if slot is not None else TopologySlot()
@@ -224,7 +217,10 @@ def render_topology_slot(view: TopologyView, slot: TopologySlot | None = None) -
     listed = others[: slot.max_siblings]  # those before the session, then those after it
     lines.extend(f"{indent}- {_name(e)}" for e in listed[:index])
     lines.append(f"{indent}- {_name(view.session)}{_HERE}")
-    lines.extend(_listed(list(view.children), slot.max_children, indent + "  "))
+    children = view.children
+    lines.extend(f"{indent}  - {_name(e)}" for e in children[: slot.max_children])
+    if len(children) > slot.max_children:
+        lines.append(f"{indent}  - ... and {len(children) - slot.max_children} more")
     lines.extend(f"{indent}- {_name(e)}" for e in listed[index:])
     if len(others) > slot.max_siblings:
         lines.append(f"{indent}- ... and {len(others) - slot.max_siblings} more sibling(s)")
