@@ -29,11 +29,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from stello_graph._export_rows import (
     EXPORT_FORMAT,
+    Emit,
     Entries,
     RowReader,
     head_of,
@@ -117,16 +117,12 @@ def _by_session(storage: MainStorage, records: bool) -> tuple[Entries, Entries]:
     from stello_graph.topology import Topology
 
     tree = Topology.read(storage)
-    nodes = [_marked(node.model_dump(mode="json"), node.damaged) for node in tree.nodes]
-    return _emitting(nodes), _emitting(_entries_by_session(storage, tree, records))
 
+    def nodes(emit: Emit) -> None:
+        for node in tree.nodes:
+            emit(_marked(node.model_dump(mode="json"), node.damaged))
 
-def _emitting(entries: Iterable[dict[str, Any]]) -> Entries:
-    def produce(emit: Callable[[dict[str, Any]], None]) -> None:
-        for entry in entries:
-            emit(entry)
-
-    return produce
+    return nodes, lambda emit: _session_entries(storage, tree, records, emit)
 
 
 def _marked(entry: dict[str, Any], damaged: tuple[str, ...]) -> dict[str, Any]:
@@ -138,9 +134,7 @@ def _marked(entry: dict[str, Any], damaged: tuple[str, ...]) -> dict[str, Any]:
     return entry
 
 
-def _entries_by_session(
-    storage: MainStorage, tree: Topology, records: bool
-) -> Iterator[dict[str, Any]]:
+def _session_entries(storage: MainStorage, tree: Topology, records: bool, emit: Emit) -> None:
     for node in tree.nodes:
         meta = tree.sessions.get(node.id)
         if meta is None:
@@ -157,4 +151,4 @@ def _entries_by_session(
             from langchain_core.messages import messages_to_dict
 
             entry["records"] = messages_to_dict(storage.list_records(node.id))
-        yield entry
+        emit(entry)
