@@ -62,9 +62,8 @@ def _entry(row: tuple[Any, ...]) -> dict[str, Any]:
     """The export entry of a session row (`ExportPart` `"sessions"`), without records; of a
     damaged row, what decodes, stand-ins, and its columns that do not (`"damaged"`)."""
     parent_id, turns, record_count, system_prompt, memory, insight = row[8:14]
-    damaged: tuple[str, ...] = ()
     try:
-        entry = _meta_entry(row, damaged)
+        entry = _meta_entry(row, ())
         sound = row[2] in ROLES and row[3] in STATUSES and not any(map(undecodable, row[:14]))
     except (ValueError, TypeError):
         sound = False

@@ -127,8 +127,7 @@ class TopologySlot:
 
     def flow(self, session_id: str) -> Flow[str | None]:
         """Read the tree and render the slot of `session_id` (`None`: no slot)."""
-        nodes: list[TopologyNode] | None
-        nodes = yield Maybe(None, MainStorage.get_tree)
+        nodes: list[TopologyNode] | None = yield Maybe(None, MainStorage.get_tree)
         if not nodes:
             return None
         archived: list[SessionMeta] = yield Storage(MainStorage.list_sessions, status="archived")
