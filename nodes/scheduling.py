@@ -22,7 +22,6 @@ due, so two workers that found the same work due run it once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +43,7 @@ from stello_graph.nodes._store import (
     write_store,
 )
 from stello_graph.nodes._store import namespace as store_namespace
+from stello_graph.schedule import Job, JobKind
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage
 
@@ -224,25 +224,27 @@ def _consolidate_job(
         _request_integration(deps)
 
 
-def _integration_due(deps: StelloDeps, state: dict[str, int], after: int | None) -> bool:
-    """Whether an integration is due (`after`: the tree turn that asked for it)."""
+def _integration_due(deps: StelloDeps, after: int | None) -> tuple[dict[str, int], int] | None:
+    """The scheduled integrations' state and the tree's turn count, when an integration is
+    due (`after`: the tree turn that asked for it); else `None`."""
     schedule = deps.schedule
     every = schedule.integrate_every_n_turns if schedule is not None else None
+    state = _integration_state(deps)
     tree = int(deps.storage.get_global(TREE_TURNS_KEY) or 0)
-    return (
+    due = (
         state["requested"] > state["done"]
         or (after is not None and state["tree_turns"] < after)
         or (every is not None and tree - state["tree_turns"] >= every)
         or bool(deps.final_l2s())
     )
+    return (state, tree) if due else None
 
 
 def _integrate_job(deps: StelloDeps, after: int | None = None) -> None:
     """Integrate (claimed by the scheduler) if still due; then store what it covered."""
-    state = _integration_state(deps)
-    if not _integration_due(deps, state, after):
+    if (due := _integration_due(deps, after)) is None:
         return  # another worker integrated since it was asked for
-    tree = int(deps.storage.get_global(TREE_TURNS_KEY) or 0)
+    state, tree = due
     integrate_now(deps)
     with deps.storage.transaction():
         now = _integration_state(deps)
@@ -252,29 +254,29 @@ def _integrate_job(deps: StelloDeps, after: int | None = None) -> None:
         )
 
 
-def _with_store(deps: StelloDeps, job: Callable[[], object]) -> Callable[[], object]:
-    """`job`, run with the store of the run that queues it (a worker thread has no run)."""
+def _queue(deps: StelloDeps, kind: JobKind, session_id: str | None, job: Job) -> None:
+    """Submit `job` to the scheduler, run with the store of the run that queues it (a worker
+    thread has no run)."""
+    if deps.scheduler is None:
+        return
     store = current_store(deps)
 
     def in_store() -> object:
         with job_store(store):
             return job()
 
-    return in_store
+    deps.scheduler.submit(kind, session_id, in_store)
 
 
 def _queue_consolidation(
     deps: StelloDeps, session_id: str, archived_ok: bool = False, seen: int | None = None
 ) -> None:
-    if deps.scheduler is not None:
-        job = _with_store(deps, lambda: _consolidate_job(deps, session_id, archived_ok, seen))
-        deps.scheduler.submit("consolidate", session_id, job)
+    job = partial(_consolidate_job, deps, session_id, archived_ok, seen)
+    _queue(deps, "consolidate", session_id, job)
 
 
 def _queue_integration(deps: StelloDeps, after: int | None = None) -> None:
-    if deps.scheduler is not None:
-        job = _with_store(deps, lambda: _integrate_job(deps, after))
-        deps.scheduler.submit("integrate", None, job)
+    _queue(deps, "integrate", None, partial(_integrate_job, deps, after))
 
 
 def after_turn(deps: StelloDeps, session_id: str, role: str, turns: int, tree_turns: int) -> None:
@@ -308,7 +310,7 @@ def recover(deps: StelloDeps) -> None:
             _queue_consolidation(deps, digest.id, archived_ok=True, seen=seen)
         elif not archived and every is not None and own >= every:
             _queue_consolidation(deps, digest.id, seen=deps.storage.get_memory_through(digest.id))
-    if _integration_due(deps, _integration_state(deps), None):
+    if _integration_due(deps, None) is not None:
         _queue_integration(deps)
 
 
@@ -324,9 +326,7 @@ async def aon_switch(deps: StelloDeps, previous: str | None, current: str) -> No
 
 def _switched(deps: StelloDeps, previous: str | None, current: str) -> Flow[None]:
     schedule = deps.schedule
-    if schedule is None or not schedule.consolidate_on_switch or previous is None:
-        return
-    if previous == current:
+    if schedule is None or not schedule.consolidate_on_switch or previous in (None, current):
         return
     meta: SessionMeta | None = yield Storage(MainStorage.get_session, previous)
     if meta is not None and meta.role == "standard" and meta.status == "active":
