@@ -223,7 +223,11 @@ class Scheduler:
             attempts=attempts,
             traceback="".join(traceback.format_exception(exc)),
         )
-        saved = self._save(failure)
+        saved = False  # else kept in memory: the log is missing, closed or failing
+        if self._log is not None:
+            with suppress(Exception):
+                self._log.append(failure)
+                saved = True
         with self._lock:
             self._failures.append((failure, saved))
         emit(
@@ -236,16 +240,6 @@ class Scheduler:
             message=failure.message,
             attempts=attempts,
         )
-
-    def _save(self, failure: BackgroundFailure) -> bool:
-        """Store `failure` in the log; False (kept in memory instead) when that fails."""
-        if self._log is None:
-            return False
-        try:
-            self._log.append(failure)
-        except Exception:  # the storage is closed or failing: never lose the failure
-            return False
-        return True
 
     # -- recovering -------------------------------------------------------------------------
     def recover(self, scan: Callable[[], object]) -> None:
