@@ -17,7 +17,6 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Collection
 from typing import Any
 
 from stello_graph.events import STORED_EVENT_TYPES, StelloEvent
@@ -30,11 +29,11 @@ _BATCH = 100
 
 
 class EventRecorder:
-    """Appends the events of `kinds` that reach it to `storage`'s event log, in order."""
+    """Appends the stored events (`STORED_EVENT_TYPES`) that reach it to `storage`'s event
+    log, in order."""
 
-    def __init__(self, storage: MainStorage, kinds: Collection[str] = STORED_EVENT_TYPES) -> None:
+    def __init__(self, storage: MainStorage) -> None:
         self._storage = storage
-        self._kinds = frozenset(kinds)
         self._queue: queue.SimpleQueue[StelloEvent | None] = queue.SimpleQueue()
         self._state = threading.Condition()  # an RLock: never contended for long
         self._pending = 0
@@ -47,7 +46,7 @@ class EventRecorder:
         """Store `event` if it is one of the stored kinds (an `EventBus` listener): at once
         from sync code, through the writer thread from the event loop (or while the writer
         still has events to store, which keeps them in order)."""
-        if event.type not in self._kinds:
+        if event.type not in STORED_EVENT_TYPES:
             return
         with self._state:
             if self._closed:
@@ -55,7 +54,11 @@ class EventRecorder:
             inline = not self._pending and running_loop() is None
             if not inline:
                 self._pending += 1
-                self._start_writer()
+                if self._writer is None:
+                    self._writer = threading.Thread(
+                        target=self._run, name="stello-event-log", daemon=True
+                    )
+                    self._writer.start()
         if inline:
             try:
                 self._append(event)
@@ -63,11 +66,6 @@ class EventRecorder:
                 self.failed += 1
             return
         self._queue.put(event)
-
-    def _start_writer(self) -> None:
-        if self._writer is None:
-            self._writer = threading.Thread(target=self._run, name="stello-event-log", daemon=True)
-            self._writer.start()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every event queued so far is stored (or failed); False on timeout."""
@@ -132,14 +130,12 @@ class EventRecorder:
             with self._storage.transaction():
                 for event in batch:
                     self._append(event)
-            return
         except Exception:  # store the others one by one: one bad event must not lose them
-            pass
-        for event in batch:
-            try:
-                self._append(event)
-            except Exception:
-                self.failed += 1
+            for event in batch:
+                try:
+                    self._append(event)
+                except Exception:
+                    self.failed += 1
 
     def _append(self, event: StelloEvent) -> None:
         self._storage.append_event(event.type, event.session_id, _jsonable(event.data), at=event.at)
