@@ -11,7 +11,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Literal, Protocol
 
-from stello_graph._flow import Atomic, Call, Flow, Storage
+from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph.models import utcnow
 from stello_graph.storage import MainStorage
 
@@ -98,20 +98,16 @@ class StorageFailureLog:
 
     def append(self, failure: BackgroundFailure) -> None:
         with self._storage.transaction():
-            kept = [*self._stored(), failure.as_dict(traceback_chars=_TRACEBACK_CHARS)][
-                -_KEPT_FAILURES:
-            ]
-            self._storage.put_global(FAILURES_KEY, kept)
-
-    def _stored(self) -> list[Any]:
-        return _listed(self._storage.get_global(FAILURES_KEY))
+            kept = run(_stored(), self._storage)
+            kept.append(failure.as_dict(traceback_chars=_TRACEBACK_CHARS))
+            self._storage.put_global(FAILURES_KEY, kept[-_KEPT_FAILURES:])
 
     def read(self, session_id: str | None = None) -> list[BackgroundFailure]:
-        return _read(self._stored(), session_id)
+        return run(_read(session_id), self._storage)
 
     async def aread(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Async twin of `read`."""
-        return _read(_listed(await self._storage.aget_global(FAILURES_KEY)), session_id)
+        return await arun(_read(session_id), self._storage)
 
     def clear(self, session_id: str | None = None) -> int:
         return int(Atomic(_clear(session_id)).run(self._storage))
@@ -121,13 +117,20 @@ class StorageFailureLog:
         return int(await Atomic(_clear(session_id)).arun(self._storage))
 
 
-def _read(stored: list[Any], session_id: str | None) -> list[BackgroundFailure]:
+def _stored() -> Flow[list[Any]]:
+    """The stored entries (dicts, unless something else wrote them)."""
+    value = yield Storage(MainStorage.get_global, FAILURES_KEY)
+    return list(value) if isinstance(value, list) else []
+
+
+def _read(session_id: str | None) -> Flow[list[BackgroundFailure]]:
+    stored = yield from _stored()
     return _of((f for f in map(_failure_from, stored) if f is not None), session_id)
 
 
 def _clear(session_id: str | None) -> Flow[int]:
     """`clear`'s steps (in one transaction): drop the failures it does not keep."""
-    stored = _listed((yield Storage(MainStorage.get_global, FAILURES_KEY)))
+    stored = yield from _stored()
     kept = [  # none, without a session
         v
         for v in stored
@@ -145,7 +148,3 @@ def log_call(log: FailureLog, name: str, *args: Any) -> Call:
     in a worker thread: its I/O (a file, a database) never blocks the event loop."""
     sync = getattr(log, name)
     return Call(sync, getattr(log, f"a{name}", None) or partial(asyncio.to_thread, sync), args)
-
-
-def _listed(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, list) else []
