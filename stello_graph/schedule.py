@@ -192,12 +192,10 @@ class Scheduler:
             self._lock.notify_all()
         if follow is None:
             return
-        try:
-            if pool is not None:
+        if pool is not None:
+            with suppress(RuntimeError):  # the pool was shut down meanwhile
                 pool.submit(self._run, key, follow)
                 return
-        except RuntimeError:  # the pool was shut down meanwhile
-            pass
         self._run(key, follow)  # closing: no new work is taken, but what was accepted runs
 
     def _attempt(self, kind: JobKind, session_id: str | None, job: Job) -> None:
