@@ -201,14 +201,6 @@ def _integration_state(deps: StelloDeps) -> dict[str, int]:
     return {k: int(found.get(k) or 0) for k in ("requested", "done", "tree_turns")}
 
 
-def _request_integration(deps: StelloDeps) -> None:
-    """Store that an integration is asked for (so a restart still runs it), and queue it."""
-    with deps.storage.transaction():
-        state = _integration_state(deps)
-        deps.storage.put_global(INTEGRATION_KEY, {**state, "requested": state["requested"] + 1})
-    _queue_integration(deps)
-
-
 def _consolidate_job(
     deps: StelloDeps, session_id: str, archived_ok: bool = False, seen: int | None = None
 ) -> None:
@@ -221,7 +213,10 @@ def _consolidate_job(
     if schedule is not None and schedule.integrate_after_consolidate:
         if archived_ok:  # consolidated on archive: its final L2 goes to the integration
             deps.hold_final_l2(session_id)
-        _request_integration(deps)
+        with deps.storage.transaction():  # stored, so that a restart still runs it
+            state = _integration_state(deps)
+            deps.storage.put_global(INTEGRATION_KEY, {**state, "requested": state["requested"] + 1})
+        _queue_integration(deps)
 
 
 def _integration_due(deps: StelloDeps, after: int | None) -> tuple[dict[str, int], int] | None:
