@@ -25,6 +25,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from stello_graph._failures import JobKind
 from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph.errors import (
     IntegrationSupersededError,
@@ -43,7 +44,7 @@ from stello_graph.nodes._store import (
     write_store,
 )
 from stello_graph.nodes._store import namespace as store_namespace
-from stello_graph.schedule import Job, JobKind
+from stello_graph.schedule import Job
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage
 
