@@ -28,6 +28,8 @@ from stello_graph._validate import (
 )
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
+    FunctionNotConfiguredError,
+    InvalidInputError,
     SessionArchivedError,
     SessionNotFoundError,
 )
@@ -44,6 +46,17 @@ def atomic(flow: Flow[T]) -> Flow[T]:
     """`flow`, run in one storage transaction."""
     result: T = yield Atomic(flow)
     return result
+
+
+def chosen_fn(fn: T | None, configured: T | None, missing: str) -> T:
+    """The memory function of a call: `fn` if given, else the session's `configured` one
+    (`FunctionNotConfiguredError` with `missing` when neither is there)."""
+    chosen = fn if fn is not None else configured
+    if chosen is None:
+        raise FunctionNotConfiguredError(missing)
+    if not callable(chosen):
+        raise InvalidInputError(f"fn must be callable, got {type(chosen).__name__}.")
+    return chosen
 
 
 class SessionCore:

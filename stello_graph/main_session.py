@@ -32,12 +32,12 @@ from stello_graph._base import SessionBase
 from stello_graph._calls import call_async, call_sync, failing_as
 from stello_graph._context import synthesis_block
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
+from stello_graph._session_core import chosen_fn
 from stello_graph._text import storable
 from stello_graph._turn_parts import ContextParts, check_loaded, new_meta
 from stello_graph._validate import check_id
 from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
-    FunctionNotConfiguredError,
     IntegrationError,
     IntegrationSupersededError,
     InvalidInputError,
@@ -297,17 +297,6 @@ class MainSession(SessionBase):
     async def asynthesis(self) -> str | None:
         return await self._storage.aget_memory(self._id)
 
-    def _integrator(self, fn: IntegrateFn | None) -> IntegrateFn:
-        chosen = fn if fn is not None else self._integrate_fn
-        if chosen is None:
-            raise FunctionNotConfiguredError(
-                "The main session has no integrate function: pass fn= or create it with "
-                "integrate_fn= (e.g. llm_integrator(model))."
-            )
-        if not callable(chosen):
-            raise InvalidInputError(f"fn must be callable, got {type(chosen).__name__}.")
-        return chosen
-
     def _fn_error(self, exc: Exception) -> IntegrationError:
         return IntegrationError(
             f"Integration failed: {type(exc).__name__}: {exc}", session_id=self._id
@@ -352,7 +341,13 @@ class MainSession(SessionBase):
     def _integrate_flow(
         self, fn: IntegrateFn | None, include_archived: Iterable[str]
     ) -> Flow[IntegrationResult]:
-        chosen, extra, sid = self._integrator(fn), _archived_ids(include_archived), self._id
+        chosen = chosen_fn(
+            fn,
+            self._integrate_fn,
+            "The main session has no integrate function: pass fn= or create it with "
+            "integrate_fn= (e.g. llm_integrator(model)).",
+        )
+        extra, sid = _archived_ids(include_archived), self._id
         self._active((yield from self._meta_flow()), "integration")
         version, pending = yield from integration_read()
         active: list[ChildL2] = yield Storage(MainStorage.get_all_session_l2s)

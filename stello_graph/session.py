@@ -35,7 +35,7 @@ from stello_graph._context import (
 )
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
-from stello_graph._session_core import atomic
+from stello_graph._session_core import atomic, chosen_fn
 from stello_graph._text import storable
 from stello_graph._topology_slot import TopologySlot, check_topology_slot
 from stello_graph._turn_parts import ContextParts, check_loaded, new_meta
@@ -49,8 +49,6 @@ from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     ConsolidationError,
     DuplicateSessionError,
-    FunctionNotConfiguredError,
-    InvalidInputError,
 )
 from stello_graph.memory import CompressFn, ConsolidateFn
 from stello_graph.models import SessionMeta, utcnow
@@ -251,17 +249,6 @@ class Session(SessionBase):
     async def amemory(self) -> str | None:
         return await self._storage.aget_memory(self._id)
 
-    def _consolidator(self, fn: ConsolidateFn | None) -> ConsolidateFn:
-        chosen = fn if fn is not None else self._consolidate_fn
-        if chosen is None:
-            raise FunctionNotConfiguredError(
-                f"Session {self._id!r} has no consolidate function: pass fn= or create the "
-                "session with consolidate_fn= (e.g. llm_consolidator(model))."
-            )
-        if not callable(chosen):
-            raise InvalidInputError(f"fn must be callable, got {type(chosen).__name__}.")
-        return chosen
-
     def _fn_error(self, exc: Exception) -> ConsolidationError:
         return ConsolidationError(
             f"Consolidating session {self._id!r} failed: {type(exc).__name__}: {exc}",
@@ -294,7 +281,13 @@ class Session(SessionBase):
         return l2
 
     def _consolidate_flow(self, fn: ConsolidateFn | None, archived_ok: bool) -> Flow[str | None]:
-        chosen, sid = self._consolidator(fn), self._id
+        sid = self._id
+        chosen = chosen_fn(
+            fn,
+            self._consolidate_fn,
+            f"Session {sid!r} has no consolidate function: pass fn= or create the session "
+            "with consolidate_fn= (e.g. llm_consolidator(model)).",
+        )
         for _ in range(_CONSOLIDATE_ATTEMPTS):
             # L2, its cursor and the records, as of one moment
             read: tuple[str | None, int, list[BaseMessage]]
