@@ -14,7 +14,7 @@ in `stello_graph.nodes` use them):
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Generator, Sequence
+from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -322,7 +322,7 @@ class SessionBase(SessionContext):
         human = HumanMessage(content=check_text(content))
         return AsyncSessionStream(self._astream_turn(human))
 
-    async def _astream_turn(self, human: HumanMessage) -> AsyncIterator[str | SendResult]:
+    async def _astream_turn(self, human: HumanMessage) -> AsyncGenerator[str | SendResult, None]:
         back = _freed_by_commit()  # the commit frees the lease
         async with self._leases().ahold(self._id, handback=back) as lease:
             ctx = await self.aturn_context()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -141,9 +141,7 @@ class SessionStream(_Ends, Iterator[str]):
 
     def close(self) -> None:
         """Stop early: nothing of the turn is committed and a pending insight is kept."""
-        close = getattr(self._source, "close", None)
-        if close is not None:
-            close()
+        self._source.close()
 
     def __enter__(self) -> SessionStream:
         return self
@@ -160,7 +158,7 @@ class SessionStream(_Ends, Iterator[str]):
 class AsyncSessionStream(_Ends, AsyncIterator[str]):
     """Async twin of `SessionStream`: `async for chunk in stream`, then `stream.result`."""
 
-    def __init__(self, source: AsyncIterator[str | SendResult]) -> None:
+    def __init__(self, source: AsyncGenerator[str | SendResult, None]) -> None:
         self._source = source
 
     def __aiter__(self) -> AsyncSessionStream:
@@ -176,9 +174,7 @@ class AsyncSessionStream(_Ends, AsyncIterator[str]):
 
     async def aclose(self) -> None:
         """Stop early: nothing of the turn is committed and a pending insight is kept."""
-        aclose = getattr(self._source, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await self._source.aclose()
 
     async def __aenter__(self) -> AsyncSessionStream:
         return self
