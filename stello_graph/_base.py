@@ -34,6 +34,7 @@ from stello_graph._context import message_text
 from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._session_context import SessionContext
 from stello_graph._stream import AsyncSessionStream, SessionStream
+from stello_graph._text import storable_message
 from stello_graph._turn_parts import (
     _READ,
     ModelInput,
@@ -43,9 +44,6 @@ from stello_graph._turn_parts import (
     _check_tool_results,
     _chunk_to_message,
     _continue_history,
-    _is_user_turn,
-    _storable_records,
-    _through,
     check_tool_choice,
     to_send_result,
 )
@@ -195,12 +193,13 @@ class SessionBase(SessionContext):
     ) -> Flow[int]:
         """The steps of `commit_turn` (`stello_graph._flow`), for a caller that commits the
         turn inside a flow of its own (the turn graph's commit)."""
-        stored = _storable_records(records)
+        # the text the user did not write made storable (`_text`)
+        stored = [m if isinstance(m, HumanMessage) else storable_message(m) for m in records]
         turns: int = yield Storage(
             MainStorage.commit_records,
             self._id,
             stored,
-            user_turn=_is_user_turn(stored),
+            user_turn=bool(stored) and isinstance(stored[0], HumanMessage),
             turn_id=turn_id,
             insight=insight,
             lease=lease,
@@ -279,7 +278,8 @@ class SessionBase(SessionContext):
             records: list[BaseMessage] = [new]
             prompt = ctx.prompt(records)
         else:
-            raw = (yield Storage(MainStorage.shared_records, self._id))[_through(ctx) :]
+            start = ctx.compression.through if ctx.compression is not None else 0
+            raw = (yield Storage(MainStorage.shared_records, self._id))[start:]
             prompt = replace(ctx, history=_continue_history(self._id, raw, new)).prompt()
             records = [*new]
         invoke = partial(self.invoke, tool_choice=tool_choice)

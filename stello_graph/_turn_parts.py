@@ -14,7 +14,6 @@ from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
     BaseMessage,
-    HumanMessage,
     SystemMessage,
     ToolMessage,
     message_chunk_to_message,
@@ -191,25 +190,20 @@ class TurnContext:
         return [*head, *self.history, *pending]
 
 
-def _shallow_calls(reply: AIMessage, session_id: str | None) -> AIMessage:
-    """`reply` itself, once the arguments of each of its tool calls are known to nest at
-    most `MAX_DEPTH` levels deep (deeper ones fail in the checkpoint serializer)."""
-    deep = next((call for call in reply.tool_calls if too_deep(call.get("args"))), None)
-    if deep is not None:
-        raise ModelCallError(
-            f"The model of session {session_id!r} called {deep['name']!r} with arguments "
-            f"nested more than {MAX_DEPTH} levels deep; its reply was refused and nothing of "
-            "the turn was stored.",
-            session_id=session_id,
-        )
-    return reply
-
-
 def _as_ai_message(reply: Any, session_id: str | None = None) -> AIMessage:
     """The model's reply as an `AIMessage` that can be stored (see `_text`); one whose tool
-    calls nest their arguments too deep is refused with `ModelCallError`."""
+    calls nest their arguments more than `MAX_DEPTH` levels deep (deeper ones fail in the
+    checkpoint serializer) is refused with `ModelCallError`."""
     if isinstance(reply, AIMessage):
-        return storable_message(_shallow_calls(reply, session_id))
+        deep = next((call for call in reply.tool_calls if too_deep(call.get("args"))), None)
+        if deep is not None:
+            raise ModelCallError(
+                f"The model of session {session_id!r} called {deep['name']!r} with arguments "
+                f"nested more than {MAX_DEPTH} levels deep; its reply was refused and nothing "
+                "of the turn was stored.",
+                session_id=session_id,
+            )
+        return storable_message(reply)
     if isinstance(reply, str):
         return AIMessage(content=storable(reply))
     if isinstance(reply, BaseMessage):
@@ -268,19 +262,6 @@ def _with_turns(
 ) -> list[BaseMessage]:
     """Copies of `found`, each carrying its `(turn_id, turn_seq)` (see `messages`)."""
     return [with_turn(m.model_copy(deep=True), *turn) for m, turn in zip(found, turns, strict=True)]
-
-
-def _through(ctx: TurnContext) -> int:
-    return ctx.compression.through if ctx.compression is not None else 0
-
-
-def _storable_records(records: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """A turn's records with the text the user did not write made storable (`_text`)."""
-    return [m if isinstance(m, HumanMessage) else storable_message(m) for m in records]
-
-
-def _is_user_turn(records: Sequence[BaseMessage]) -> bool:
-    return bool(records) and isinstance(records[0], HumanMessage)
 
 
 def _chunk_to_message(total: AIMessageChunk | None, session_id: str | None = None) -> AIMessage:
