@@ -156,15 +156,6 @@ class SessionContext(SessionCore):
             )
         return llm_compressor(self._model)
 
-    def _summary(self, result: object) -> str:
-        if not isinstance(result, str) or not result.strip():
-            raise FunctionCallError(
-                f"The compress function of session {self._id!r} returned {result!r:.60}, "
-                "expected a non-empty summary.",
-                session_id=self._id,
-            )
-        return storable(result)
-
     def _compress_flow(
         self, current: Compression | None, records: list[BaseMessage], cut: int
     ) -> Flow[Compression]:
@@ -173,7 +164,13 @@ class SessionContext(SessionCore):
         with failing_as(self._compress_error):
             older = detached_all(records[start:cut])
             result = yield Call(call_sync, call_async, (self._compressor(), previous, older))
-        compression = Compression(summary=self._summary(result), through=cut)
+        if not isinstance(result, str) or not result.strip():
+            raise FunctionCallError(
+                f"The compress function of session {self._id!r} returned {result!r:.60}, "
+                "expected a non-empty summary.",
+                session_id=self._id,
+            )
+        compression = Compression(summary=storable(result), through=cut)
         yield Storage(MainStorage.put_compression, self._id, compression)
         self._cut = compression, len(records)
         return compression
