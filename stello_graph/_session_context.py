@@ -98,7 +98,7 @@ class SessionContext(SessionCore):
         if snap is None:
             raise SessionNotFoundError(sid)
         meta = self._active(snap.meta, operation)
-        parts = ContextParts(prompt=snap.system_prompt)
+        parts = ContextParts(prompt=snap.system_prompt, compression=snap.compression)
         if self.role == "main":
             parts.extra = snap.memory
         else:
@@ -107,7 +107,6 @@ class SessionContext(SessionCore):
             if self._topology_slot is not None:
                 parts.topology = yield from self._topology_slot.flow(sid)
         records = list(snap.records)
-        parts.compression = snap.compression
         system = self._system(meta, parts)
         cut = self._plan(system, parts, records)
         if cut is not None:
