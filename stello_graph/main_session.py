@@ -168,7 +168,7 @@ def _archived_ids(value: Iterable[str]) -> list[str]:
         raise InvalidInputError(
             f"include_archived must be a list of session ids, got {value!r:.80}."
         )
-    return list(dict.fromkeys(check_id(sid) for sid in value))
+    return [check_id(sid) for sid in value]  # `archived_l2s` reads each once
 
 
 class MainOptions(TypedDict, total=False):
@@ -362,8 +362,7 @@ class MainSession(SessionBase):
         with failing_as(self._fn_error):
             synthesis = yield Storage(MainStorage.get_memory, sid)
             raw = yield Call(call_sync, call_async, (chosen, list(children), synthesis))
-        targets = {c.session_id for c in active}
-        result = check_integration(raw, children, sid, targets=targets)
+        result = check_integration(raw, active, sid)  # no insight to an archived session
         written: dict[str, str] = yield Atomic(self._write_flow(result, version, pending))
         return IntegrationResult(synthesis=result.synthesis, insights=written)
 
