@@ -86,16 +86,14 @@ def load_skills(folder: str | os.PathLike[str]) -> list[Skill]:
     root = Path(folder)
     if not root.is_dir():
         raise InvalidInputError(f"Skills folder {os.fspath(folder)!r} is not a directory.")
-    skills: list[Skill] = []
+    skills: dict[str, Skill] = {}
     for path in sorted(root.rglob("SKILL.md")):
         text = path.read_text(encoding="utf-8")
-        skills.append(parse_skill(text, default_name=path.parent.name, where=str(path)))
-    seen: set[str] = set()
-    for skill in skills:
-        if skill.name in seen:
+        skill = parse_skill(text, default_name=path.parent.name, where=str(path))
+        if skill.name in skills:
             raise SkillLoadError(f"Two skills are named {skill.name!r}.")
-        seen.add(skill.name)
-    return skills
+        skills[skill.name] = skill
+    return list(skills.values())
 
 
 def check_allow_list(names: object, known: Sequence[str]) -> list[str]:
