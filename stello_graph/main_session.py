@@ -158,11 +158,6 @@ def check_integration(
     return IntegrationResult(synthesis=storable(result.synthesis), insights=insights)
 
 
-def _active(meta: SessionMeta | None) -> bool:
-    """Whether an insight can still go to this session (it exists and is not archived)."""
-    return meta is not None and meta.status == "active"
-
-
 def _archived_ids(value: Iterable[str]) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise InvalidInputError(
@@ -375,7 +370,8 @@ class MainSession(SessionBase):
         yield Storage(MainStorage.put_memory, self._id, result.synthesis)
         written = {}
         for session_id, insight in result.insights.items():
-            if _active((yield Storage(MainStorage.get_session, session_id))):
+            meta = yield Storage(MainStorage.get_session, session_id)
+            if meta is not None and meta.status == "active":  # not removed nor archived
                 yield Storage(MainStorage.put_insight, session_id, insight)
                 written[session_id] = insight
         return written
