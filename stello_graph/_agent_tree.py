@@ -82,7 +82,11 @@ class _Tree:
         sid, parent = check_id(session_id), check_id(new_parent_id, "new parent id")
         if sid == self.main.id:
             raise InvalidInputError("The main session is the root of the tree; it cannot move.")
-        return _move_flow(sid, parent)
+        node = yield from _node_flow(sid)
+        yield from _node_flow(parent)
+        moved = node.model_copy(update={"parent_id": parent})
+        yield Storage(MainStorage.put_node, moved)
+        return moved
 
     def move(self, session_id: str, new_parent_id: str) -> TopologyNode:
         """Move a session, with its whole subtree, under another parent.
@@ -220,14 +224,6 @@ def _siblings_flow(sid: str) -> Flow[list[TopologyNode]]:
         return []
     children: list[TopologyNode] = yield Storage(MainStorage.get_children, node.parent_id)
     return [n for n in children if n.id != sid]
-
-
-def _move_flow(sid: str, parent: str) -> Flow[TopologyNode]:
-    node = yield from _node_flow(sid)
-    yield from _node_flow(parent)
-    moved = node.model_copy(update={"parent_id": parent})
-    yield Storage(MainStorage.put_node, moved)
-    return moved
 
 
 def lineage_flow(session_id: str, *, limit: int = 10_000) -> Flow[list[ForkPoint]]:
