@@ -51,12 +51,7 @@ class CheckpointThreads:
     ) -> None:
         self.graph, self.checkpointer, self.tree_id = graph, checkpointer, tree_id
         self.prune = prune
-        if (
-            hold
-            and prune
-            and checkpointer is not None
-            and hasattr(checkpointer, "hold_first_steps")
-        ):
+        if hold and checkpointer is not None and hasattr(checkpointer, "hold_first_steps"):
             # the saver holds each run's first steps until the turn gets past its first model
             # step; `finished` / `failed` then drop them (pruned) or write them (kept)
             checkpointer.hold_first_steps = True
@@ -142,7 +137,7 @@ class CheckpointThreads:
         return callable(ended) and bool(ended(thread))
 
     @contextmanager
-    def running(self, sid: str | None = None, back: Handback | None = None) -> Iterator[None]:
+    def running(self, sid: str, back: Handback) -> Iterator[None]:
         """Around a graph run (of `sid`, lent its lease with `back`): `failed()` when it
         raises before its turn's commit. One that raises after (`back.committed`: a
         checkpoint write that failed) ended a stored turn: its thread is pruned as
@@ -155,9 +150,7 @@ class CheckpointThreads:
             raise
 
     @asynccontextmanager
-    async def arunning(
-        self, sid: str | None = None, back: Handback | None = None
-    ) -> AsyncIterator[None]:
+    async def arunning(self, sid: str, back: Handback) -> AsyncIterator[None]:
         """Async twin of `running`."""
         try:
             yield
@@ -165,8 +158,8 @@ class CheckpointThreads:
             await arun(self._raised(sid, back), None)
             raise
 
-    def _raised(self, sid: str | None, back: Handback | None) -> Flow[None]:
-        if sid is not None and back is not None and back.committed is not None:
+    def _raised(self, sid: str, back: Handback) -> Flow[None]:
+        if back.committed is not None:
             with suppress(Exception):
                 yield from self._finished(sid, False)
         else:
