@@ -129,6 +129,11 @@ def _edits_of(supersteps: Any) -> None:
                 )
 
 
+def _counted(running: AbstractContextManager[None], items: Iterator[Any]) -> Iterator[Any]:
+    with running:
+        yield from items
+
+
 class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     """The compiled stello graph: a `CompiledStateGraph` whose runs start fresh and whose
     time travel branches (see the module docstring)."""
@@ -150,32 +155,26 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         if not _between_turns(snapshot):
             raise _mid_turn(action, snapshot)
 
-    def _runtime(self) -> StelloRuntime | None:
-        """The runtime the graph was built on (`build_graph` keeps it on the builder, a
-        field LangGraph keeps in every copy); `None` for a builder without one."""
-        found = getattr(self.builder, "runtime", None)
-        return found if isinstance(found, StelloRuntime) else None
-
-    def _running(self) -> AbstractContextManager[None]:
-        runtime = self._runtime()
-        return nullcontext() if runtime is None else runtime.running()
+    def _running(self) -> AbstractContextManager[None] | None:
+        """The count of a run on the runtime the graph was built on (`build_graph` keeps it
+        on the builder, a field LangGraph keeps in every copy); `None` for a builder
+        without one."""
+        runtime = getattr(self.builder, "runtime", None)
+        return runtime.running() if isinstance(runtime, StelloRuntime) else None
 
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
         config = run(self._travel(config), None)
         items = super().stream(fresh_input(input), config, **kwargs)
-        return items if self._runtime() is None else self._counted(items)
-
-    def _counted(self, run: Iterator[Any]) -> Iterator[Any]:
-        with self._running():
-            yield from run
+        running = self._running()
+        return items if running is None else _counted(running, items)
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         config = await arun(self._travel(config), None)
-        with self._running():
+        with self._running() or nullcontext():
             async for item in super().astream(fresh_input(input), config, **kwargs):
                 yield item
 
