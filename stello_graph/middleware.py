@@ -58,7 +58,7 @@ from stello_graph.errors import InvalidInputError, StelloError
 from stello_graph.main_session import MainSession
 from stello_graph.nodes._commit import _acommit, _adone, _commit, _done
 from stello_graph.nodes._lease import aturn_lease, turn_lease
-from stello_graph.nodes.builtin_tools import BuiltinTools, CreateSessionArgs, _description
+from stello_graph.nodes.builtin_tools import CreateSessionArgs, _description
 from stello_graph.nodes.deps import StelloRuntime, tool_error_message
 from stello_graph.nodes.ops import arun_fork, run_fork
 from stello_graph.nodes.state import StelloContext
@@ -244,14 +244,12 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         return self._opened(state, tree, sid, await session.aopen_turn(operation="an agent run"))
 
     # -- the model's create_session (`stello_graph.nodes.builtin_tools`) ---------------------
-    def _fork_args(self, args: Mapping[str, Any]) -> tuple[BuiltinTools, dict[str, Any]]:
-        """The tool's arguments as the turn graph's `create_session` takes them."""
-        state = args["state"]
-        run = {"session_id": state["stello_session_id"], "pending": self._records(state)}
-        return self._run_tree(state)._builtins, {**args, "state": run}
-
     def _create_session(self, args: Mapping[str, Any]) -> Flow[dict[str, str] | str]:
-        builtins, fork = self._fork_args(args)
+        state = args["state"]
+        builtins = self._run_tree(state)._builtins
+        # the tool's arguments as the turn graph's `create_session` takes them
+        run = {"session_id": state["stello_session_id"], "pending": self._records(state)}
+        fork = {**args, "state": run}
         try:
             forked: dict[str, str] = yield Call(builtins._fork, builtins._afork, (fork,))
             return forked
