@@ -97,14 +97,12 @@ from stello_graph._validate import (
     check_tree_id,
     model_provider,
 )
-from stello_graph.agent import DEFAULT_DB, _open_storage
+from stello_graph.agent import DEFAULT_DB, _main_id, _open_storage
 from stello_graph.config import StelloConfig
 from stello_graph.errors import InvalidInputError, ModelNotConfiguredError
 from stello_graph.graph import StelloGraph, build_graph
-from stello_graph.main_session import MainSession
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.schedule import Schedule
-from stello_graph.storage import MainStorage
 
 __all__ = [
     "CONSOLIDATE_ENV",
@@ -301,7 +299,6 @@ def _env_settings() -> _Settings:
 # -- the trees ------------------------------------------------------------------------------
 @dataclass(slots=True)
 class _Tree:
-    storage: MainStorage
     runtime: StelloRuntime
     graph: StelloGraph
     holds: int = 0
@@ -322,10 +319,9 @@ _opening = threading.Lock()  # one opening at a time, so a tree is opened once
 def _open(uri: str, tree_id: str, config: StelloConfig) -> _Tree:
     storage = _open_storage(uri, tree_id)
     try:
-        if storage.get_main_session() is None:
-            MainSession.create(storage, label=config.main_label, system_prompt=config.system_prompt)
+        _main_id(storage, config)  # created on first use
         runtime = StelloRuntime(storage, config)
-        return _Tree(storage, runtime, build_graph(runtime))
+        return _Tree(runtime, build_graph(runtime))
     except BaseException:
         getattr(storage, "close", lambda: None)()
         raise
@@ -335,7 +331,7 @@ def _close(tree: _Tree) -> None:
     """Finish the tree's queued background jobs, stop its scheduler, close its storage."""
     if tree.runtime.scheduler is not None:
         tree.runtime.scheduler.close(wait=True)
-    getattr(tree.storage, "close", lambda: None)()
+    getattr(tree.runtime.storage, "close", lambda: None)()
 
 
 def _take(key: tuple[str, str], *, hold: bool = False) -> _Tree | None:
