@@ -19,7 +19,6 @@ from stello_graph.errors import (
     InvalidInputError,
     SessionNotFoundError,
 )
-from stello_graph.lease import SessionLeases
 from stello_graph.models import (
     IntegrationResult,
     SessionMeta,
@@ -94,7 +93,6 @@ class _Memory:
 
     storage: MainStorage
     _runtime: StelloRuntime
-    _leases: SessionLeases
     _mux: EventMux
     _recorder: EventRecorder
 
