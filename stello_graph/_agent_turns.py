@@ -114,15 +114,14 @@ class _Turns:
     ) -> Flow[tuple[str, dict[str, Any]]]:
         sid = check_id(session_id)
         check_text(text, "text")
-        choice = None if tool_choice is None else check_tool_choice(tool_choice)
         # the turn is named in its input: a crash that loses the START step's writes makes
         # LangGraph run that step again, under new checkpoint ids, and an id derived from
         # them would be a new turn (its fork made twice, or its commit stored twice)
         payload: dict[str, Any] = {"session_id": sid, "input": text, "turn_id": str(uuid.uuid4())}
-        if choice is not None:  # an input key left out is not checkpointed
-            payload["tool_choice"] = choice
+        if tool_choice is not None:  # an input key left out is not checkpointed
+            payload["tool_choice"] = check_tool_choice(tool_choice)
             # the session's tools, before anything is written
-            yield from self._target(sid, choice)
+            yield from self._target(sid, tool_choice)
         return sid, payload
 
     def _target(self, sid: str, tool_choice: ToolChoice = None) -> Flow[str]:
