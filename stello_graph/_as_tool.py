@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
-from langgraph.graph.state import CompiledStateGraph
 
 from stello_graph._validate import check_id
 from stello_graph.errors import InvalidInputError
@@ -91,22 +90,16 @@ def _answer(sid: str, result: TurnResult) -> str:
     return result.content
 
 
-def _subgraph(agent: StelloAgent) -> CompiledStateGraph[Any, Any, Any, Any]:
-    """The agent's graph compiled without a checkpointer: it takes the caller's."""
-    found = agent._tool_graph
-    if found is None:
-        found = build_graph(agent._runtime).compile(name="stello", store=agent.settings.store)
-        agent._tool_graph = found
-    return found
-
-
 def session_tool(
     agent: StelloAgent, session_id: str, *, name: str | None = None, description: str | None = None
 ) -> BaseTool:
     """A tool that asks one session of `agent` a question (one turn); see the module doc."""
     sid = check_id(session_id)
     label = agent.session(sid).meta.label
-    graph = _subgraph(agent)
+    graph = agent._tool_graph  # the agent's graph without a checkpointer: it takes the caller's
+    if graph is None:
+        graph = build_graph(agent._runtime).compile(name="stello", store=agent.settings.store)
+        agent._tool_graph = graph
 
     def ask(question: str, config: RunnableConfig) -> str:
         if _in_graph(config):
