@@ -181,10 +181,7 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     )
     graph.runtime = deps
     graph.add_node("enter", make_enter_node(deps))
-    graph.add_node(
-        "model", make_model_node(deps), retry_policy=model_retry_policy(deps.model_retry)
-    )
-    graph.add_node("tools", make_tools_node(deps))
+    _add_turn(graph, deps, replays=True)
     graph.add_node("fork", make_fork_node(deps))
     graph.add_node("consolidate", make_consolidate_node(deps))
     graph.add_node("integrate", make_integrate_node(deps))
@@ -198,8 +195,6 @@ def build_graph(deps: StelloRuntime) -> StelloGraph:
     graph.add_conditional_edges("plan_tree", route_level, ["integrate_subtree", "finish_tree"])
     graph.add_edge("integrate_subtree", "next_level")
     graph.add_conditional_edges("next_level", route_level, ["integrate_subtree", "finish_tree"])
-    graph.add_conditional_edges("model", route_after_model, ["tools", END])
-    graph.add_edge("tools", "model")
     for last in ("fork", "consolidate", "integrate", "finish_tree"):
         graph.add_edge(last, END)
     return graph
@@ -232,16 +227,19 @@ def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
     other began.
     """
     graph = TurnGraph(TurnState, input_schema=TurnInput, output_schema=TurnOutput)
-    graph.add_node(  # the agent names each turn afresh (`turn_id`): no input asks one again
-        "model",
-        make_model_node(deps, replays=False),
-        retry_policy=model_retry_policy(deps.model_retry),
-    )
-    graph.add_node("tools", make_tools_node(deps))
+    # the agent names each turn afresh (`turn_id`): no input asks one again
+    _add_turn(graph, deps, replays=False)
     graph.add_edge(START, "model")
+    return graph
+
+
+def _add_turn(graph: StateGraph[Any, Any, Any, Any], deps: StelloRuntime, *, replays: bool) -> None:
+    """A turn's nodes and edges, `model -> (tools -> model)* -> END`."""
+    retry = model_retry_policy(deps.model_retry)
+    graph.add_node("model", make_model_node(deps, replays=replays), retry_policy=retry)
+    graph.add_node("tools", make_tools_node(deps))
     graph.add_conditional_edges("model", route_after_model, ["tools", END])
     graph.add_edge("tools", "model")
-    return graph
 
 
 def build_stello_graph(
