@@ -22,6 +22,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Durability, Interrupt, StateSnapshot
 
 from stello_graph._base import ToolChoice, check_tool_choice
+from stello_graph._compiled import flagged
 from stello_graph._event_log import EventRecorder
 from stello_graph._events_mux import EventMux
 from stello_graph._flow import Call, Flow, Storage, arun, run
@@ -294,7 +295,9 @@ class _Turns:
                 # read again under the lease: a resume that ended meanwhile left nothing to do
                 payload = run(self._in_flight(sid, value), None)
                 with self._threads.running(sid, back):
-                    config = _resuming(self.config(sid))
+                    # a run that continues a turn looks for it in L3 first, where a crash
+                    # after its commit left it
+                    config = flagged(self.config(sid), RESUMING_KEY)
                     out = self._turn_graph.invoke(payload, config, durability=self._durability)
                     return self._finished(sid, self._result(sid, out))
         except Exception as error:
@@ -308,8 +311,9 @@ class _Turns:
             async with arun_held(self._leases, sid, back):
                 payload = await arun(self._in_flight(sid, value), None)
                 async with self._threads.arunning(sid, back):
+                    config = flagged(self.config(sid), RESUMING_KEY)
                     out = await self._turn_graph.ainvoke(
-                        payload, _resuming(self.config(sid)), durability=self._durability
+                        payload, config, durability=self._durability
                     )
                     return await self._afinished(sid, self._result(sid, out))
         except Exception as error:
@@ -355,8 +359,7 @@ class _Turns:
         back = _kept()
         try:
             with self._held_run(sid, back):
-                config = self._threads.config(sid)
-                config = {"configurable": {**config["configurable"], CANCEL_KEY: cancel}}
+                config = flagged(self._threads.config(sid), CANCEL_KEY, cancel)
                 self._switch(sid)
                 q = self._mux.open()
                 items = stoppable(
@@ -424,12 +427,6 @@ class _Turns:
         if state is None or not state.interrupts:
             done = TurnResult(session_id=sid, content="")
             yield Call(self._finished, self._afinished, (sid, done))
-
-
-def _resuming(config: RunnableConfig) -> RunnableConfig:
-    """`config` of a run that continues a turn (`RESUMING_KEY`: its opening round looks for
-    the turn in L3 first, where a crash after its commit left it)."""
-    return {**config, "configurable": {**config.get("configurable", {}), RESUMING_KEY: True}}
 
 
 def _kept() -> Handback:

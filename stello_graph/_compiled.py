@@ -39,15 +39,20 @@ from stello_graph.nodes._channels import RUN_INPUTS
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.entry import TRAVEL_KEY
 
-__all__ = ["REPLAY_KEY", "StelloCompiledGraph", "allow_replay", "fresh_input"]
+__all__ = ["REPLAY_KEY", "StelloCompiledGraph", "allow_replay", "flagged", "fresh_input"]
 
 REPLAY_KEY = "stello_allow_replay"
 """The `configurable` key that lets one run start from an earlier checkpoint."""
 
 
+def flagged(config: RunnableConfig, key: str, value: Any = True) -> RunnableConfig:
+    """`config` with `configurable[key] = value`."""
+    return {**config, "configurable": {**(config.get("configurable") or {}), key: value}}
+
+
 def allow_replay(config: RunnableConfig) -> RunnableConfig:
     """`config`, allowed to replay from the earlier checkpoint it names (see the module)."""
-    return {**config, "configurable": {**(config.get("configurable") or {}), REPLAY_KEY: True}}
+    return flagged(config, REPLAY_KEY)
 
 
 _MID_TURN = "a turn can go on on a branch only from a checkpoint between turns"
@@ -111,10 +116,6 @@ def _between_turns(snapshot: Any) -> bool:
     return not next_ or source == "input" or next_ == ("enter",)
 
 
-def _travelling(config: RunnableConfig) -> RunnableConfig:
-    return {**config, "configurable": {**(config.get("configurable") or {}), TRAVEL_KEY: True}}
-
-
 def _edits_of(supersteps: Any) -> None:
     """Refuse an edit of anything but `messages` (`TimeTravelError`)."""
     for superstep in supersteps:
@@ -147,7 +148,7 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         if _is_latest(wanted, (yield Call(saver.get_tuple, saver.aget_tuple, (query,)))):
             return config
         yield from self._refuse_mid_turn(config, "Replaying")
-        return _travelling(config)
+        return flagged(config, TRAVEL_KEY)
 
     def _refuse_mid_turn(self, config: RunnableConfig, action: str) -> Flow[None]:
         """Refuse (`TimeTravelError`) a checkpoint in the middle of a turn."""
