@@ -55,31 +55,6 @@ def allow_replay(config: RunnableConfig) -> RunnableConfig:
     return flagged(config, REPLAY_KEY)
 
 
-_MID_TURN = "a turn can go on on a branch only from a checkpoint between turns"
-
-
-def _mid_turn(action: str, snapshot: Any) -> TimeTravelError:
-    pending = ", ".join(snapshot.next)
-    return TimeTravelError(
-        f"{action} a checkpoint in the middle of a turn ({pending} pending)", _MID_TURN
-    )
-
-
-def _latest_query(config: RunnableConfig | None) -> tuple[str, RunnableConfig] | None:
-    """The checkpoint a run asks to start from, and the query of its thread's latest."""
-    conf = (config or {}).get("configurable") or {}
-    wanted = conf.get("checkpoint_id")
-    if not wanted or conf.get("thread_id") is None or conf.get(REPLAY_KEY) is True:
-        return None
-    query: RunnableConfig = {
-        "configurable": {
-            "thread_id": conf["thread_id"],
-            "checkpoint_ns": conf.get("checkpoint_ns", ""),
-        }
-    }
-    return str(wanted), query
-
-
 def _check_turn(input: Mapping[str, Any]) -> None:
     given = [key for key in ("input", "messages") if input.get(key) is not None]
     if len(given) == 2:
@@ -102,10 +77,6 @@ def fresh_input(input: Any) -> Any:
             _check_turn(input)
         return {**dict.fromkeys(RUN_INPUTS), **input}
     return input  # a `Command`, or `None` (continue the latest checkpoint)
-
-
-def _is_latest(wanted: str, latest: Any) -> bool:
-    return latest is None or latest.config["configurable"].get("checkpoint_id") == wanted
 
 
 def _between_turns(snapshot: Any) -> bool:
@@ -141,11 +112,18 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
 
     def _travel(self, config: RunnableConfig | None) -> Flow[RunnableConfig | None]:
         """`config`, flagged when it replays an earlier checkpoint between turns."""
-        found, saver = _latest_query(config), self.checkpointer
-        if found is None or not isinstance(saver, BaseCheckpointSaver) or config is None:
+        conf, saver = (config or {}).get("configurable") or {}, self.checkpointer
+        wanted, thread = conf.get("checkpoint_id"), conf.get("thread_id")
+        if not wanted or thread is None or conf.get(REPLAY_KEY) is True or config is None:
             return config
-        wanted, query = found
-        if _is_latest(wanted, (yield Call(saver.get_tuple, saver.aget_tuple, (query,)))):
+        if not isinstance(saver, BaseCheckpointSaver):
+            return config
+        # the thread's latest checkpoint: a run from it continues the thread as usual
+        query = {
+            "configurable": {"thread_id": thread, "checkpoint_ns": conf.get("checkpoint_ns", "")}
+        }
+        latest = yield Call(saver.get_tuple, saver.aget_tuple, (query,))
+        if latest is None or latest.config["configurable"].get("checkpoint_id") == str(wanted):
             return config
         yield from self._refuse_mid_turn(config, "Replaying")
         return flagged(config, TRAVEL_KEY)
@@ -154,7 +132,11 @@ class StelloCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         """Refuse (`TimeTravelError`) a checkpoint in the middle of a turn."""
         snapshot = yield Call(self.get_state, self.aget_state, (config,))
         if not _between_turns(snapshot):
-            raise _mid_turn(action, snapshot)
+            pending = ", ".join(snapshot.next)
+            raise TimeTravelError(
+                f"{action} a checkpoint in the middle of a turn ({pending} pending)",
+                "a turn can go on on a branch only from a checkpoint between turns",
+            )
 
     def _running(self) -> AbstractContextManager[None] | None:
         """The count of a run on the runtime the graph was built on (`build_graph` keeps it
