@@ -137,9 +137,6 @@ class ForkOptions(TypedDict, total=False):
     """The child's own tools (kept in memory, not in storage)."""
 
 
-_FORK_OPTIONS = tuple(ForkOptions.__annotations__)
-
-
 class StelloAgent(_Turns, _Memory, _Tree):
     """A session topology driven by a LangGraph graph: turns, forks, memory, scheduling.
 
@@ -353,7 +350,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
 
     # -- topology operations ----------------------------------------------------------------
     def _fork_state(self, source_id: object, label: object, options: ForkOptions) -> ForkState:
-        unknown = set(options) - set(_FORK_OPTIONS)
+        unknown = set(options) - set(ForkOptions.__annotations__)
         if unknown:
             raise InvalidInputError(f"Unknown fork option(s) {sorted(unknown)}.")
         # model and tools are applied once the fork ran: check them before it runs
