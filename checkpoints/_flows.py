@@ -70,15 +70,9 @@ again (a waiter asks every few milliseconds)."""
 
 # -- per-session values ---------------------------------------------------------------------
 def field(session_id: str, name: str) -> Flow[Any]:
-    """One of the session's `FIELDS` (`None` for a missing session)."""
+    """One of the session's `FIELDS` (`None` when unset or for a missing session)."""
     values = yield Op(StorageBackend.op_get_fields, session_id, (name,))
     return None if values is None else values[0]
-
-
-def text(session_id: str, name: str) -> Flow[str | None]:
-    """A text value of the session (`None` when unset or missing)."""
-    value: str | None = yield from field(session_id, name)
-    return value
 
 
 def number(session_id: str, name: str) -> Flow[int]:
@@ -162,22 +156,6 @@ def _existing(session_id: str) -> Flow[None]:
         raise SessionNotFoundError(session_id)
 
 
-def count(session_id: str) -> Flow[int]:
-    found: int = yield Op(OptionalPrimitives.op_count, session_id)
-    return found
-
-
-def append(
-    session_id: str,
-    records: list[EncodedMessage],
-    at: str,
-    user_turn: bool,
-    turns: list[RecordTurn],
-) -> Flow[int]:
-    found: int = yield Op(StorageBackend.op_append, session_id, records, at, user_turn, turns)
-    return found
-
-
 _SNAPSHOT = (
     *("settings", "system_prompt", "insight", "memory", "subtree_synthesis"),
     *("compression", "compression_through", "turn_count"),
@@ -243,11 +221,6 @@ def commit_records(
 
 def has_turn(session_id: str, turn_id: str) -> Flow[bool]:
     return bool((yield Op(OptionalPrimitives.op_has_turn, session_id, turn_id)))
-
-
-def get_node(node_id: str) -> Flow[TopologyNode | None]:
-    node: TopologyNode | None = yield Op(OptionalPrimitives.op_get_node, node_id)
-    return node
 
 
 def list_sessions(status: Any, role: Any, tags: tuple[str, ...]) -> Flow[list[SessionMeta]]:
@@ -359,11 +332,6 @@ def tree() -> Flow[list[TopologyNode]]:
 
 
 # -- the event log ---------------------------------------------------------------------------
-def append_event(kind: str, session_id: str | None, payload: str, at: str) -> Flow[int]:
-    cursor: int = yield Op(StorageBackend.op_append_event, kind, session_id, payload, at)
-    return cursor
-
-
 def events_after(cursor: int, limit: int) -> Flow[list[StoredEvent]]:
     rows: list[EventRow] = yield Op(StorageBackend.op_events_after, cursor, limit)
     return [

@@ -233,7 +233,7 @@ class BackendStorage(BulkReads, TreeMethods):
         `list_record_turns`.
         """
         args = append_args(session_id, messages, user_turn, turn_id)
-        return self._txn.write(flows.append(*args))
+        return self._txn.write(one(StorageBackend.op_append, *args))
 
     async def aappend_records(
         self,
@@ -245,7 +245,7 @@ class BackendStorage(BulkReads, TreeMethods):
     ) -> int:
         """Async twin of `append_records`."""
         args = append_args(session_id, messages, user_turn, turn_id)
-        return await self._txn.awrite(flows.append(*args))
+        return await self._txn.awrite(one(StorageBackend.op_append, *args))
 
     def list_record_turns(
         self,
@@ -384,11 +384,11 @@ class BackendStorage(BulkReads, TreeMethods):
 
     def count_records(self, session_id: str) -> int:
         """The number of L3 records (0 for a missing session)."""
-        return self._txn.read(flows.count(check_identifier(session_id)))
+        return self._txn.read(one(OptionalPrimitives.op_count, check_identifier(session_id)))
 
     async def acount_records(self, session_id: str) -> int:
         """Async twin of `count_records`."""
-        return await self._txn.aread(flows.count(check_identifier(session_id)))
+        return await self._txn.aread(one(OptionalPrimitives.op_count, check_identifier(session_id)))
 
     def get_turn_count(self, session_id: str) -> int:
         """User turns committed with `append_records(..., user_turn=True)`."""

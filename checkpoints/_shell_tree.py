@@ -61,11 +61,11 @@ class TreeMethods:
     # -- system prompt, insight, memory ---------------------------------------------------
     def get_system_prompt(self, session_id: str) -> str | None:
         """The system prompt, or `None`."""
-        return self._txn.read(flows.text(check_identifier(session_id), "system_prompt"))
+        return self._txn.read(flows.field(check_identifier(session_id), "system_prompt"))
 
     async def aget_system_prompt(self, session_id: str) -> str | None:
         """Async twin of `get_system_prompt`."""
-        return await self._txn.aread(flows.text(check_identifier(session_id), "system_prompt"))
+        return await self._txn.aread(flows.field(check_identifier(session_id), "system_prompt"))
 
     def put_system_prompt(self, session_id: str, prompt: str | None) -> None:
         """Set the system prompt; `None` removes it."""
@@ -79,11 +79,11 @@ class TreeMethods:
 
     def get_insight(self, session_id: str) -> str | None:
         """The pending insight, read without consuming it."""
-        return self._txn.read(flows.text(check_identifier(session_id), "insight"))
+        return self._txn.read(flows.field(check_identifier(session_id), "insight"))
 
     async def aget_insight(self, session_id: str) -> str | None:
         """Async twin of `get_insight`."""
-        return await self._txn.aread(flows.text(check_identifier(session_id), "insight"))
+        return await self._txn.aread(flows.field(check_identifier(session_id), "insight"))
 
     def put_insight(self, session_id: str, insight: str) -> None:
         """Replace the pending insight."""
@@ -107,11 +107,11 @@ class TreeMethods:
 
     def get_memory(self, session_id: str) -> str | None:
         """The L2 (the synthesis, for the main session), or `None`."""
-        return self._txn.read(flows.text(check_identifier(session_id), "memory"))
+        return self._txn.read(flows.field(check_identifier(session_id), "memory"))
 
     async def aget_memory(self, session_id: str) -> str | None:
         """Async twin of `get_memory`."""
-        return await self._txn.aread(flows.text(check_identifier(session_id), "memory"))
+        return await self._txn.aread(flows.field(check_identifier(session_id), "memory"))
 
     def put_memory(self, session_id: str, memory: str, *, through: int | None = None) -> None:
         """Replace the memory; `through` (records covered) is kept when `None`.
@@ -138,11 +138,11 @@ class TreeMethods:
 
     def get_subtree_synthesis(self, session_id: str) -> str | None:
         """What tree integration last made of the node's children, or `None`."""
-        return self._txn.read(flows.text(check_identifier(session_id), "subtree_synthesis"))
+        return self._txn.read(flows.field(check_identifier(session_id), "subtree_synthesis"))
 
     async def aget_subtree_synthesis(self, session_id: str) -> str | None:
         """Async twin of `get_subtree_synthesis`."""
-        return await self._txn.aread(flows.text(check_identifier(session_id), "subtree_synthesis"))
+        return await self._txn.aread(flows.field(check_identifier(session_id), "subtree_synthesis"))
 
     def put_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
         """Replace the subtree synthesis of a node."""
@@ -199,11 +199,15 @@ class TreeMethods:
 
     def get_node(self, node_id: str) -> TopologyNode | None:
         """The node, or `None`."""
-        return self._txn.read(flows.get_node(check_identifier(node_id, "node_id")))
+        return self._txn.read(
+            one(OptionalPrimitives.op_get_node, check_identifier(node_id, "node_id"))
+        )
 
     async def aget_node(self, node_id: str) -> TopologyNode | None:
         """Async twin of `get_node`."""
-        return await self._txn.aread(flows.get_node(check_identifier(node_id, "node_id")))
+        return await self._txn.aread(
+            one(OptionalPrimitives.op_get_node, check_identifier(node_id, "node_id"))
+        )
 
     def get_children(self, parent_id: str) -> list[TopologyNode]:
         """Direct children, in creation order."""
@@ -333,7 +337,9 @@ class TreeMethods:
         """Append an event to the tree's log; return its cursor (larger than every earlier
         one). `data` is a JSON object; `at` defaults to now. Inside a transaction, the event
         is written (or rolled back) with it."""
-        return self._txn.write(flows.append_event(*event_args(kind, session_id, data, at)))
+        return self._txn.write(
+            one(StorageBackend.op_append_event, *event_args(kind, session_id, data, at))
+        )
 
     async def aappend_event(
         self,
@@ -344,7 +350,9 @@ class TreeMethods:
         at: datetime | None = None,
     ) -> int:
         """Async twin of `append_event`."""
-        return await self._txn.awrite(flows.append_event(*event_args(kind, session_id, data, at)))
+        return await self._txn.awrite(
+            one(StorageBackend.op_append_event, *event_args(kind, session_id, data, at))
+        )
 
     def events_after(self, cursor: int = 0, *, limit: int = 100) -> list[StoredEvent]:
         """The events of the log with a cursor above `cursor`, oldest first, at most `limit`
