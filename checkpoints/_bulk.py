@@ -64,10 +64,6 @@ def _page(rows: list[L2Row], size: int) -> tuple[int | None, list[ChildL2]]:
     return after, built(lambda row: stored_l2(*row[1:]), rows)
 
 
-def _topology_text() -> Flow[TopologyText | None]:
-    return one(TopologyTextBackend.op_topology_text)
-
-
 def _turn_counts() -> Flow[dict[str, int]]:
     return dict((yield from one(OptionalPrimitives.op_all_fields, ("turn_count",))))
 
@@ -85,13 +81,13 @@ class BulkReads:
         has aborted the transaction and is raised)."""
         if not self._txn.has(TopologyTextBackend.op_topology_text):
             return None
-        return self._txn.read(_topology_text())
+        return self._txn.read(one(TopologyTextBackend.op_topology_text))
 
     async def atopology_text(self) -> TopologyText | None:
         """Async twin of `topology_text`."""
         if not self._txn.has(TopologyTextBackend.op_topology_text, in_async=True):
             return None
-        return await self._txn.aread(_topology_text())
+        return await self._txn.aread(one(TopologyTextBackend.op_topology_text))
 
     def topology_parts(self) -> TopologyParts:
         """The nodes in tree order, every session's meta, the lineage and every session's
