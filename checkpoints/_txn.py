@@ -49,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from stello_graph._cancelled import CallCancelled
 from stello_graph._event_log import running_loop
@@ -173,8 +173,7 @@ class Transactions:
             return
         self._acquire()
         try:
-            self._hooks.begin(wait=True)
-            with self._owning(threading.get_ident(), whole=not savepoints), self._committing():
+            with self._outermost(whole=not savepoints):
                 yield
         finally:
             self._release()
@@ -184,8 +183,7 @@ class Transactions:
         if self.owns():
             assert self._owner is not None
             self._owner.refuse_broken()
-            with self._inline:
-                return drive(flow, self._backend)
+            return self._inline_read(flow)
         self._acquire()
         try:
             return drive(flow, self._backend)
@@ -219,20 +217,17 @@ class Transactions:
                 yield
             return
         await self._alock()
-        reset = self._own(None, asyncio.get_running_loop(), whole=not savepoints)
         try:
-            await self._abegin()
-            try:
-                yield
-            except BaseException:
-                await self._aend(commit=False)
-                raise
-            if self._owner is not None and self._owner.broken is not None:
-                await self._aend(commit=False)
-                raise StorageError(_BROKEN) from self._owner.broken
-            await self._aend(commit=True)
+            with self._owning(None, asyncio.get_running_loop(), whole=not savepoints) as owner:
+                await self._abegin()
+                try:
+                    yield
+                except BaseException:
+                    await self._aend(commit=False)
+                    raise
+                await self._aend(commit=owner.broken is None)
+                owner.refuse_broken()
         finally:
-            self._disown(reset)
             self._release()
 
     async def aread(self, flow: Flow[T]) -> T:
@@ -244,11 +239,10 @@ class Transactions:
         if not self.native:
             return await self._aqueued(self._read_one, flow)
         await self._alock()
-        reset = self._own(None, asyncio.get_running_loop())
         try:
-            return await adrive(flow, self._abackend)
+            with self._owning(None, asyncio.get_running_loop()):
+                return await adrive(flow, self._abackend)
         finally:
-            self._disown(reset)
             self._release()
 
     async def awrite(self, flow: Flow[T]) -> T:
@@ -302,37 +296,33 @@ class Transactions:
         for woken in tuple(self._waiters):
             _wake(woken)
 
-    def _own(
+    @contextmanager
+    def _owning(
         self, thread_id: int | None, loop: asyncio.AbstractEventLoop | None, whole: bool = False
-    ) -> Any:
+    ) -> Iterator[_Owner]:
+        """Own the lock taken (the thread of a sync transaction, or the task on `loop`)."""
         owner = _Owner(object(), thread_id, loop, whole_at=0 if whole else None)
         self._owner = owner
-        return _OWNED.set(_OWNED.get() | {owner.token})
-
-    def _disown(self, reset: Any) -> None:
-        _OWNED.reset(reset)
-        self._owner = None
-
-    @contextmanager
-    def _owning(self, thread_id: int | None, whole: bool = False) -> Iterator[None]:
-        reset = self._own(thread_id, None, whole)
+        reset = _OWNED.set(_OWNED.get() | {owner.token})
         try:
-            yield
+            yield owner
         finally:
-            self._disown(reset)
+            _OWNED.reset(reset)
+            self._owner = None
 
     # -- sync transaction steps -----------------------------------------------------------
     @contextmanager
-    def _committing(self) -> Iterator[None]:
-        try:
-            yield
-        except BaseException:
-            self._end(commit=False)
-            raise
-        if self._owner is not None and self._owner.broken is not None:
-            self._end(commit=False)
-            raise StorageError(_BROKEN) from self._owner.broken
-        self._end(commit=True)
+    def _outermost(self, whole: bool = False) -> Iterator[None]:
+        """Begin, own and commit the outermost transaction (the lock taken)."""
+        self._hooks.begin(wait=True)
+        with self._owning(threading.get_ident(), None, whole) as owner:
+            try:
+                yield
+            except BaseException:
+                self._end(commit=False)
+                raise
+            self._end(commit=owner.broken is None)
+            owner.refuse_broken()
 
     def _end(self, *, commit: bool) -> None:
         with self._inline:
@@ -346,36 +336,39 @@ class Transactions:
                 raise
 
     @contextmanager
-    def _savepoint(self, whole: bool = False) -> Iterator[None]:
+    def _level(self, whole: bool) -> Iterator[tuple[_Owner, int | None]]:
+        """A nested block of the owner (`whole`: an all-or-nothing one) and the depth of its
+        savepoint; `None` inside an all-or-nothing block, whose undo covers it."""
         owner = self._owner
         assert owner is not None
-        if owner.whole_at is not None:  # inside an all-or-nothing block: its undo covers this
+        if owner.whole_at is not None:
             with _part_of_whole(owner, whole):
-                yield
+                yield owner, None
             return
         owner.depth += 1
-        depth = owner.depth
         if whole:
-            owner.whole_at = depth
+            owner.whole_at = owner.depth
         try:
-            with self._inline:
-                self._hooks.savepoint(depth)
-            try:
-                yield
-            except BaseException:
-                with self._inline:
-                    self._hooks.rollback_to(depth)
-                raise
-            if owner.broken is not None:
-                with self._inline:
-                    self._hooks.rollback_to(depth)
-                owner.refuse_broken()
-            with self._inline:
-                self._hooks.release(depth)
+            yield owner, owner.depth
         finally:
             owner.depth -= 1
             if whole:
                 owner.whole_at, owner.broken = None, None
+
+    @contextmanager
+    def _savepoint(self, whole: bool = False) -> Iterator[None]:
+        with self._level(whole) as (owner, depth):
+            if depth is None:
+                yield
+                return
+            self._hook(TransactionHooks.savepoint, depth)
+            try:
+                yield
+            except BaseException:
+                self._hook(TransactionHooks.rollback_to, depth)
+                raise
+            self._hook(_leaving(owner), depth)
+            owner.refuse_broken()
 
     # -- the queue of async calls (sync-only backends) ------------------------------------
     async def _aqueued(self, fn: Callable[[Flow[T]], T], flow: Flow[T]) -> T:
@@ -417,8 +410,7 @@ class Transactions:
         return drive(flow, self._backend)
 
     def _write_one(self, flow: Flow[T]) -> T:
-        self._hooks.begin(wait=True)
-        with self._owning(threading.get_ident()), self._committing():
+        with self._outermost():
             return drive(flow, self._backend)
 
     def _nested_write(self, flow: Flow[T]) -> T:
@@ -432,12 +424,6 @@ class Transactions:
     def _hook(self, hook: Callable[[TransactionHooks, int], None], depth: int) -> None:
         with self._inline:
             getattr(self._hooks, hook.__name__)(depth)
-
-    def _begin(self) -> None:
-        self._hooks.begin(wait=True)
-
-    def _rollback(self) -> None:
-        self._end(commit=False)
 
     async def _in_worker(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Await `fn` in the storage's worker thread, with the caller's context (ownership).
@@ -476,10 +462,10 @@ class Transactions:
             await self._ahooks.begin(wait=True)
             return
         try:
-            await self._in_worker(self._begin)
+            await self._in_worker(self._hooks.begin, wait=True)
         except asyncio.CancelledError:
             # cancelled once the transaction had begun (or not: rolling back is harmless)
-            await self._in_worker(self._rollback)
+            await self._in_worker(self._end, commit=False)
             raise
 
     async def _aend(self, *, commit: bool) -> None:
@@ -529,31 +515,23 @@ class Transactions:
 
     @asynccontextmanager
     async def _asavepoint(self, whole: bool = False) -> AsyncIterator[None]:
-        owner = self._owner
-        assert owner is not None
-        if owner.whole_at is not None:  # inside an all-or-nothing block: its undo covers this
-            with _part_of_whole(owner, whole):
+        with self._level(whole) as (owner, depth):
+            if depth is None:
                 yield
-            return
-        owner.depth += 1
-        depth = owner.depth
-        if whole:
-            owner.whole_at = depth
-        try:
+                return
             await self._ahook(TransactionHooks.savepoint, depth)
             try:
                 yield
             except BaseException:
                 await self._ahook(TransactionHooks.rollback_to, depth)
                 raise
-            if owner.broken is not None:
-                await self._ahook(TransactionHooks.rollback_to, depth)
-                owner.refuse_broken()
-            await self._ahook(TransactionHooks.release, depth)
-        finally:
-            owner.depth -= 1
-            if whole:
-                owner.whole_at, owner.broken = None, None
+            await self._ahook(_leaving(owner), depth)
+            owner.refuse_broken()
+
+
+def _leaving(owner: _Owner) -> Callable[[TransactionHooks, int], None]:
+    """The hook that ends a savepoint: undo it when a block nested in it failed."""
+    return TransactionHooks.release if owner.broken is None else TransactionHooks.rollback_to
 
 
 @contextmanager
