@@ -237,7 +237,7 @@ class Transactions:
             self._owner.refuse_broken()
             return await self._ainline(flow)
         if not self.native:
-            return await self._aqueued(self._read_one, flow)
+            return await self._aqueued(drive, flow, self._backend)
         await self._alock()
         try:
             with self._owning(None, asyncio.get_running_loop()):
@@ -371,13 +371,13 @@ class Transactions:
             owner.refuse_broken()
 
     # -- the queue of async calls (sync-only backends) ------------------------------------
-    async def _aqueued(self, fn: Callable[[Flow[T]], T], flow: Flow[T]) -> T:
-        """`fn(flow)` in the worker, through the queue. The calls queued while one runs are
-        run under one taking of the lock (`_lead`): tasks asking at once (the leases of a
-        gathered round of turns) cost one hand-off to the worker and back, not one each with
-        the lock passed on in between. Cancelled before it runs, the call is taken off the
-        queue; once it runs, as `_settle` says."""
-        done = self._queue.put(fn, flow)
+    async def _aqueued(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn(*args, **kwargs)` in the worker, through the queue. The calls queued while one
+        runs are run under one taking of the lock (`_lead`): tasks asking at once (the leases
+        of a gathered round of turns) cost one hand-off to the worker and back, not one each
+        with the lock passed on in between. Cancelled before it runs, the call is taken off
+        the queue; once it runs, as `_settle` says."""
+        done = self._queue.put(fn, *args, **kwargs)
         try:
             return await asyncio.shield(done)
         except asyncio.CancelledError:
@@ -406,9 +406,6 @@ class Transactions:
             raise
 
     # -- what the worker thread runs (sync-only backends) ---------------------------------
-    def _read_one(self, flow: Flow[T]) -> T:
-        return drive(flow, self._backend)
-
     def _write_one(self, flow: Flow[T]) -> T:
         with self._outermost():
             return drive(flow, self._backend)
