@@ -148,11 +148,9 @@ class BulkReads:
         Raises:
             InvalidInputError: an unknown `part`.
         """
-        count: int = self._txn.read(one(StorageBackend.op_export_rows, _part(part), sink))
-        return count
+        return self._txn.read(one(StorageBackend.op_export_rows, _part(part), sink))
 
     async def aexport_rows(self, part: ExportPart, sink: RowSink) -> int:
         """Async twin of `export_rows` (on SQLite `sink` runs in the storage's worker
         thread)."""
-        count: int = await self._txn.aread(one(StorageBackend.op_export_rows, _part(part), sink))
-        return count
+        return await self._txn.aread(one(StorageBackend.op_export_rows, _part(part), sink))

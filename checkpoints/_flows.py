@@ -70,9 +70,15 @@ again (a waiter asks every few milliseconds)."""
 
 # -- per-session values ---------------------------------------------------------------------
 def field(session_id: str, name: str) -> Flow[Any]:
-    """One of the session's `FIELDS` (`None` when unset or for a missing session)."""
+    """One of the session's `FIELDS` (`None` for a missing session)."""
     values = yield Op(StorageBackend.op_get_fields, session_id, (name,))
     return None if values is None else values[0]
+
+
+def text(session_id: str, name: str) -> Flow[str | None]:
+    """A text value of the session (`None` when unset or missing)."""
+    value: str | None = yield from field(session_id, name)
+    return value
 
 
 def number(session_id: str, name: str) -> Flow[int]:

@@ -63,11 +63,10 @@ Flow = Generator[Op, Any, T]
 """A storage operation: yields primitives, receives their results, returns its own."""
 
 
-def one(
-    method: Callable[Concatenate[Any, P], object], /, *args: P.args, **kwargs: P.kwargs
-) -> Flow[Any]:
+def one(method: Callable[Concatenate[Any, P], T], /, *args: P.args, **kwargs: P.kwargs) -> Flow[T]:
     """The flow of a single primitive call: its result."""
-    return (yield Op(method, *args, **kwargs))
+    result: T = yield Op(method, *args, **kwargs)
+    return result
 
 
 _FIGURES = ("turn_count", "memory", "memory_through", "insight", "subtree_synthesis")

@@ -61,11 +61,11 @@ class TreeMethods:
     # -- system prompt, insight, memory ---------------------------------------------------
     def get_system_prompt(self, session_id: str) -> str | None:
         """The system prompt, or `None`."""
-        return self._txn.read(flows.field(check_identifier(session_id), "system_prompt"))
+        return self._txn.read(flows.text(check_identifier(session_id), "system_prompt"))
 
     async def aget_system_prompt(self, session_id: str) -> str | None:
         """Async twin of `get_system_prompt`."""
-        return await self._txn.aread(flows.field(check_identifier(session_id), "system_prompt"))
+        return await self._txn.aread(flows.text(check_identifier(session_id), "system_prompt"))
 
     def put_system_prompt(self, session_id: str, prompt: str | None) -> None:
         """Set the system prompt; `None` removes it."""
@@ -79,11 +79,11 @@ class TreeMethods:
 
     def get_insight(self, session_id: str) -> str | None:
         """The pending insight, read without consuming it."""
-        return self._txn.read(flows.field(check_identifier(session_id), "insight"))
+        return self._txn.read(flows.text(check_identifier(session_id), "insight"))
 
     async def aget_insight(self, session_id: str) -> str | None:
         """Async twin of `get_insight`."""
-        return await self._txn.aread(flows.field(check_identifier(session_id), "insight"))
+        return await self._txn.aread(flows.text(check_identifier(session_id), "insight"))
 
     def put_insight(self, session_id: str, insight: str) -> None:
         """Replace the pending insight."""
@@ -107,11 +107,11 @@ class TreeMethods:
 
     def get_memory(self, session_id: str) -> str | None:
         """The L2 (the synthesis, for the main session), or `None`."""
-        return self._txn.read(flows.field(check_identifier(session_id), "memory"))
+        return self._txn.read(flows.text(check_identifier(session_id), "memory"))
 
     async def aget_memory(self, session_id: str) -> str | None:
         """Async twin of `get_memory`."""
-        return await self._txn.aread(flows.field(check_identifier(session_id), "memory"))
+        return await self._txn.aread(flows.text(check_identifier(session_id), "memory"))
 
     def put_memory(self, session_id: str, memory: str, *, through: int | None = None) -> None:
         """Replace the memory; `through` (records covered) is kept when `None`.
@@ -138,11 +138,11 @@ class TreeMethods:
 
     def get_subtree_synthesis(self, session_id: str) -> str | None:
         """What tree integration last made of the node's children, or `None`."""
-        return self._txn.read(flows.field(check_identifier(session_id), "subtree_synthesis"))
+        return self._txn.read(flows.text(check_identifier(session_id), "subtree_synthesis"))
 
     async def aget_subtree_synthesis(self, session_id: str) -> str | None:
         """Async twin of `get_subtree_synthesis`."""
-        return await self._txn.aread(flows.field(check_identifier(session_id), "subtree_synthesis"))
+        return await self._txn.aread(flows.text(check_identifier(session_id), "subtree_synthesis"))
 
     def put_subtree_synthesis(self, session_id: str, synthesis: str) -> None:
         """Replace the subtree synthesis of a node."""
