@@ -199,15 +199,13 @@ class TreeMethods:
 
     def get_node(self, node_id: str) -> TopologyNode | None:
         """The node, or `None`."""
-        return self._txn.read(
-            one(OptionalPrimitives.op_get_node, check_identifier(node_id, "node_id"))
-        )
+        nid = check_identifier(node_id, "node_id")
+        return self._txn.read(one(OptionalPrimitives.op_get_node, nid))
 
     async def aget_node(self, node_id: str) -> TopologyNode | None:
         """Async twin of `get_node`."""
-        return await self._txn.aread(
-            one(OptionalPrimitives.op_get_node, check_identifier(node_id, "node_id"))
-        )
+        nid = check_identifier(node_id, "node_id")
+        return await self._txn.aread(one(OptionalPrimitives.op_get_node, nid))
 
     def get_children(self, parent_id: str) -> list[TopologyNode]:
         """Direct children, in creation order."""
@@ -337,9 +335,8 @@ class TreeMethods:
         """Append an event to the tree's log; return its cursor (larger than every earlier
         one). `data` is a JSON object; `at` defaults to now. Inside a transaction, the event
         is written (or rolled back) with it."""
-        return self._txn.write(
-            one(StorageBackend.op_append_event, *event_args(kind, session_id, data, at))
-        )
+        args = event_args(kind, session_id, data, at)
+        return self._txn.write(one(StorageBackend.op_append_event, *args))
 
     async def aappend_event(
         self,
@@ -350,9 +347,8 @@ class TreeMethods:
         at: datetime | None = None,
     ) -> int:
         """Async twin of `append_event`."""
-        return await self._txn.awrite(
-            one(StorageBackend.op_append_event, *event_args(kind, session_id, data, at))
-        )
+        args = event_args(kind, session_id, data, at)
+        return await self._txn.awrite(one(StorageBackend.op_append_event, *args))
 
     def events_after(self, cursor: int = 0, *, limit: int = 100) -> list[StoredEvent]:
         """The events of the log with a cursor above `cursor`, oldest first, at most `limit`
