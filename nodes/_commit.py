@@ -47,10 +47,6 @@ Commit = tuple[list[BaseMessage], str | None, str | None]
 """What a turn commits: its records, the insight it showed, its id."""
 
 
-def _counts_tree(deps: StelloDeps) -> bool:
-    return deps.schedule is not None and deps.schedule.integrate_every_n_turns is not None
-
-
 def _commit(
     deps: StelloDeps,
     session: SessionBase,
@@ -96,7 +92,8 @@ def _commit_steps(
     """`_commit`'s steps, written once for both drivers. A turn to commit whose tree turns
     are not counted is one storage call (`commit_records`: one read, the append, one
     write); otherwise the commit and the tree's count share one transaction."""
-    if turn is not None and not _counts_tree(deps):
+    schedule = deps.schedule
+    if turn is not None and (schedule is None or schedule.integrate_every_n_turns is None):
         records, insight, turn_id = turn
         turns = yield from session.commit_flow(records, insight, held.lease, turn_id, release)
         return turns, 0

@@ -405,11 +405,10 @@ class StelloRuntime:
     def _for_turn(
         self, sid: str, meta: SessionMeta | None, settings: Mapping[str, Any]
     ) -> SessionBase:
-        found = self._lookup(sid, settings)
-        if found is not None:
+        found = self._lookup(sid)
+        if found is not None and found.shape == _shape(settings):
             return found.session
-        stale = self._lookup(sid)
-        return self._cached(sid, meta, settings, stale=stale.session if stale else None)
+        return self._cached(sid, meta, settings, stale=found.session if found else None)
 
     def refresh(self, session_id: str) -> None:
         """Rebuild a session's object on next use (after its settings changed)."""

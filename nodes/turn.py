@@ -141,11 +141,6 @@ def _asks_for_tools(message: object) -> bool:
     return isinstance(message, AIMessage) and bool(message.tool_calls or message.invalid_tool_calls)
 
 
-def _check_rounds(deps: StelloDeps, state: State, reply: AIMessage) -> None:
-    if _asks_for_tools(reply) and state.get("tool_rounds", 0) >= deps.max_tool_rounds:
-        raise ToolRoundLimitError(state["session_id"], deps.max_tool_rounds)
-
-
 def _tool_choice(state: State) -> Any:
     """The turn's forced tool choice, for its first model call only (later rounds are free)."""
     return state.get("turn_tool_choice") if state.get("tool_rounds", 0) == 0 else None
@@ -197,9 +192,7 @@ def _rerun(state: State, config: RunnableConfig, opens: bool, replays: bool) -> 
     graph that replays the call). An unnamed turn's id is derived from its checkpoint, so
     a run its caller continues (after a crash, an interrupt, a replay) finds it again: its
     opening round always may."""
-    if not opens or (replays and state.get("turn_id")):
-        return True
-    if state.get("turn_id"):
+    if opens and state.get("turn_id") and not replays:
         return bool((config.get("configurable") or {}).get(RESUMING_KEY, False))
     return True
 
@@ -257,7 +250,8 @@ def _replied(
     deps: StelloDeps, view: State, opened: State, records: list[BaseMessage], reply: AIMessage
 ) -> tuple[State, list[BaseMessage]]:
     """The state update of a round whose model answered `reply`, and the turn's records."""
-    _check_rounds(deps, view, reply)
+    if _asks_for_tools(reply) and view.get("tool_rounds", 0) >= deps.max_tool_rounds:
+        raise ToolRoundLimitError(view["session_id"], deps.max_tool_rounds)
     reply = _own_id(reply, records)
     if not opened:
         return {"pending": [reply]}, [*records, reply]
