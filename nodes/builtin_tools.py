@@ -103,25 +103,15 @@ def _turn_call(tree_id: str, args: Mapping[str, Any]) -> tuple[str, ...] | None:
     return (tree_id, str(state["session_id"]), first.id, str(tool_call_id))
 
 
-def _child_id(tree_id: str, args: Mapping[str, Any]) -> str | None:
-    """The same id each time one tool call of one turn runs (`None`: no turn to tie it to)."""
+def _child_ids(tree_id: str, args: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The same id each time one tool call of one turn runs, and the id earlier versions gave
+    that child (a turn they left in flight may run it again); `None`: no turn to tie it to."""
     parts = _turn_call(tree_id, args)
-    return None if parts is None else str(uuid.uuid5(uuid.NAMESPACE_URL, compose("stello", *parts)))
-
-
-def _legacy_child_id(tree_id: str, args: Mapping[str, Any]) -> str | None:
-    """The id earlier versions gave that child: a turn they left in flight may run it again."""
-    parts = _turn_call(tree_id, args)
-    return (
-        None if parts is None else str(uuid.uuid5(uuid.NAMESPACE_URL, ":".join(("stello", *parts))))
-    )
-
-
-def _replayed(meta: SessionMeta | None, parent: str | None, source: str) -> dict[str, str] | None:
-    """The child an earlier run of this very tool call made, if that is what `meta` is."""
-    if meta is None or parent != source:
-        return None
-    return {"session_id": meta.id, "label": meta.label}
+    if parts is None:
+        return None, None
+    keys = (compose("stello", *parts), ":".join(("stello", *parts)))
+    new, legacy = (str(uuid.uuid5(uuid.NAMESPACE_URL, key)) for key in keys)
+    return new, legacy
 
 
 def _description(deps: StelloDeps) -> str:
@@ -133,21 +123,16 @@ def _description(deps: StelloDeps) -> str:
     return CREATE_SESSION_DESCRIPTION + "\nProfiles you can name in `profile`:\n" + "\n".join(lines)
 
 
-def _booked(guard: SplitGuard, settings: Mapping[str, Any], committed_turns: int) -> dict[str, Any]:
-    turns = committed_turns + 1  # the turn in progress counts
-    last = settings.get(LAST_FORK_KEY)
-    reason = guard.refusal(turns, last if isinstance(last, int) else None)
-    if reason is not None:
-        raise SplitGuardError(f"Fork refused: {reason}")
-    return {**settings, LAST_FORK_KEY: turns}
-
-
 def _booking(guard: SplitGuard, source: str) -> Flow[dict[str, Any]]:
     """Apply the split guard: refuse (`SplitGuardError`) or record the fork of `source`
     (in one transaction); the settings to restore."""
     settings: dict[str, Any] = yield Storage(MainStorage.get_settings, source)
-    turns = yield Storage(MainStorage.get_turn_count, source)
-    yield Storage(MainStorage.put_settings, source, _booked(guard, settings, turns))
+    turns = (yield Storage(MainStorage.get_turn_count, source)) + 1  # the turn in progress counts
+    last = settings.get(LAST_FORK_KEY)
+    reason = guard.refusal(turns, last if isinstance(last, int) else None)
+    if reason is not None:
+        raise SplitGuardError(f"Fork refused: {reason}")
+    yield Storage(MainStorage.put_settings, source, {**settings, LAST_FORK_KEY: turns})
     return settings
 
 
@@ -190,18 +175,19 @@ class BuiltinTools:
             if child_id is not None:
                 node = yield Storage(MainStorage.get_node, child_id)
                 meta = yield Storage(MainStorage.get_session, child_id)
-                done = _replayed(meta, node.parent_id if node else None, req.source_id)
-                if done is not None:
-                    return done
+                if meta is not None and node is not None and node.parent_id == req.source_id:
+                    return {"session_id": meta.id, "label": meta.label}  # this very call's
         return None
 
     def _before(self, args: Mapping[str, Any]) -> Flow[_Prepared]:
         """The fork's request; the child an earlier run of this very call made (a resumed
         tool round: nothing more to do), else the settings the split guard's booking left."""
         tree_id, source = self.deps.storage.tree_id, args["state"]["session_id"]
-        spec = _spec(args, _child_id(tree_id, args))
-        req = yield from fork_request_flow(self.deps, source, spec, within_parent=True)
-        done = yield from self._replay(req, _legacy_child_id(tree_id, args))
+        child_id, legacy = _child_ids(tree_id, args)
+        req = yield from fork_request_flow(
+            self.deps, source, _spec(args, child_id), within_parent=True
+        )
+        done = yield from self._replay(req, legacy)
         guard = self.deps.split_guard
         if done is not None or guard is None:
             return req, done, None

@@ -24,7 +24,7 @@ from stello_graph import InvalidInputError, StelloAgent, TurnResult
 from stello_graph._compiled import allow_replay
 from stello_graph._ids import store_label
 from stello_graph.checkpoints import InMemoryMainStorage
-from stello_graph.nodes.builtin_tools import _child_id
+from stello_graph.nodes.builtin_tools import _child_ids
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory
 
@@ -162,7 +162,9 @@ def test_a_forking_tool_call_gets_an_id_of_its_own_tree() -> None:
     # one turn id and tool call id on the lookalike sessions of two trees: two children
     human = HumanMessage("branch", id="same-turn")
     ids = {
-        _child_id(tree_id, {"state": {"session_id": sid, "pending": [human]}, "tool_call_id": "c1"})
+        _child_ids(
+            tree_id, {"state": {"session_id": sid, "pending": [human]}, "tool_call_id": "c1"}
+        )[0]
         for tree_id, sid in (("team", "x:notes"), ("team:x", "notes"))
     }
     assert len(ids) == 2
