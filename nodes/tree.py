@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -51,18 +52,7 @@ __all__ = [
 
 
 def _plan_state(plan: TreePlan) -> TreeState:
-    return {
-        "tree_plan": {
-            "root_id": plan.root_id,
-            "levels": plan.levels,
-            "children": plan.children,
-            "labels": plan.labels,
-            "version": plan.version,
-            "archived": plan.archived,
-        },
-        "tree_step": 0,
-        "tree_results": None,
-    }
+    return {"tree_plan": dataclasses.asdict(plan), "tree_step": 0, "tree_results": None}
 
 
 def make_plan_tree_node(deps: StelloRuntime) -> StelloNode:
@@ -127,14 +117,7 @@ def _result(node_id: str, result: IntegrationResult | None) -> TreeState:
 
 
 def _as_plan(raw: dict[str, Any]) -> TreePlan:
-    return TreePlan(
-        root_id=raw["root_id"],
-        levels=raw["levels"],
-        children=raw["children"],
-        labels=raw["labels"],
-        version=raw.get("version", 0),
-        archived=raw.get("archived", []),
-    )
+    return TreePlan(**raw)  # a plan checkpointed before `version` and `archived` gets defaults
 
 
 def make_integrate_subtree_node(deps: StelloRuntime) -> StelloNode:
