@@ -93,19 +93,15 @@ def job_store(store: BaseStore | None) -> Iterator[None]:
         _job_store.reset(token)
 
 
-def _failure(exc: Exception, session_id: str | None) -> BackgroundFailure:
-    return BackgroundFailure(
+def _report(deps: StelloRuntime, exc: Exception, session_id: str | None) -> None:
+    if deps.scheduler is not None:
+        deps.scheduler._record("store", session_id, exc, 1)
+        return
+    failure = BackgroundFailure(
         kind="store", session_id=session_id, error_type=type(exc).__name__,
         message=f"The store failed after the memory was written: {exc}", attempts=1,
         traceback="".join(traceback.format_exception(exc)),
     )  # fmt: skip
-
-
-def _report(deps: StelloRuntime, exc: Exception, session_id: str | None) -> None:
-    failure = _failure(exc, session_id)
-    if deps.scheduler is not None:
-        deps.scheduler._record("store", session_id, exc, 1)
-        return
     with contextlib.suppress(Exception):  # a failing storage must not hide the store's error
         StorageFailureLog(deps.storage).append(failure)
     emit(deps.bus, "background_error", session_id, stream=False, kind="store",

@@ -266,12 +266,9 @@ class StelloRuntime:
         """Give one session its own model (or a model's name, `check_chat_model`) and/or
         tools (kept in memory, not in storage)."""
         own: BaseChatModel | None = None if model is None else check_chat_model(model)
-        if tools is not None:
-            tools = check_tools(tools)
+        checked = None if tools is None else tuple(check_tools(tools))
         with self._lock:
-            self._overrides[session_id] = _Overrides(
-                own, tuple(tools) if tools is not None else None
-            )
+            self._overrides[session_id] = _Overrides(own, checked)
             self._sessions.pop(session_id, None)
 
     def _setup(
@@ -280,8 +277,11 @@ class StelloRuntime:
         """The model and tools of a session: its override, else its profile's, else defaults."""
         found = self._overrides.get(session_id)
         profile = self.profile_map.get(str(settings.get("profile")))
-        model = found.model if found is not None and found.model is not None else None
-        model = model or (profile.model if profile is not None else None) or self.model
+        model = (
+            (found.model if found is not None else None)
+            or (profile.model if profile is not None else None)
+            or self.model
+        )
         own: Sequence[Any] = self.tools
         if found is not None and found.tools is not None:
             own = found.tools

@@ -143,12 +143,6 @@ def marked(message: BaseMessage, session_id: str, turns: int) -> BaseMessage:
     return message.model_copy(update={"response_metadata": meta})
 
 
-def _on_a_thread(config: RunnableConfig) -> bool:
-    """Whether the run is a thread's own: a `thread_id`, and not a subgraph's run."""
-    conf = config.get("configurable") or {}
-    return conf.get("thread_id") is not None and not under_parent(config)
-
-
 def thread_label(message: HumanMessage) -> str:
     """The label of the session a thread's first message starts: its text, on one line,
     cut to `LABEL_CHARS`."""
@@ -194,7 +188,9 @@ class _Entry:
 
     def __init__(self, state: TurnState, config: RunnableConfig) -> None:
         self.message = _input_message(state)
-        self.thread = self.message is not None and _on_a_thread(config)
+        on_a_thread = (config.get("configurable") or {}).get("thread_id") is not None
+        # a thread's own run: a `thread_id`, and not a subgraph's run
+        self.thread = self.message is not None and on_a_thread and not under_parent(config)
         named = _named_session(state, config)
         self.sid = named or state.get("thread_session") or None
         mark = _mark(state.get("messages"))
