@@ -324,25 +324,6 @@ class StelloRuntime:
             compression=self.compression, topology_slot=self.config.topology_slot,
         )  # fmt: skip
 
-    def _cached(
-        self,
-        session_id: str,
-        meta: SessionMeta | None,
-        settings: Mapping[str, Any],
-        *,
-        stale: SessionBase | None = None,
-    ) -> SessionBase:
-        """The cached object of a session, made from `meta` and `settings` if there is
-        none (or if the one cached is `stale`)."""
-        if meta is None:
-            raise SessionNotFoundError(session_id)
-        with self._lock:
-            found = self._sessions.get(session_id)
-            if found is None or found.session is stale:
-                found = _Cached(self._make(meta, settings), _shape(settings))
-                self._sessions[session_id] = found
-        return found.session
-
     def _lookup(self, session_id: str, settings: Mapping[str, Any] | None = None) -> _Cached | None:
         with self._lock:
             found = self._sessions.get(session_id)
@@ -366,11 +347,6 @@ class StelloRuntime:
         found = self._lookup(sid)
         return found.session if found is not None else await arun(self._read(sid), self.storage)
 
-    def _read(self, sid: str) -> Flow[SessionBase]:
-        meta = yield Storage(MainStorage.get_session, sid)
-        settings = (yield Storage(MainStorage.get_settings, sid)) if meta is not None else {}
-        return self._cached(sid, meta, settings)
-
     def turn_session(
         self, session_id: object, snapshot: SessionSnapshot | None = None
     ) -> SessionBase:
@@ -384,7 +360,7 @@ class StelloRuntime:
         sid = check_id(session_id)
         if snapshot is not None:
             return self._for_turn(sid, snapshot.meta, snapshot.settings)
-        return run(self._read_for_turn(sid), self.storage)
+        return run(self._read(sid), self.storage)
 
     async def aturn_session(
         self, session_id: object, snapshot: SessionSnapshot | None = None
@@ -393,9 +369,9 @@ class StelloRuntime:
         sid = check_id(session_id)
         if snapshot is not None:
             return self._for_turn(sid, snapshot.meta, snapshot.settings)
-        return await arun(self._read_for_turn(sid), self.storage)
+        return await arun(self._read(sid), self.storage)
 
-    def _read_for_turn(self, sid: str) -> Flow[SessionBase]:
+    def _read(self, sid: str) -> Flow[SessionBase]:
         settings = yield Storage(MainStorage.get_settings, sid)
         found = self._lookup(sid, settings)
         if found is not None:
@@ -405,10 +381,19 @@ class StelloRuntime:
     def _for_turn(
         self, sid: str, meta: SessionMeta | None, settings: Mapping[str, Any]
     ) -> SessionBase:
-        found = self._lookup(sid)
-        if found is not None and found.shape == _shape(settings):
-            return found.session
-        return self._cached(sid, meta, settings, stale=found.session if found else None)
+        """The cached object of a session, made from `meta` and `settings` if there is none
+        or if the one cached was made from other settings (unless another thread remade it)."""
+        stale = self._lookup(sid)
+        if stale is not None and stale.shape == _shape(settings):
+            return stale.session
+        if meta is None:
+            raise SessionNotFoundError(sid)
+        with self._lock:
+            found = self._sessions.get(sid)
+            if found is None or found is stale:
+                found = _Cached(self._make(meta, settings), _shape(settings))
+                self._sessions[sid] = found
+        return found.session
 
     def refresh(self, session_id: str) -> None:
         """Rebuild a session's object on next use (after its settings changed)."""
