@@ -150,20 +150,6 @@ def thread_label(message: HumanMessage) -> str:
     return text if len(text) <= LABEL_CHARS else f"{text[: LABEL_CHARS - 3].rstrip()}..."
 
 
-def _entered(state: TurnState, sid: str, message: HumanMessage | None, bind: bool) -> TurnState:
-    out: TurnState = {"session_id": sid}
-    if message is None:
-        out["input"] = state["input"]
-    else:
-        out["input"] = message_text(message.content)
-        out["asking"] = message.id or ""
-        if bind:
-            out["thread_session"] = sid
-    if state.get("tool_choice") is not None:  # ephemeral: `assemble` reads it next step
-        out["tool_choice"] = state["tool_choice"]
-    return out
-
-
 def _input_message(state: TurnState) -> HumanMessage | None:
     if state.get("input") is not None:
         return None
@@ -223,12 +209,20 @@ class _Entry:
         )
 
     def done(self, deps: StelloRuntime, state: TurnState, main_id: str | None) -> TurnState:
-        sid = self.sid
+        sid = main_id if self.sid is None else self.sid
         if sid is None:
-            if main_id is None:
-                raise MainSessionNotFoundError(deps.storage.tree_id)
-            sid = main_id
-        return _entered(state, sid, self.message, self.thread)
+            raise MainSessionNotFoundError(deps.storage.tree_id)
+        out: TurnState = {"session_id": sid}
+        if self.message is None:
+            out["input"] = state["input"]
+        else:
+            out["input"] = message_text(self.message.content)
+            out["asking"] = self.message.id or ""
+            if self.thread:
+                out["thread_session"] = sid
+        if state.get("tool_choice") is not None:  # ephemeral: `assemble` reads it next step
+            out["tool_choice"] = state["tool_choice"]
+        return out
 
 
 def _fork(deps: StelloRuntime, req: ForkRequest, by: str) -> Flow[str]:

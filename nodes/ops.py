@@ -13,6 +13,7 @@ A graph built by `build_stello_graph` runs a turn for `{"session_id", "input"}` 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Literal
 
 from langchain_core.runnables import RunnableConfig
@@ -117,13 +118,7 @@ async def arun_fork(deps: StelloRuntime, state: ForkState) -> ForkState:
 def make_fork_node(deps: StelloRuntime) -> StelloNode:
     """Node `fork`: create a child session and its TopologyNode atomically."""
 
-    def fork(state: ForkState) -> ForkState:
-        return run_fork(deps, state)
-
-    async def afork(state: ForkState) -> ForkState:
-        return await arun_fork(deps, state)
-
-    return StelloNode("fork", fork, afork)
+    return StelloNode("fork", partial(run_fork, deps), partial(arun_fork, deps))
 
 
 # -- consolidate ----------------------------------------------------------------------------
