@@ -65,10 +65,7 @@ def _commit(
     no step of the run came before it whose checkpoint could still be on its way to disk)
     and the lender's leave.
     """
-    release = held.releases(lent)
-    counts = run(_commit_steps(deps, session, held, turn, release), deps.storage)
-    _freed(deps, held, release)
-    return counts
+    return run(_commit_steps(deps, session, held, turn, lent), deps.storage)
 
 
 async def _acommit(
@@ -80,24 +77,29 @@ async def _acommit(
     lent: bool = False,
 ) -> tuple[int, int]:
     """Async twin of `_commit`."""
-    release = held.releases(lent)
-    counts = await arun(_commit_steps(deps, session, held, turn, release), deps.storage)
-    _freed(deps, held, release)
-    return counts
+    return await arun(_commit_steps(deps, session, held, turn, lent), deps.storage)
 
 
 def _commit_steps(
-    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None, release: bool
+    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None, lent: bool
 ) -> Flow[tuple[int, int]]:
     """`_commit`'s steps, written once for both drivers. A turn to commit whose tree turns
     are not counted is one storage call (`commit_records`: one read, the append, one
-    write); otherwise the commit and the tree's count share one transaction."""
+    write); otherwise the commit and the tree's count share one transaction. A commit that
+    freed the lease then wakes local waiters, or tells the lender."""
+    release = held.releases(lent)
     schedule = deps.schedule
+    counts: tuple[int, int]
     if turn is not None and (schedule is None or schedule.integrate_every_n_turns is None):
         records, insight, turn_id = turn
         turns = yield from session.commit_flow(records, insight, held.lease, turn_id, release)
-        return turns, 0
-    counts: tuple[int, int] = yield Atomic(_counted_commit(session, held, turn, release))
+        counts = (turns, 0)
+    else:
+        counts = yield Atomic(_counted_commit(session, held, turn, release))
+    if held.owned:
+        deps.leases.forget(held.lease)
+    elif release:
+        held.released()
     return counts
 
 
@@ -117,14 +119,6 @@ def _counted_commit(
     tree = int((yield Storage(MainStorage.get_global, TREE_TURNS_KEY)) or 0) + 1
     yield Storage(MainStorage.put_global, TREE_TURNS_KEY, tree)
     return turns, tree
-
-
-def _freed(deps: StelloDeps, held: TurnLease, release: bool) -> None:
-    """After a commit that freed the lease: wake local waiters, tell a lender."""
-    if held.owned:
-        deps.leases.forget(held.lease)
-    elif release:
-        held.released()
 
 
 def _done(
