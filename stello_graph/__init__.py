@@ -5,9 +5,9 @@ keeps its raw history (L3) and an outward summary (L2, made by `consolidate`); t
 session reads only the children's L2, `integrate`s them into a synthesis and pushes insights
 back to single children.
 
-Every name is imported lazily, on first use: `import stello_graph` alone loads neither
-LangChain nor LangGraph (the session core loads LangChain's messages; the orchestration
-layer, LangGraph).
+Every name but the error classes (which need the standard library only) is imported lazily,
+on first use: `import stello_graph` alone loads neither LangChain nor LangGraph (the session
+core loads LangChain's messages; the orchestration layer, LangGraph).
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from stello_graph import errors as _errors
+from stello_graph.errors import *  # noqa: F403 (every error class; the standard library only)
+
 if TYPE_CHECKING:
     # What type checkers and IDEs read: `X as X` re-exports each name, as `__all__` (built from
-    # `_EXPORTS` at run time) cannot tell them; a star import re-exports `errors.__all__`.
+    # `_EXPORTS` at run time) cannot tell them. The errors are imported above, eagerly.
     from stello_graph._base import TurnContext as TurnContext
     from stello_graph._stream import AsyncSessionStream as AsyncSessionStream
     from stello_graph._stream import SessionStream as SessionStream
@@ -30,7 +33,6 @@ if TYPE_CHECKING:
     from stello_graph.compression import CompressionPolicy as CompressionPolicy
     from stello_graph.config import StelloConfig as StelloConfig
     from stello_graph.digest import SessionDigest as SessionDigest
-    from stello_graph.errors import *  # noqa: F403 (every error class is public)
     from stello_graph.events import StelloEvent as StelloEvent
     from stello_graph.events import StoredEvent as StoredEvent
     from stello_graph.events import StoredEvents as StoredEvents
@@ -74,46 +76,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "stello_graph._topology_slot": ("TopologySlot", "TopologyView"),
     "stello_graph.compression": ("CompressionPolicy",),
     "stello_graph.digest": ("SessionDigest",),
-    "stello_graph.errors": (
-        "ConsolidationError",
-        "DamagedDataError",
-        "DuplicateLabelError",
-        "DuplicateSessionError",
-        "ForeignDatabaseError",
-        "FunctionCallError",
-        "FunctionNotConfiguredError",
-        "IntegrationError",
-        "InvalidInputError",
-        "IntegrationSupersededError",
-        "LeaseLostError",
-        "MainSessionExistsError",
-        "MainSessionForkError",
-        "MainSessionNotFoundError",
-        "ModelCallError",
-        "ModelNotConfiguredError",
-        "NodeHasChildrenError",
-        "NodeNotFoundError",
-        "NotADatabaseError",
-        "NothingToIntegrateError",
-        "SchemaVersionError",
-        "SessionArchivedError",
-        "SessionBusyError",
-        "SessionError",
-        "SessionNotFoundError",
-        "SkillLoadError",
-        "SplitGuardError",
-        "StelloError",
-        "StelloUsageError",
-        "StorageError",
-        "StorageUnavailableError",
-        "StreamNotFinishedError",
-        "TimeTravelError",
-        "ToolRoundLimitError",
-        "TopologyCycleError",
-        "TopologyError",
-        "TurnOutOfRangeError",
-        "UnknownProfileError",
-    ),
     "stello_graph.lineage": ("ForkPoint",),
     "stello_graph.main_session": ("MainSession",),
     "stello_graph.memory": (
@@ -154,7 +116,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 `--version` starts without LangChain); a name is imported on first use (PEP 562)."""
 
 _LAZY = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = [*_LAZY, "__version__"]
+__all__ = [*_LAZY, *_errors.__all__, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
