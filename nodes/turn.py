@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Literal
 
 from langchain_core.messages import (
@@ -31,28 +32,22 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.errors import ParentCommand
 from langgraph.types import Command, Overwrite
 
-from stello_graph._base import TurnContext
+from stello_graph._base import SessionBase, TurnContext
 from stello_graph._context import message_text
+from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._text import storable_message
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
-from stello_graph.nodes._commit import (
-    _acommit,
-    _adone,
-    _commit,
-    _done,
-    _records,
-    _turn_id,
-    make_commit_node,
-)
+from stello_graph.nodes._commit import _commit_steps, _done, _records, _turn_id, make_commit_node
 from stello_graph.nodes._lease import TurnLease, apark, aturn_lease, park, turn_lease
 from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_cancel
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.entry import turn_output, under_parent
-from stello_graph.nodes.scheduling import TREE_TURNS_KEY
+from stello_graph.nodes.scheduling import TREE_TURNS_KEY, aforget_insight, forget_insight
 from stello_graph.nodes.state import TurnState
+from stello_graph.storage import MainStorage, SessionSnapshot
 
 __all__ = [
     "TREE_TURNS_KEY",
@@ -260,6 +255,53 @@ def _replied(
     return {**opened, "pending": Overwrite(opening)}, [*records, reply]  # type: ignore[typeddict-item]
 
 
+def _model_flow(
+    deps: StelloDeps,
+    state: State,
+    config: RunnableConfig,
+    held: TurnLease,
+    round_of: tuple[bool, str, bool],
+) -> Flow[State]:
+    """`model`'s round under the turn's lease, written once for both drivers; `round_of`:
+    whether it opens the turn and the session (`_begin`), and `replays`."""
+    opens, sid, replays = round_of
+    snap: SessionSnapshot | None = None
+    if opens:
+        snap = held.prefetched() or (yield Storage(MainStorage.read_session, sid))
+    read = Call(deps.turn_session, deps.aturn_session, (sid, snap))
+    session: SessionBase = yield read if opens else Call(deps.session, deps.asession, (sid,))
+    turn = _turn_of(state, opens, config)
+    if (
+        turn is not None
+        and _rerun(state, config, opens, replays)
+        and (yield Storage(MainStorage.has_turn, sid, turn))
+    ):
+        stored = _stored_turn((yield Call(session.messages, session.amessages)), turn)
+        if _answered(state, opens, stored):
+            counts = yield from _commit_steps(deps, session, held, None, False)
+            done = _done(deps, session, held, state, stored, counts, True, forget=False)
+            yield Call(forget_insight, aforget_insight, (deps, sid, state.get("insight")))
+            return done
+        turn = _human_id(config)
+    shown = {"turn_id": turn, "snapshot": snap, **_shown(state, opens)}
+    ctx: TurnContext = yield Call(
+        partial(session.turn_context, **shown), partial(session.aturn_context, **shown)
+    )
+    view, opened, records = _round(deps, state, opens, turn, ctx)
+    asked = (session, ctx.prompt(records), deps.model_timeout, _tool_choice(view))
+    call = partial(invoke_model, cancel=run_cancel(config))
+    reply: AIMessage = yield Call(call, ainvoke_model, asked)
+    update, records = _replied(deps, view, opened, records, reply)
+    if _asks_for_tools(reply):
+        yield Call(park, apark, (deps.leases, held))
+        return {**update, **_handed(state, held)}
+    commit = (records, view.get("insight"), turn)
+    counts = yield from _commit_steps(deps, session, held, commit, opens)
+    done = _done(deps, session, held, view, records, counts, forget=False)
+    yield Call(forget_insight, aforget_insight, (deps, sid, view.get("insight")))
+    return {**update, **done}
+
+
 def make_model_node(deps: StelloDeps, *, replays: bool = True) -> StelloNode:
     """Node `model`: one call of the session's model on its context plus the turn so far.
 
@@ -276,59 +318,14 @@ def make_model_node(deps: StelloDeps, *, replays: bool = True) -> StelloNode:
     def model(state: State, config: RunnableConfig) -> State:
         opens, sid = _begin(state)
         with turn_lease(deps.leases, sid, state, fresh=opens, park=False) as held:
-            snap = (held.prefetched() or deps.storage.read_session(sid)) if opens else None
-            session = deps.turn_session(sid, snap) if opens else deps.session(sid)
-            turn = _turn_of(state, opens, config)
-            if (
-                turn is not None
-                and _rerun(state, config, opens, replays)
-                and deps.storage.has_turn(sid, turn)
-            ):
-                stored = _stored_turn(session.messages(), turn)
-                if _answered(state, opens, stored):
-                    counts = _commit(deps, session, held, None)
-                    return _done(deps, session, held, state, stored, counts, True)
-                turn = _human_id(config)
-            ctx = session.turn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
-            view, opened, records = _round(deps, state, opens, turn, ctx)
-            cancel = run_cancel(config)
-            prompt, choice = ctx.prompt(records), _tool_choice(view)
-            reply = invoke_model(session, prompt, deps.model_timeout, choice, cancel)
-            update, records = _replied(deps, view, opened, records, reply)
-            if _asks_for_tools(reply):
-                park(deps.leases, held)
-                return {**update, **_handed(state, held)}
-            commit = (records, view.get("insight"), turn)
-            counts = _commit(deps, session, held, commit, lent=opens)
-            return {**update, **_done(deps, session, held, view, records, counts)}
+            flow = _model_flow(deps, state, config, held, (opens, sid, replays))
+            return run(flow, deps.storage)
 
     async def amodel(state: State, config: RunnableConfig) -> State:
         opens, sid = _begin(state)
         async with aturn_lease(deps.leases, sid, state, fresh=opens, park=False) as held:
-            snap = (held.prefetched() or await deps.storage.aread_session(sid)) if opens else None
-            session = await (deps.aturn_session(sid, snap) if opens else deps.asession(sid))
-            turn = _turn_of(state, opens, config)
-            if (
-                turn is not None
-                and _rerun(state, config, opens, replays)
-                and await deps.storage.ahas_turn(sid, turn)
-            ):
-                done = _stored_turn(await session.amessages(), turn)
-                if _answered(state, opens, done):
-                    counts = await _acommit(deps, session, held, None)
-                    return await _adone(deps, session, held, state, done, counts, True)
-                turn = _human_id(config)
-            ctx = await session.aturn_context(turn_id=turn, snapshot=snap, **_shown(state, opens))
-            view, opened, records = _round(deps, state, opens, turn, ctx)
-            prompt, choice = ctx.prompt(records), _tool_choice(view)
-            reply = await ainvoke_model(session, prompt, deps.model_timeout, choice)
-            update, records = _replied(deps, view, opened, records, reply)
-            if _asks_for_tools(reply):
-                await apark(deps.leases, held)
-                return {**update, **_handed(state, held)}
-            commit = (records, view.get("insight"), turn)
-            counts = await _acommit(deps, session, held, commit, lent=opens)
-            return {**update, **(await _adone(deps, session, held, view, records, counts))}
+            flow = _model_flow(deps, state, config, held, (opens, sid, replays))
+            return await arun(flow, deps.storage)
 
     return StelloNode("model", model, amodel)
 
