@@ -48,36 +48,24 @@ Commit = tuple[list[BaseMessage], str | None, str | None]
 
 
 def _commit(
-    deps: StelloDeps,
-    session: SessionBase,
-    held: TurnLease,
-    turn: Commit | None,
-    *,
-    lent: bool = False,
+    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None
 ) -> tuple[int, int]:
     """Write `turn` (unless `None`: already stored) in one transaction under the turn's lease
-    and release the lease there (the turn's own, or one lent with leave to); `(user turns of
-    the session, turns of the tree)`.
+    and release the lease there when it is the turn's own; `(user turns of the session,
+    turns of the tree)`.
 
     The caller checked, under the same lease, that the turn is not in L3 yet (`has_turn`):
     only a run of the same step could store it, and that one would have to hold the lease.
-    A lent lease is freed here only with `lent` (the round that opened the turn commits it:
-    no step of the run came before it whose checkpoint could still be on its way to disk)
-    and the lender's leave.
+    A lent lease is not freed here (see `_commit_steps`).
     """
-    return run(_commit_steps(deps, session, held, turn, lent), deps.storage)
+    return run(_commit_steps(deps, session, held, turn, False), deps.storage)
 
 
 async def _acommit(
-    deps: StelloDeps,
-    session: SessionBase,
-    held: TurnLease,
-    turn: Commit | None,
-    *,
-    lent: bool = False,
+    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None
 ) -> tuple[int, int]:
     """Async twin of `_commit`."""
-    return await arun(_commit_steps(deps, session, held, turn, lent), deps.storage)
+    return await arun(_commit_steps(deps, session, held, turn, False), deps.storage)
 
 
 def _commit_steps(
@@ -86,7 +74,11 @@ def _commit_steps(
     """`_commit`'s steps, written once for both drivers. A turn to commit whose tree turns
     are not counted is one storage call (`commit_records`: one read, the append, one
     write); otherwise the commit and the tree's count share one transaction. A commit that
-    freed the lease then wakes local waiters, or tells the lender."""
+    freed the lease then wakes local waiters, or tells the lender.
+
+    A lent lease is freed only with `lent` (the `model` round that opened the turn commits
+    it: no step of the run came before it whose checkpoint could still be on its way to
+    disk) and the lender's leave."""
     release = held.releases(lent)
     schedule = deps.schedule
     counts: tuple[int, int]
