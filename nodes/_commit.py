@@ -6,10 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from langchain_core.messages import (
-    BaseMessage,
-    RemoveMessage,
-)
+from langchain_core.messages import BaseMessage
 from langgraph.types import Overwrite
 
 from stello_graph._base import SessionBase
@@ -19,7 +16,7 @@ from stello_graph.events import emit
 from stello_graph.nodes._lease import TurnLease, aturn_lease, turn_lease
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
-from stello_graph.nodes.entry import turn_output
+from stello_graph.nodes.entry import _records, turn_output
 from stello_graph.nodes.scheduling import (
     TREE_TURNS_KEY,
     aforget_insight,
@@ -37,10 +34,6 @@ State = TurnState
 def _turn_id(records: Sequence[BaseMessage]) -> str | None:
     """A graph turn's id: its user message's, the same when the step runs again (`_human_id`)."""
     return records[0].id if records else None
-
-
-def _records(state: State) -> list[BaseMessage]:
-    return [m for m in state.get("pending") or [] if not isinstance(m, RemoveMessage)]
 
 
 Commit = tuple[list[BaseMessage], str | None, str | None]

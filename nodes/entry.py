@@ -272,6 +272,11 @@ def make_enter_node(deps: StelloRuntime) -> StelloNode:
     return StelloNode("enter", enter, aenter)
 
 
+def _records(state: TurnState) -> list[BaseMessage]:
+    """The turn's records in `pending` (without the `RemoveMessage`s of a reducer's input)."""
+    return [m for m in state.get("pending") or [] if not isinstance(m, RemoveMessage)]
+
+
 def turn_output(state: TurnState, mark: tuple[str, int] | None = None) -> TurnState:
     """The `messages` output of a committed turn: for a `messages` turn, the thread's
     conversation with the turn's records merged in (the user record keeping the input
@@ -281,7 +286,7 @@ def turn_output(state: TurnState, mark: tuple[str, int] | None = None) -> TurnSt
 
     Either way the user message it answered is marked answered (`asking` and `answered`
     both its id): a `messages` turn is one whose `asking`, set by `enter`, is not."""
-    records = [m for m in state.get("pending", []) if not isinstance(m, RemoveMessage)]
+    records = _records(state)
     if mark is not None and records and isinstance(records[-1], AIMessage):
         records[-1] = marked(records[-1], *mark)
     asking = state.get("asking")

@@ -39,12 +39,12 @@ from stello_graph._text import storable_message
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import StelloUsageError, ToolRoundLimitError
 from stello_graph.events import emit
-from stello_graph.nodes._commit import _commit_steps, _done, _records, _turn_id, make_commit_node
+from stello_graph.nodes._commit import _commit_steps, _done, _turn_id, make_commit_node
 from stello_graph.nodes._lease import TurnLease, apark, aturn_lease, park, turn_lease
 from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_cancel
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
-from stello_graph.nodes.entry import turn_output, under_parent
+from stello_graph.nodes.entry import _records, turn_output, under_parent
 from stello_graph.nodes.scheduling import TREE_TURNS_KEY, aforget_insight, forget_insight
 from stello_graph.nodes.state import TurnState
 from stello_graph.storage import MainStorage, SessionSnapshot
