@@ -18,6 +18,7 @@ from langgraph.types import StateSnapshot
 
 from stello_graph._flow import Call, Flow, arun, run
 from stello_graph._ids import legacy_thread_id, thread_id
+from stello_graph.checkpoints._threaded_saver import AsyncInThreads
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease
 
@@ -51,10 +52,12 @@ class CheckpointThreads:
     ) -> None:
         self.graph, self.checkpointer, self.tree_id = graph, checkpointer, tree_id
         self.prune = prune
-        if hold and checkpointer is not None and hasattr(checkpointer, "hold_first_steps"):
+        self._holding = checkpointer if isinstance(checkpointer, AsyncInThreads) else None
+        """The checkpointer, when it is one of stello's savers (which can hold runs)."""
+        if hold and self._holding is not None:
             # the saver holds each run's first steps until the turn gets past its first model
-            # step; `finished` / `failed` then drop them (pruned) or write them (kept)
-            checkpointer.hold_first_steps = True
+            # step; `finished` / `_failed` then drop them (pruned) or write them (kept)
+            self._holding.hold_first_steps = True
         self._found: dict[str, str] = {}  # session id -> its checkpoint thread, once looked up
 
     def config(self, sid: str) -> RunnableConfig:
@@ -86,13 +89,10 @@ class CheckpointThreads:
         """Whether ending a turn of `sid` now (`finished`) would touch no checkpoint row on
         disk: no checkpointer, no pruning, or a saver that holds the whole run so far in
         memory (`unwritten`). Then the session need not stay held while the run is pruned."""
-        saver = self.checkpointer
-        if saver is None or not self.prune:
+        if self.checkpointer is None or not self.prune:
             return True
-        unwritten = getattr(saver, "unwritten", None)
-        if not callable(unwritten):
-            return False
-        return bool(unwritten(self.config(sid)["configurable"]["thread_id"]))
+        saver = self._holding
+        return saver is not None and saver.unwritten(self.config(sid)["configurable"]["thread_id"])
 
     def finished(self, sid: str, interrupted: bool) -> None:
         """A turn of `sid` ended: prune its thread (if asked); next turns use the new id.
@@ -107,38 +107,30 @@ class CheckpointThreads:
     def _finished(self, sid: str, interrupted: bool) -> Flow[None]:
         saver = self.checkpointer
         if interrupted:
-            yield Call(self.failed, self.afailed)
+            yield from self._failed()
         elif saver is not None:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
                 yield Call(saver.delete_thread, saver.adelete_thread, (thread,))
             self._found[sid] = thread_id(self.tree_id, sid)
 
-    def failed(self) -> None:
+    def _failed(self) -> Flow[None]:
         """A run stopped before its turn ended (an error, an interrupt): write out what the
         saver holds, so that the turn can be resumed (`StelloSqliteSaver.flush`)."""
-        flush = getattr(self.checkpointer, "flush", None)
-        if callable(flush):
-            flush()
-
-    async def afailed(self) -> None:
-        """Async twin of `failed`."""
-        aflush = getattr(self.checkpointer, "aflush", None)
-        if callable(aflush):
-            await aflush()
+        if self._holding is not None:
+            yield Call(self._holding.flush, self._holding.aflush)
 
     def ended_in_memory(self, sid: str) -> bool:
         """Whether `sid`'s run is held in memory and ended at its last checkpoint (nothing
         written after it, so no interrupt): a stream then ends the turn without reading
         the thread, which would write every held step first (the agent's own savers hold
         runs)."""
-        ended = getattr(self.checkpointer, "ended", None)
-        thread = self.config(sid)["configurable"]["thread_id"]
-        return callable(ended) and bool(ended(thread))
+        saver = self._holding
+        return saver is not None and saver.ended(self.config(sid)["configurable"]["thread_id"])
 
     @contextmanager
     def running(self, sid: str, back: Handback) -> Iterator[None]:
-        """Around a graph run (of `sid`, lent its lease with `back`): `failed()` when it
+        """Around a graph run (of `sid`, lent its lease with `back`): `_failed()` when it
         raises before its turn's commit. One that raises after (`back.committed`: a
         checkpoint write that failed) ended a stored turn: its thread is pruned as
         `finished` prunes it, as far as the saver still can (what it leaves is a turn in
@@ -163,7 +155,7 @@ class CheckpointThreads:
             with suppress(Exception):
                 yield from self._finished(sid, False)
         else:
-            yield Call(self.failed, self.afailed)
+            yield from self._failed()
 
     def drop(self, sid: str) -> None:
         """Delete the checkpoint threads of a removed session (the legacy one if it is its)."""
