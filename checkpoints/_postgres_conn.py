@@ -281,18 +281,30 @@ class Link:
         return StorageError(f"PostgreSQL failed at {self.where}: {exc}")
 
     def run(self, conn: psycopg.Connection[Any], query: Query) -> Result:
-        try:
-            cur = conn.execute(query.sql, _params(query.params))
-            return Result(_rows(cur.fetchall()) if cur.description else [], cur.rowcount)
-        except psycopg.Error as exc:
-            raise self.error(conn, exc) from exc
+        return run(self._ran(conn, conn.execute, query), self)
 
     async def arun(self, conn: psycopg.AsyncConnection[Any], query: Query) -> Result:
+        return await arun(self._ran(conn, conn.execute, query), self)
+
+    def _ran(
+        self, conn: Any, execute: Any, query: Query, *, script: bool = False
+    ) -> Generator[Call, Any, Result]:
+        """The steps of `query` run by `execute` (a method of `conn`, either side's, or of
+        a client-side cursor of it); as a `script`, `atomic`'s: `BEGIN`, the lock of
+        `query.lock`, the statement and `COMMIT`, rolled back if it fails."""
+        sql = query.sql
+        if script:
+            assert query.lock is not None
+            sql = f"{self.begin_sql(query.lock, wait=True)}; {sql}; COMMIT"
         try:
-            cur = await conn.execute(query.sql, _params(query.params))
-            rows = _rows(await cur.fetchall()) if cur.description else []
+            cur = yield Call(execute, execute, (sql, _params(query.params)))
+            for _ in range(3 if script else 0):  # BEGIN, SET LOCAL, the lock: then the result
+                cur.nextset()
+            rows = _rows((yield Call(cur.fetchall, cur.fetchall))) if cur.description else []
             return Result(rows, cur.rowcount)
         except psycopg.Error as exc:
+            if script:
+                yield from _rolled_back(conn)
             raise self.error(conn, exc) from exc
 
     def execute(self, query: Query) -> Result:
@@ -343,7 +355,7 @@ class Link:
         try:
             cur = psycopg.ClientCursor(conn)
             try:
-                return run(self._atomic(conn, cur, query), self)
+                return run(self._ran(conn, cur.execute, query, script=True), self)
             finally:
                 cur.close()
         finally:
@@ -356,25 +368,11 @@ class Link:
         conn = own if own is not None else await self.aacquire()
         cur = psycopg.AsyncClientCursor(conn)
         try:
-            return await arun(self._atomic(conn, cur, query), self)
+            return await arun(self._ran(conn, cur.execute, query, script=True), self)
         finally:
             await cur.close()
             if own is not None:
                 await own.close()
-
-    def _atomic(self, conn: Any, cur: Any, query: Query) -> Generator[Call, Any, Result]:
-        """The steps of `atomic` on a client-side cursor `cur` of `conn`, either side's."""
-        assert query.lock is not None
-        script = f"{self.begin_sql(query.lock, wait=True)}; {query.sql}; COMMIT"
-        try:
-            yield Call(cur.execute, cur.execute, (script, _params(query.params)))
-            for _ in range(3):  # BEGIN, SET LOCAL, the lock: then the statement's result
-                cur.nextset()
-            rows = _rows((yield Call(cur.fetchall, cur.fetchall))) if cur.description else []
-            return Result(rows, cur.rowcount)
-        except psycopg.Error as exc:
-            yield from _rolled_back(conn)
-            raise self.error(conn, exc) from exc
 
     # -- transactions ---------------------------------------------------------------------
     def begin_sql(self, key: int, *, wait: bool) -> str:
