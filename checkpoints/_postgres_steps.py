@@ -71,6 +71,38 @@ EVENTS_CHANNEL = "stello_events"
 """The channel notified of each appended event; the payload is JSON
 `{"tree_id": ..., "cursor": ...}` (the event's cursor in its tree)."""
 
+_ADVANCE = f"""next_seq = t.next_seq + %(count)s, turn_count = t.turn_count + %(user)s,
+    updated_at = COALESCE(%(updated)s, t.updated_at),
+    records_stamp = CASE WHEN %(count)s > 0 THEN nextval('{_schema.STAMPS}')
+        ELSE t.records_stamp END"""
+"""The `SET` of a session (`t`) whose records grow by `%(count)s`: `append`'s and a turn's
+commit's, with `_INSERT` after it."""
+_INSERT = f"""ins AS (
+    INSERT INTO {RECORDS} (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
+    SELECT %(tree)s, %(sid)s, up.first + r.i - 1, r.type, r.data, %(at)s, r.turn_id, r.turn_seq
+    FROM up, unnest(%(types)s::text[], %(data)s::text[], %(turn_ids)s::text[],
+        %(turn_seqs)s::int[]) WITH ORDINALITY AS r(type, data, turn_id, turn_seq, i))"""
+"""The records added, numbered from the `first` seq the `up` of `_ADVANCE` returned."""
+
+
+def _appended(
+    tree: str,
+    session_id: str,
+    records: list[EncodedMessage],
+    at: str,
+    user_turn: bool,
+    turns: list[RecordTurn],
+) -> dict[str, Any]:
+    """The parameters of `_ADVANCE` and `_INSERT`."""
+    heads = run_heads(turns)
+    return {
+        "tree": tree, "sid": session_id, "count": len(records), "user": int(user_turn),
+        "updated": at if records else None, "at": at,
+        "types": [role for role, _ in records], "data": [data for _, data in records],
+        "turn_ids": [turn_id for turn_id, _ in heads],
+        "turn_seqs": [turn_seq for _, turn_seq in heads],
+    }  # fmt: skip
+
 
 class Statements(TreeStatements):
     """The primitives of one tree, as statements; and the tree's record cache."""
@@ -172,47 +204,25 @@ class Statements(TreeStatements):
         user_turn: bool,
         turns: list[RecordTurn],
     ) -> Steps[int]:
-        tree, count = self.tree_id, len(records)
         # Subqueries in RETURNING read the snapshot before the statement: the old count and
         # the old stamp (the cached records are still exact if they had that stamp).
-        found = (
-            yield Query(
-                f"""UPDATE {SESSIONS} SET next_seq = next_seq + %s,
-                    turn_count = turn_count + %s, updated_at = COALESCE(%s, updated_at),
-                    records_stamp = CASE WHEN %s THEN nextval('{_schema.STAMPS}')
-                        ELSE records_stamp END
-                WHERE tree_id = %s AND id = %s
-                RETURNING next_seq - %s, records_stamp,
-                    (SELECT COUNT(*) FROM {RECORDS} WHERE tree_id = %s AND session_id = %s),
-                    (SELECT s.records_stamp FROM {SESSIONS} s
-                        WHERE s.tree_id = %s AND s.id = %s)""",
-                (
-                    *(count, int(user_turn), at if records else None, bool(records)),
-                    *(tree, session_id, count, tree, session_id, tree, session_id),
-                ),
-            )
-        ).rows
+        sql = f"""WITH up AS (
+            UPDATE {SESSIONS} AS t SET {_ADVANCE}
+            WHERE t.tree_id = %(tree)s AND t.id = %(sid)s
+            RETURNING t.next_seq - %(count)s AS first, t.records_stamp AS stamp,
+                (SELECT COUNT(*) FROM {RECORDS} r
+                    WHERE r.tree_id = t.tree_id AND r.session_id = t.id) AS before,
+                (SELECT s.records_stamp FROM {SESSIONS} s
+                    WHERE s.tree_id = t.tree_id AND s.id = t.id) AS old_stamp
+        ), {_INSERT}
+        SELECT first, stamp, before, old_stamp FROM up"""
+        params = _appended(self.tree_id, session_id, records, at, user_turn, turns)
+        found = (yield Query(sql, params)).rows
         if not found:
             raise SessionNotFoundError(session_id)
-        first, stamp, before, old_stamp = found[0]
-        if records:
-            heads = run_heads(turns)
-            yield Query(
-                f"""INSERT INTO {RECORDS}
-                    (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
-                SELECT %s, %s, %s + r.i - 1, r.type, r.data, %s, r.turn_id, r.turn_seq
-                FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[])
-                    WITH ORDINALITY AS r(type, data, turn_id, turn_seq, i)""",
-                (
-                    *(tree, session_id, first, at),
-                    [role for role, _ in records],
-                    [data for _, data in records],
-                    [turn_id for turn_id, _ in heads],
-                    [turn_seq for _, turn_seq in heads],
-                ),
-            )
+        _, stamp, before, old_stamp = found[0]
         self.committed(session_id, records, old_stamp, stamp)
-        return int(before) + count
+        return int(before) + len(records)
 
     def has_turn(self, session_id: str, turn_id: str) -> Steps[bool]:
         # one statement for the usual case: the session's own rows, and whether it has more
@@ -390,7 +400,6 @@ class Statements(TreeStatements):
         unless the lease (if given) still holds the session and the session is not archived.
         """
         session_id, records, at, user_turn, turns, insight, lease = args
-        heads = run_heads(turns)
         sql = f"""WITH s AS (
             SELECT id, status, lease_owner, lease_token, turn_count, records_stamp
             FROM {SESSIONS} WHERE tree_id = %(tree)s AND id = %(sid)s
@@ -398,35 +407,20 @@ class Statements(TreeStatements):
             SELECT id FROM s WHERE status <> 'archived' AND (NOT %(checked)s
                 OR (lease_owner IS NOT DISTINCT FROM %(owner)s AND lease_token = %(token)s))
         ), up AS (
-            UPDATE {SESSIONS} AS t SET next_seq = t.next_seq + %(count)s,
-                turn_count = t.turn_count + %(user)s,
-                updated_at = COALESCE(%(updated)s, t.updated_at),
-                records_stamp = CASE WHEN %(count)s > 0 THEN nextval('{_schema.STAMPS}')
-                    ELSE t.records_stamp END,
+            UPDATE {SESSIONS} AS t SET {_ADVANCE},
                 insight = CASE WHEN t.insight = %(insight)s THEN NULL ELSE t.insight END,
                 lease_owner = CASE WHEN %(release)s THEN NULL ELSE t.lease_owner END,
                 lease_expires = CASE WHEN %(release)s THEN 0 ELSE t.lease_expires END
             FROM ok WHERE t.tree_id = %(tree)s AND t.id = ok.id
             RETURNING t.next_seq - %(count)s AS first, t.records_stamp AS stamp
-        ), ins AS (
-            INSERT INTO {RECORDS}
-                (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
-            SELECT %(tree)s, %(sid)s, up.first + r.i - 1, r.type, r.data, %(at)s, r.turn_id,
-                r.turn_seq
-            FROM up, unnest(%(types)s::text[], %(data)s::text[], %(turn_ids)s::text[],
-                %(turn_seqs)s::int[]) WITH ORDINALITY AS r(type, data, turn_id, turn_seq, i)
-        )
+        ), {_INSERT}
         SELECT s.lease_owner, s.lease_token, s.turn_count, s.records_stamp, up.first, up.stamp
         FROM s LEFT JOIN up ON TRUE"""
         params = {
-            "tree": self.tree_id, "sid": session_id, "checked": lease is not None,
-            "owner": None if lease is None else lease.owner,
-            "token": None if lease is None else lease.token,
-            "count": len(records), "user": int(user_turn), "updated": at if records else None,
-            "insight": insight, "release": release and lease is not None, "at": at,
-            "types": [role for role, _ in records], "data": [data for _, data in records],
-            "turn_ids": [turn_id for turn_id, _ in heads],
-            "turn_seqs": [turn_seq for _, turn_seq in heads],
+            **_appended(self.tree_id, session_id, records, at, user_turn, turns),
+            "checked": lease is not None, "owner": None if lease is None else lease.owner,
+            "token": None if lease is None else lease.token, "insight": insight,
+            "release": release and lease is not None,
         }  # fmt: skip
         rows = (yield Query(sql, params, lock=self.key)).rows
         if not rows:
