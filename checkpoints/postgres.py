@@ -281,26 +281,23 @@ class PostgresMainStorage(BackendStorage):
     op_get_global, aop_get_global = _primitive(Statements.get_global)
     op_put_global, aop_put_global = _primitive(Statements.put_global)
 
-    def op_topology_text(self) -> TopologyText | None:
+    def _topology_text(self) -> Steps[TopologyText | None]:
+        """The tree's text; `None` (`topology_parts` then) for one longer than PostgreSQL's
+        longest value (1 GB), read outside a transaction; inside one, the failed statement
+        has aborted the transaction, and the error is raised."""
         try:
-            return run(self._steps.topology_text(), self._link)
+            return (yield from self._steps.topology_text())
         except StorageError as exc:
-            return self._too_long(exc)
+            limit = isinstance(exc.__cause__, psycopg.errors.ProgramLimitExceeded)
+            if not limit or self._link.txn is not None or self._link.atxn is not None:
+                raise
+            return None
+
+    def op_topology_text(self) -> TopologyText | None:
+        return run(self._topology_text(), self._link)
 
     async def aop_topology_text(self) -> TopologyText | None:
-        try:
-            return await arun(self._steps.topology_text(), self._link)
-        except StorageError as exc:
-            return self._too_long(exc)
-
-    def _too_long(self, exc: StorageError) -> TopologyText | None:
-        """`None` (`topology_parts` then) for a tree's text longer than PostgreSQL's longest
-        value (1 GB), read outside a transaction; inside one, the failed statement has
-        aborted the transaction, and `exc` is raised."""
-        limit = isinstance(exc.__cause__, psycopg.errors.ProgramLimitExceeded)
-        if not limit or self._link.txn is not None or self._link.atxn is not None:
-            raise exc
-        return None
+        return await arun(self._topology_text(), self._link)
 
     # -- LangGraph ------------------------------------------------------------------------
     def open_checkpointer(self) -> StelloPostgresSaver:
