@@ -12,8 +12,7 @@ import os
 import random
 import sqlite3
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ __all__ = [
     "fetch_rows",
     "quick_check",
     "stream_rows",
-    "tolerant",
 ]
 
 _BEGIN_RETRIES = 6
@@ -167,16 +165,6 @@ def failure(exc: sqlite3.Error, where: str) -> StorageError:
     return StorageError(f"SQLite failed on {where}: {exc}")
 
 
-@contextmanager
-def tolerant(conn: sqlite3.Connection) -> Iterator[None]:
-    """Texts that are not UTF-8 read as `_damage.tolerant_text` gives them, in the block."""
-    conn.text_factory = tolerant_text
-    try:
-        yield
-    finally:
-        conn.text_factory = str
-
-
 def fetch_rows(
     conn: sqlite3.Connection,
     sql: str,
@@ -184,31 +172,23 @@ def fetch_rows(
     where: str,
     session_id: str | None = None,
 ) -> list[Any]:
-    """Every row of a statement. A text that is not UTF-8 (a damaged row) fails a read of
-    `session_id` with `DamagedDataError` naming its column; a whole-tree read (no
-    `session_id`) reads the rows again with `tolerant_text`, so that one damaged row never
-    makes the rest of the tree unreadable (the builders of `_rows` mark it)."""
-    try:
-        return conn.execute(sql, params).fetchall()
-    except sqlite3.Error as exc:
-        column = undecodable_column(exc)
-        if column is None:
-            raise failure(exc, where) from exc
-        if session_id is not None:
-            raise damaged_error(session_id, column, exc) from exc
-    with tolerant(conn):
-        try:
-            return conn.execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise failure(exc, where) from exc
+    """Every row of a statement, as `stream_rows` reads them."""
+    return list(stream_rows(conn, sql, params, where, session_id))
 
 
 def stream_rows(
-    conn: sqlite3.Connection, sql: str, params: Sequence[Any] | Mapping[str, Any], where: str
+    conn: sqlite3.Connection,
+    sql: str,
+    params: Sequence[Any] | Mapping[str, Any],
+    where: str,
+    session_id: str | None = None,
 ) -> Generator[Any, None, None]:
-    """The rows of a whole-tree read, one at a time, as `fetch_rows` reads them: after a
-    text that is not UTF-8 the statement runs again with `tolerant_text`, the rows already
-    handed over skipped (close the iterator when done with it early)."""
+    """The rows of a statement, one at a time. A text that is not UTF-8 (a damaged row)
+    fails a read of `session_id` with `DamagedDataError` naming its column; a whole-tree
+    read (no `session_id`) runs the statement again with `tolerant_text`, the rows already
+    handed over skipped, so that one damaged row never makes the rest of the tree
+    unreadable (the builders of `_rows` mark it). Close the iterator when done with it early.
+    """
     done = 0
     try:
         for row in conn.execute(sql, params):
@@ -216,15 +196,20 @@ def stream_rows(
             done += 1
         return
     except sqlite3.Error as exc:
-        if undecodable_column(exc) is None:
+        column = undecodable_column(exc)
+        if column is None:
             raise failure(exc, where) from exc
-    with tolerant(conn):
-        try:
-            for index, row in enumerate(conn.execute(sql, params)):
-                if index >= done:
-                    yield row
-        except sqlite3.Error as exc:
-            raise failure(exc, where) from exc
+        if session_id is not None:
+            raise damaged_error(session_id, column, exc) from exc
+    conn.text_factory = tolerant_text
+    try:
+        for index, row in enumerate(conn.execute(sql, params)):
+            if index >= done:
+                yield row
+    except sqlite3.Error as exc:
+        raise failure(exc, where) from exc
+    finally:
+        conn.text_factory = str
 
 
 def quick_check(conn: sqlite3.Connection, where: str) -> None:
