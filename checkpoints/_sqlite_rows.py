@@ -11,8 +11,9 @@ through `SqliteMainStorage`, which brings it up to date first.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import closing
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +21,7 @@ from stello_graph.checkpoints import _schema
 from stello_graph.checkpoints._damage import META, row_damage
 from stello_graph.checkpoints._schema import RECORDS, ROWS, SESSIONS, read_version
 from stello_graph.checkpoints._shared_l3 import (
-    Lookup,
     SharedPrefixes,
-    T,
     drive_sqlite,
     export_statements,
     export_with_prefixes,
@@ -38,9 +37,6 @@ if TYPE_CHECKING:
     from stello_graph.checkpoints.backend import ExportPart, RowSink
 
 __all__ = ["SessionMark", "TreeRows", "export_rows"]
-
-Run = Callable[[Lookup[Any]], Any]
-"""Drives shared-prefix statements (`_shared_l3`) on the same connection."""
 
 SessionMark = tuple[str, str, int, str | None, int | None, tuple[str, ...]]
 """What a printed tree shows of a session: id, status, user turns, its lineage
@@ -58,7 +54,6 @@ EXPORT = export_statements(
 def export_rows(
     conn: sqlite3.Connection,
     where: str,
-    run: Run,
     shared: SharedPrefixes,
     part: ExportPart,
     sink: RowSink,
@@ -68,11 +63,12 @@ def export_rows(
     One statement steps through the rows as the sink takes them: only SQLite's sorter
     (bounded, spilling to a temporary file) holds the whole order. Shared fork prefixes are
     resolved (`export_with_prefixes`)."""
-    bases = run(shared.bases()) if part != "nodes" else {}
+    query = partial(fetch_rows, conn, where=where)  # a whole-tree read: see `fetch_rows`
+    bases = drive_sqlite(shared.bases(), query) if part != "nodes" else {}
     count = 0
     with closing(stream_rows(conn, EXPORT[part], {"tree": shared.tree_id}, where)) as rows:
         for row in export_with_prefixes(
-            part, rows, bases, lambda base: run(shared.inherited(base, "data"))
+            part, rows, bases, lambda base: drive_sqlite(shared.inherited(base, "data"), query)
         ):
             sink(row)
             count += 1
@@ -140,9 +136,6 @@ class TreeRows:
     def _query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
         return fetch_rows(self._conn, sql, params, self._where)
 
-    def _run(self, steps: Lookup[T]) -> T:
-        return drive_sqlite(steps, self._query)
-
     def check(self) -> None:
         """SQLite's `PRAGMA quick_check` of the file.
 
@@ -153,7 +146,7 @@ class TreeRows:
 
     def export_rows(self, part: ExportPart, sink: RowSink) -> int:
         """What `SqliteMainStorage.export_rows(part, sink)` gives on the same file."""
-        return export_rows(self._conn, self._where, self._run, self._shared, part, sink)
+        return export_rows(self._conn, self._where, self._shared, part, sink)
 
     def main_session(self) -> tuple[str, str | None] | None:
         """The id and synthesis of the tree's main session (the first created), if any."""

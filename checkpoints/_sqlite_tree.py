@@ -103,7 +103,7 @@ class SqliteTreeReads:
         return rows
 
     def op_export_rows(self, part: ExportPart, sink: RowSink) -> int:
-        return export_rows(self._conn, repr(self.path), self._run, self._shared, part, sink)
+        return export_rows(self._conn, repr(self.path), self._shared, part, sink)
 
     def op_topology_text(self) -> TopologyText | None:
         # One statement, so one snapshot; the nodes' ordered subquery is not flattened into
