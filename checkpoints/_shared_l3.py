@@ -104,24 +104,20 @@ class SharedPrefixes:
         segments.append((session_id, None))
         return segments
 
-    def share(self, source_id: str, target_id: str, count: int) -> Lookup[None]:
-        """Make the first `count` records of the source the (empty) target's L3; the cut
-        points at the deepest session that holds those rows itself."""
-        holder, _ = yield from self.holder(source_id, count)
-        yield (
-            f"""UPDATE {self.sessions} SET base_id = %s, base_count = %s, next_seq = %s
-            WHERE tree_id = %s AND id = %s""",
-            (holder, count, count, self.tree_id, target_id),
-        )
-
     def fork(
         self, source_id: str, target_id: str, count: int, first: int, empty: bool
     ) -> Lookup[None]:
         """Give the target the first `count` records of the source after its own: shared when
         the target is `empty` (a fresh fork: no row written), else copied inside the database
-        with seqs from `first` (its `next_seq`) on, stored form and turns kept."""
+        with seqs from `first` (its `next_seq`) on, stored form and turns kept. A shared cut
+        points at the deepest session that holds those rows itself."""
         if empty:
-            yield from self.share(source_id, target_id, count)
+            holder, _ = yield from self.holder(source_id, count)
+            yield (
+                f"""UPDATE {self.sessions} SET base_id = %s, base_count = %s, next_seq = %s
+                WHERE tree_id = %s AND id = %s""",
+                (holder, count, count, self.tree_id, target_id),
+            )
             return
         segments = yield from self.prefix(source_id, count)
         copied = yield from self.copy_rows(target_id, segments, first)
@@ -278,27 +274,24 @@ class SharedPrefixes:
             offset += int(counted[0][0]) if count is None else count
         return offset - first
 
-    def materialise(self, session_id: str) -> Lookup[bool]:
-        """Copy the session's shared prefix into rows of its own (seqs `0..base_count-1`,
-        stored form and turns kept) and clear its `base_id`; whether it had one."""
+    def materialise(self, session_id: str) -> Lookup[None]:
+        """Copy the session's shared prefix, if any, into rows of its own (seqs
+        `0..base_count-1`, stored form and turns kept) and clear its `base_id`."""
         base_id, base_count = (yield from self.base(session_id)) or (None, 0)
         if base_id is None:
-            return False
+            return
         yield from self.copy_rows(session_id, (yield from self.prefix(base_id, base_count)), 0)
         yield (
             f"""UPDATE {self.sessions} SET base_id = NULL, base_count = 0
             WHERE tree_id = %s AND id = %s""",
             (self.tree_id, session_id),
         )
-        return True
 
-    def release(self, session_ids: list[str]) -> Lookup[list[str]]:
+    def release(self, session_ids: list[str]) -> Lookup[None]:
         """Before the rows of `session_ids` change below a cut (a trim) or go (a deletion):
-        materialise every other session whose prefix points at them; return those."""
-        moved = yield from self.dependents(session_ids)
-        for dependent in moved:
+        materialise every other session whose prefix points at them."""
+        for dependent in (yield from self.dependents(session_ids)):
             yield from self.materialise(dependent)
-        return moved
 
 
 EXPORT_RECORD_COUNT = 10
@@ -354,7 +347,7 @@ def export_with_prefixes(
     prefixes resolved: a sharing session's record count includes what it inherits, and in the
     `records` part its inherited records (`inherited(base)`, rows of one column: the stored
     form) come before its own rows, in place of the NULL row of a session without own rows."""
-    if not bases or part == "nodes":
+    if not bases:  # the `nodes` part is given none
         yield from rows
         return
     current: str | None = None
