@@ -76,11 +76,6 @@ class RecordCache(Lru["list[BaseMessage]"]):
         """Whether this connection changed some session's records since the last settle."""
         return bool(self._touched)
 
-    def clear(self) -> None:
-        super().clear()
-        self._data_version = None
-        self._version = None
-
     def sync(self, data_version: int, read_version: Callable[[], int]) -> None:
         """Drop everything if another connection changed the tree's L3 since the last call.
 
