@@ -56,8 +56,7 @@ from stello_graph._flow import Call, Flow, arun, run
 from stello_graph.config import StelloConfig, StelloSettings
 from stello_graph.errors import InvalidInputError, StelloError
 from stello_graph.main_session import MainSession
-from stello_graph.nodes._commit import _acommit, _adone, _commit, _done
-from stello_graph.nodes._lease import aturn_lease, turn_lease
+from stello_graph.nodes._commit import make_commit_node
 from stello_graph.nodes.builtin_tools import CreateSessionArgs, _description
 from stello_graph.nodes.deps import StelloRuntime, tool_error_message
 from stello_graph.nodes.ops import arun_fork, run_fork
@@ -300,36 +299,30 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         ctx = await session.aturn_context(operation="an agent run", insight=insight)
         return await handler(self._request(request, ctx))
 
-    # -- the commit: the `commit` node's steps (`stello_graph.nodes._commit`) ---------------
+    # -- the commit: the `commit` node (`stello_graph.nodes._commit`) ---------------------
     def _records(self, state: Mapping[str, Any]) -> list[BaseMessage]:
         """The run's messages, whole tool-call groups only (a run that failed or was left at
         an interrupt before this one leaves its messages to it, its open calls dropped)."""
         return sanitize_history(state["messages"][self._start(state) :])
 
-    def _committed(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        return {"stello_start": len(state["messages"]), "stello_insight": None}
+    def _turn(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The `commit` node's state of the run's turn; `None`: the run has nothing to commit."""
+        records = self._records(state)
+        if not records:
+            return None
+        sid, insight = state["stello_session_id"], state.get("stello_insight")
+        return {"session_id": sid, "pending": records, "insight": insight}
 
     def after_agent(self, state: Mapping[str, Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
-        tree = self._run_tree(state)
-        session, records = tree.session(state["stello_session_id"]), self._records(state)
-        if records:
-            turn, shown = records[0].id, state.get("stello_insight")
-            with turn_lease(tree.leases, session.id, {}, park=False) as held:
-                stored = turn is not None and tree.storage.has_turn(session.id, turn)
-                counts = _commit(tree, session, held, None if stored else (records, shown, turn))
-            _done(tree, session, held, {"insight": shown}, records, counts)
-        return self._committed(state)
+        turn = self._turn(state)
+        if turn is not None:
+            make_commit_node(self._run_tree(state)).func(turn)
+        return {"stello_start": len(state["messages"]), "stello_insight": None}
 
     async def aafter_agent(
         self, state: Mapping[str, Any], runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        tree = self._run_tree(state)
-        session, records = await tree.asession(state["stello_session_id"]), self._records(state)
-        if records:
-            turn, shown = records[0].id, state.get("stello_insight")
-            async with aturn_lease(tree.leases, session.id, {}, park=False) as held:
-                stored = turn is not None and await tree.storage.ahas_turn(session.id, turn)
-                todo = None if stored else (records, shown, turn)
-                counts = await _acommit(tree, session, held, todo)
-            await _adone(tree, session, held, {"insight": shown}, records, counts)
-        return self._committed(state)
+        turn = self._turn(state)
+        if turn is not None:
+            await make_commit_node(self._run_tree(state)).afunc(turn)
+        return {"stello_start": len(state["messages"]), "stello_insight": None}
