@@ -16,7 +16,6 @@ import asyncio
 import json
 import queue
 import threading
-import time
 from typing import Any
 
 from stello_graph.events import STORED_EVENT_TYPES, StelloEvent
@@ -69,14 +68,8 @@ class EventRecorder:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every event queued so far is stored (or failed); False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._state:
-            while self._pending:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._state.wait(left)
-        return True
+            return self._state.wait_for(lambda: not self._pending, timeout)
 
     def settle(self) -> None:
         """At the end of a sync operation: when it ran on the event loop (so its events were

@@ -313,14 +313,8 @@ class Scheduler:
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until no job is queued or running; False on timeout. Never raises failures."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._active > 0:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._lock.wait(remaining)
-        return True
+            return self._lock.wait_for(lambda: self._active == 0, timeout)
 
     async def adrain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
         """Async twin of `drain` (polls, so the event loop keeps running)."""
