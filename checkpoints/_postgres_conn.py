@@ -39,7 +39,7 @@ import psycopg_pool
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
-from stello_graph._event_log import running_loop
+from stello_graph._cancelled import running_loop
 from stello_graph._flow import Call, arun, run
 from stello_graph.errors import InvalidInputError, StorageError, StorageUnavailableError
 

@@ -1,6 +1,6 @@
-"""The part of a `MainStorage` that does not depend on where the data lives.
+"""`MainStorage`: the storage of a tree, whatever database holds it.
 
-`BackendStorage` implements every method of the `MainStorage` protocol, sync and async, once:
+It implements every method the core calls, sync and async, once:
 it validates arguments (so every backend refuses the same inputs with the same errors) and
 runs each operation as a flow of the backend's primitives (`op_*`, see
 `stello_graph.checkpoints.backend`; the flows are in `_flows`) under the lock of
@@ -48,9 +48,9 @@ from stello_graph.models import (
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
-    from stello_graph.storage import SessionSnapshot
+    from stello_graph.models import SessionSnapshot
 
-__all__ = ["FIELDS", "BackendStorage"]
+__all__ = ["FIELDS", "BackendStorage", "MainStorage"]
 
 FIELDS = frozenset(
     {
@@ -63,8 +63,10 @@ FIELDS = frozenset(
 """Per-session values read and written through `op_get_fields` / `op_set_fields`."""
 
 
-class BackendStorage(BulkReads, TreeMethods):
-    """The `MainStorage` built over a `StorageBackend`: every method, sync and async.
+class MainStorage(BulkReads, TreeMethods):
+    """A tree's storage: every method the core and the orchestration call, sync and async,
+    built over a `StorageBackend` (also named `BackendStorage`, and `SessionStorage` where
+    only one session's data is used; see `stello_graph.storage` for the rules it keeps).
 
     It validates arguments (so every backend refuses the same inputs with the same errors),
     runs the backend's primitives (`op_*`) under one lock with re-entrant transactions (see
@@ -153,7 +155,7 @@ class BackendStorage(BulkReads, TreeMethods):
 
     # -- meta -----------------------------------------------------------------------------
     def get_session(self, session_id: str) -> SessionMeta | None:
-        """The session's meta, or `None`."""
+        """The session's meta, or `None` when there is no such session."""
         return self._txn.read(flows.get_session(check_identifier(session_id)))
 
     async def aget_session(self, session_id: str) -> SessionMeta | None:
@@ -206,11 +208,7 @@ class BackendStorage(BulkReads, TreeMethods):
 
     def list_session_stats(self) -> list[SessionStats]:
         """Every session's meta with its turns, records and memory figures, in creation
-        order, read at once (a view of a large tree would otherwise read them one by one).
-
-        Not part of the `MainStorage` protocol: a view falls back to the per-session reads
-        on a storage without it.
-        """
+        order, read at once (a view of a large tree would otherwise read them one by one)."""
         return self._txn.read(one(OptionalPrimitives.op_session_stats))
 
     async def alist_session_stats(self) -> list[SessionStats]:
@@ -226,11 +224,13 @@ class BackendStorage(BulkReads, TreeMethods):
         user_turn: bool = False,
         turn_id: str | None = None,
     ) -> int:
-        """Append messages atomically (and with `user_turn` count a turn); return the count.
+        """Append messages to L3 atomically; return the number of records afterwards.
 
-        The records are the turn `turn_id` (a new id when not given; records that carry a
-        turn, as `Session.messages()` returns them, then keep it), numbered from 0; see
-        `list_record_turns`.
+        `user_turn=True` also counts one user turn, in the same write, so the count can
+        never drift from the records. Appending at least one record moves the session's
+        `updated_at` to now. The records are the turn `turn_id` (a new id when not given;
+        records that carry a turn, as `Session.messages()` returns them, keep it), numbered
+        from 0 (`list_record_turns`).
         """
         args = append_args(session_id, messages, user_turn, turn_id)
         return self._txn.write(one(StorageBackend.op_append, *args))
@@ -383,7 +383,7 @@ class BackendStorage(BulkReads, TreeMethods):
         return await self._txn.awrite(flows.commit_records(*args, release))
 
     def count_records(self, session_id: str) -> int:
-        """The number of L3 records (0 for a missing session)."""
+        """The number of L3 records of the session (0 when there is no such session)."""
         return self._txn.read(one(OptionalPrimitives.op_count, check_identifier(session_id)))
 
     async def acount_records(self, session_id: str) -> int:
@@ -391,7 +391,7 @@ class BackendStorage(BulkReads, TreeMethods):
         return await self._txn.aread(one(OptionalPrimitives.op_count, check_identifier(session_id)))
 
     def get_turn_count(self, session_id: str) -> int:
-        """User turns committed with `append_records(..., user_turn=True)`."""
+        """The number of user turns committed with `append_records(..., user_turn=True)`."""
         return self._txn.read(flows.number(check_identifier(session_id), "turn_count"))
 
     async def aget_turn_count(self, session_id: str) -> int:
@@ -399,7 +399,10 @@ class BackendStorage(BulkReads, TreeMethods):
         return await self._txn.aread(flows.number(check_identifier(session_id), "turn_count"))
 
     def trim_records(self, session_id: str, keep_last: int) -> int:
-        """Drop all but the newest `keep_last` records; move the L2 cursor back as much."""
+        """Drop all but the newest `keep_last` records; return how many were dropped.
+
+        The L2 cursor (`get_memory_through`) moves back by the number of dropped records.
+        """
         sid, keep = check_identifier(session_id), check_non_negative(keep_last, "keep_last")
         return self._txn.write(flows.trim(sid, keep))
 
@@ -407,3 +410,7 @@ class BackendStorage(BulkReads, TreeMethods):
         """Async twin of `trim_records`."""
         sid, keep = check_identifier(session_id), check_non_negative(keep_last, "keep_last")
         return await self._txn.awrite(flows.trim(sid, keep))
+
+
+BackendStorage = MainStorage
+"""`MainStorage`, by the name that says what it is built on: `BackendStorage(MyBackend(...))`."""

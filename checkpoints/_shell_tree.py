@@ -37,7 +37,7 @@ from stello_graph.lineage import ForkPoint
 from stello_graph.models import Compression, Lease, TopologyNode
 
 if TYPE_CHECKING:
-    from stello_graph.storage import SessionSnapshot
+    from stello_graph.models import SessionSnapshot
 
 __all__ = ["TreeMethods"]
 
@@ -86,7 +86,7 @@ class TreeMethods:
         return await self._txn.aread(flows.text(check_identifier(session_id), "insight"))
 
     def put_insight(self, session_id: str, insight: str) -> None:
-        """Replace the pending insight."""
+        """Replace the pending insight (an insight is never appended to another)."""
         values = {"insight": check_text(insight, "insight")}
         self._txn.write(_set_fields(session_id, values))
 
@@ -96,7 +96,11 @@ class TreeMethods:
         await self._txn.awrite(_set_fields(session_id, values))
 
     def clear_insight(self, session_id: str, *, expected: str | None = None) -> bool:
-        """Remove the insight (only if it is still `expected`, when given); `True` if removed."""
+        """Remove the pending insight; return whether one was removed.
+
+        With `expected`, only remove it if it is still that text: an insight written by a
+        newer integration while a turn was running is kept for the next turn.
+        """
         args = check_identifier(session_id), check_optional_text(expected, "expected")
         return self._txn.write(flows.clear_insight(*args))
 
@@ -106,7 +110,7 @@ class TreeMethods:
         return await self._txn.awrite(flows.clear_insight(*args))
 
     def get_memory(self, session_id: str) -> str | None:
-        """The L2 (the synthesis, for the main session), or `None`."""
+        """The session's memory: L2 for a standard session, the synthesis for the main one."""
         return self._txn.read(flows.text(check_identifier(session_id), "memory"))
 
     async def aget_memory(self, session_id: str) -> str | None:
@@ -137,7 +141,9 @@ class TreeMethods:
         return await self._txn.aread(flows.number(check_identifier(session_id), "memory_through"))
 
     def get_subtree_synthesis(self, session_id: str) -> str | None:
-        """What tree integration last made of the node's children, or `None`."""
+        """What tree integration last made of the session's children (its branch summary,
+        shown in its prompt), or `None`.
+        """
         return self._txn.read(flows.text(check_identifier(session_id), "subtree_synthesis"))
 
     async def aget_subtree_synthesis(self, session_id: str) -> str | None:
@@ -163,7 +169,9 @@ class TreeMethods:
         return await self._txn.aread(flows.compression(check_identifier(session_id)))
 
     def put_compression(self, session_id: str, compression: Compression | None) -> None:
-        """Replace (or, with `None`, drop) the compression summary."""
+        """Replace (or drop, with `None`) the compression summary. `trim_records` moves its
+        `through` back like the L2 cursor.
+        """
         self._txn.write(_set_fields(session_id, compression_values(compression)))
 
     async def aput_compression(self, session_id: str, compression: Compression | None) -> None:
@@ -190,7 +198,13 @@ class TreeMethods:
 
     # -- topology -------------------------------------------------------------------------
     def put_node(self, node: TopologyNode) -> None:
-        """Insert, move or relabel a node; a moved node keeps its place in creation order."""
+        """Insert, move or relabel a node; a moved node keeps its place in creation order.
+
+        Raises:
+            SessionNotFoundError: no session has the node's id.
+            NodeNotFoundError: the parent node does not exist.
+            TopologyCycleError: the new parent lies inside the node's subtree.
+        """
         self._txn.write(flows.put_node(check_node(node)))
 
     async def aput_node(self, node: TopologyNode) -> None:
@@ -208,7 +222,7 @@ class TreeMethods:
         return await self._txn.aread(one(OptionalPrimitives.op_get_node, nid))
 
     def get_children(self, parent_id: str) -> list[TopologyNode]:
-        """Direct children, in creation order."""
+        """Direct children of a node, in the order they were created."""
         pid = check_identifier(parent_id, "parent_id")
         return self._txn.read(one(OptionalPrimitives.op_children, pid))
 
@@ -351,8 +365,9 @@ class TreeMethods:
         return await self._txn.awrite(one(StorageBackend.op_append_event, *args))
 
     def events_after(self, cursor: int = 0, *, limit: int = 100) -> list[StoredEvent]:
-        """The events of the log with a cursor above `cursor`, oldest first, at most `limit`
-        (up to 10,000): follow the log by passing the last cursor seen."""
+        """The tree's events with a cursor above `cursor`, oldest first, at most `limit`
+        (1 to 10,000): every process sees them; follow the log from the last cursor seen.
+        """
         return self._txn.read(flows.events_after(*events_page_args(cursor, limit)))
 
     async def aevents_after(self, cursor: int = 0, *, limit: int = 100) -> list[StoredEvent]:
@@ -431,7 +446,7 @@ class TreeMethods:
         return await self._txn.awrite(flows.lease_session(*args, operation))
 
     def renew_lease(self, lease: Lease, ttl: float) -> Lease | None:
-        """Extend a lease still held with its token; `None` if it was lost."""
+        """Extend `lease` if it still holds the session (same owner and token), else `None`."""
         args = lease_args(lease.session_id, lease.owner, ttl, None)
         return self._txn.write(flows.renew_lease(lease, args[2]))
 
@@ -441,7 +456,10 @@ class TreeMethods:
         return await self._txn.awrite(flows.renew_lease(lease, args[2]))
 
     def release_lease(self, lease: Lease) -> bool:
-        """Free the session if `lease` still holds it; `True` if it did."""
+        """Free the session if `lease` still holds it (the token is kept, to keep growing),
+        and the next-to-hold place if `lease.owner` keeps it; `True` if the lease was freed.
+        `Lease(session_id, owner, 0, 0.0)`, never held, frees only the place.
+        """
         return self._txn.write(flows.release_lease(checked_lease(lease)))
 
     async def arelease_lease(self, lease: Lease) -> bool:

@@ -51,8 +51,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from stello_graph._cancelled import CallCancelled
-from stello_graph._event_log import running_loop
+from stello_graph._cancelled import CallCancelled, running_loop
 from stello_graph.checkpoints._primitives import Flow, adrive, drive
 from stello_graph.checkpoints._queue import CallQueue
 from stello_graph.checkpoints.backend import TransactionHooks

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from stello_graph._validate import check_depth, check_tree_id
 from stello_graph.checkpoints._damage import ROLES, STATUSES
@@ -31,12 +31,12 @@ from stello_graph.models import (
     TopologyNode,
     utcnow,
 )
-from stello_graph.storage import normalize_role
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
 __all__ = [
+    "RecordRole",
     "append_args",
     "check_identifier",
     "check_instance",
@@ -56,11 +56,36 @@ __all__ = [
     "lease_args",
     "lineage_args",
     "memory_args",
+    "normalize_role",
     "page_args",
     "session_filter_args",
 ]
 
 T = TypeVar("T")
+
+RecordRole = Literal["human", "ai", "tool", "system", "user", "assistant"]
+"""Role filter of `list_records`: LangChain message types, with `user` / `assistant` aliases."""
+
+_ROLE_ALIASES = {"user": "human", "assistant": "ai"}
+_ROLES = frozenset({"human", "ai", "tool", "system"})
+
+
+def normalize_role(role: str | None) -> str | None:
+    """Map a role filter to the LangChain message type stored (`"user"` -> `"human"`).
+
+    Raises:
+        InvalidInputError: the role is not one of `RecordRole`.
+    """
+    if role is None:
+        return None
+    if not isinstance(role, str):
+        raise InvalidInputError(f"role must be a string, got {type(role).__name__}.")
+    normalized = _ROLE_ALIASES.get(role, role)
+    if normalized not in _ROLES:
+        raise InvalidInputError(
+            f"Unknown record role {role!r}; use one of human/user, ai/assistant, tool, system."
+        )
+    return normalized
 
 
 def check_identifier(value: object, name: str = "session_id") -> str:

@@ -44,7 +44,7 @@ from stello_graph.models import Lease
 
 if TYPE_CHECKING:
     from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
-    from stello_graph.storage import SessionSnapshot
+    from stello_graph.models import SessionSnapshot
 
 __all__ = ["EVENTS_CHANNEL", "PostgresMainStorage", "open_postgres"]
 

@@ -20,8 +20,7 @@ from typing import Any
 from typing_extensions import TypedDict
 
 from stello_graph.lease import Handback, SessionLeases
-from stello_graph.models import Lease
-from stello_graph.storage import SessionSnapshot
+from stello_graph.models import Lease, SessionSnapshot
 
 __all__ = [
     "LEASE_KEY",

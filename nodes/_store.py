@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from langgraph.config import get_store
 from langgraph.store.base import BaseStore, Item
 
-from stello_graph._event_log import running_loop
+from stello_graph._cancelled import running_loop
 from stello_graph._flow import Flow, Storage, arun, run
 from stello_graph._ids import store_label
 from stello_graph.events import emit

@@ -1,11 +1,12 @@
-"""`CallCancelled`: a cancellation that arrived while a storage call's work ran, raised once
-that work is done, with what it returned."""
+"""The event loop side of storage calls: `running_loop`, and `CallCancelled` (a cancellation
+that arrived while a storage call's work ran, raised once that work is done, with what it
+returned)."""
 
 from __future__ import annotations
 
 import asyncio
 
-__all__ = ["CallCancelled"]
+__all__ = ["CallCancelled", "running_loop"]
 
 
 class CallCancelled(asyncio.CancelledError):
@@ -17,3 +18,11 @@ class CallCancelled(asyncio.CancelledError):
     def __init__(self, result: object) -> None:
         super().__init__()
         self.result = result
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running on this thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

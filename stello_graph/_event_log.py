@@ -16,12 +16,15 @@ import asyncio
 import json
 import queue
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from stello_graph._cancelled import running_loop
 from stello_graph.events import STORED_EVENT_TYPES, StelloEvent
-from stello_graph.storage import MainStorage
 
-__all__ = ["EventRecorder", "running_loop"]
+if TYPE_CHECKING:
+    from stello_graph.storage import MainStorage
+
+__all__ = ["EventRecorder"]
 
 _BATCH = 100
 """The most events appended in one transaction."""
@@ -132,14 +135,6 @@ class EventRecorder:
 
     def _append(self, event: StelloEvent) -> None:
         self._storage.append_event(event.type, event.session_id, _jsonable(event.data), at=event.at)
-
-
-def running_loop() -> asyncio.AbstractEventLoop | None:
-    """The event loop running on this thread, if any."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:

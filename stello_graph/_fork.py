@@ -30,7 +30,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 from stello_graph._calls import call_async, call_sync, failing_as
 from stello_graph._context import is_clean, sanitize_history
-from stello_graph._flow import Atomic, Call, Flow, Maybe, Storage, arun, run
+from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._text import storable, storable_message
 from stello_graph._validate import (
     check_id,
@@ -223,10 +223,6 @@ def check_active(meta: SessionMeta | None, session_id: str, operation: str) -> S
     return meta
 
 
-_NO_TOPOLOGY: Any = object()
-"""What a storage without `get_node` (a plain `SessionStorage`) answers for one."""
-
-
 def _node_flow(source_id: str) -> Flow[bool]:
     """Whether the child gets a node (its source has one); refuse a source outside the tree.
 
@@ -234,9 +230,7 @@ def _node_flow(source_id: str) -> Flow[bool]:
         NodeNotFoundError: the storage keeps a tree (it has a main session) and the source
             has no node in it.
     """
-    node = yield Maybe(_NO_TOPOLOGY, MainStorage.get_node, source_id)
-    if node is _NO_TOPOLOGY:
-        return False  # a plain SessionStorage keeps no topology
+    node = yield Storage(MainStorage.get_node, source_id)
     if node is not None:
         return True
     if (yield Storage(MainStorage.get_main_session)) is not None:

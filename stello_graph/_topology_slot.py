@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stello_graph._flow import Flow, Maybe, Storage
+from stello_graph._flow import Flow, Storage
 from stello_graph.errors import FunctionCallError, InvalidInputError
 from stello_graph.models import SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
@@ -127,7 +127,7 @@ class TopologySlot:
 
     def flow(self, session_id: str) -> Flow[str | None]:
         """Read the tree and render the slot of `session_id` (`None`: no slot)."""
-        nodes: list[TopologyNode] | None = yield Maybe(None, MainStorage.get_tree)
+        nodes: list[TopologyNode] = yield Storage(MainStorage.get_tree)
         if not nodes:
             return None
         archived: list[SessionMeta] = yield Storage(MainStorage.list_sessions, status="archived")

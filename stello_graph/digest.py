@@ -33,7 +33,6 @@ from stello_graph._validate import check_id
 from stello_graph.checkpoints._damage import UNDECODABLE, shown, undecodable
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import SessionMeta, SessionRole, SessionStatus, TopologyNode
-from stello_graph.storage import MainStorage
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
@@ -178,6 +177,8 @@ def digests_flow(status: object = None) -> Flow[list[SessionDigest]]:
     """Every session's digest (with `status`, only those), in creation order."""
     if status is not None and status not in _STATUSES:
         raise InvalidInputError(f"status must be 'active', 'archived' or None, got {status!r}.")
+    from stello_graph.storage import MainStorage  # which reads digests through this module
+
     found: list[SessionDigest] = yield Storage(MainStorage.list_session_digests)
     return found if status is None else [d for d in found if d.status == status]
 
@@ -188,6 +189,8 @@ def digest_flow(session_id: object) -> Flow[SessionDigest]:
     Raises:
         SessionNotFoundError: there is no such session.
     """
+    from stello_graph.storage import MainStorage  # which reads digests through this module
+
     sid = check_id(session_id)
     meta: SessionMeta | None = yield Storage(MainStorage.get_session, sid)
     if meta is None:

@@ -38,7 +38,7 @@ from contextlib import AbstractContextManager, asynccontextmanager, contextmanag
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from stello_graph._cancelled import CallCancelled
 from stello_graph._flow import Call, Flow, Storage, arun, run
@@ -269,26 +269,19 @@ class SessionLeases:
         self, session_id: str, owner: str, replace: str | None, into: Handback | None
     ) -> Flow[Lease | None]:
         """One ask for the lease; with `into`, of an active session, read with the lease
-        (one transaction where the storage has `lease_session`) into `into.prefetched`."""
+        (one transaction: `lease_session`) into `into.prefetched`."""
         if into is None:
             lease: Lease | None = yield Storage(
                 SessionStorage.acquire_lease, session_id, owner, self.ttl, replace=replace
             )
             return lease
-        args = (session_id, owner, self.ttl)
-        if callable(getattr(self.storage, "lease_session", None)):
-            taken = yield Storage(
-                _LeasesSession.lease_session, *args, replace=replace, operation=_TURN
-            )
-            if taken is None:
-                return None
-            lease, into.prefetched = taken
-            return lease
-        # without it: a check, the lease and the read
-        _active(session_id, (yield Storage(SessionStorage.read_session, session_id, records=False)))
-        lease = yield Storage(SessionStorage.acquire_lease, *args, replace=replace)
-        if lease is not None:
-            into.prefetched = yield Call(read_leased, aread_leased, (self.storage, lease))
+        taken = yield Storage(
+            SessionStorage.lease_session, session_id, owner, self.ttl, replace=replace,
+            operation=_TURN,
+        )  # fmt: skip
+        if taken is None:
+            return None
+        lease, into.prefetched = taken
         return lease
 
     def _free_later(self, taken: object, owner: str) -> None:
@@ -500,15 +493,6 @@ def _prefetch_into(handback: Handback | None, prefetch: bool) -> Handback | None
 
 
 _TURN = "a turn"
-
-
-class _LeasesSession(Protocol):
-    """A storage's optional `lease_session` (see the stello storages'): the lease of an active
-    session and its `read_session`, in one transaction."""
-
-    def lease_session(
-        self, session_id: str, owner: str, ttl: float, *, replace: str | None, operation: str
-    ) -> tuple[Lease, SessionSnapshot] | None: ...
 
 
 def _active(

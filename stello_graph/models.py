@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from langchain_core.messages import AIMessage
+    from collections.abc import Mapping, Sequence
+
+    from langchain_core.messages import AIMessage, BaseMessage
     from langchain_core.messages.ai import UsageMetadata
     from langchain_core.messages.tool import ToolCall
 
@@ -25,6 +27,7 @@ __all__ = [
     "SendResult",
     "SessionMeta",
     "SessionRole",
+    "SessionSnapshot",
     "SessionStats",
     "SessionStatus",
     "TopologyNode",
@@ -221,3 +224,31 @@ class SendResult:
     """Token usage reported by the provider, when it reports any."""
     message: AIMessage | None = None
     """The full reply as stored in L3."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSnapshot:
+    """Everything a turn reads of its session, read at once (`SessionStorage.read_session`).
+
+    Attributes:
+        meta: the session's meta.
+        settings: its orchestration settings (empty when none).
+        system_prompt: its own system prompt.
+        insight: the pending insight.
+        memory: the L2 (the synthesis, for the main session).
+        subtree_synthesis: what tree integration last made of the node's children.
+        compression: the summary that replaces the oldest records in prompts.
+        turn_count: user turns committed.
+        records: every L3 record in order, shared as `shared_records` returns them (never
+            change them); empty when the read did not ask for them.
+    """
+
+    meta: SessionMeta
+    settings: Mapping[str, Any]
+    system_prompt: str | None
+    insight: str | None
+    memory: str | None
+    subtree_synthesis: str | None
+    compression: Compression | None
+    turn_count: int
+    records: Sequence[BaseMessage]

@@ -88,8 +88,8 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 
+from stello_graph._cancelled import running_loop
 from stello_graph._context import message_text
-from stello_graph._event_log import running_loop
 from stello_graph._validate import (
     MODEL_PROVIDERS,
     check_chat_model,

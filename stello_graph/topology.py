@@ -20,7 +20,7 @@ from functools import cached_property
 from operator import itemgetter
 from typing import Any, NoReturn
 
-from stello_graph._flow import Flow, Maybe, Storage, arun, run
+from stello_graph._flow import Flow, Storage, arun, run
 from stello_graph._tree_text import (
     TOPOLOGY_SESSION_COLUMNS,
     NodeRow,
@@ -158,9 +158,8 @@ class Topology:
 
     @classmethod
     def read(cls, storage: MainStorage) -> Topology:
-        """Read the whole tree of `storage`: one statement on a stello storage of SQLite or
-        PostgreSQL (`topology_text`), three on another (`topology_parts`), else four reads,
-        or one turn count per session on a storage without `list_turn_counts`."""
+        """Read the whole tree of `storage`: one statement on SQLite or PostgreSQL
+        (`topology_text`), three on a backend without it (`topology_parts`)."""
         return run(_read_flow(), storage)
 
     @classmethod
@@ -396,25 +395,11 @@ class Topology:
 
 
 def _read_flow() -> Flow[Topology]:
-    """`Topology.read`: the first of the storage's whole-tree reads it has (see `read`)."""
-    from stello_graph.checkpoints._bulk import BulkReads
-
-    text: TopologyText | None = yield Maybe(None, BulkReads.topology_text)
+    """`Topology.read`: the tree as one text where the backend gives it, else in parts."""
+    text: TopologyText | None = yield Storage(MainStorage.topology_text)
     if text is not None:
         return Topology.of_text(text)
-    parts = yield Maybe(None, BulkReads.topology_parts)
-    if parts is not None:
-        nodes, metas, lineage, counts = parts
-    else:
-        nodes = yield Storage(MainStorage.get_tree)
-        metas = yield Storage(MainStorage.list_sessions)
-        lineage = yield Storage(MainStorage.list_lineage)
-        counts = yield Maybe(None, BulkReads.list_turn_counts)
+    nodes, metas, lineage, counts = yield Storage(MainStorage.topology_parts)
     by_id: dict[str, SessionMeta] = {meta.id: meta for meta in metas}
     sessions = {node.id: by_id[node.id] for node in nodes if node.id in by_id}
-    if counts is None:  # one read per session
-        counts = {}
-        for meta in metas:
-            if meta.id in sessions:
-                counts[meta.id] = yield Storage(MainStorage.get_turn_count, meta.id)
     return Topology(nodes, sessions, {sid: counts.get(sid, 0) for sid in sessions}, lineage)

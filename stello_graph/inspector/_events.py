@@ -142,9 +142,7 @@ class PollingEventSource:
 
     # -- the stored log ---------------------------------------------------------------------
     def _read_log(self) -> list[StoredEvent]:
-        read = getattr(self._storage, "events_after", None)
-        if read is None:  # a storage without an event log: snapshots only
-            return []
+        read = self._storage.events_after
         found: deque[StoredEvent] = deque(maxlen=_KEPT)
         while True:
             page: list[StoredEvent] = read(self._log_cursor, limit=_LOG_PAGE)

@@ -46,37 +46,8 @@ MAX_PAGE = 1000
 
 
 def session_stats(storage: MainStorage) -> list[SessionStats]:
-    """Every session's figures: in one read when the storage offers it (both reference
-    storages do), else session by session."""
-    bulk = getattr(storage, "list_session_stats", None)
-    if bulk is not None:
-        found: list[SessionStats] = bulk()
-        return found
-    parents = {node.id: node.parent_id for node in storage.get_tree()}
-    return [_stats_of(storage, meta, parents) for meta in storage.list_sessions()]
-
-
-def _stats_of(
-    storage: MainStorage, meta: SessionMeta, parents: dict[str, str | None]
-) -> SessionStats:
-    sid = meta.id
-    through = storage.get_memory_through(sid)
-    return SessionStats(
-        id=sid,
-        label=meta.label,
-        role=meta.role,
-        status=meta.status,
-        updated_at=meta.updated_at,
-        parent_id=parents.get(sid),
-        in_tree=sid in parents,
-        turns=storage.get_turn_count(sid),
-        records=storage.count_records(sid),
-        memory_through=through,
-        turns_since_memory=_turns_after(storage, sid, through),
-        has_memory=storage.get_memory(sid) is not None,
-        has_insight=storage.get_insight(sid) is not None,
-        has_subtree_synthesis=storage.get_subtree_synthesis(sid) is not None,
-    )
+    """Every session's figures, in one read."""
+    return storage.list_session_stats()
 
 
 def _turns_after(storage: MainStorage, session_id: str, through: int) -> int:

@@ -7,7 +7,6 @@ from starlette.testclient import TestClient
 
 from stello_graph import StelloAgent
 from stello_graph.compression import CompressionPolicy
-from stello_graph.inspector import tree_view
 from stello_graph.inspector._views import tree_nodes
 from stello_graph.main_session import MainSession
 from stello_graph.models import Compression
@@ -55,16 +54,6 @@ def test_the_compact_tree_has_the_same_nodes_as_rows(client: TestClient) -> None
     assert {k: v for k, v in compact.items() if k not in ("fields", "nodes")} == {
         k: v for k, v in full.items() if k != "nodes"
     }
-
-
-def test_tree_view_needs_no_bulk_read(tree: Tree) -> None:
-    class Plain:  # a MainStorage without `list_session_stats`
-        def __getattr__(self, name: str) -> object:
-            if name == "list_session_stats":
-                raise AttributeError(name)
-            return getattr(tree.storage, name)
-
-    assert tree_view(Plain()) == tree_view(tree.storage)  # type: ignore[arg-type]
 
 
 def test_session_shows_meta_memory_insight_and_prompt(tree: Tree, client: TestClient) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from stello_graph.agent import StelloAgent
-from stello_graph.checkpoints import InMemoryMainStorage, SqliteMainStorage
+from stello_graph.checkpoints import SqliteMainStorage
 from stello_graph.inspector import PollingEventSource
 from stello_graph.models import IntegrationResult
 from stello_graph.testing import ScriptedChatModel
@@ -49,25 +49,3 @@ def test_logged_events_are_shown_once_with_their_details(tmp_path: Path) -> None
         events, _ = source.events_after(cursor)
         assert [e["type"] for e in events] == ["status_changed"]
         assert events[0]["status"] == "archived"
-
-
-def test_a_storage_without_a_log_still_gets_snapshot_events() -> None:
-    class NoLog:
-        """A storage of an older interface: everything but the event log."""
-
-        def __init__(self) -> None:
-            self._inner = InMemoryMainStorage()
-
-        def __getattr__(self, name: str) -> Any:
-            if name in ("events_after", "aevents_after"):
-                raise AttributeError(name)
-            return getattr(self._inner, name)
-
-    storage = NoLog()
-    with StelloAgent(model=ScriptedChatModel(default="ok"), storage=storage._inner) as agent:
-        source = PollingEventSource(storage)
-        source.events_after(0)
-        agent.fork(agent.main_session_id, "B")
-        events, _ = source.events_after(0)
-        assert [e["type"] for e in events] == ["session_added"]
-        assert "cursor" not in events[0]

@@ -104,25 +104,12 @@ def test_lease_primitives(storage: MainStorage) -> None:
         storage.acquire_lease("missing", "a", 30)
 
 
-class _WithoutLeaseSession:
-    """A storage without the optional `lease_session` (as one written by a user may be)."""
-
-    def __init__(self, storage: MainStorage) -> None:
-        self._storage = storage
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("lease_session", "alease_session"):
-            raise AttributeError(name)
-        return getattr(self._storage, name)
-
-
-@pytest.mark.parametrize("optional", [True, False], ids=["lease_session", "fallback"])
 async def test_hold_with_prefetch_reads_an_active_session_with_its_lease(
-    storage: MainStorage, optional: bool
+    storage: MainStorage,
 ) -> None:
     storage.put_session(SessionMeta(id="s1", label="One"))
     storage.put_insight("s1", INSIGHT)
-    leases = SessionLeases(storage if optional else _WithoutLeaseSession(storage))
+    leases = SessionLeases(storage)
     back = Handback(lambda: False)
     with leases.hold("s1", handback=back, prefetch=True) as lease:
         assert storage.get_lease("s1") == lease

@@ -6,15 +6,12 @@ instead of scanning L3.
 
 from __future__ import annotations
 
-from typing import cast
-
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.types import interrupt
 
 from stello_graph import MainSession, Session
 from stello_graph.checkpoints import InMemoryMainStorage
-from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.testing import ScriptedChatModel
 from tests.orchestration.conftest import AgentFactory, lose_last_checkpoint
 
@@ -103,7 +100,7 @@ def test_a_replayed_commit_is_found_by_its_turn_id(make_agent: AgentFactory) -> 
     config = agent.config(sid)
     lose_last_checkpoint(agent, sid)  # a crash between the step's commit and its checkpoint
     turn_id = agent.session(sid).messages()[0].response_metadata["stello_turn_id"]
-    storage = cast(BackendStorage, agent.storage)
+    storage = agent.storage
     assert storage.has_turn(sid, turn_id)
     # another writer appends after the turn: the replayed step still finds it
     agent.storage.append_records(sid, [HumanMessage("later"), AIMessage("later too")])

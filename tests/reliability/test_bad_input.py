@@ -786,7 +786,7 @@ async def test_damaged_rows_leave_the_tree_readable(
             "alist_sessions": lambda: s.alist_sessions(),
             "get_tree": lambda: [n.id for n in s.get_tree()],
             "aget_tree": lambda: s.aget_tree(),
-            "session stats": lambda: [x.id for x in s.list_session_stats()],  # type: ignore[attr-defined]
+            "session stats": lambda: [x.id for x in s.list_session_stats()],
             "export": lambda: [e["id"] for e in export_tree(s, records=True)["sessions"]],
             "inspector tree": lambda: [n["id"] for n in tree_nodes(tree_view(s))],
         }

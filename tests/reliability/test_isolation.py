@@ -497,7 +497,7 @@ def test_a_server_process_keeps_few_trees_open_and_loses_nothing(
             stored = [m.text for s in sessions for m in storage.list_records(s, role="human")]
             assert sorted(stored) == sorted(said[name])  # its own turns, once, none of another
         finally:
-            storage.close()  # type: ignore[attr-defined]
+            storage.close()
     figures.set("trees", len(names))
     figures.set("turns", SERVER_TURNS)
     figures.set("most open files", max(files))

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import cast
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from stello_graph import ForkPoint, Session
 from stello_graph.checkpoints import SqliteMainStorage, _schema
-from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.errors import InvalidInputError, SessionNotFoundError
 from stello_graph.models import SessionMeta
 from stello_graph.storage import MainStorage
@@ -174,7 +172,7 @@ def test_a_v5_file_gets_the_lineage_columns(tmp_path: Path) -> None:
 
 
 def test_the_reference_storages_hold_lineage_as_fields(main_storage: MainStorage) -> None:
-    storage = cast(BackendStorage, main_storage)
+    storage = main_storage
     storage.put_session(SessionMeta(id="s1", label=""))
     storage.put_session(SessionMeta(id="s2", label=""))
     storage.put_lineage("s2", "s1", 4)

@@ -183,7 +183,7 @@ async def test_transaction_commits_on_success(api: Api) -> None:
 
 def test_close_inside_transaction_is_refused(main_storage: MainStorage) -> None:
     with main_storage.transaction(), pytest.raises(StorageError):
-        main_storage.close()  # type: ignore[attr-defined]
+        main_storage.close()
 
 
 # -- threads ----------------------------------------------------------------------------------

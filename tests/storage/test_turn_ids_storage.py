@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import cast
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from stello_graph.checkpoints import SqliteMainStorage, _schema
 from stello_graph.checkpoints._serde import encode_message
-from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.models import SessionMeta
 from stello_graph.storage import MainStorage
 from tests.conftest import Api
@@ -31,7 +29,7 @@ async def test_append_records_numbers_the_turn(api: Api) -> None:
 
 
 def test_a_trim_keeps_the_turn_of_the_first_kept_record(main_storage: MainStorage) -> None:
-    storage = cast(BackendStorage, main_storage)
+    storage = main_storage
     storage.put_session(SessionMeta(id="s1", label=""))
     records = [HumanMessage("q"), AIMessage("a"), HumanMessage("q2")]
     storage.append_records("s1", records, turn_id="t1")

@@ -23,10 +23,10 @@ from tests.conftest import Api
 @asynccontextmanager
 async def _whole(api: Api) -> AsyncIterator[None]:
     if api.mode == "sync":
-        with api.storage.transaction(savepoints=False):  # type: ignore[call-arg]
+        with api.storage.transaction(savepoints=False):
             yield
     else:
-        async with api.storage.atransaction(savepoints=False):  # type: ignore[call-arg]
+        async with api.storage.atransaction(savepoints=False):
             yield
 
 
