@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from stello_graph._flow import Maybe
+from stello_graph._flow import Storage
 from stello_graph._flow import arun as adrive  # a flow on the async primitives of a backend
 from stello_graph._flow import run as drive  # a flow on the sync primitives of a backend
 from stello_graph.checkpoints._rows import stats_from_row
@@ -37,7 +37,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class Op(Maybe):
+class Op(Storage):
     """One call of a backend primitive, named by the protocol's own method:
     `Op(OptionalPrimitives.op_count, session_id)` calls the backend's `op_count` when driven
     sync and its `aop_count` twin when driven async (the core's `Storage` step). On a
@@ -48,8 +48,20 @@ class Op(Maybe):
     def __init__(
         self, method: Callable[Concatenate[Any, P], object], /, *args: P.args, **kwargs: P.kwargs
     ) -> None:
-        super().__init__(None, method, *args, **kwargs)
+        super().__init__(method, *args, **kwargs)
         self.method = method
+
+    def run(self, storage: object) -> Any:
+        method = getattr(storage, self.name, None)
+        return (
+            drive(self.missing(), storage) if method is None else method(*self.args, **self.kwargs)
+        )
+
+    async def arun(self, storage: object) -> Any:
+        method = getattr(storage, f"a{self.name}", None)
+        if method is None:
+            return await adrive(self.missing(), storage)
+        return await method(*self.args, **self.kwargs)
 
     def missing(self) -> Flow[Any]:
         """The composed default of an optional primitive the backend lacks."""

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-__all__ = ["Atomic", "Call", "Flow", "Maybe", "Step", "Storage", "arun", "run"]
+__all__ = ["Atomic", "Call", "Flow", "Step", "Storage", "arun", "run"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -46,39 +46,6 @@ class Storage:
 
     async def arun(self, storage: object) -> Any:
         return await getattr(storage, f"a{self.name}")(*self.args, **self.kwargs)
-
-
-class Maybe(Storage):
-    """A call of a method the protocol marks optional (`get_node`, `get_tree`,
-    the bulk tree reads): `default` from a storage that lacks it."""
-
-    __slots__ = ("default",)
-
-    def __init__(
-        self,
-        default: object,
-        method: Callable[Concatenate[Any, P], object],
-        /,
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> None:
-        super().__init__(method, *args, **kwargs)
-        self.default = default
-
-    def run(self, storage: object) -> Any:
-        method = getattr(storage, self.name, None)
-        return run(self.missing(), storage) if method is None else method(*self.args, **self.kwargs)
-
-    async def arun(self, storage: object) -> Any:
-        method = getattr(storage, f"a{self.name}", None)
-        if method is None:
-            return await arun(self.missing(), storage)
-        return await method(*self.args, **self.kwargs)
-
-    def missing(self) -> Generator[Any, Any, Any]:
-        """What runs in place of the method on a storage that lacks it: `default`."""
-        yield from ()  # a flow of no step
-        return self.default
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from stello_graph._export_rows import (
     EXPORT_FORMAT,
-    Emit,
     Entries,
     RowReader,
     head_of,
@@ -43,7 +42,7 @@ from stello_graph._export_rows import (
 from stello_graph.storage import MainStorage
 
 if TYPE_CHECKING:
-    from stello_graph.topology import Topology
+    pass
 
 __all__ = ["EXPORT_FORMAT", "export_tree", "write_export"]
 
@@ -92,11 +91,8 @@ def write_export(
 
 
 def _entries(storage: MainStorage, records: bool) -> tuple[Entries, Entries]:
-    """The node and session entries of the export: streamed from the rows of a stello
-    storage (`export_rows`), else read session by session."""
-    if callable(getattr(storage, "export_rows", None)):
-        return row_entries(cast(RowReader, storage), records)
-    return _by_session(storage, records)
+    """The node and session entries of the export, streamed from the storage's rows."""
+    return row_entries(cast(RowReader, storage), records)
 
 
 def _gathered(storage: MainStorage, lists: tuple[Entries, Entries]) -> dict[str, Any]:
@@ -105,50 +101,3 @@ def _gathered(storage: MainStorage, lists: tuple[Entries, Entries]) -> dict[str,
     lists[0](nodes.append)
     lists[1](sessions.append)
     return {**_head(storage), "nodes": nodes, "sessions": sessions}
-
-
-# -- a storage without `export_rows`: one read per session --------------------------------
-def _export_by_session(storage: MainStorage, records: bool) -> dict[str, Any]:
-    """The export as a storage without `export_rows` makes it."""
-    return _gathered(storage, _by_session(storage, records))
-
-
-def _by_session(storage: MainStorage, records: bool) -> tuple[Entries, Entries]:
-    from stello_graph.topology import Topology
-
-    tree = Topology.read(storage)
-
-    def nodes(emit: Emit) -> None:
-        for node in tree.nodes:
-            emit(_marked(node.model_dump(mode="json"), node.damaged))
-
-    return nodes, lambda emit: _session_entries(storage, tree, records, emit)
-
-
-def _marked(entry: dict[str, Any], damaged: tuple[str, ...]) -> dict[str, Any]:
-    """An entry of a model, marked as the streamed export marks its row."""
-    if "parent_id" in damaged:
-        entry["detached"] = True
-    if columns := [column for column in damaged if column != "parent_id"]:
-        entry["damaged"] = columns
-    return entry
-
-
-def _session_entries(storage: MainStorage, tree: Topology, records: bool, emit: Emit) -> None:
-    for node in tree.nodes:
-        meta = tree.sessions.get(node.id)
-        if meta is None:
-            continue
-        standard = meta.role == "standard"
-        entry: dict[str, Any] = _marked(meta.model_dump(mode="json"), meta.damaged)
-        entry["parent_id"] = node.parent_id
-        entry["turns"] = tree.turns.get(node.id, 0)
-        entry["record_count"] = storage.count_records(node.id)
-        entry["system_prompt"] = storage.get_system_prompt(node.id)
-        entry["l2"] = storage.get_memory(node.id) if standard else None
-        entry["insight"] = storage.get_insight(node.id) if standard else None
-        if records:
-            from langchain_core.messages import messages_to_dict
-
-            entry["records"] = messages_to_dict(storage.list_records(node.id))
-        emit(entry)

@@ -11,14 +11,61 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
+from stello_graph._export_rows import Emit, Entries
 from stello_graph.checkpoints import BackendStorage
 from stello_graph.checkpoints._rows import stored_l2, stored_meta, stored_node
 from stello_graph.checkpoints._serde import meta_to_row, row_to_meta
 from stello_graph.errors import InvalidInputError
-from stello_graph.export import _export_by_session, export_tree, write_export
+from stello_graph.export import _gathered, export_tree, write_export
 from stello_graph.models import ChildL2, SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
+from stello_graph.topology import Topology
 from tests.conftest import Api
+
+
+def _export_by_session(storage: MainStorage, records: bool) -> dict[str, Any]:
+    """The export read session by session through the public reads: what the streamed
+    export must equal."""
+    return _gathered(storage, _by_session(storage, records))
+
+
+def _by_session(storage: MainStorage, records: bool) -> tuple[Entries, Entries]:
+    tree = Topology.read(storage)
+
+    def nodes(emit: Emit) -> None:
+        for node in tree.nodes:
+            emit(_marked(node.model_dump(mode="json"), node.damaged))
+
+    return nodes, lambda emit: _session_entries(storage, tree, records, emit)
+
+
+def _marked(entry: dict[str, Any], damaged: tuple[str, ...]) -> dict[str, Any]:
+    """An entry of a model, marked as the streamed export marks its row."""
+    if "parent_id" in damaged:
+        entry["detached"] = True
+    if columns := [column for column in damaged if column != "parent_id"]:
+        entry["damaged"] = columns
+    return entry
+
+
+def _session_entries(storage: MainStorage, tree: Topology, records: bool, emit: Emit) -> None:
+    for node in tree.nodes:
+        meta = tree.sessions.get(node.id)
+        if meta is None:
+            continue
+        standard = meta.role == "standard"
+        entry: dict[str, Any] = _marked(meta.model_dump(mode="json"), meta.damaged)
+        entry["parent_id"] = node.parent_id
+        entry["turns"] = tree.turns.get(node.id, 0)
+        entry["record_count"] = storage.count_records(node.id)
+        entry["system_prompt"] = storage.get_system_prompt(node.id)
+        entry["l2"] = storage.get_memory(node.id) if standard else None
+        entry["insight"] = storage.get_insight(node.id) if standard else None
+        if records:
+            from langchain_core.messages import messages_to_dict
+
+            entry["records"] = messages_to_dict(storage.list_records(node.id))
+        emit(entry)
 
 
 def _tree(storage: MainStorage) -> None:
