@@ -195,7 +195,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
             self._tool_graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         except BaseException:
             if self._owns_storage:  # a bad argument must not leave the file open
-                getattr(self.storage, "close", lambda: None)()
+                self.storage.close()
             raise
         self._leases = self._runtime.leases
         self._threads = CheckpointThreads(
@@ -326,9 +326,8 @@ class StelloAgent(_Turns, _Memory, _Tree):
             if self._owns_saver and close_saver is not None:
                 close_saver()
         finally:  # the storage is closed even when the saver could not write what it held
-            close = getattr(self.storage, "close", None)
-            if self._owns_storage and close is not None:
-                close()
+            if self._owns_storage:
+                self.storage.close()
 
     async def aclose(self) -> None:
         """Async twin of `close`: background work is awaited without blocking the loop."""

@@ -129,7 +129,7 @@ def _scope(storage: SessionStorage) -> str:
         where = getattr(storage, "realpath", None) or os.path.realpath(path)
     else:
         where = f"object:{id(storage)}"
-    return f"{type(storage).__name__}:{where}:{getattr(storage, 'tree_id', '')}"
+    return f"{type(storage).__name__}:{where}:{storage.tree_id}"
 
 
 @dataclass(slots=True)

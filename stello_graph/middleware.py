@@ -171,7 +171,7 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
             if runtime.scheduler is not None:
                 runtime.scheduler.close(wait=True)
             if not hasattr(self._storage, "get_tree"):
-                getattr(runtime.storage, "close", lambda: None)()
+                runtime.storage.close()
         self._runtimes.clear()
 
     def __enter__(self) -> StelloMiddleware:

@@ -323,7 +323,7 @@ def _open(uri: str, tree_id: str, config: StelloConfig) -> _Tree:
         runtime = StelloRuntime(storage, config)
         return _Tree(runtime, build_graph(runtime))
     except BaseException:
-        getattr(storage, "close", lambda: None)()
+        storage.close()
         raise
 
 
@@ -331,7 +331,7 @@ def _close(tree: _Tree) -> None:
     """Finish the tree's queued background jobs, stop its scheduler, close its storage."""
     if tree.runtime.scheduler is not None:
         tree.runtime.scheduler.close(wait=True)
-    getattr(tree.runtime.storage, "close", lambda: None)()
+    tree.runtime.storage.close()
 
 
 def _take(key: tuple[str, str], *, hold: bool = False) -> _Tree | None:
