@@ -38,6 +38,7 @@ from stello_graph.checkpoints._serde import (
     message_role,
 )
 from stello_graph.checkpoints.backend import OptionalPrimitives, StorageBackend
+from stello_graph.digest import DigestRow, SessionDigest, digest_from_row
 from stello_graph.errors import (
     InvalidInputError,
     LeaseLostError,
@@ -61,7 +62,6 @@ from stello_graph.models import (
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
-    from stello_graph.digest import DigestRow, SessionDigest
 
 __all__ = ["Flow", "Op", "adrive", "drive", "one"]
 
@@ -412,8 +412,6 @@ def topology_parts() -> Flow[TopologyParts]:
 
 
 def digests() -> Flow[list[SessionDigest]]:
-    from stello_graph.digest import digest_from_row  # whose module reads through `MainStorage`
-
     rows: list[DigestRow] = yield Op(OptionalPrimitives.op_digests)
     return built(digest_from_row, rows)
 

@@ -4,12 +4,13 @@ lineage of forks and the sessions' digests."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from stello_graph._event_log import EventRecorder
 from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._threads import CheckpointThreads
 from stello_graph._validate import check_id
-from stello_graph.digest import SessionDigest, digest_flow, digests_flow
+from stello_graph.digest import SessionDigest
 from stello_graph.errors import (
     InvalidInputError,
     NodeHasChildrenError,
@@ -19,13 +20,16 @@ from stello_graph.errors import (
 from stello_graph.lease import SessionLeases
 from stello_graph.lineage import ForkPoint
 from stello_graph.main_session import MainSession
-from stello_graph.models import TopologyNode
+from stello_graph.models import SessionMeta, TopologyNode
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.scheduling import (
     aunpublish,
     unpublish,
 )
 from stello_graph.storage import MainStorage
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = []
 
@@ -181,11 +185,11 @@ class _Tree:
         Raises:
             InvalidInputError: an unknown `status`.
         """
-        return run(digests_flow(status), self.storage)
+        return run(_digests(status), self.storage)
 
     async def adigests(self, *, status: str | None = None) -> list[SessionDigest]:
         """Async twin of `digests`."""
-        return await arun(digests_flow(status), self.storage)
+        return await arun(_digests(status), self.storage)
 
     def digest(self, session_id: str) -> SessionDigest:
         """One session's `SessionDigest`.
@@ -193,11 +197,11 @@ class _Tree:
         Raises:
             SessionNotFoundError: there is no such session.
         """
-        return run(digest_flow(session_id), self.storage)
+        return run(_digest(session_id), self.storage)
 
     async def adigest(self, session_id: str) -> SessionDigest:
         """Async twin of `digest`."""
-        return await arun(digest_flow(session_id), self.storage)
+        return await arun(_digest(session_id), self.storage)
 
 
 def _node_flow(node_id: str) -> Flow[TopologyNode]:
@@ -249,3 +253,39 @@ def lineage_flow(session_id: str, *, limit: int = 10_000) -> Flow[list[ForkPoint
         seen.add(point.source_id)
         current = point.source_id
     return found
+
+
+def _digests(status: object = None) -> Flow[list[SessionDigest]]:
+    """Every session's digest (with `status`, only those), in creation order."""
+    if status is not None and status not in ("active", "archived"):
+        raise InvalidInputError(f"status must be 'active', 'archived' or None, got {status!r}.")
+    found: list[SessionDigest] = yield Storage(MainStorage.list_session_digests)
+    return found if status is None else [d for d in found if d.status == status]
+
+
+def _digest(session_id: object) -> Flow[SessionDigest]:
+    """The digest of one session, from its own reads.
+
+    Raises:
+        SessionNotFoundError: there is no such session.
+    """
+    sid = check_id(session_id)
+    meta: SessionMeta | None = yield Storage(MainStorage.get_session, sid)
+    if meta is None:
+        raise SessionNotFoundError(sid)
+    node: TopologyNode | None = yield Storage(MainStorage.get_node, sid)
+    through: int = yield Storage(MainStorage.get_memory_through, sid)
+    records: list[BaseMessage] = yield Storage(MainStorage.shared_records, sid)
+    stale = sum(record.type == "human" for record in records[through:])
+    return SessionDigest(
+        id=meta.id,
+        label=meta.label,
+        role=meta.role,
+        status=meta.status,
+        parent_id=node.parent_id if node is not None else None,
+        turns=(yield Storage(MainStorage.get_turn_count, sid)),
+        l2=(yield Storage(MainStorage.get_memory, sid)),
+        stale_turns=stale,
+        insight=(yield Storage(MainStorage.get_insight, sid)),
+        last_activity=meta.updated_at,
+    )

@@ -28,16 +28,13 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from stello_graph._flow import Flow, Storage
-from stello_graph._validate import check_id
 from stello_graph.checkpoints._damage import UNDECODABLE, shown, undecodable
-from stello_graph.errors import InvalidInputError, SessionNotFoundError
-from stello_graph.models import SessionMeta, SessionRole, SessionStatus, TopologyNode
+from stello_graph.models import SessionRole, SessionStatus
 
 if TYPE_CHECKING:
-    from langchain_core.messages import BaseMessage
+    pass
 
-__all__ = ["DigestRow", "SessionDigest", "digest_flow", "digest_from_row", "digests_flow"]
+__all__ = ["DigestRow", "SessionDigest", "digest_from_row"]
 
 DigestRow = tuple[str, str, str | int, str | int, str, str | None, int, str | None, int, str | None]
 """A session's digest as a backend reads it (`op_digests`): `(id, label, role, status,
@@ -170,44 +167,4 @@ def _stand_ins(row: DigestRow, at: datetime | None) -> tuple[Any, ...]:
         UNDECODABLE if undecodable(memory) else memory,
         UNDECODABLE if undecodable(insight) else insight,
         tuple(damaged),
-    )
-
-
-def digests_flow(status: object = None) -> Flow[list[SessionDigest]]:
-    """Every session's digest (with `status`, only those), in creation order."""
-    if status is not None and status not in _STATUSES:
-        raise InvalidInputError(f"status must be 'active', 'archived' or None, got {status!r}.")
-    from stello_graph.storage import MainStorage  # which reads digests through this module
-
-    found: list[SessionDigest] = yield Storage(MainStorage.list_session_digests)
-    return found if status is None else [d for d in found if d.status == status]
-
-
-def digest_flow(session_id: object) -> Flow[SessionDigest]:
-    """The digest of one session, from its own reads.
-
-    Raises:
-        SessionNotFoundError: there is no such session.
-    """
-    from stello_graph.storage import MainStorage  # which reads digests through this module
-
-    sid = check_id(session_id)
-    meta: SessionMeta | None = yield Storage(MainStorage.get_session, sid)
-    if meta is None:
-        raise SessionNotFoundError(sid)
-    node: TopologyNode | None = yield Storage(MainStorage.get_node, sid)
-    through: int = yield Storage(MainStorage.get_memory_through, sid)
-    records: list[BaseMessage] = yield Storage(MainStorage.shared_records, sid)
-    stale = sum(record.type == "human" for record in records[through:])
-    return SessionDigest(
-        id=meta.id,
-        label=meta.label,
-        role=meta.role,
-        status=meta.status,
-        parent_id=node.parent_id if node is not None else None,
-        turns=(yield Storage(MainStorage.get_turn_count, sid)),
-        l2=(yield Storage(MainStorage.get_memory, sid)),
-        stale_turns=stale,
-        insight=(yield Storage(MainStorage.get_insight, sid)),
-        last_activity=meta.updated_at,
     )
