@@ -1,7 +1,4 @@
-"""Whole-tree reads of `BackendStorage` for views, exports and integrators of large trees.
-
-None of these is part of the `MainStorage` protocol: the views that use them fall back to
-per-session reads on a storage without them.
+"""Whole-tree reads of `MainStorage` for views, exports and integrators of large trees.
 
 * `topology_text` - what `Topology.read` needs as two JSON texts, in one statement (SQLite,
   PostgreSQL); `topology_parts` - the same as models, in one read of three statements.

@@ -411,9 +411,6 @@ class TreeMethods:
         transaction: what a turn does before it runs (one transaction instead of three).
         `None` while another holds the lease (the asker waits in line, as `acquire_lease`).
 
-        Not part of the `MainStorage` protocol: `SessionLeases` falls back to a read, the
-        lease and another read on a storage without it.
-
         Raises:
             SessionNotFoundError / SessionArchivedError: no such session, or it is archived
                 (refusing `operation`); nothing is written.

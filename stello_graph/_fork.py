@@ -6,8 +6,8 @@ one transaction: a fork never leaves a session without its node, or a node witho
 
 In a tree (a storage with a main session) every fork gets a node under its source's, so a
 source without a node is refused with `NodeNotFoundError` before anything is computed or
-written. A storage without a tree (standalone sessions, or a plain `SessionStorage`) keeps
-no nodes: there a fork is standalone like its source.
+written. A storage without a tree (standalone sessions, no main session) keeps no nodes:
+there a fork is standalone like its source.
 
 A fork can start from an earlier turn of its source (`at_turn`: 1-based user turns,
 negative from the end): the source's L3 is cut before the next user turn, so a turn's
