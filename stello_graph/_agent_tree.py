@@ -10,7 +10,7 @@ from stello_graph._event_log import EventRecorder
 from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._threads import CheckpointThreads
 from stello_graph._validate import check_id
-from stello_graph.digest import SessionDigest
+from stello_graph.digest import _STATUSES, SessionDigest
 from stello_graph.errors import (
     InvalidInputError,
     NodeHasChildrenError,
@@ -257,7 +257,7 @@ def lineage_flow(session_id: str, *, limit: int = 10_000) -> Flow[list[ForkPoint
 
 def _digests(status: object = None) -> Flow[list[SessionDigest]]:
     """Every session's digest (with `status`, only those), in creation order."""
-    if status is not None and status not in ("active", "archived"):
+    if status is not None and status not in _STATUSES:
         raise InvalidInputError(f"status must be 'active', 'archived' or None, got {status!r}.")
     found: list[SessionDigest] = yield Storage(MainStorage.list_session_digests)
     return found if status is None else [d for d in found if d.status == status]
