@@ -4,10 +4,7 @@
 `StelloPostgresSaver` is LangGraph's `PostgresSaver` (from `langgraph-checkpoint-postgres`)
 on a small connection pool of its own (a lost connection is replaced), with working async
 methods (each runs the sync one in a worker thread, as `StelloSqliteSaver` does), so one agent
-can be driven both from threads and from asyncio. Like `StelloSqliteSaver`, with
-`hold_first_steps` (as the agent's own saver runs) it keeps a run's first steps in memory
-until the run gets past its first model step: a stello turn without tools then sends the
-saver no statement at all. For a LangGraph application that is async
+can be driven both from threads and from asyncio. For a LangGraph application that is async
 only, LangGraph's own `AsyncPostgresSaver` works with the storage as well.
 
 This module imports LangGraph and psycopg; `stello_graph.checkpoints` loads it only when one of
@@ -22,17 +19,13 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
-from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from stello_graph.checkpoints._postgres_conn import check_idle, describe
 from stello_graph.checkpoints._postgres_schema import SESSIONS
-from stello_graph.checkpoints._threaded_saver import (
-    AsyncInThreads,
-    thread_of,
-)
+from stello_graph.checkpoints._threaded_saver import AsyncInThreads
 from stello_graph.errors import InvalidInputError, StorageError, StorageUnavailableError
 
 __all__ = ["StelloPostgresSaver", "postgres_saver"]
@@ -131,17 +124,8 @@ _INSERT_WRITES = _guarded("checkpoint_writes", _WRITES_COLUMNS, f"{_WRITES_KEY} 
 
 
 class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
-    """`PostgresSaver` whose async methods work too (each runs the sync one in a thread).
-
-    With `hold_first_steps`, a run that starts from an input keeps its checkpoints and
-    writes up to its first node step (`HELD_CHECKPOINTS`) in memory, and
-    writes them (in order, as `PostgresSaver` would have) before the first write that comes
-    after (the results of a stello turn's first tool round), or when anything reads the
-    thread, or at `flush()` / `close()`; `delete_thread` of a thread whose run is held and
-    that has nothing on disk drops it without a statement. The same trade as
-    `StelloSqliteSaver`'s (see BENCHMARKS.md, "What a crash keeps"). Off by default;
-    `StelloAgent` turns it on for the saver it makes itself when it prunes and its
-    durability is not `"sync"`.
+    """`PostgresSaver` whose async methods work too (each runs the sync one in a thread),
+    and whose failures are stello's typed errors.
 
     Made by `postgres_saver` on a database that holds the stello storage (as `open_postgres`
     and `StelloAgent` make it), it writes nothing of a stello session's turn thread whose
@@ -157,25 +141,6 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
         self.UPSERT_CHECKPOINTS_SQL = _CHECKPOINTS
         self.UPSERT_CHECKPOINT_WRITES_SQL = _UPSERT_WRITES
         self.INSERT_CHECKPOINT_WRITES_SQL = _INSERT_WRITES
-
-    # -- holding ------------------------------------------------------------------------------
-    def _write(
-        self, config: RunnableConfig | None, op: Any = None, checkpoint_id: str | None = None
-    ) -> Any:
-        """Write what is held of `config`'s thread (of every thread, without one), in order
-        as `PostgresSaver` would have, then run `op`."""
-        thread = thread_of(config)
-        with self._errors():
-            with self._memory_lock:
-                for each in list(self._held) if thread is None else [thread]:
-                    held = self._held.pop(each, None)
-                    if held is not None:
-                        self._saw(each, held.checkpoints[-1])
-                        for held_op in held.ops:
-                            held_op()
-                if op is not None and config is not None and thread is not None:
-                    self._saw(thread, checkpoint_id or str(config["configurable"]["checkpoint_id"]))
-            return None if op is None else op()
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

@@ -67,7 +67,7 @@ class TurnLease:
         with the lender's leave."""
         if self.owned:
             return True
-        return lent and self.handback is not None and self.handback.allowed()
+        return lent and self.handback is not None and self.handback.allowed
 
     def prefetched(self) -> SessionSnapshot | None:
         """The session as the lender read it under this lease for the run's opening step

@@ -177,6 +177,11 @@ def _turn_of(state: State, opens: bool, config: RunnableConfig) -> str | None:
 RESUMING_KEY = "stello_resuming"
 """The `configurable` key with which `StelloAgent.resume` says its run continues a turn."""
 
+HANDOFF_KEY = "stello_handoff"
+"""The `configurable` key of a list in which a turn's first round, run without a
+checkpointer (`StelloAgent`'s turns), leaves its state update when its reply asks for tools:
+the agent writes it to the session's thread and the turn goes on there."""
+
 
 def _rerun(state: State, config: RunnableConfig, opens: bool, replays: bool) -> bool:
     """Whether the step may be running again after it committed. A later round always may:
@@ -294,7 +299,11 @@ def _model_flow(
     update, records = _replied(deps, view, opened, records, reply)
     if _asks_for_tools(reply):
         yield Call(park, apark, (deps.leases, held))
-        return {**update, **_handed(state, held)}
+        handed: State = {**update, **_handed(state, held)}
+        handoff = (config.get("configurable") or {}).get(HANDOFF_KEY)
+        if handoff is not None:
+            handoff.append(handed)
+        return handed
     commit = (records, view.get("insight"), turn)
     counts = yield from _commit_steps(deps, session, held, commit, opens)
     done = _done(deps, session, held, view, records, counts, forget=False)

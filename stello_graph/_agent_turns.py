@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from langchain_core.messages import AIMessage
@@ -36,7 +37,7 @@ from stello_graph.models import Lease
 from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.scheduling import aon_switch, on_switch
-from stello_graph.nodes.turn import RESUMING_KEY
+from stello_graph.nodes.turn import HANDOFF_KEY, RESUMING_KEY
 from stello_graph.storage import MainStorage
 
 __all__ = ["TurnResult"]
@@ -91,6 +92,7 @@ class _Turns:
     _runtime: StelloRuntime
     _leases: SessionLeases
     _turn_graph: CompiledStateGraph[Any, Any, Any, Any]
+    _first_round: CompiledStateGraph[Any, Any, Any, Any] | None
     checkpointer: BaseCheckpointSaver[Any] | None
     _durability: Durability
     _threads: CheckpointThreads
@@ -182,14 +184,91 @@ class _Turns:
             usage=_turn_usage(pending),
         )
 
-    def _finished(self, sid: str, result: TurnResult) -> TurnResult:
-        self._threads.finished(sid, result.interrupted)
+    def _finished(self, sid: str, result: TurnResult, on_thread: bool = True) -> TurnResult:
+        if on_thread:
+            self._threads.finished(sid, result.interrupted)
         self._recorder.settle()  # a sync turn's events are stored when it returns
         return result
 
-    async def _afinished(self, sid: str, result: TurnResult) -> TurnResult:
-        await self._threads.afinished(sid, result.interrupted)
+    async def _afinished(self, sid: str, result: TurnResult, on_thread: bool = True) -> TurnResult:
+        if on_thread:
+            await self._threads.afinished(sid, result.interrupted)
         return result
+
+    def _run(self, sid: str, payload: dict[str, Any], turn: _TurnRun) -> Flow[dict[str, Any]]:
+        """A new turn's run (`turn` says how far it went).
+
+        On a thread that holds nothing, the turn's first model round runs without the
+        checkpointer (`_first_round`; LangGraph's checkpointing costs a turn more than its
+        own storage does): a reply that needs no tools is committed there, the thread
+        untouched, and the commit frees the session's lease itself. A reply that asks for
+        tools is written to the thread with the turn's input (`CheckpointThreads.seed`) and
+        the turn goes on there, checkpointed; a first round that fails before its commit
+        leaves the turn's input on the thread, so `resume` runs it again."""
+        graph, first = self._turn_graph, self._first_round
+        durable = (
+            partial(graph.invoke, durability=self._durability),
+            partial(graph.ainvoke, durability=self._durability),
+        )
+        fresh = yield Call(self._threads.resolve, self._threads.aresolve, (sid,))
+        config = turn.config(self.config(sid))
+        out: dict[str, Any]
+        if first is None or not fresh:
+            out = yield Call(*durable, (payload, config))
+            return out
+        try:
+            out = yield Call(first.invoke, first.ainvoke, (payload, turn.first(config)))
+        except Exception:
+            if turn.back.committed is None:
+                yield from self._threads.seed(sid, payload)
+            raise
+        if turn.handed:
+            yield from self._threads.seed(sid, payload, turn.went_on())
+            out = yield Call(*durable, (None, config))
+        return out
+
+    def _items(self, sid: str, payload: dict[str, Any], turn: _TurnRun) -> Iterator[Any]:
+        """`_run`, streamed (`stream_mode` as `turn.mode`)."""
+        graph, first = self._turn_graph, self._first_round
+        kw: dict[str, Any] = {"stream_mode": turn.mode}
+        fresh = self._threads.resolve(sid)
+        config = turn.config(self.config(sid))
+        if first is None or not fresh:
+            yield from graph.stream(payload, config, durability=self._durability, **kw)
+            return
+        try:
+            yield from first.stream(payload, turn.first(config), **kw)
+        except Exception:
+            if turn.back.committed is None:
+                run(self._threads.seed(sid, payload), None)
+            raise
+        if turn.handed:
+            run(self._threads.seed(sid, payload, turn.went_on()), None)
+            yield from graph.stream(None, config, durability=self._durability, **kw)
+
+    async def _aitems(
+        self, sid: str, payload: dict[str, Any], turn: _TurnRun
+    ) -> AsyncIterator[Any]:
+        """Async twin of `_items`."""
+        graph, first = self._turn_graph, self._first_round
+        kw: dict[str, Any] = {"stream_mode": turn.mode}
+        fresh = await self._threads.aresolve(sid)
+        config = turn.config(self.config(sid))
+        if first is None or not fresh:
+            async for item in graph.astream(payload, config, durability=self._durability, **kw):
+                yield item
+            return
+        try:
+            async for item in first.astream(payload, turn.first(config), **kw):
+                yield item
+        except Exception:
+            if turn.back.committed is None:
+                await arun(self._threads.seed(sid, payload), None)
+            raise
+        if turn.handed:
+            await arun(self._threads.seed(sid, payload, turn.went_on()), None)
+            async for item in graph.astream(None, config, durability=self._durability, **kw):
+                yield item
 
     def turn(self, session_id: str, text: str, *, tool_choice: ToolChoice = None) -> TurnResult:
         """Run one turn: the model (and its tools, up to `max_tool_rounds`) until it answers.
@@ -208,14 +287,14 @@ class _Turns:
         one of the session's tools raises `InvalidInputError` before anything is written.
         """
         sid, payload = run(self._begin(session_id, text, tool_choice), self.storage)
-        back = self._handback(sid)
+        turn = _TurnRun()
+        back = turn.back
         try:
             # the run's first step takes the read made with the lease (see `_held_run`)
             with self._held_run(sid, back):
                 self._switch(sid)
-                config = self._threads.config(sid)
-                out = self._turn_graph.invoke(payload, config, durability=self._durability)
-                return self._finished(sid, self._result(sid, out))
+                out = run(self._run(sid, payload, turn), None)
+                return self._finished(sid, self._result(sid, out), turn.on_thread)
         except Exception as error:
             return self._stored(sid, back, error, settle=True)
 
@@ -224,13 +303,13 @@ class _Turns:
     ) -> TurnResult:
         """Async twin of `turn`."""
         sid, payload = await arun(self._begin(session_id, text, tool_choice), self.storage)
-        back = self._handback(sid)
+        turn = _TurnRun()
+        back = turn.back
         try:
             async with self._aheld_run(sid, back):
                 await self._aswitch(sid)
-                config = self._threads.config(sid)
-                out = await self._turn_graph.ainvoke(payload, config, durability=self._durability)
-                return await self._afinished(sid, self._result(sid, out))
+                out = await arun(self._run(sid, payload, turn), None)
+                return await self._afinished(sid, self._result(sid, out), turn.on_thread)
         except Exception as error:
             return self._stored(sid, back, error)
 
@@ -257,26 +336,22 @@ class _Turns:
     @contextmanager
     def _held_run(self, sid: str, back: Handback) -> Iterator[Lease]:
         """A turn's run: the lease of an active session, taken with the turn's one read of
-        it (a missing or archived session is refused before anything is written), then its
-        checkpoint thread looked up (only for a session that exists) and the run watched."""
-        with run_held(self._leases, sid, back, prefetch=True) as lease:
-            self._threads.resolve(sid)
-            with self._threads.running(sid, back):
-                yield lease
+        it (a missing or archived session is refused before anything is written), and the
+        run watched (its checkpoint thread is looked up in it: `_run`)."""
+        with (
+            run_held(self._leases, sid, back, prefetch=True) as lease,
+            self._threads.running(sid, back),
+        ):
+            yield lease
 
     @asynccontextmanager
     async def _aheld_run(self, sid: str, back: Handback) -> AsyncIterator[Lease]:
         """Async twin of `_held_run`."""
-        async with arun_held(self._leases, sid, back, prefetch=True) as lease:
-            await self._threads.aresolve(sid)
-            async with self._threads.arunning(sid, back):
-                yield lease
-
-    def _handback(self, sid: str) -> Handback:
-        """The turn's commit frees the session's lease itself (one write transaction fewer)
-        when ending the run will touch no checkpoint row: a turn whose steps the saver still
-        holds in memory, pruned without a statement."""
-        return Handback(lambda: self._threads.prunes_in_memory(sid))
+        async with (
+            arun_held(self._leases, sid, back, prefetch=True) as lease,
+            self._threads.arunning(sid, back),
+        ):
+            yield lease
 
     def resume(self, session_id: str, value: Any = None) -> TurnResult:
         """Continue a turn that waits on an interrupt (with `value`) or that crashed.
@@ -289,7 +364,7 @@ class _Turns:
             SessionNotFoundError / SessionArchivedError: no such session, or it is archived.
         """
         sid = run(self._resumable(session_id, value), self.storage)
-        back = _kept()
+        back = Handback()  # carries the read made with the lease; the lease stays held
         try:
             with run_held(self._leases, sid, back):
                 # read again under the lease: a resume that ended meanwhile left nothing to do
@@ -306,7 +381,7 @@ class _Turns:
     async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
         """Async twin of `resume`."""
         sid = await arun(self._resumable(session_id, value), self.storage)
-        back = _kept()
+        back = Handback()  # carries the read made with the lease; the lease stays held
         try:
             async with arun_held(self._leases, sid, back):
                 payload = await arun(self._in_flight(sid, value), None)
@@ -356,21 +431,13 @@ class _Turns:
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
-        back = _kept()
+        turn = _TurnRun(stream_mode, {CANCEL_KEY: cancel})
+        back = turn.back
         try:
             with self._held_run(sid, back):
-                config = flagged(self._threads.config(sid), CANCEL_KEY, cancel)
                 self._switch(sid)
                 q = self._mux.open()
-                items = stoppable(
-                    lambda: self._turn_graph.stream(
-                        payload,
-                        config,
-                        stream_mode=stream_mode,  # type: ignore[arg-type]
-                        durability=self._durability,
-                    ),
-                    cancel.cancel,
-                )
+                items = stoppable(lambda: self._items(sid, payload, turn), cancel.cancel)
                 try:
                     for item in items:
                         yield from self._mux.drain(q, modes, multi)
@@ -380,7 +447,7 @@ class _Turns:
                 finally:
                     items.close()  # now, under the lock: the run has ended when this returns
                     self._mux.close(q)
-                run(self._stream_end(sid), None)
+                run(self._stream_end(sid, turn), None)
         except Exception as error:
             self._stored(sid, back, error)  # the stream ends as the turn did
 
@@ -396,18 +463,14 @@ class _Turns:
         sid, payload = await arun(self._begin(session_id, text, tool_choice), self.storage)
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        back = _kept()
+        turn = _TurnRun(stream_mode)
+        back = turn.back
         try:
             async with self._aheld_run(sid, back):
                 q = self._mux.open()
                 try:
                     await self._aswitch(sid)
-                    async for item in self._turn_graph.astream(
-                        payload,
-                        self._threads.config(sid),
-                        stream_mode=stream_mode,  # type: ignore[arg-type]
-                        durability=self._durability,
-                    ):
+                    async for item in self._aitems(sid, payload, turn):
                         for event in self._mux.drain(q, modes, multi):
                             yield event
                         if "messages" not in modes or self._mux.from_model(item, multi):
@@ -416,20 +479,43 @@ class _Turns:
                         yield event
                 finally:
                     self._mux.close(q)
-                await arun(self._stream_end(sid), None)
+                await arun(self._stream_end(sid, turn), None)
         except Exception as error:
             self._stored(sid, back, error)  # the stream ends as the turn did
 
-    def _stream_end(self, sid: str) -> Flow[None]:
+    def _stream_end(self, sid: str, turn: _TurnRun) -> Flow[None]:
         """A stream's run ended: its turn is finished unless it waits on an interrupt."""
-        ended = self._threads.ended_in_memory(sid) or not self.checkpointer
-        state = None if ended else (yield self._state(sid))
+        read = turn.on_thread and self.checkpointer
+        state = (yield self._state(sid)) if read else None
         if state is None or not state.interrupts:
             done = TurnResult(session_id=sid, content="")
-            yield Call(self._finished, self._afinished, (sid, done))
+            yield Call(self._finished, self._afinished, (sid, done, turn.on_thread))
 
 
-def _kept() -> Handback:
-    """A run's handback that only carries the session read with the lease: the lease stays
-    held until the lender ends (a stream reads the run's state under it)."""
-    return Handback(lambda: False)
+@dataclass(slots=True)
+class _TurnRun:
+    """How far a new turn's run went (`_Turns._run`): its first round without the
+    checkpointer (whose commit may then free the lease: nothing is left to prune), and on
+    the session's thread after it, when its reply asked for tools (`handed`, the round's
+    update)."""
+
+    mode: str | Sequence[str] = "values"
+    flags: dict[str, Any] = field(default_factory=dict)
+    """`configurable` keys of the run's config (a stream's `CANCEL_KEY`)."""
+    back: Handback = field(default_factory=Handback)
+    on_thread: bool = True
+    handed: list[dict[str, Any]] = field(default_factory=list)
+
+    def config(self, config: RunnableConfig) -> RunnableConfig:
+        """The run's config on the session's thread (`config`)."""
+        return {**config, "configurable": {**config.get("configurable", {}), **self.flags}}
+
+    def first(self, config: RunnableConfig) -> RunnableConfig:
+        """The first round's config (it hands its update over in `handed`)."""
+        self.on_thread, self.back.allowed = False, True
+        return flagged(config, HANDOFF_KEY, self.handed)
+
+    def went_on(self) -> dict[str, Any]:
+        """The turn goes on on the thread: the first round's update, to write there."""
+        self.on_thread, self.back.allowed = True, False
+        return self.handed[0]

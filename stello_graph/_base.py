@@ -69,7 +69,7 @@ __all__ = [
 
 def _freed_by_commit() -> Handback:
     """A turn's hold whose commit frees the lease in its own transaction."""
-    return Handback(lambda: True)
+    return Handback(allowed=True)
 
 
 class SessionBase(SessionContext):

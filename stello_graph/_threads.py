@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
+from functools import partial
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import START
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import StateSnapshot
+from langgraph.types import StateSnapshot, StateUpdate
 
+from stello_graph._compiled import fresh_input
 from stello_graph._flow import Call, Flow, arun, run
 from stello_graph._ids import legacy_thread_id, thread_id
-from stello_graph.checkpoints._threaded_saver import AsyncInThreads
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease
 
@@ -39,7 +41,8 @@ def _belongs(state: StateSnapshot, sid: str, *, in_flight: bool) -> bool:
 
 
 class CheckpointThreads:
-    """Which thread each session's turns run on; pruning and dropping them."""
+    """Which thread each session's turns run on; writing a turn to it, pruning and dropping
+    them."""
 
     def __init__(
         self,
@@ -48,16 +51,9 @@ class CheckpointThreads:
         tree_id: str,
         *,
         prune: bool,
-        hold: bool = False,
     ) -> None:
         self.graph, self.checkpointer, self.tree_id = graph, checkpointer, tree_id
         self.prune = prune
-        self._holding = checkpointer if isinstance(checkpointer, AsyncInThreads) else None
-        """The checkpointer, when it is one of stello's savers (which can hold runs)."""
-        if hold and self._holding is not None:
-            # the saver holds each run's first steps until the turn gets past its first model
-            # step; `finished` / `_failed` then drop them (pruned) or write them (kept)
-            self._holding.hold_first_steps = True
         self._found: dict[str, str] = {}  # session id -> its checkpoint thread, once looked up
 
     def config(self, sid: str) -> RunnableConfig:
@@ -66,38 +62,45 @@ class CheckpointThreads:
     def _legacy(self, sid: str) -> RunnableConfig:
         return thread_config(legacy_thread_id(self.tree_id, sid))
 
-    def resolve(self, sid: str) -> None:
-        """Look up once which thread `sid`'s turns run on (see `StelloAgent.config`)."""
-        run(self._resolve(sid), None)
+    def resolve(self, sid: str) -> bool:
+        """Look up once which thread `sid`'s turns run on (see `StelloAgent.config`), and
+        whether it holds nothing (read each time when the threads are pruned: no turn in
+        flight)."""
+        return run(self._resolve(sid), None)
 
-    async def aresolve(self, sid: str) -> None:
+    async def aresolve(self, sid: str) -> bool:
         """Async twin of `resolve`."""
-        await arun(self._resolve(sid), None)
+        return await arun(self._resolve(sid), None)
 
-    def _resolve(self, sid: str) -> Flow[None]:
-        saver, graph = self.checkpointer, self.graph
-        if saver is None or sid in self._found:
-            return
-        found = thread_id(self.tree_id, sid)
-        if (yield Call(saver.get_tuple, saver.aget_tuple, (thread_config(found),))) is None:
+    def _resolve(self, sid: str) -> Flow[bool]:
+        saver, graph, known = self.checkpointer, self.graph, self._found.get(sid)
+        if saver is None or (known is not None and not self.prune):
+            return saver is None
+        found = known or thread_id(self.tree_id, sid)
+        empty = (yield Call(saver.get_tuple, saver.aget_tuple, (thread_config(found),))) is None
+        if empty and known is None:
             legacy = yield Call(graph.get_state, graph.aget_state, (self._legacy(sid),))
             if _belongs(legacy, sid, in_flight=True):
-                found = legacy_thread_id(self.tree_id, sid)
+                found, empty = legacy_thread_id(self.tree_id, sid), False
         self._found[sid] = found
+        return empty
 
-    def prunes_in_memory(self, sid: str) -> bool:
-        """Whether ending a turn of `sid` now (`finished`) would touch no checkpoint row on
-        disk: no checkpointer, no pruning, or a saver that holds the whole run so far in
-        memory (`unwritten`). Then the session need not stay held while the run is pruned."""
-        if self.checkpointer is None or not self.prune:
-            return True
-        saver = self._holding
-        return saver is not None and saver.unwritten(self.config(sid)["configurable"]["thread_id"])
+    def seed(self, sid: str, payload: Any, update: Any = None) -> Flow[None]:
+        """Write a turn that ran its first round without the checkpointer to `sid`'s thread:
+        its input, and the first round's `update` (a reply that asks for tools), as if the
+        graph had run them; without `update` (the round failed) the turn waits there for
+        `resume`, which runs its first round again."""
+        steps = [[StateUpdate(fresh_input(payload), START)]]
+        if update is not None:
+            steps.append([StateUpdate(update, "model")])
+        graph = self.graph  # LangGraph's own update: the turn is written as the graph runs it
+        write = partial(CompiledStateGraph.bulk_update_state, graph)
+        awrite = partial(CompiledStateGraph.abulk_update_state, graph)
+        yield Call(write, awrite, (self.config(sid), steps))
 
     def finished(self, sid: str, interrupted: bool) -> None:
-        """A turn of `sid` ended: prune its thread (if asked); next turns use the new id.
-
-        A turn that waits on an interrupt keeps its thread, written out now."""
+        """A turn of `sid` ended on its thread: prune it (if asked); next turns use the new
+        id. A turn that waits on an interrupt keeps its thread."""
         run(self._finished(sid, interrupted), None)
 
     async def afinished(self, sid: str, interrupted: bool) -> None:
@@ -106,39 +109,25 @@ class CheckpointThreads:
 
     def _finished(self, sid: str, interrupted: bool) -> Flow[None]:
         saver = self.checkpointer
-        if interrupted:
-            yield from self._failed()
-        elif saver is not None:
+        if saver is not None and not interrupted:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
                 yield Call(saver.delete_thread, saver.adelete_thread, (thread,))
             self._found[sid] = thread_id(self.tree_id, sid)
 
-    def _failed(self) -> Flow[None]:
-        """A run stopped before its turn ended (an error, an interrupt): write out what the
-        saver holds, so that the turn can be resumed (`StelloSqliteSaver.flush`)."""
-        if self._holding is not None:
-            yield Call(self._holding.flush, self._holding.aflush)
-
-    def ended_in_memory(self, sid: str) -> bool:
-        """Whether `sid`'s run is held in memory and ended at its last checkpoint (nothing
-        written after it, so no interrupt): a stream then ends the turn without reading
-        the thread, which would write every held step first (the agent's own savers hold
-        runs)."""
-        saver = self._holding
-        return saver is not None and saver.ended(self.config(sid)["configurable"]["thread_id"])
-
     @contextmanager
     def running(self, sid: str, back: Handback) -> Iterator[None]:
-        """Around a graph run (of `sid`, lent its lease with `back`): `_failed()` when it
-        raises before its turn's commit. One that raises after (`back.committed`: a
-        checkpoint write that failed) ended a stored turn: its thread is pruned as
-        `finished` prunes it, as far as the saver still can (what it leaves is a turn in
-        flight that a resume finds stored, and that the session's next turn replaces)."""
+        """Around a graph run (of `sid`, lent its lease with `back`): one that raises after
+        its turn's commit (`back.committed`: a checkpoint write that failed) ended a stored
+        turn, whose thread is pruned as `finished` prunes it, as far as the saver still can
+        (what it leaves is a turn in flight that a resume finds stored, and that the
+        session's next turn replaces)."""
         try:
             yield
         except BaseException:
-            run(self._raised(sid, back), None)
+            if back.committed is not None:
+                with suppress(Exception):
+                    self.finished(sid, False)
             raise
 
     @asynccontextmanager
@@ -147,15 +136,10 @@ class CheckpointThreads:
         try:
             yield
         except BaseException:
-            await arun(self._raised(sid, back), None)
+            if back.committed is not None:
+                with suppress(Exception):
+                    await self.afinished(sid, False)
             raise
-
-    def _raised(self, sid: str, back: Handback) -> Flow[None]:
-        if back.committed is not None:
-            with suppress(Exception):
-                yield from self._finished(sid, False)
-        else:
-            yield from self._failed()
 
     def drop(self, sid: str) -> None:
         """Delete the checkpoint threads of a removed session (the legacy one if it is its)."""

@@ -192,6 +192,12 @@ class StelloAgent(_Turns, _Memory, _Tree):
             self._turn_graph: CompiledStateGraph[Any, Any, Any, Any] = build_turn_graph(
                 self._runtime
             ).compile(checkpointer=self.checkpointer, store=cfg.store)
+            self._first_round: CompiledStateGraph[Any, Any, Any, Any] | None = None
+            """The turn graph's first round without the checkpointer (see `_Turns._run`): on
+            pruned threads, unless every step must be on disk first (`"sync"`)."""
+            if self._prune and self.checkpointer is not None and self._durability != "sync":
+                first = build_turn_graph(self._runtime, first_round=True)
+                self._first_round = first.compile(store=cfg.store)
             self._tool_graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         except BaseException:
             if self._owns_storage:  # a bad argument must not leave the file open
@@ -199,9 +205,8 @@ class StelloAgent(_Turns, _Memory, _Tree):
             raise
         self._leases = self._runtime.leases
         self._threads = CheckpointThreads(
-            self._turn_graph, self.checkpointer, self.storage.tree_id, prune=self._prune,
-            hold=self._owns_saver and self._prune and self._durability != "sync",
-        )  # fmt: skip
+            self._turn_graph, self.checkpointer, self.storage.tree_id, prune=self._prune
+        )
         self._last_session: str | None = None
         self._mux = EventMux()
         self._runtime.bus.subscribe(self._mux.forward)

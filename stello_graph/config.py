@@ -160,10 +160,11 @@ class StelloConfig:
     durability: Durability | None = None
     """LangGraph checkpoint durability of the agent's turns. Default: `"async"`, or `"exit"`
     on a checkpointer of your own that is not pruned, where a finished turn then keeps one
-    checkpoint (its last) instead of one per step and the steps' writes. With `"async"` the
-    agent's own checkpointer holds a turn's first steps in memory until its first tool
-    results: a crash before them keeps nothing of the turn (send it again), one after them
-    keeps every completed tool round. `"exit"` writes a turn when it ends or waits on an
+    checkpoint (its last) instead of one per step and the steps' writes. On a pruned
+    checkpointer, unless `"sync"`, a turn's first model round runs without it (a reply
+    without tool calls is committed and never checkpointed): a crash in that round keeps
+    nothing of the turn (send it again); once the reply asks for tools, the turn is written
+    and, with `"async"`, keeps every completed tool round. `"exit"` writes a turn when it ends or waits on an
     interrupt; `"sync"` writes every step before the next one starts (BENCHMARKS.md, "What
     a crash keeps")."""
     prune_checkpoints: bool | None = None

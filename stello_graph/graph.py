@@ -217,7 +217,7 @@ class TurnGraph(StateGraph[TurnState, None, TurnInput, TurnOutput]):
         return _stello(super().compile(*args, **kwargs))
 
 
-def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
+def build_turn_graph(deps: StelloRuntime, *, first_round: bool = False) -> TurnGraph:
     """The turns alone, `START -> model -> (tools -> model)* -> END`, over `deps`.
 
     The same nodes as the turns of `build_graph`, without the topology operations: a state
@@ -225,18 +225,28 @@ def build_turn_graph(deps: StelloRuntime) -> TurnGraph:
     graph, and the whole graph has more than twice as many). `StelloAgent` runs its turns
     on it; its checkpoints are the whole graph's, so either graph continues a thread the
     other began.
+
+    `first_round`: the turn's first model round alone, `START -> model -> END`, which the
+    agent runs without a checkpointer (a reply that asks for tools goes on on the whole
+    graph: `nodes.turn.HANDOFF_KEY`).
     """
     graph = TurnGraph(TurnState, input_schema=TurnInput, output_schema=TurnOutput)
     # the agent names each turn afresh (`turn_id`): no input asks one again
-    _add_turn(graph, deps, replays=False)
+    _add_turn(graph, deps, replays=False, tools=not first_round)
     graph.add_edge(START, "model")
     return graph
 
 
-def _add_turn(graph: StateGraph[Any, Any, Any, Any], deps: StelloRuntime, *, replays: bool) -> None:
-    """A turn's nodes and edges, `model -> (tools -> model)* -> END`."""
+def _add_turn(
+    graph: StateGraph[Any, Any, Any, Any], deps: StelloRuntime, *, replays: bool, tools: bool = True
+) -> None:
+    """A turn's nodes and edges, `model -> (tools -> model)* -> END` (`model -> END`
+    without `tools`)."""
     retry = model_retry_policy(deps.model_retry)
     graph.add_node("model", make_model_node(deps, replays=replays), retry_policy=retry)
+    if not tools:
+        graph.add_edge("model", END)
+        return
     graph.add_node("tools", make_tools_node(deps))
     graph.add_conditional_edges("model", route_after_model, ["tools", END])
     graph.add_edge("tools", "model")

@@ -33,7 +33,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -75,12 +75,12 @@ _released = threading.Condition()
 @dataclass(slots=True)
 class Handback:
     """A lender's leave for the graph run it lends its lease to: the run's commit may free
-    the lease in its own transaction (one write transaction fewer per turn) while `allowed()`
+    the lease in its own transaction (one write transaction fewer per turn) while `allowed`
     says nothing the lender does after the run needs the session held. `released` tells the
     lender it was freed, so it does not release it again; `committed` that the turn is
     stored."""
 
-    allowed: Callable[[], bool]
+    allowed: bool = False
     released: bool = False
     prefetched: Any = None
     """What the lender read of the session under the lease for the run's opening step
@@ -234,7 +234,7 @@ class SessionLeases:
 
     def handback(self, session_id: str) -> Handback | None:
         """The lender's `Handback` of the lease this call chain was lent, if it gave one
-        (the commit asks its `allowed()` when it commits)."""
+        (the commit asks its `allowed` when it commits)."""
         hold = _held().get((self.scope, session_id))
         back = None if hold is None or hold.busy else hold.handback
         return back if back is not None and not back.released else None

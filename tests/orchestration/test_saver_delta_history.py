@@ -1,6 +1,5 @@
 """A graph with a `DeltaChannel` reads its history from the saver as `get_tuple` reads the
-thread: with the steps the saver holds in memory, and without the rows of a deleted thread
-that are deleted only with the saver's next write.
+thread, sync and async, and none of a deleted thread.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from langgraph.channels import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import START, StateGraph
 
-from stello_graph.checkpoints._threaded_saver import AsyncInThreads
 from stello_graph.checkpoints.saver import sqlite_saver
 
 
@@ -27,16 +25,14 @@ class _State(TypedDict):
     items: Annotated[list[str], DeltaChannel(_extend)]
 
 
-def run_held(saver: AsyncInThreads, thread: str) -> RunnableConfig:
-    """Run a one-node graph on `thread` (its steps all held by the saver) and return the
-    config of its last checkpoint."""
+def run_on(saver: BaseCheckpointSaver[Any], thread: str) -> RunnableConfig:
+    """Run a one-node graph on `thread` and return the config of its last checkpoint."""
     builder = StateGraph(_State)
     builder.add_node("add", lambda state: {"items": ["from the node"]})
     builder.add_edge(START, "add")
     graph = builder.compile(checkpointer=saver)
     config: RunnableConfig = {"configurable": {"thread_id": thread}}
     chunks = list(graph.stream({"items": ["input"]}, config, stream_mode="checkpoints"))
-    assert saver.unwritten(thread)  # nothing of the run is on disk yet
     last: RunnableConfig = chunks[-1]["config"]
     return last
 
@@ -46,26 +42,24 @@ def _values(history: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-async def test_a_delta_history_reads_the_held_steps(tmp_path: Path, mode: str) -> None:
-    saver = sqlite_saver(tmp_path / "db.sqlite", hold_first_steps=True)
-    last = run_held(saver, "t")
+async def test_a_delta_history_reads_the_steps(tmp_path: Path, mode: str) -> None:
+    saver = sqlite_saver(tmp_path / "db.sqlite")
+    last = run_on(saver, "t")
     if mode == "sync":
         found = saver.get_delta_channel_history(config=last, channels=["items"])
     else:
         found = await saver.aget_delta_channel_history(config=last, channels=["items"])
     assert _values(found) == ["input", "from the node"]
-    assert not saver.unwritten("t")
     walked = BaseCheckpointSaver.get_delta_channel_history(saver, config=last, channels=["items"])
     assert found == walked  # what a walk over `get_tuple` reads
     saver.close()
 
 
 def test_a_delta_history_no_longer_reads_a_deleted_thread(tmp_path: Path) -> None:
-    saver = sqlite_saver(tmp_path / "db.sqlite", hold_first_steps=True)
-    last = run_held(saver, "t")
-    saver.flush()
+    saver = sqlite_saver(tmp_path / "db.sqlite")
+    last = run_on(saver, "t")
     assert _values(saver.get_delta_channel_history(config=last, channels=["items"]))
-    saver.delete_thread("t")  # its rows are deleted with the next write
+    saver.delete_thread("t")
     assert saver.get_tuple(last) is None
     assert saver.get_delta_channel_history(config=last, channels=["items"]) == {
         "items": {"writes": []}

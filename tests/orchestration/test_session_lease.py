@@ -110,7 +110,7 @@ async def test_hold_with_prefetch_reads_an_active_session_with_its_lease(
     storage.put_session(SessionMeta(id="s1", label="One"))
     storage.put_insight("s1", INSIGHT)
     leases = SessionLeases(storage)
-    back = Handback(lambda: False)
+    back = Handback()
     with leases.hold("s1", handback=back, prefetch=True) as lease:
         assert storage.get_lease("s1") == lease
         assert back.prefetched == storage.read_session("s1")
@@ -634,7 +634,7 @@ async def test_a_take_cancelled_while_the_storage_runs_frees_what_it_took(
     storage.put_session(SessionMeta(id="s", label="S"))
     leases = SessionLeases(storage, ttl=60)
     writing = _slow_lease_writes(storage, monkeypatch)
-    into = Handback(lambda: False) if prefetch else None
+    into = Handback() if prefetch else None
     task = asyncio.create_task(leases.aacquire("s", into=into))
     assert await asyncio.to_thread(writing.wait, 5)
     task.cancel()

@@ -195,13 +195,22 @@ def needs_approval(action: str) -> str:
     return f"{action}: {interrupt({'approve': action})}"
 
 
+@tool
+def look_up(query: str) -> str:
+    """Look a fact up."""
+    return f"fact about {query}"
+
+
 def _answered(text: str) -> ScriptedChatModel:
-    """Asks `needs_approval` when the user says "approve", else answers `re:{text}`."""
+    """Asks `needs_approval` when the user says "approve", `look_up` when "look up", else
+    answers `re:{text}`."""
 
     def respond(msgs: list[Any]) -> Any:
         last = msgs[-1]
         if last.type == "human" and last.content.startswith("approve"):
             return ScriptedChatModel.tool_call("needs_approval", {"action": last.content})
+        if last.type == "human" and last.content.startswith("look up"):
+            return ScriptedChatModel.tool_call("look_up", {"query": last.content})
         return "Done." if last.type == "tool" else f"re:{last.content}"
 
     return ScriptedChatModel(respond=respond)
@@ -244,17 +253,18 @@ def test_a_checkpoint_write_failing_after_the_commit_returns_the_stored_turn(
     caplog: pytest.LogCaptureFixture,
     how: str,
 ) -> None:
-    agent = make_agent(model=_answered("x"), tools=[needs_approval])
+    # a turn with tools goes on checkpointed on its thread (one without writes none)
+    agent = make_agent(model=_answered("x"), tools=[needs_approval, look_up])
     sid = agent.main_session_id
     faults = WritesFailAfterCommit(agent, monkeypatch)
-    reply = _run(agent, how, sid, "remember this")  # the turn is stored: no error
+    reply = _run(agent, how, sid, "look up this")  # the turn is stored: no error
     assert faults.failures == 1
-    assert reply in ("re:remember this", None)
+    assert reply in ("Done.", None)
     assert "is stored, but the run failed after its commit" in caplog.text
-    _stored_once(agent, sid, "remember this")
+    _stored_once(agent, sid, "look up this")
     assert _thread_clean(agent, sid)  # pruned as a finished turn's thread is
     assert agent.turn(sid, "and then?").content == "re:and then?"  # the session goes on
-    _stored_once(agent, sid, "remember this", "and then?")
+    _stored_once(agent, sid, "look up this", "and then?")
     assert _thread_clean(agent, sid)
 
 
@@ -279,14 +289,14 @@ def test_a_resumed_turn_whose_write_fails_after_the_commit_returns_it(
 def test_a_turn_stored_while_the_saver_is_down_is_returned_and_the_session_goes_on(
     make_agent: AgentFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    agent = make_agent(model=_answered("x"))
+    agent = make_agent(model=_answered("x"), tools=[look_up])
     sid = agent.main_session_id
     faults = WritesFailAfterCommit(agent, monkeypatch, down=True)
-    assert agent.turn(sid, "remember this").content == "re:remember this"
+    assert agent.turn(sid, "look up this").content == "Done."
     assert faults.failures >= 1
     faults.mend()
-    _stored_once(agent, sid, "remember this")
+    _stored_once(agent, sid, "look up this")
     # what the saver kept of the run (it could not prune it) is replaced by the next turn
     assert agent.turn(sid, "and then?").content == "re:and then?"
-    _stored_once(agent, sid, "remember this", "and then?")
+    _stored_once(agent, sid, "look up this", "and then?")
     assert _thread_clean(agent, sid)

@@ -1,4 +1,4 @@
-"""The agent's PostgreSQL checkpointer holds a turn's first steps, as the SQLite one does.
+"""What the agent's PostgreSQL checkpointer writes, as the SQLite one does.
 
 A turn without tools is committed in its one step, so its checkpoints are never written;
 whatever has to survive (a turn waiting on an interrupt, a failed turn, the tool results of
@@ -7,17 +7,13 @@ a turn in flight) is on the database when the agent's call returns.
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 from langchain_core.tools import tool
-from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.types import interrupt
 
 from stello_graph import StelloAgent
 from stello_graph.checkpoints import StelloPostgresSaver
-from stello_graph.checkpoints._postgres_saver import postgres_saver
 from stello_graph.errors import ModelCallError
 from stello_graph.testing import ScriptedChatModel
 
@@ -44,7 +40,7 @@ def _rows(dsn: str, table: str = "checkpoints") -> int:
 def test_a_turn_without_tools_writes_no_checkpoint(postgres_dsn: str) -> None:
     with StelloAgent(model=ScriptedChatModel(default="ok"), storage=postgres_dsn) as agent:
         saver = agent.checkpointer
-        assert isinstance(saver, StelloPostgresSaver) and saver.hold_first_steps
+        assert isinstance(saver, StelloPostgresSaver)
         sid = agent.main_session_id
         for n in range(3):
             assert agent.turn(sid, f"question {n}").content == "ok"
@@ -92,28 +88,6 @@ def test_a_failed_turn_is_on_the_database_and_resumes(postgres_dsn: str) -> None
         with StelloAgent(model=model, storage=postgres_dsn) as other:
             assert other.resume(sid).content == "Back."
             assert [m.text for m in other.session(sid).messages()] == ["hello", "Back."]
-
-
-def _input(saver: StelloPostgresSaver, thread: str) -> None:
-    config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-    saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
-
-
-def test_held_steps_are_written_when_read_or_closed(postgres_dsn: str) -> None:
-    saver = postgres_saver(postgres_dsn)
-    saver.hold_first_steps = True
-    _input(saver, "a")
-    assert _rows(postgres_dsn) == 0 and saver.unwritten("a")
-    assert saver.get_tuple({"configurable": {"thread_id": "a"}}) is not None  # a read writes
-    assert _rows(postgres_dsn) == 1 and not saver.unwritten("a")
-    _input(saver, "b")
-    saver.delete_thread("b")  # held only: dropped without a statement
-    assert _rows(postgres_dsn) == 1
-    saver.delete_thread("a")  # on the database: deleted there
-    assert _rows(postgres_dsn) == 0
-    _input(saver, "c")
-    saver.close()
-    assert _rows(postgres_dsn) == 1
 
 
 def test_a_kept_postgres_saver_keeps_one_checkpoint_per_turn(postgres_dsn: str) -> None:
