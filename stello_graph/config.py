@@ -164,9 +164,9 @@ class StelloConfig:
     checkpointer, unless `"sync"`, a turn's first model round runs without it (a reply
     without tool calls is committed and never checkpointed): a crash in that round keeps
     nothing of the turn (send it again); once the reply asks for tools, the turn is written
-    and, with `"async"`, keeps every completed tool round. `"exit"` writes a turn when it ends or waits on an
-    interrupt; `"sync"` writes every step before the next one starts (BENCHMARKS.md, "What
-    a crash keeps")."""
+    and, with `"async"`, keeps every completed tool round. `"exit"` writes a turn when it
+    ends or waits on an interrupt; `"sync"` writes every step before the next one starts
+    (BENCHMARKS.md, "What a crash keeps")."""
     prune_checkpoints: bool | None = None
     """Drop a turn's checkpoints once it is committed (default: when the agent made the
     checkpointer itself)."""
