@@ -90,9 +90,10 @@ class CheckpointThreads:
         its input, and the first round's `update` (a reply that asks for tools), as if the
         graph had run them; without `update` (the round failed) the turn waits there for
         `resume`, which runs its first round again."""
-        steps = [[StateUpdate(fresh_input(payload), START)]]
-        if update is not None:
-            steps.append([StateUpdate(update, "model")])
+        if update is None:
+            steps = [[StateUpdate(fresh_input(payload), START)]]
+        else:  # the state after the round: the input's keys but its session are cleared by then
+            steps = [[StateUpdate({"session_id": sid, **update}, "model")]]
         graph = self.graph  # LangGraph's own update: the turn is written as the graph runs it
         write = partial(CompiledStateGraph.bulk_update_state, graph)
         awrite = partial(CompiledStateGraph.abulk_update_state, graph)
