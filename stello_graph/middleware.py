@@ -144,13 +144,18 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
         from stello_graph.agent import _main_id, _open_storage
 
         storage = _open_storage(self._storage, tree)
-        if storage.tree_id != tree:
-            raise InvalidInputError(
-                f"StelloContext names tree {tree!r}, but the middleware's storage holds "
-                f"tree {storage.tree_id!r}: pass a path or URL to open any tree."
-            )
-        main = _main_id(storage, self._config)
-        return StelloRuntime(storage, self._config), main
+        try:
+            if storage.tree_id != tree:
+                raise InvalidInputError(
+                    f"StelloContext names tree {tree!r}, but the middleware's storage holds "
+                    f"tree {storage.tree_id!r}: pass a path or URL to open any tree."
+                )
+            main = _main_id(storage, self._config)
+            return StelloRuntime(storage, self._config), main
+        except BaseException:
+            if storage is not self._storage:  # opened here, from a path or URL
+                storage.close()
+            raise
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for the schedule's background work; False on timeout."""

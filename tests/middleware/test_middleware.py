@@ -29,6 +29,7 @@ from stello_graph import (
     SessionNotFoundError,
     StelloContext,
     StelloMiddleware,
+    StorageError,
 )
 from stello_graph.checkpoints import InMemoryMainStorage
 from stello_graph.storage import MainStorage
@@ -270,6 +271,30 @@ def test_a_storage_of_another_tree_is_refused() -> None:
     agent = _agent(ScriptedChatModel(default="ok"), stello)
     with pytest.raises(InvalidInputError, match="'other'"):
         _ask(agent, "t1", "Hi", context={"tree_id": "other"})
+
+
+def test_a_tree_that_fails_to_open_closes_the_storage_it_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stello_graph.agent as agent_module
+
+    opened: list[MainStorage] = []
+    real = agent_module._open_storage
+
+    def spy(storage: Any, tree: str) -> MainStorage:
+        opened.append(real(storage, tree))
+        return opened[-1]
+
+    def no_main(*_: Any) -> str:
+        raise RuntimeError("no main session")
+
+    monkeypatch.setattr(agent_module, "_open_storage", spy)
+    monkeypatch.setattr(agent_module, "_main_id", no_main)
+    with pytest.raises(RuntimeError, match="no main session"):
+        StelloMiddleware(storage=tmp_path / "ideas.db")  # opens its tree at once
+    assert len(opened) == 1
+    with pytest.raises(StorageError, match="closed"):
+        opened[0].get_session("anything")
 
 
 def test_the_schedule_consolidates_and_a_failure_deletes_nothing(storage: MainStorage) -> None:
