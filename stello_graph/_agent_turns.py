@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from langchain_core.messages import AIMessage
@@ -195,40 +194,18 @@ class _Turns:
             await self._threads.afinished(sid, result.interrupted)
         return result
 
-    def _run(self, sid: str, payload: dict[str, Any], turn: _TurnRun) -> Flow[dict[str, Any]]:
-        """A new turn's run (`turn` says how far it went).
+    def _items(self, sid: str, payload: dict[str, Any], turn: _TurnRun) -> Iterator[Any]:
+        """A new turn's run, streamed (`stream_mode` as `turn.mode`; `turn` says how far it
+        went).
 
         On a thread that holds nothing, the turn's first model round runs without the
         checkpointer (`_first_round`; LangGraph's checkpointing costs a turn more than its
         own storage does): a reply that needs no tools is committed there, the thread
         untouched, and the commit frees the session's lease itself. A reply that asks for
-        tools is written to the thread with the turn's input (`CheckpointThreads.seed`) and
-        the turn goes on there, checkpointed; a first round that fails before its commit
-        leaves the turn's input on the thread, so `resume` runs it again."""
-        graph, first = self._turn_graph, self._first_round
-        durable = (
-            partial(graph.invoke, durability=self._durability),
-            partial(graph.ainvoke, durability=self._durability),
-        )
-        fresh = yield Call(self._threads.resolve, self._threads.aresolve, (sid,))
-        config = turn.config(self.config(sid))
-        out: dict[str, Any]
-        if first is None or not fresh:
-            out = yield Call(*durable, (payload, config))
-            return out
-        try:
-            out = yield Call(first.invoke, first.ainvoke, (payload, turn.first(config)))
-        except Exception:
-            if turn.back.committed is None:
-                yield from self._threads.seed(sid, payload)
-            raise
-        if turn.handed:
-            yield from self._threads.seed(sid, payload, turn.went_on())
-            out = yield Call(*durable, (None, config))
-        return out
-
-    def _items(self, sid: str, payload: dict[str, Any], turn: _TurnRun) -> Iterator[Any]:
-        """`_run`, streamed (`stream_mode` as `turn.mode`)."""
+        tools is written to the thread as the state after the round
+        (`CheckpointThreads.seed`) and the turn goes on there, checkpointed; a first round
+        that fails before its commit leaves the turn's input on the thread, so `resume`
+        runs it again."""
         graph, first = self._turn_graph, self._first_round
         kw: dict[str, Any] = {"stream_mode": turn.mode}
         fresh = self._threads.resolve(sid)
@@ -293,7 +270,7 @@ class _Turns:
             # the run's first step takes the read made with the lease (see `_held_run`)
             with self._held_run(sid, back):
                 self._switch(sid)
-                out = run(self._run(sid, payload, turn), None)
+                out = _output(self._items(sid, payload, turn))
                 return self._finished(sid, self._result(sid, out), turn.on_thread)
         except Exception as error:
             return self._stored(sid, back, error, settle=True)
@@ -308,7 +285,7 @@ class _Turns:
         try:
             async with self._aheld_run(sid, back):
                 await self._aswitch(sid)
-                out = await arun(self._run(sid, payload, turn), None)
+                out = _output([item async for item in self._aitems(sid, payload, turn)])
                 return await self._afinished(sid, self._result(sid, out), turn.on_thread)
         except Exception as error:
             return self._stored(sid, back, error)
@@ -490,6 +467,15 @@ class _Turns:
         if state is None or not state.interrupts:
             done = TurnResult(session_id=sid, content="")
             yield Call(self._finished, self._afinished, (sid, done, turn.on_thread))
+
+
+def _output(values: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """What `invoke` returns of a run streamed in `"values"` mode: its last values, with
+    what it waits for (`__interrupt__`) when it waits."""
+    out: dict[str, Any] = {}
+    for item in values:
+        out = {**out, **item} if "__interrupt__" in item else item
+    return out
 
 
 @dataclass(slots=True)
