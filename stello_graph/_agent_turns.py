@@ -208,7 +208,7 @@ class _Turns:
         runs it again."""
         graph, first = self._turn_graph, self._first_round
         kw: dict[str, Any] = {"stream_mode": turn.mode}
-        fresh = self._threads.resolve(sid)
+        fresh = self._threads.resolve(sid, fresh=first is not None)
         config = turn.config(self.config(sid))
         if first is None or not fresh:
             yield from graph.stream(payload, config, durability=self._durability, **kw)
@@ -229,7 +229,7 @@ class _Turns:
         """Async twin of `_items`."""
         graph, first = self._turn_graph, self._first_round
         kw: dict[str, Any] = {"stream_mode": turn.mode}
-        fresh = await self._threads.aresolve(sid)
+        fresh = await self._threads.aresolve(sid, fresh=first is not None)
         config = turn.config(self.config(sid))
         if first is None or not fresh:
             async for item in graph.astream(payload, config, durability=self._durability, **kw):
@@ -314,7 +314,7 @@ class _Turns:
     def _held_run(self, sid: str, back: Handback) -> Iterator[Lease]:
         """A turn's run: the lease of an active session, taken with the turn's one read of
         it (a missing or archived session is refused before anything is written), and the
-        run watched (its checkpoint thread is looked up in it: `_run`)."""
+        run watched (its checkpoint thread is looked up in it: `_items`)."""
         with (
             run_held(self._leases, sid, back, prefetch=True) as lease,
             self._threads.running(sid, back),
@@ -480,7 +480,7 @@ def _output(values: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 @dataclass(slots=True)
 class _TurnRun:
-    """How far a new turn's run went (`_Turns._run`): its first round without the
+    """How far a new turn's run went (`_Turns._items`): its first round without the
     checkpointer (whose commit may then free the lease: nothing is left to prune), and on
     the session's thread after it, when its reply asked for tools (`handed`, the round's
     update)."""

@@ -62,19 +62,18 @@ class CheckpointThreads:
     def _legacy(self, sid: str) -> RunnableConfig:
         return thread_config(legacy_thread_id(self.tree_id, sid))
 
-    def resolve(self, sid: str) -> bool:
-        """Look up once which thread `sid`'s turns run on (see `StelloAgent.config`), and
-        whether it holds nothing (read each time when the threads are pruned: no turn in
-        flight)."""
-        return run(self._resolve(sid), None)
+    def resolve(self, sid: str, *, fresh: bool = False) -> bool:
+        """Look up once which thread `sid`'s turns run on (see `StelloAgent.config`); with
+        `fresh`, read each time whether it holds nothing (no turn in flight): the answer."""
+        return run(self._resolve(sid, fresh), None)
 
-    async def aresolve(self, sid: str) -> bool:
+    async def aresolve(self, sid: str, *, fresh: bool = False) -> bool:
         """Async twin of `resolve`."""
-        return await arun(self._resolve(sid), None)
+        return await arun(self._resolve(sid, fresh), None)
 
-    def _resolve(self, sid: str) -> Flow[bool]:
+    def _resolve(self, sid: str, fresh: bool) -> Flow[bool]:
         saver, graph, known = self.checkpointer, self.graph, self._found.get(sid)
-        if saver is None or (known is not None and not self.prune):
+        if saver is None or (known is not None and not fresh):
             return saver is None
         found = known or thread_id(self.tree_id, sid)
         empty = (yield Call(saver.get_tuple, saver.aget_tuple, (thread_config(found),))) is None

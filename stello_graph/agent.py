@@ -193,7 +193,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
                 self._runtime
             ).compile(checkpointer=self.checkpointer, store=cfg.store)
             self._first_round: CompiledStateGraph[Any, Any, Any, Any] | None = None
-            """The turn graph's first round without the checkpointer (see `_Turns._run`): on
+            """The turn graph's first round without the checkpointer (see `_Turns._items`): on
             pruned threads, unless every step must be on disk first (`"sync"`)."""
             if self._prune and self.checkpointer is not None and self._durability != "sync":
                 first = build_turn_graph(self._runtime, first_round=True)
