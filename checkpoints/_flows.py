@@ -31,7 +31,6 @@ from stello_graph.checkpoints._damage import shown, undecodable
 from stello_graph.checkpoints._primitives import Flow, Op, adrive, drive, one
 from stello_graph.checkpoints._rows import built, stored_l2
 from stello_graph.checkpoints._serde import (
-    EncodedMessage,
     EventRow,
     RecordTurn,
     from_iso,
@@ -44,7 +43,6 @@ from stello_graph.errors import (
     LeaseLostError,
     NodeHasChildrenError,
     NodeNotFoundError,
-    SessionArchivedError,
     SessionNotFoundError,
     TopologyCycleError,
 )
@@ -169,7 +167,7 @@ def _existing(session_id: str) -> Flow[None]:
         raise SessionNotFoundError(session_id)
 
 
-_SNAPSHOT = (
+SNAPSHOT = (
     *("settings", "system_prompt", "insight", "memory", "subtree_synthesis"),
     *("compression", "compression_through", "turn_count"),
 )
@@ -178,11 +176,11 @@ _SNAPSHOT = (
 
 def read_session(session_id: str, records: bool) -> Flow[SessionSnapshot | None]:
     """Everything a turn reads of its session, in one read (`op_read_session`)."""
-    found = yield Op(StorageBackend.op_read_session, session_id, _SNAPSHOT, records)
-    return None if found is None else _snapshot(found[0], found[1], found[2])
+    found = yield Op(StorageBackend.op_read_session, session_id, SNAPSHOT, records)
+    return None if found is None else snapshot(found[0], found[1], found[2])
 
 
-def _snapshot(meta: SessionMeta, values: Any, stored: Any) -> SessionSnapshot:
+def snapshot(meta: SessionMeta, values: Any, stored: Any) -> SessionSnapshot:
     settings_text, prompt, insight, memory, synthesis, summary, through, turns = values
     settings = loads(settings_text)
     return SessionSnapshot(
@@ -196,40 +194,6 @@ def _snapshot(meta: SessionMeta, values: Any, stored: Any) -> SessionSnapshot:
         turn_count=int(turns or 0),
         records=list(stored),
     )
-
-
-_COMMIT = ("insight", "turn_count", "lease_owner", "lease_token")
-
-
-def commit_records(
-    session_id: str,
-    records: list[EncodedMessage],
-    at: str,
-    user_turn: bool,
-    turns: list[RecordTurn],
-    insight: str | None,
-    lease: Lease | None,
-    release: bool,
-) -> Flow[int]:
-    """A turn's commit: one read (status, insight, turn count, lease), the append, and one
-    write of the values that change (the insight consumed, the lease released)."""
-    found = yield Op(StorageBackend.op_read_session, session_id, _COMMIT, False)
-    if found is None:
-        raise SessionNotFoundError(session_id)
-    meta, (current, turn_count, owner, token), _ = found
-    if lease is not None and (owner != lease.owner or token != lease.token):
-        raise LeaseLostError(session_id)
-    if meta.status == "archived":
-        raise SessionArchivedError(session_id, "a turn's records")
-    yield Op(StorageBackend.op_append, session_id, records, at, user_turn, turns)
-    values: dict[str, Any] = {}
-    if insight is not None and current == insight:
-        values["insight"] = None
-    if release and lease is not None:
-        values.update(lease_owner=None, lease_expires=0.0)
-    if values:
-        yield Op(StorageBackend.op_set_fields, session_id, values)
-    return int(turn_count or 0) + int(user_turn)
 
 
 def has_turn(session_id: str, turn_id: str) -> Flow[bool]:
@@ -417,96 +381,66 @@ def digests() -> Flow[list[SessionDigest]]:
 
 
 # -- the session lease ----------------------------------------------------------------------
-_LEASE = ("lease_owner", "lease_token", "lease_expires")
-_QUEUE = (*_LEASE, "lease_waiter", "lease_wait_until")
+LEASE = ("lease_owner", "lease_token", "lease_expires")
+QUEUE = (*LEASE, "lease_waiter", "lease_wait_until")
+"""The lease's `FIELDS`, and those with the next holder's place: what `choose_lease` reads."""
 
 
-def acquire_lease(
-    session_id: str, owner: str, ttl: float, replace: str | None
-) -> Flow[Lease | None]:
-    row = yield from _fields(session_id, _QUEUE)
-    return (yield from _decide_lease(session_id, owner, ttl, replace, row))
-
-
-def lease_session(
-    session_id: str, owner: str, ttl: float, replace: str | None, operation: str
-) -> Flow[tuple[Lease, SessionSnapshot] | None]:
-    """`acquire_lease` of an active session and, when taken, its `read_session`, in one
-    transaction: a missing or archived session is refused before anything is written (the
-    session is read with its lease fields, records included: they come from the record
-    cache, and a refused asker is rare)."""
-    found = yield Op(StorageBackend.op_read_session, session_id, (*_SNAPSHOT, *_QUEUE), True)
-    if found is None:
-        raise SessionNotFoundError(session_id)
-    meta, values, stored = found
-    if meta.status == "archived":
-        raise SessionArchivedError(session_id, operation)
-    split = len(_SNAPSHOT)
-    lease = yield from _decide_lease(session_id, owner, ttl, replace, values[split:])
-    return None if lease is None else (lease, _snapshot(meta, values[:split], stored))
-
-
-def _decide_lease(
-    session_id: str, owner: str, ttl: float, replace: str | None, row: Any
-) -> Flow[Lease | None]:
-    """The lease decision on the session's `_QUEUE` fields (see `acquire_lease`)."""
+def choose_lease(
+    session_id: str, owner: str, ttl: float, replace: str | None, row: Any, now: float
+) -> tuple[Lease | None, dict[str, Any]]:
+    """The lease decision on the session's `QUEUE` fields (`row`), as `op_lease` takes it:
+    the lease taken (or renewed), or `None`, and the `FIELDS` to write (none: nothing
+    changes). Free: nobody holds it, it expired, or its holder is `replace`. Taken by a new
+    owner, it gets the next token; renewed by its owner, it keeps it. The first owner
+    refused waits in line: until it takes the lease (or stops asking for `_WAITER_TTL`),
+    nobody else does, so a holder that turns again at once cannot starve the others."""
     holder, token, expires, waiter, wait_until = row
-    now, token = time.time(), int(token or 0)
+    token = int(token or 0)
     free = holder is None or holder in (owner, replace) or (expires or 0.0) <= now
     queued = waiter is not None and waiter != owner and (wait_until or 0.0) > now
     if holder != owner and (not free or queued):
         if waiter is None or waiter == owner or (wait_until or 0.0) <= now:
-            # the first to wait is the next to hold: a holder that turns again at once
-            # cannot starve the others
-            values = {"lease_waiter": owner, "lease_wait_until": now + _WAITER_TTL}
-            yield Op(StorageBackend.op_set_fields, session_id, values)
-        return None
+            return None, {"lease_waiter": owner, "lease_wait_until": now + _WAITER_TTL}
+        return None, {}
     lease = Lease(session_id, owner, token if holder == owner else token + 1, now + ttl)
     wait_over = {"lease_waiter": None, "lease_wait_until": 0.0} if waiter == owner else {}
-    yield _write_lease(lease, wait_over)
-    return lease
+    return lease, _lease_values(lease) | wait_over
 
 
-def renew_lease(lease: Lease, ttl: float) -> Flow[Lease | None]:
-    holder, token = (yield from _fields(lease.session_id, _QUEUE))[:2]
-    if holder != lease.owner or token != lease.token:
-        return None
-    renewed = Lease(lease.session_id, lease.owner, token, time.time() + ttl)
-    yield _write_lease(renewed)
-    return renewed
-
-
-def _write_lease(lease: Lease, more: dict[str, Any] | None = None) -> Op:
-    values = dict(zip(_LEASE, (lease.owner, lease.token, lease.expires_at), strict=True))
-    return Op(StorageBackend.op_set_fields, lease.session_id, values | (more or {}))
-
-
-def release_lease(lease: Lease) -> Flow[bool]:
-    """Free the session if `lease` holds it, and the next-to-hold place if its owner has it
-    (an asker that gave up waiting must not keep the others out until the place lapses).
-    `True` only when the lease was freed: a never-held `Lease(session, owner, 0, 0.0)`
-    frees the place alone."""
-    values = yield Op(StorageBackend.op_get_fields, lease.session_id, _QUEUE)
-    if values is None:
-        return False  # the session is gone with its lease
-    holder, token, _, waiter, _ = values
+def release_changes(lease: Lease, row: Any) -> tuple[bool, dict[str, Any]]:
+    """Whether `lease` holds the session (its `QUEUE` fields, `row`), and the `FIELDS` that
+    free it and the next holder's place its owner kept (an asker that gave up waiting must
+    not keep the others out until the place lapses), as `op_release_lease` writes them."""
+    holder, token, _, waiter, _ = row
     held: bool = holder == lease.owner and token == lease.token
     changes: dict[str, Any] = {"lease_owner": None, "lease_expires": 0.0} if held else {}
     if waiter == lease.owner:
         changes |= {"lease_waiter": None, "lease_wait_until": 0.0}
-    if changes:
-        yield Op(StorageBackend.op_set_fields, lease.session_id, changes)
-    return held
+    return held, changes
+
+
+def renew_lease(lease: Lease, ttl: float) -> Flow[Lease | None]:
+    holder, token = yield from _fields(lease.session_id, LEASE[:2])
+    if holder != lease.owner or token != lease.token:
+        return None
+    renewed = Lease(lease.session_id, lease.owner, token, time.time() + ttl)
+    yield Op(StorageBackend.op_set_fields, lease.session_id, _lease_values(renewed))
+    return renewed
+
+
+def _lease_values(lease: Lease) -> dict[str, Any]:
+    return dict(zip(LEASE, (lease.owner, lease.token, lease.expires_at), strict=True))
 
 
 def get_lease(session_id: str) -> Flow[Lease | None]:
-    values = yield from _when_set(session_id, _LEASE)
+    values = yield from _when_set(session_id, LEASE)
     if values is None:
         return None
     return Lease(session_id, values[0], int(values[1] or 0), float(values[2] or 0.0))
 
 
 def check_lease(lease: Lease) -> Flow[None]:
-    values = yield from _fields(lease.session_id, _LEASE)
+    values = yield from _fields(lease.session_id, LEASE)
     if values[0] != lease.owner or values[1] != lease.token:
         raise LeaseLostError(lease.session_id)

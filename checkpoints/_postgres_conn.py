@@ -63,14 +63,17 @@ class Query:
     sql: str
     params: Sequence[Any] | dict[str, Any] = ()
     lock: int | None = None
-    """With the advisory lock key of a tree, the statement runs in a write transaction of
-    its own holding that lock, in one round trip (`Link.atomic`)."""
+    """With the advisory lock key of a tree, the statement runs in the open transaction, or
+    outside one in a write transaction of its own holding that lock, in one round trip
+    (`Link.atomic`)."""
 
     def run(self, link: Link) -> Result:
-        return link.execute(self) if self.lock is None else link.atomic(self)
+        alone = self.lock is not None and link.txn is None and link.atxn is None
+        return link.atomic(self) if alone else link.execute(self)
 
     async def arun(self, link: Link) -> Result:
-        return await (link.aexecute(self) if self.lock is None else link.aatomic(self))
+        alone = self.lock is not None and link.txn is None and link.atxn is None
+        return await (link.aatomic(self) if alone else link.aexecute(self))
 
 
 @dataclass(frozen=True, slots=True)

@@ -334,17 +334,20 @@ class Statements(TreeStatements):
         yield Query(sql, (self.tree_id, session_id))
         self.cache.pop(session_id)
 
-    def acquire_at_once(
+    def lease(
         self,
         session_id: str,
         owner: str,
         ttl: float,
         replace: str | None,
-        refuse_archived: str | None = None,
-    ) -> Steps[Lease | None]:
-        """The shell's `acquire_lease` decision as one `UPDATE` in a transaction of its own
-        (see `PostgresMainStorage.acquire_lease`). With `refuse_archived` (the operation
-        refused), an archived session raises `SessionArchivedError` and is left as it was."""
+        refuse_archived: str | None,
+        read: Sequence[str] | None,
+    ) -> Steps[tuple[Lease, None] | None]:
+        """`op_lease`: the decision of `_flows.choose_lease` as one `UPDATE` (in a
+        transaction of its own outside the caller's: one round trip). With `refuse_archived`
+        (the operation refused), an archived session raises `SessionArchivedError` and is
+        left as it was. It never reads the session (`read`): the shell reads it under the
+        lease, in the next round trip."""
         now = time.time()
         # refused: another holds it (not free), or another waits first (queued); a refused
         # owner takes the waiter's place when it is empty, its own, or lapsed
@@ -390,11 +393,11 @@ class Statements(TreeStatements):
         taken, token, was_archived = rows[0]
         if was_archived:
             raise SessionArchivedError(session_id, refuse_archived or "this operation")
-        return Lease(session_id, owner, int(token), now + ttl) if taken else None
+        return (Lease(session_id, owner, int(token), now + ttl), None) if taken else None
 
-    def commit_at_once(self, args: CommitArgs, release: bool) -> Steps[int]:
-        """A turn's commit (`_flows.commit_records`) as one statement in a transaction of its
-        own, for `PostgresMainStorage.commit_records`: it reads the session as it was
+    def commit_turn(self, args: CommitArgs, release: bool) -> Steps[int]:
+        """`op_commit_turn` as one statement (in a transaction of its own outside the
+        caller's: one round trip): it reads the session as it was
         (`lease_owner, lease_token, turn_count, records_stamp`) and, when it committed, the
         first seq and the new stamp; no row when the session is missing. Nothing is written
         unless the lease (if given) still holds the session and the session is not archived.
@@ -426,7 +429,7 @@ class Statements(TreeStatements):
         if not rows:
             raise SessionNotFoundError(session_id)
         owner, token, turn_count, old_stamp, first, stamp = rows[0]
-        if first is None:  # nothing written: say why, as the shell's flow would
+        if first is None:  # nothing written: say why
             if lease is not None and (owner != lease.owner or token != lease.token):
                 raise LeaseLostError(session_id)
             raise SessionArchivedError(session_id, "a turn's records")
@@ -444,14 +447,26 @@ class Statements(TreeStatements):
             added = [decode_message(data) for _, data in records]
             self.cache.put(session_id, (stamp, [*cached[1], *added]))
 
-    def release_at_once(self, lease: Lease) -> Steps[bool]:
-        """Free the session if `lease` still holds it, in a transaction of its own; whether
-        it did."""
-        sql = f"""UPDATE {SESSIONS} SET lease_owner = NULL, lease_expires = 0
-            WHERE tree_id = %s AND id = %s AND lease_owner = %s AND lease_token = %s
-            RETURNING 1"""
-        params = [self.tree_id, lease.session_id, lease.owner, lease.token]
-        return bool((yield Query(sql, params, lock=self.key)).rows)
+    def release_lease(self, lease: Lease) -> Steps[bool]:
+        """`op_release_lease` as one `UPDATE` (as `lease`): the lease freed if it holds the
+        session, the next holder's place if its owner keeps it; whether the lease was."""
+        sql = f"""UPDATE {SESSIONS} AS t SET
+            lease_owner = CASE WHEN d.held THEN NULL ELSE t.lease_owner END,
+            lease_expires = CASE WHEN d.held THEN 0 ELSE t.lease_expires END,
+            lease_waiter = CASE WHEN d.waits THEN NULL ELSE t.lease_waiter END,
+            lease_wait_until = CASE WHEN d.waits THEN 0 ELSE t.lease_wait_until END
+        FROM (SELECT s.id, s.lease_owner IS NOT DISTINCT FROM %(owner)s
+                AND s.lease_token = %(token)s AS held,
+                s.lease_waiter IS NOT DISTINCT FROM %(owner)s AS waits
+            FROM {SESSIONS} s WHERE s.tree_id = %(tree)s AND s.id = %(sid)s) AS d
+        WHERE t.tree_id = %(tree)s AND t.id = d.id AND (d.held OR d.waits)
+        RETURNING d.held"""
+        params = {
+            "owner": lease.owner, "token": lease.token,
+            "tree": self.tree_id, "sid": lease.session_id,
+        }  # fmt: skip
+        rows = (yield Query(sql, params, lock=self.key)).rows
+        return bool(rows and rows[0][0])
 
     def append_event(self, kind: str, session_id: str | None, payload: str, at: str) -> Steps[int]:
         tree = self.tree_id

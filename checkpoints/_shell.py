@@ -25,7 +25,6 @@ from stello_graph.checkpoints._serde import meta_to_row
 from stello_graph.checkpoints._shell_tree import TreeMethods
 from stello_graph.checkpoints._txn import Transactions
 from stello_graph.checkpoints._validate import (
-    CommitArgs,
     append_args,
     check_identifier,
     check_meta,
@@ -357,7 +356,7 @@ class MainStorage(BulkReads, TreeMethods):
             SessionArchivedError: the session is archived; nothing is stored.
         """
         args = commit_args(session_id, messages, user_turn, turn_id, insight, lease)
-        return self._commit_records(args, bool(release))
+        return self._txn.alone(one(StorageBackend.op_commit_turn, args, bool(release)))
 
     async def acommit_records(
         self,
@@ -372,15 +371,7 @@ class MainStorage(BulkReads, TreeMethods):
     ) -> int:
         """Async twin of `commit_records`."""
         args = commit_args(session_id, messages, user_turn, turn_id, insight, lease)
-        return await self._acommit_records(args, bool(release))
-
-    def _commit_records(self, args: CommitArgs, release: bool) -> int:
-        """The commit of validated `args`, as one flow (a backend may send it its own way)."""
-        return self._txn.write(flows.commit_records(*args, release))
-
-    async def _acommit_records(self, args: CommitArgs, release: bool) -> int:
-        """Async twin of `_commit_records`."""
-        return await self._txn.awrite(flows.commit_records(*args, release))
+        return await self._txn.aalone(one(StorageBackend.op_commit_turn, args, bool(release)))
 
     def count_records(self, session_id: str) -> int:
         """The number of L3 records of the session (0 when there is no such session)."""

@@ -8,6 +8,7 @@ without blocking the event loop).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import suppress
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from stello_graph.checkpoints._validate import (
 )
 from stello_graph.checkpoints.backend import OptionalPrimitives, StorageBackend
 from stello_graph.digest import SessionDigest
+from stello_graph.errors import SessionArchivedError, SessionNotFoundError
 from stello_graph.events import StoredEvent
 from stello_graph.lineage import ForkPoint
 from stello_graph.models import Compression, Lease, TopologyNode
@@ -389,14 +391,16 @@ class TreeMethods:
             SessionNotFoundError: no such session.
         """
         args = lease_args(session_id, owner, ttl, replace)
-        return self._txn.write(flows.acquire_lease(*args))
+        found = self._txn.alone(one(StorageBackend.op_lease, *args, None, None))
+        return None if found is None else found[0]
 
     async def aacquire_lease(
         self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
     ) -> Lease | None:
         """Async twin of `acquire_lease`."""
         args = lease_args(session_id, owner, ttl, replace)
-        return await self._txn.awrite(flows.acquire_lease(*args))
+        found = await self._txn.aalone(one(StorageBackend.op_lease, *args, None, None))
+        return None if found is None else found[0]
 
     def lease_session(
         self,
@@ -407,15 +411,26 @@ class TreeMethods:
         replace: str | None = None,
         operation: str = "a turn",
     ) -> tuple[Lease, SessionSnapshot] | None:
-        """`acquire_lease` of an active session and, when taken, its `read_session`, in one
-        transaction: what a turn does before it runs (one transaction instead of three).
-        `None` while another holds the lease (the asker waits in line, as `acquire_lease`).
+        """`acquire_lease` of an active session and, when taken, its `read_session` under
+        it: what a turn does before it runs. `None` while another holds the lease (the asker
+        waits in line, as `acquire_lease`). A read that fails gives the lease back.
 
         Raises:
             SessionNotFoundError / SessionArchivedError: no such session, or it is archived
                 (refusing `operation`); nothing is written.
         """
-        return self._lease_session(lease_args(session_id, owner, ttl, replace), str(operation))
+        args = lease_args(session_id, owner, ttl, replace)
+        step = one(StorageBackend.op_lease, *args, str(operation), flows.SNAPSHOT)
+        found = self._txn.alone(step)
+        if found is None or found[1] is not None:
+            return None if found is None else (found[0], flows.snapshot(*found[1]))
+        try:  # whatever ends the read (a refusal, a lost connection, Ctrl-C) frees the lease
+            read = self.read_session(session_id)
+            return found[0], _active(session_id, read, str(operation))
+        except BaseException:
+            with suppress(Exception):  # else it lapses after its ttl
+                self.release_lease(found[0])
+            raise
 
     async def alease_session(
         self,
@@ -428,19 +443,17 @@ class TreeMethods:
     ) -> tuple[Lease, SessionSnapshot] | None:
         """Async twin of `lease_session`."""
         args = lease_args(session_id, owner, ttl, replace)
-        return await self._alease_session(args, str(operation))
-
-    def _lease_session(
-        self, args: tuple[str, str, float, str | None], operation: str
-    ) -> tuple[Lease, SessionSnapshot] | None:
-        """`lease_session` on validated arguments (a backend may send it its own way)."""
-        return self._txn.write(flows.lease_session(*args, operation))
-
-    async def _alease_session(
-        self, args: tuple[str, str, float, str | None], operation: str
-    ) -> tuple[Lease, SessionSnapshot] | None:
-        """Async twin of `_lease_session`."""
-        return await self._txn.awrite(flows.lease_session(*args, operation))
+        step = one(StorageBackend.op_lease, *args, str(operation), flows.SNAPSHOT)
+        found = await self._txn.aalone(step)
+        if found is None or found[1] is not None:
+            return None if found is None else (found[0], flows.snapshot(*found[1]))
+        try:
+            read = await self.aread_session(session_id)
+            return found[0], _active(session_id, read, str(operation))
+        except BaseException:
+            with suppress(Exception):
+                await self.arelease_lease(found[0])
+            raise
 
     def renew_lease(self, lease: Lease, ttl: float) -> Lease | None:
         """Extend `lease` if it still holds the session (same owner and token), else `None`."""
@@ -457,11 +470,11 @@ class TreeMethods:
         and the next-to-hold place if `lease.owner` keeps it; `True` if the lease was freed.
         `Lease(session_id, owner, 0, 0.0)`, never held, frees only the place.
         """
-        return self._txn.write(flows.release_lease(checked_lease(lease)))
+        return self._txn.alone(one(StorageBackend.op_release_lease, checked_lease(lease)))
 
     async def arelease_lease(self, lease: Lease) -> bool:
         """Async twin of `release_lease`."""
-        return await self._txn.awrite(flows.release_lease(checked_lease(lease)))
+        return await self._txn.aalone(one(StorageBackend.op_release_lease, checked_lease(lease)))
 
     def get_lease(self, session_id: str) -> Lease | None:
         """The session's current lease (expired or not), or `None` when it is free."""
@@ -482,3 +495,13 @@ class TreeMethods:
     async def acheck_lease(self, lease: Lease) -> None:
         """Async twin of `check_lease`."""
         await self._txn.aread(flows.check_lease(checked_lease(lease)))
+
+
+def _active(session_id: str, snapshot: SessionSnapshot | None, operation: str) -> SessionSnapshot:
+    """The snapshot read under a lease just taken, refused when the session is missing or
+    archived (only a call that bypassed the lease can have changed it since)."""
+    if snapshot is None:
+        raise SessionNotFoundError(session_id)
+    if snapshot.meta.status == "archived":
+        raise SessionArchivedError(session_id, operation)
+    return snapshot

@@ -183,6 +183,15 @@ class Transactions:
             assert self._owner is not None
             self._owner.refuse_broken()
             return self._inline_read(flow)
+        return self._locked(flow)
+
+    def alone(self, flow: Flow[T]) -> T:
+        """Run `flow`, an operation atomic by itself (`op_lease`, `op_commit_turn`): a
+        nested write inside the caller's transaction; else under the lock, outside any
+        transaction, for the backend to make its own (one round trip on PostgreSQL)."""
+        return self.write(flow) if self.owns() else self._locked(flow)
+
+    def _locked(self, flow: Flow[T]) -> T:
         self._acquire()
         try:
             return drive(flow, self._backend)
@@ -235,6 +244,13 @@ class Transactions:
             assert self._owner is not None
             self._owner.refuse_broken()
             return await self._ainline(flow)
+        return await self._alocked(flow)
+
+    async def aalone(self, flow: Flow[T]) -> T:
+        """`alone` without blocking the loop."""
+        return await (self.awrite(flow) if self.owns() else self._alocked(flow))
+
+    async def _alocked(self, flow: Flow[T]) -> T:
         if not self.native:
             return await self._aqueued(drive, flow, self._backend)
         await self._alock()

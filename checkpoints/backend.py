@@ -60,8 +60,10 @@ if TYPE_CHECKING:  # no import at run time: the primitive flows name these proto
         SessionRead,
     )
     from stello_graph.checkpoints._shell import FIELDS, BackendStorage
+    from stello_graph.checkpoints._validate import CommitArgs
     from stello_graph.digest import DigestRow
     from stello_graph.models import (
+        Lease,
         SessionMeta,
         SessionRole,
         SessionStats,
@@ -264,6 +266,44 @@ class StorageBackend(Protocol):
         """The tree's events with a cursor above `cursor`, in cursor order, at most `limit`."""
         ...
 
+    # -- a turn's lease and commit: each atomic by itself ----------------------------------
+    # Called with the lock held: inside the caller's transaction when one is open, else in a
+    # transaction of the backend's own (PostgreSQL sends each as one statement with its
+    # `BEGIN` and `COMMIT`, one round trip: a turn takes and gives back its lease every time).
+    def op_lease(
+        self,
+        session_id: str,
+        owner: str,
+        ttl: float,
+        replace: str | None,
+        refuse: str | None,
+        read: Sequence[str] | None,
+    ) -> tuple[Lease, SessionRead | None] | None:
+        """Take, renew or wait in line for the session's lease for `ttl` seconds, by the
+        rules of `_flows.choose_lease` on the session's `_flows.QUEUE` fields, and write
+        what it decides; the lease taken, or `None`. Raise `SessionNotFoundError` for a
+        missing session and, with `refuse` (the operation refused), `SessionArchivedError`
+        for an archived one, writing nothing. With `read` (`FIELDS` names), the backend may
+        also read the session in the same transaction, as `op_read_session(session_id,
+        read, True)` (what a turn reads: SQLite does); `None` in its place when it did not,
+        and the session is then read under the lease."""
+        ...
+
+    def op_release_lease(self, lease: Lease) -> bool:
+        """Free the session if `lease` holds it, and the next holder's place if its owner
+        keeps it (`_flows.release_changes`); whether the lease was freed (`False` for a
+        missing session)."""
+        ...
+
+    def op_commit_turn(self, args: CommitArgs, release: bool) -> int:
+        """A turn's commit: refuse (writing nothing) a missing session
+        (`SessionNotFoundError`), a lease that no longer holds it (`args`' lease, if any:
+        `LeaseLostError`) and an archived one (`SessionArchivedError(session_id, "a turn's
+        records")`); append the records (as `op_append`), clear the insight if it is still
+        `args`' insight, and with `release` free the lease. Return the session's user turns
+        afterwards."""
+        ...
+
 
 class OptionalPrimitives(Protocol):
     """Primitives a backend may add to `StorageBackend` for speed. Each one it lacks runs
@@ -418,6 +458,26 @@ class AsyncStorageBackend(StorageBackend, Protocol):
 
     async def aop_events_after(self, cursor: int, limit: int) -> list[EventRow]:
         """Async twin of `op_events_after`."""
+        ...
+
+    async def aop_lease(
+        self,
+        session_id: str,
+        owner: str,
+        ttl: float,
+        replace: str | None,
+        refuse: str | None,
+        read: Sequence[str] | None,
+    ) -> tuple[Lease, SessionRead | None] | None:
+        """Async twin of `op_lease`."""
+        ...
+
+    async def aop_release_lease(self, lease: Lease) -> bool:
+        """Async twin of `op_release_lease`."""
+        ...
+
+    async def aop_commit_turn(self, args: CommitArgs, release: bool) -> int:
+        """Async twin of `op_commit_turn`."""
         ...
 
 

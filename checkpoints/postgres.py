@@ -28,23 +28,16 @@ from stello_graph._flow import arun, run
 from stello_graph._tree_text import TopologyText
 from stello_graph.checkpoints._postgres_conn import AsyncHooks, Link, Steps, SyncHooks
 from stello_graph.checkpoints._postgres_steps import EVENTS_CHANNEL, Statements
-from stello_graph.checkpoints._primitives import one
 from stello_graph.checkpoints._shell import BackendStorage
 from stello_graph.checkpoints._validate import (
-    CommitArgs,
     check_non_negative,
     check_tree_id,
-    checked_lease,
-    lease_args,
 )
 from stello_graph.checkpoints.backend import TransactionHooks
 from stello_graph.errors import InvalidInputError, StorageError
-from stello_graph.lease import aread_leased, read_leased
-from stello_graph.models import Lease
 
 if TYPE_CHECKING:
     from stello_graph.checkpoints._postgres_saver import StelloPostgresSaver
-    from stello_graph.models import SessionSnapshot
 
 __all__ = ["EVENTS_CHANNEL", "PostgresMainStorage", "open_postgres"]
 
@@ -156,104 +149,11 @@ class PostgresMainStorage(BackendStorage):
         """The async twins of `transaction_hooks`, on the running loop's connection."""
         return self._ahooks
 
-    # -- the lease and a turn's commit, each in one round trip ------------------------------
-    def acquire_lease(
-        self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
-    ) -> Lease | None:
-        """Take (or renew) the session's lease for `ttl` seconds; `None` if another holds it.
-
-        As `BackendStorage.acquire_lease` (the same rules: free, taken over from `replace`,
-        the first refused owner queued), decided by one `UPDATE` sent with its transaction
-        in one round trip, instead of a read and a write (four): a turn takes and gives back
-        its lease every time. Inside a transaction of the caller, the shell's own path runs.
-
-        Raises:
-            SessionNotFoundError: no such session.
-        """
-        if self._txn.owns():
-            return super().acquire_lease(session_id, owner, ttl, replace=replace)
-        args = lease_args(session_id, owner, ttl, replace)
-        lease: Lease | None = self._txn.read(one(PostgresMainStorage.op_acquire_at_once, *args))
-        return lease
-
-    async def aacquire_lease(
-        self, session_id: str, owner: str, ttl: float, *, replace: str | None = None
-    ) -> Lease | None:
-        """Async twin of `acquire_lease` (one round trip too)."""
-        if self._txn.owns():
-            return await super().aacquire_lease(session_id, owner, ttl, replace=replace)
-        args = lease_args(session_id, owner, ttl, replace)
-        lease: Lease | None = await self._txn.aread(
-            one(PostgresMainStorage.op_acquire_at_once, *args)
-        )
-        return lease
-
-    def _lease_session(
-        self, args: tuple[str, str, float, str | None], operation: str
-    ) -> tuple[Lease, SessionSnapshot] | None:
-        """`lease_session` in two round trips: the lease's `UPDATE`, which refuses an
-        archived session without taking it, then the session's read under the lease (the
-        shell's flow takes five). Inside a transaction of the caller, the shell's flow."""
-        if self._txn.owns():
-            return super()._lease_session(args, operation)
-        lease: Lease | None = self._txn.read(
-            one(PostgresMainStorage.op_acquire_at_once, *args, operation)
-        )
-        return None if lease is None else (lease, read_leased(self, lease, operation))
-
-    async def _alease_session(
-        self, args: tuple[str, str, float, str | None], operation: str
-    ) -> tuple[Lease, SessionSnapshot] | None:
-        """Async twin of `_lease_session` (two round trips too)."""
-        if self._txn.owns():
-            return await super()._alease_session(args, operation)
-        lease: Lease | None = await self._txn.aread(
-            one(PostgresMainStorage.op_acquire_at_once, *args, operation)
-        )
-        return None if lease is None else (lease, await aread_leased(self, lease, operation))
-
-    def release_lease(self, lease: Lease) -> bool:
-        """Free the session if `lease` still holds it; `True` if it did (one round trip,
-        as `acquire_lease`; a second one when it did not, to free a waiting place)."""
-        if self._txn.owns():
-            return super().release_lease(lease)
-        released: bool = self._txn.read(
-            one(PostgresMainStorage.op_release_at_once, checked_lease(lease))
-        )
-        # not held: the shell's flow, which also frees a waiting place the owner kept
-        return released or super().release_lease(lease)
-
-    async def arelease_lease(self, lease: Lease) -> bool:
-        """Async twin of `release_lease`."""
-        if self._txn.owns():
-            return await super().arelease_lease(lease)
-        released: bool = await self._txn.aread(
-            one(PostgresMainStorage.op_release_at_once, checked_lease(lease))
-        )
-        return released or await super().arelease_lease(lease)
-
-    def _commit_records(self, args: CommitArgs, release: bool) -> int:
-        """A turn's commit as one statement sent with its transaction in one round trip (the
-        shell's flow takes six); inside a transaction of the caller, the shell's flow."""
-        if self._txn.owns():
-            return super()._commit_records(args, release)
-        turns: int = self._txn.read(one(PostgresMainStorage.op_commit_at_once, args, release))
-        return turns
-
-    async def _acommit_records(self, args: CommitArgs, release: bool) -> int:
-        """Async twin of `_commit_records` (one round trip too)."""
-        if self._txn.owns():
-            return await super()._acommit_records(args, release)
-        turns: int = await self._txn.aread(
-            one(PostgresMainStorage.op_commit_at_once, args, release)
-        )
-        return turns
-
-    # the primitives, each a `Statements` generator run on either side; the three at once
-    # (a statement in its own transaction, one round trip) are the ones the above run as
-    op_acquire_at_once, aop_acquire_at_once = _primitive(Statements.acquire_at_once)
-    op_release_at_once, aop_release_at_once = _primitive(Statements.release_at_once)
-    op_commit_at_once, aop_commit_at_once = _primitive(Statements.commit_at_once)
+    # the primitives, each a `Statements` generator run on either side; the lease and the
+    # commit are one statement each, in a transaction of its own outside the caller's
+    op_lease, aop_lease = _primitive(Statements.lease)
+    op_release_lease, aop_release_lease = _primitive(Statements.release_lease)
+    op_commit_turn, aop_commit_turn = _primitive(Statements.commit_turn)
     op_put_session, aop_put_session = _primitive(Statements.put_session)
     op_list_sessions, aop_list_sessions = _primitive(Statements.list_sessions)
     op_session_stats, aop_session_stats = _primitive(Statements.session_stats)

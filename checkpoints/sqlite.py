@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import stello_graph.checkpoints._schema as _schema
 from stello_graph.checkpoints._cache import RecordCache
 from stello_graph.checkpoints._damage import META
+from stello_graph.checkpoints._flows import QUEUE, choose_lease, release_changes
 from stello_graph.checkpoints._primitives import one
 from stello_graph.checkpoints._rows import (
     CHILDREN,
@@ -71,15 +74,18 @@ from stello_graph.checkpoints._sqlite_conn import (
     quick_check,
 )
 from stello_graph.checkpoints._sqlite_tree import SqliteTreeReads
-from stello_graph.checkpoints._validate import check_non_negative, check_tree_id
+from stello_graph.checkpoints._validate import CommitArgs, check_non_negative, check_tree_id
 from stello_graph.checkpoints.backend import TransactionHooks
 from stello_graph.errors import (
     InvalidInputError,
+    LeaseLostError,
     NotADatabaseError,
+    SessionArchivedError,
     SessionNotFoundError,
     StorageError,
 )
 from stello_graph.models import (
+    Lease,
     SessionMeta,
     SessionRole,
     SessionStatus,
@@ -91,6 +97,9 @@ if TYPE_CHECKING:
 
 
 __all__ = ["InMemoryMainStorage", "SqliteMainStorage"]
+
+_COMMIT = ("insight", "turn_count", "lease_owner", "lease_token")
+"""What a turn's commit reads of its session before it writes."""
 
 _CHECKPOINT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)"
 _COUNTED = f"s.base_count + (SELECT COUNT(*) FROM {ROWS} r WHERE r.l3_key = s.l3_key)"
@@ -291,6 +300,80 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         sql = f"UPDATE {SESSIONS} SET {columns} WHERE tree_id = ? AND id = ?"
         if self._q(sql, (*values.values(), self.tree_id, session_id)).rowcount == 0:
             raise SessionNotFoundError(session_id)
+
+    # -- a turn's lease and commit, each atomic by itself ----------------------------------
+    @contextmanager
+    def _alone(self) -> Iterator[None]:
+        """The transaction of an operation atomic by itself: the caller's when one is open
+        (the shell set a savepoint), else one of its own."""
+        if self._conn.in_transaction:
+            yield
+            return
+        self._hooks.begin(wait=True)
+        try:
+            yield
+            self._hooks.commit()
+        except BaseException:
+            self._hooks.rollback()
+            raise
+
+    def op_lease(
+        self,
+        session_id: str,
+        owner: str,
+        ttl: float,
+        replace: str | None,
+        refuse: str | None,
+        read: Sequence[str] | None,
+    ) -> tuple[Lease, SessionRead | None] | None:
+        names = (*(read or ()), *QUEUE)
+        with self._alone():
+            found = self.op_read_session(session_id, names, read is not None)
+            if found is None:
+                raise SessionNotFoundError(session_id)
+            meta, values, records = found
+            if refuse is not None and meta.status == "archived":
+                raise SessionArchivedError(session_id, refuse)
+            split = len(names) - len(QUEUE)
+            lease, changes = choose_lease(
+                session_id, owner, ttl, replace, values[split:], time.time()
+            )
+            if changes:
+                self.op_set_fields(session_id, changes)
+        if lease is None:
+            return None
+        return lease, None if read is None else (meta, values[:split], records)
+
+    def op_release_lease(self, lease: Lease) -> bool:
+        with self._alone():
+            row = self.op_get_fields(lease.session_id, QUEUE)
+            if row is None:
+                return False  # the session is gone with its lease
+            held, changes = release_changes(lease, row)
+            if changes:
+                self.op_set_fields(lease.session_id, changes)
+            return held
+
+    def op_commit_turn(self, args: CommitArgs, release: bool) -> int:
+        session_id, records, at, user_turn, turns, insight, lease = args
+        with self._alone():
+            found = self.op_read_session(session_id, _COMMIT, False)
+            if found is None:
+                raise SessionNotFoundError(session_id)
+            meta, (current, turn_count, owner, token), _ = found
+            if lease is not None and (owner != lease.owner or token != lease.token):
+                raise LeaseLostError(session_id)
+            if meta.status == "archived":
+                raise SessionArchivedError(session_id, "a turn's records")
+            self.op_append(session_id, records, at, user_turn, turns)
+            values: dict[str, Any] = {}
+            if insight is not None and current == insight:
+                values["insight"] = None
+            if release and lease is not None:
+                values.update(lease_owner=None, lease_expires=0.0)
+            if values:
+                self.op_set_fields(session_id, values)
+            return int(turn_count or 0) + int(user_turn)
 
     # -- records --------------------------------------------------------------------------
     def op_append(

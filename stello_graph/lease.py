@@ -45,23 +45,20 @@ from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._ids import add_live, discard_live, new_owner, owner_is_dead
 from stello_graph.errors import (
     InvalidInputError,
-    SessionArchivedError,
     SessionBusyError,
     SessionNotFoundError,
     StorageError,
 )
 from stello_graph.models import Lease
-from stello_graph.storage import SessionSnapshot, SessionStorage
+from stello_graph.storage import SessionStorage
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "Handback",
     "SessionLeases",
-    "aread_leased",
     "check_lease_ttl",
     "new_owner",
     "owner_is_dead",
-    "read_leased",
 ]
 
 DEFAULT_LEASE_TTL = 30.0
@@ -493,40 +490,6 @@ def _prefetch_into(handback: Handback | None, prefetch: bool) -> Handback | None
 
 
 _TURN = "a turn"
-
-
-def _active(
-    session_id: str, snapshot: SessionSnapshot | None, operation: str = _TURN
-) -> SessionSnapshot:
-    if snapshot is None:
-        raise SessionNotFoundError(session_id)
-    if snapshot.meta.status == "archived":
-        raise SessionArchivedError(session_id, operation)
-    return snapshot
-
-
-def read_leased(storage: SessionStorage, lease: Lease, operation: str = _TURN) -> SessionSnapshot:
-    """The session's `read_session` under `lease`, just taken, refused when the session is
-    missing or archived (only a call that bypassed the lease can have changed it since).
-    Whatever ends the read (a refusal, a lost connection, Ctrl-C) frees the lease first."""
-    try:
-        return _active(lease.session_id, storage.read_session(lease.session_id), operation)
-    except BaseException:
-        with suppress(Exception):  # else it lapses after its ttl
-            storage.release_lease(lease)
-        raise
-
-
-async def aread_leased(
-    storage: SessionStorage, lease: Lease, operation: str = _TURN
-) -> SessionSnapshot:
-    """Async twin of `read_leased` (a cancellation during the read frees the lease too)."""
-    try:
-        return _active(lease.session_id, await storage.aread_session(lease.session_id), operation)
-    except BaseException:
-        with suppress(Exception):
-            await storage.arelease_lease(lease)
-        raise
 
 
 def _released_by(owner: str) -> None:

@@ -1,6 +1,6 @@
-"""`PostgresMainStorage.commit_records` (and its async twin) commit a turn in one statement:
-the same results, errors and stored state as the shell's flow (`BackendStorage.
-commit_records`), checked side by side on every case a turn's commit meets."""
+"""`PostgresMainStorage.commit_records` (and its async twin) commit a turn in one statement
+(`op_commit_turn`): the same results, errors and stored state as SQLite's commit, checked side
+by side on every case a turn's commit meets."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from stello_graph.checkpoints import PostgresMainStorage
-from stello_graph.checkpoints._shell import BackendStorage
+from stello_graph.checkpoints import InMemoryMainStorage, PostgresMainStorage
 from stello_graph.errors import LeaseLostError, SessionArchivedError, SessionNotFoundError
 from stello_graph.models import Lease, SessionMeta
+from stello_graph.storage import MainStorage
 
 STATE = ("insight", "lease_owner", "lease_token", "lease_expires", "turn_count")
 CASES = {
@@ -34,7 +34,7 @@ def storage(postgres_dsn: str) -> Iterator[PostgresMainStorage]:
         yield opened
 
 
-def _prepare(storage: PostgresMainStorage, sid: str, archived: bool) -> Lease:
+def _prepare(storage: MainStorage, sid: str, archived: bool) -> Lease:
     storage.put_session(SessionMeta(id=sid, label=sid))
     storage.append_records(sid, [HumanMessage("before"), AIMessage("ok")], user_turn=True)
     storage.put_insight(sid, "tip")
@@ -45,7 +45,7 @@ def _prepare(storage: PostgresMainStorage, sid: str, archived: bool) -> Lease:
     return lease
 
 
-def _commit(storage: PostgresMainStorage, how: str, sid: str, case: tuple[Any, ...]) -> object:
+def _commit(storage: MainStorage, how: str, sid: str, case: tuple[Any, ...]) -> object:
     kind, insight, release, archived = case
     held = _prepare(storage, sid, archived)
     leases = {"held": held, "lost": Lease(sid, "owner", held.token + 1, held.expires_at)}
@@ -57,8 +57,6 @@ def _commit(storage: PostgresMainStorage, how: str, sid: str, case: tuple[Any, .
         "release": release,
     }  # fmt: skip
     try:
-        if how == "shell":
-            return BackendStorage.commit_records(storage, target, turn, **kwargs)
         if how == "async":
             return asyncio.run(storage.acommit_records(target, turn, **kwargs))
         return storage.commit_records(target, turn, **kwargs)
@@ -66,7 +64,7 @@ def _commit(storage: PostgresMainStorage, how: str, sid: str, case: tuple[Any, .
         return type(exc).__name__
 
 
-def _stored(storage: PostgresMainStorage, sid: str) -> tuple[Any, ...]:
+def _stored(storage: Any, sid: str) -> tuple[Any, ...]:
     fields = storage.op_get_fields(sid, STATE)
     assert fields is not None
     insight, owner, token, expires, turns = fields
@@ -80,13 +78,14 @@ def test_a_commit_in_one_statement_is_the_shells_commit(
     storage: PostgresMainStorage, how: str, name: str
 ) -> None:
     case = CASES[name]
-    shell = _commit(storage, "shell", "shell", case)
-    fast = _commit(storage, how, "fast", case)
-    assert fast == shell
-    if case[0] == "missing":
-        assert fast == "SessionNotFoundError"
-        return
-    assert _stored(storage, "fast") == _stored(storage, "shell")
+    with InMemoryMainStorage() as reference:
+        expected_result = _commit(reference, "sync", "s", case)
+        fast = _commit(storage, how, "s", case)
+        assert fast == expected_result
+        if case[0] == "missing":
+            assert fast == "SessionNotFoundError"
+            return
+        assert _stored(storage, "s") == _stored(reference, "s")
     expected = {"lease lost": "LeaseLostError", "archived": "SessionArchivedError"}
     assert fast == expected.get(name, 2)  # the session's user turns after the commit
 

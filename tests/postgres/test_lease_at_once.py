@@ -1,6 +1,6 @@
 """`PostgresMainStorage` takes and gives back a session lease in one round trip: the same
-decisions as the shell's read-then-write (`BackendStorage.acquire_lease`), checked side by
-side on random scripts, and one statement sent per call."""
+decisions as SQLite's read-then-write (`_flows.choose_lease`), checked side by side on random
+scripts, and one statement sent per call."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from stello_graph.checkpoints import PostgresMainStorage
-from stello_graph.checkpoints._shell import BackendStorage
+from stello_graph.checkpoints import InMemoryMainStorage, PostgresMainStorage
 from stello_graph.errors import SessionArchivedError, SessionNotFoundError
 from stello_graph.models import Lease, SessionMeta
 
@@ -30,26 +29,16 @@ def storage(postgres_dsn: str) -> Iterator[PostgresMainStorage]:
         yield opened
 
 
-def _step(
-    storage: PostgresMainStorage, sid: str, op: tuple[Any, ...], held: dict[str, Lease]
-) -> object:
-    """Run one scripted operation on `sid`: the fast path on "fast", the shell's on "shell"."""
-    fast = sid == "fast"
+def _step(storage: Any, sid: str, op: tuple[Any, ...], held: dict[str, Lease]) -> object:
+    """Run one scripted operation on `sid` of `storage`."""
     kind, owner = op[0], op[1]
     if kind == "acquire":
-        replace = op[2]
-        if fast:
-            lease = storage.acquire_lease(sid, owner, 600.0, replace=replace)
-        else:
-            lease = BackendStorage.acquire_lease(storage, sid, owner, 600.0, replace=replace)
+        lease = storage.acquire_lease(sid, owner, 600.0, replace=op[2])
         if lease is not None:
             held[owner] = lease
         return None if lease is None else (lease.owner, lease.token)
     if kind == "release":
-        lease = held.get(owner) or Lease(sid, owner, 0, 0.0)
-        if fast:
-            return storage.release_lease(lease)
-        return BackendStorage.release_lease(storage, lease)
+        return storage.release_lease(held.get(owner) or Lease(sid, owner, 0, 0.0))
     if kind == "expire":  # the holder's lease lapses
         storage.op_set_fields(sid, {"lease_expires": 0.0})
     elif kind == "unqueue":  # the waiter stopped asking
@@ -58,7 +47,7 @@ def _step(
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_one_statement_lease_decides_as_the_shell_does(
+def test_the_one_statement_lease_decides_as_sqlite_does(
     storage: PostgresMainStorage, seed: int
 ) -> None:
     rng = random.Random(seed)
@@ -67,14 +56,16 @@ def test_the_one_statement_lease_decides_as_the_shell_does(
         (rng.choice(kinds), rng.choice(OWNERS), rng.choice([None, None, *OWNERS]))
         for _ in range(60)
     ]
-    held: dict[str, dict[str, Lease]] = {"fast": {}, "shell": {}}
-    for n, op in enumerate(script):
-        results = {}
-        for sid in ("fast", "shell"):
-            results[sid] = _step(storage, sid, op, held[sid])
-        assert results["fast"] == results["shell"], (n, op)
-        fast, shell = (storage.op_get_fields(sid, FIELDS) for sid in ("fast", "shell"))
-        assert fast == shell, (n, op, fast, shell)
+    held: dict[str, dict[str, Lease]] = {"fast": {}, "sqlite": {}}
+    with InMemoryMainStorage() as sqlite:
+        sqlite.put_session(SessionMeta(id="fast", label="fast"))
+        for n, op in enumerate(script):
+            results = {}
+            for name, on in (("fast", storage), ("sqlite", sqlite)):
+                results[name] = _step(on, "fast", op, held[name])
+            assert results["fast"] == results["sqlite"], (n, op)
+            fast, other = (on.op_get_fields("fast", FIELDS) for on in (storage, sqlite))
+            assert fast == other, (n, op, fast, other)
 
 
 def test_acquire_and_release_each_send_one_statement(
@@ -117,7 +108,7 @@ def test_inside_a_transaction_the_lease_commits_with_it(storage: PostgresMainSto
     assert storage.get_lease("fast") is None
 
 
-async def test_lease_session_is_two_statements_and_refuses_as_the_shell_does(
+async def test_lease_session_is_two_statements_and_refuses_an_archived_session(
     storage: PostgresMainStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[str] = []
@@ -135,9 +126,8 @@ async def test_lease_session_is_two_statements_and_refuses_as_the_shell_does(
     storage.release_lease(taken[0])
     for sid in ("fast", "shell"):
         storage.put_session(SessionMeta(id=sid, label=sid, status="archived"))
-    for lease_session in (storage.lease_session, BackendStorage.lease_session.__get__(storage)):
-        with pytest.raises(SessionArchivedError):
-            lease_session("fast", "me", 30.0)
+    with pytest.raises(SessionArchivedError):
+        storage.lease_session("fast", "me", 30.0)
     assert storage.op_get_fields("fast", FIELDS) == (None, 1, None)  # token kept, nobody queued
     sent.clear()
     with pytest.raises(SessionArchivedError):
