@@ -60,6 +60,12 @@ class TreeMethods:
 
     _txn: Transactions
 
+    if TYPE_CHECKING:  # `MainStorage`'s
+
+        def read_session(self, session_id: str) -> SessionSnapshot | None: ...
+
+        async def aread_session(self, session_id: str) -> SessionSnapshot | None: ...
+
     # -- system prompt, insight, memory ---------------------------------------------------
     def get_system_prompt(self, session_id: str) -> str | None:
         """The system prompt, or `None`."""
@@ -422,14 +428,17 @@ class TreeMethods:
         args = lease_args(session_id, owner, ttl, replace)
         step = one(StorageBackend.op_lease, *args, str(operation), flows.SNAPSHOT)
         found = self._txn.alone(step)
-        if found is None or found[1] is not None:
-            return None if found is None else (found[0], flows.snapshot(*found[1]))
+        if found is None:
+            return None
+        lease, read = found
+        if read is not None:  # read in the lease's transaction
+            return lease, flows.snapshot(*read)
         try:  # whatever ends the read (a refusal, a lost connection, Ctrl-C) frees the lease
-            read = self.read_session(session_id)
-            return found[0], _active(session_id, read, str(operation))
+            snapshot = self.read_session(session_id)
+            return lease, _active(session_id, snapshot, str(operation))
         except BaseException:
             with suppress(Exception):  # else it lapses after its ttl
-                self.release_lease(found[0])
+                self.release_lease(lease)
             raise
 
     async def alease_session(
@@ -445,14 +454,17 @@ class TreeMethods:
         args = lease_args(session_id, owner, ttl, replace)
         step = one(StorageBackend.op_lease, *args, str(operation), flows.SNAPSHOT)
         found = await self._txn.aalone(step)
-        if found is None or found[1] is not None:
-            return None if found is None else (found[0], flows.snapshot(*found[1]))
+        if found is None:
+            return None
+        lease, read = found
+        if read is not None:
+            return lease, flows.snapshot(*read)
         try:
-            read = await self.aread_session(session_id)
-            return found[0], _active(session_id, read, str(operation))
+            snapshot = await self.aread_session(session_id)
+            return lease, _active(session_id, snapshot, str(operation))
         except BaseException:
             with suppress(Exception):
-                await self.arelease_lease(found[0])
+                await self.arelease_lease(lease)
             raise
 
     def renew_lease(self, lease: Lease, ttl: float) -> Lease | None:
