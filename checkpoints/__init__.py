@@ -3,7 +3,7 @@
 * `SqliteMainStorage` - the reference `MainStorage`, in a SQLite file shared safely by
   threads, asyncio tasks and processes.
 * `InMemoryMainStorage` - the same storage on a private SQLite `:memory:` database, for tests.
-* `StorageBackend` / `BackendStorage` - for a storage of your own: implement the eighteen
+* `StorageBackend` / `BackendStorage` - for a storage of your own: implement the twenty
   primitives of the backend protocol (and any of `OptionalPrimitives`, for speed), and
   `BackendStorage(backend)` is a full `MainStorage` (see `stello_graph.checkpoints.backend`);
   `AsyncStorageBackend` / `AsyncTransactionHooks` for a backend with native async I/O, whose

@@ -28,7 +28,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from stello_graph._tree_text import tree_order
 from stello_graph.checkpoints._damage import shown, undecodable
-from stello_graph.checkpoints._primitives import Flow, Op, adrive, drive, one
+from stello_graph.checkpoints._primitives import (
+    Flow,
+    Op,
+    adrive,
+    drive,
+    node_by_id,
+    one,
+    records,
+    values,
+)
 from stello_graph.checkpoints._rows import built, stored_l2
 from stello_graph.checkpoints._serde import (
     EventRow,
@@ -76,8 +85,8 @@ again (a waiter asks every few milliseconds)."""
 # -- per-session values ---------------------------------------------------------------------
 def field(session_id: str, name: str) -> Flow[Any]:
     """One of the session's `FIELDS` (`None` for a missing session)."""
-    values = yield Op(StorageBackend.op_get_fields, session_id, (name,))
-    return None if values is None else values[0]
+    found = yield from values(session_id, (name,))
+    return None if found is None else found[0]
 
 
 def text(session_id: str, name: str) -> Flow[str | None]:
@@ -104,16 +113,16 @@ def settings(session_id: str) -> Flow[dict[str, Any]]:
 
 def _when_set(session_id: str, names: tuple[str, ...]) -> Flow[tuple[Any, ...] | None]:
     """The named `FIELDS` of the session; `None` for a missing session or an unset first."""
-    values: tuple[Any, ...] | None = yield Op(StorageBackend.op_get_fields, session_id, names)
-    return None if values is None or values[0] is None else values
+    found = yield from values(session_id, names)
+    return None if found is None or found[0] is None else found
 
 
 def _fields(session_id: str, names: tuple[str, ...]) -> Flow[tuple[Any, ...]]:
     """The named `FIELDS` of the session; `SessionNotFoundError` for a missing session."""
-    values: tuple[Any, ...] | None = yield Op(StorageBackend.op_get_fields, session_id, names)
-    if values is None:
+    found = yield from values(session_id, names)
+    if found is None:
         raise SessionNotFoundError(session_id)
-    return values
+    return found
 
 
 def get_global(key: str) -> Flow[Any]:
@@ -214,11 +223,11 @@ def main_session() -> Flow[SessionMeta | None]:
 def list_records(
     session_id: str, limit: int | None, offset: int, role: str | None
 ) -> Flow[list[BaseMessage]]:
-    records = yield Op(StorageBackend.op_records, session_id)
+    found = yield from records(session_id)
     if role is not None:
-        records = [record for record in records if message_role(record) == role]
+        found = [record for record in found if message_role(record) == role]
     end = None if limit is None else offset + limit
-    return list(records[offset:end])
+    return list(found[offset:end])
 
 
 def list_turns(
@@ -226,14 +235,14 @@ def list_turns(
 ) -> Flow[list[RecordTurn]]:
     turns = yield Op(StorageBackend.op_turns, session_id)
     if role is not None:
-        records = yield Op(StorageBackend.op_records, session_id)
-        turns = [t for r, t in zip(records, turns, strict=True) if message_role(r) == role]
+        found = yield from records(session_id)
+        turns = [t for r, t in zip(found, turns, strict=True) if message_role(r) == role]
     end = None if limit is None else offset + limit
     return list(turns[offset:end])
 
 
 def shared_records(session_id: str) -> Flow[list[BaseMessage]]:
-    return list((yield Op(StorageBackend.op_records, session_id)))
+    return list((yield from records(session_id)))
 
 
 def trim(session_id: str, keep_last: int) -> Flow[int]:
@@ -255,7 +264,7 @@ def put_node(node: TopologyNode) -> Flow[None]:
     if parent_id is not None:
         if parent_id == node.id:
             raise TopologyCycleError(node.id, parent_id)
-        if (yield Op(OptionalPrimitives.op_get_node, parent_id)) is None:
+        if (yield from node_by_id(parent_id)) is None:
             raise NodeNotFoundError(parent_id)
         if any(above.id == node.id for above in (yield from ancestors(parent_id))):
             raise TopologyCycleError(node.id, parent_id)
@@ -265,25 +274,25 @@ def put_node(node: TopologyNode) -> Flow[None]:
 def ancestors(node_id: str) -> Flow[list[TopologyNode]]:
     found: list[TopologyNode] = []
     seen = {node_id}
-    node = yield Op(OptionalPrimitives.op_get_node, node_id)
-    while node is not None and node.parent_id is not None and node.parent_id not in seen:
-        node = yield Op(OptionalPrimitives.op_get_node, node.parent_id)
-        if node is not None:
-            found.append(node)
-            seen.add(node.id)
+    above = yield from node_by_id(node_id)
+    while above is not None and above.parent_id is not None and above.parent_id not in seen:
+        above = yield from node_by_id(above.parent_id)
+        if above is not None:
+            found.append(above)
+            seen.add(above.id)
     return found
 
 
 def remove_node(node_id: str, cascade: bool) -> Flow[list[str]]:
-    if (yield Op(OptionalPrimitives.op_get_node, node_id)) is None:
+    if (yield from node_by_id(node_id)) is None:
         raise NodeNotFoundError(node_id)
-    children = yield Op(OptionalPrimitives.op_children, node_id)
+    children = yield Op(StorageBackend.op_nodes, None, node_id)
     if children and not cascade:
         raise NodeHasChildrenError(node_id, len(children))
     removed, seen = [node_id], {node_id}
     index = 0
     while index < len(removed):  # breadth-first: every parent before its children
-        for child in (yield Op(OptionalPrimitives.op_children, removed[index])):
+        for child in (yield Op(StorageBackend.op_nodes, None, removed[index])):
             if child.id in seen:  # its parents make a cycle (a damaged tree): cut it here,
                 # so that each node goes after the nodes that name it as their parent
                 yield Op(StorageBackend.op_put_node, child.model_copy(update={"parent_id": None}))
@@ -297,7 +306,7 @@ def remove_node(node_id: str, cascade: bool) -> Flow[list[str]]:
 
 def tree() -> Flow[list[TopologyNode]]:
     detached: set[str] = set()
-    nodes = tree_order((yield Op(StorageBackend.op_all_nodes)), detached)
+    nodes = tree_order((yield Op(StorageBackend.op_nodes, None, None)), detached)
     if not detached:
         return nodes
     return [  # no root reaches them (their parents make a cycle): marked, see `_damage`

@@ -29,6 +29,7 @@ from stello_graph.checkpoints._postgres_schema import (
 )
 from stello_graph.checkpoints._postgres_tree import TreeStatements, checked_fields
 from stello_graph.checkpoints._rows import (
+    ALL_NODES,
     CHILDREN,
     EVENTS_AFTER,
     GET_GLOBAL,
@@ -136,12 +137,6 @@ class Statements(TreeStatements):
     ) -> Steps[list[SessionMeta]]:
         sql, params = listed_sessions(self.tree_id, status, role)
         return built(stored_meta, (yield Query(sql, params)).rows)
-
-    def get_fields(self, session_id: str, names: Sequence[str]) -> Steps[tuple[Any, ...] | None]:
-        columns = ", ".join(checked_fields(names))
-        sql = f"SELECT {columns} FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
-        rows = (yield Query(sql, (self.tree_id, session_id))).rows
-        return tuple(rows[0]) if rows else None
 
     def read_session(
         self, session_id: str, names: Sequence[str], records: bool
@@ -488,17 +483,18 @@ class Statements(TreeStatements):
         rows = (yield Query(EVENTS_AFTER, (self.tree_id, cursor, limit))).rows
         return [(int(c), kind, sid, payload, at) for c, kind, sid, payload, at in rows]
 
-    def get_node(self, node_id: str) -> Steps[TopologyNode | None]:
-        rows = (yield Query(GET_NODE, (self.tree_id, node_id))).rows
-        return stored_node(rows[0]) if rows else None
+    def nodes(self, node_id: str | None, parent_id: str | None) -> Steps[list[TopologyNode]]:
+        if node_id is not None:
+            query = Query(GET_NODE, (self.tree_id, node_id))
+        elif parent_id is not None:
+            query = Query(CHILDREN, (self.tree_id, parent_id))
+        else:
+            query = Query(ALL_NODES, (self.tree_id,))
+        return built(stored_node, (yield query).rows)
 
     def put_node(self, node: TopologyNode) -> Steps[None]:
         tree = self.tree_id
         yield Query(PUT_NODE, (tree, node.id, node.parent_id, node.label, tree))
-
-    def children(self, parent_id: str) -> Steps[list[TopologyNode]]:
-        rows = (yield Query(CHILDREN, (self.tree_id, parent_id))).rows
-        return [stored_node(row) for row in rows]
 
     def get_global(self, key: str) -> Steps[str | None]:
         rows = (yield Query(GET_GLOBAL, (self.tree_id, key))).rows

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
 from stello_graph.checkpoints._postgres_conn import Query, Steps, unescape_text
 from stello_graph.checkpoints._postgres_schema import NODES, RECORDS, SESSIONS
-from stello_graph.checkpoints._rows import ALL_NODES, L2S_AFTER, built, stats_from_row, stored_node
+from stello_graph.checkpoints._rows import L2S_AFTER, stats_from_row
 from stello_graph.checkpoints._shared_l3 import (
     Lookup,
     SharedPrefixes,
@@ -24,7 +24,6 @@ from stello_graph.digest import DigestRow
 from stello_graph.errors import InvalidInputError
 from stello_graph.models import (
     SessionStats,
-    TopologyNode,
 )
 
 if TYPE_CHECKING:
@@ -155,6 +154,3 @@ class TreeStatements:
         # One statement, so one snapshot; `json` keeps the order `json_agg` was given.
         row = (yield Query(_TOPOLOGY_TEXT, (self.tree_id, self.tree_id))).rows[0]
         return TopologyText(_unescaped(row[0]), _unescaped(row[1]))
-
-    def all_nodes(self) -> Steps[list[TopologyNode]]:
-        return built(stored_node, (yield Query(ALL_NODES, (self.tree_id,))).rows)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from stello_graph.digest import DigestRow
     from stello_graph.models import SessionStats, TopologyNode
 
-__all__ = ["DEFAULTS", "Flow", "Op", "adrive", "drive", "one"]
+__all__ = ["DEFAULTS", "Flow", "Op", "adrive", "drive", "node_by_id", "one", "records", "values"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -84,9 +84,20 @@ def one(method: Callable[Concatenate[Any, P], T], /, *args: P.args, **kwargs: P.
 _FIGURES = ("turn_count", "memory", "memory_through", "insight", "subtree_synthesis")
 
 
+def values(session_id: str, names: Sequence[str]) -> Flow[tuple[Any, ...] | None]:
+    """The named `FIELDS` of the session (`None` for a missing session)."""
+    found = yield Op(StorageBackend.op_read_session, session_id, names, False)
+    return None if found is None else found[1]
+
+
+def records(session_id: str) -> Flow[Sequence[BaseMessage]]:
+    """Every record of the session, shared (empty for a missing session)."""
+    found: Sequence[BaseMessage] = yield Op(StorageBackend.op_records, session_id)
+    return found
+
+
 def count(session_id: str) -> Flow[int]:
-    records: Sequence[BaseMessage] = yield Op(StorageBackend.op_records, session_id)
-    return len(records)
+    return len((yield from records(session_id)))
 
 
 def has_turn(session_id: str, turn_id: str) -> Flow[bool]:
@@ -94,22 +105,18 @@ def has_turn(session_id: str, turn_id: str) -> Flow[bool]:
     return any(turn == turn_id for turn, _ in turns)
 
 
-def get_node(node_id: str) -> Flow[TopologyNode | None]:
-    nodes: list[TopologyNode] = yield Op(StorageBackend.op_all_nodes)
-    return next((node for node in nodes if node.id == node_id), None)
-
-
-def children(parent_id: str) -> Flow[list[TopologyNode]]:
-    nodes: list[TopologyNode] = yield Op(StorageBackend.op_all_nodes)
-    return [node for node in nodes if node.parent_id == parent_id]
+def node_by_id(node_id: str) -> Flow[TopologyNode | None]:
+    """The node (`None` when there is none)."""
+    found: list[TopologyNode] = yield Op(StorageBackend.op_nodes, node_id, None)
+    return found[0] if found else None
 
 
 def all_fields(names: Sequence[str]) -> Flow[list[tuple[Any, ...]]]:
     rows = []
     for meta in (yield Op(StorageBackend.op_list_sessions, None, None)):
-        values = yield Op(StorageBackend.op_get_fields, meta.id, names)
-        if values is not None:
-            rows.append((meta.id, *values))
+        found = yield from values(meta.id, names)
+        if found is not None:
+            rows.append((meta.id, *found))
     return rows
 
 
@@ -119,9 +126,9 @@ def copy_records(source_id: str, target_id: str, count: int) -> Flow[int]:
         raise SessionNotFoundError(target_id)
     if (yield Op(StorageBackend.op_read_session, source_id, (), False)) is None:
         raise SessionNotFoundError(source_id)
-    records = (yield Op(StorageBackend.op_records, source_id))[:count]
+    copied_records = (yield from records(source_id))[:count]
     turns = (yield Op(StorageBackend.op_turns, source_id))[:count]
-    encoded = [encode_message(record) for record in records]
+    encoded = [encode_message(record) for record in copied_records]
     at = to_iso(target[0].updated_at)  # the target's own: its `updated_at` stays as it is
     copied: int = yield Op(StorageBackend.op_append, target_id, encoded, at, False, turns)
     return copied
@@ -134,7 +141,7 @@ def _figures() -> Flow[list[_Figures]]:
     """Per session in creation order: `(id, label, role, status, updated_at, its node's
     parent)`, whether it has a node, its `_FIGURES` with its record count, and the user turns
     among its records after the L2's cursor."""
-    nodes = {node.id: node for node in (yield Op(StorageBackend.op_all_nodes))}
+    nodes = {node.id: node for node in (yield Op(StorageBackend.op_nodes, None, None))}
     found = []
     for meta in (yield Op(StorageBackend.op_list_sessions, None, None)):
         read = yield Op(StorageBackend.op_read_session, meta.id, _FIGURES, True)
@@ -170,8 +177,6 @@ def session_stats() -> Flow[list[SessionStats]]:
 DEFAULTS: dict[Callable[..., object], Callable[..., Flow[Any]]] = {
     OptionalPrimitives.op_count: count,
     OptionalPrimitives.op_has_turn: has_turn,
-    OptionalPrimitives.op_get_node: get_node,
-    OptionalPrimitives.op_children: children,
     OptionalPrimitives.op_all_fields: all_fields,
     OptionalPrimitives.op_copy_records: copy_records,
     OptionalPrimitives.op_digests: digests,

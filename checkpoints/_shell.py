@@ -59,7 +59,7 @@ FIELDS = frozenset(
         *("forked_from", "forked_at_turn"),
     }
 )
-"""Per-session values read and written through `op_get_fields` / `op_set_fields`."""
+"""Per-session values read through `op_read_session` and written through `op_set_fields`."""
 
 
 class MainStorage(BulkReads, TreeMethods):

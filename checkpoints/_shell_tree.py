@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import stello_graph.checkpoints._flows as flows
-from stello_graph.checkpoints._primitives import Flow, one
+from stello_graph.checkpoints._primitives import Flow, node_by_id, one
 from stello_graph.checkpoints._serde import dumps
 from stello_graph.checkpoints._txn import Transactions
 from stello_graph.checkpoints._validate import (
@@ -31,7 +31,7 @@ from stello_graph.checkpoints._validate import (
     lineage_args,
     memory_args,
 )
-from stello_graph.checkpoints.backend import OptionalPrimitives, StorageBackend
+from stello_graph.checkpoints.backend import StorageBackend
 from stello_graph.digest import SessionDigest
 from stello_graph.errors import SessionArchivedError, SessionNotFoundError
 from stello_graph.events import StoredEvent
@@ -222,22 +222,22 @@ class TreeMethods:
     def get_node(self, node_id: str) -> TopologyNode | None:
         """The node, or `None`."""
         nid = check_identifier(node_id, "node_id")
-        return self._txn.read(one(OptionalPrimitives.op_get_node, nid))
+        return self._txn.read(node_by_id(nid))
 
     async def aget_node(self, node_id: str) -> TopologyNode | None:
         """Async twin of `get_node`."""
         nid = check_identifier(node_id, "node_id")
-        return await self._txn.aread(one(OptionalPrimitives.op_get_node, nid))
+        return await self._txn.aread(node_by_id(nid))
 
     def get_children(self, parent_id: str) -> list[TopologyNode]:
         """Direct children of a node, in the order they were created."""
         pid = check_identifier(parent_id, "parent_id")
-        return self._txn.read(one(OptionalPrimitives.op_children, pid))
+        return self._txn.read(one(StorageBackend.op_nodes, None, pid))
 
     async def aget_children(self, parent_id: str) -> list[TopologyNode]:
         """Async twin of `get_children`."""
         pid = check_identifier(parent_id, "parent_id")
-        return await self._txn.aread(one(OptionalPrimitives.op_children, pid))
+        return await self._txn.aread(one(StorageBackend.op_nodes, None, pid))
 
     def get_ancestors(self, node_id: str) -> list[TopologyNode]:
         """Parent, grandparent, ... up to the root (nearest first)."""

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
-from stello_graph.checkpoints._rows import ALL_NODES, L2S_AFTER, built, stats_from_row, stored_node
+from stello_graph.checkpoints._rows import L2S_AFTER, stats_from_row
 from stello_graph.checkpoints._schema import NODES, ROWS, SESSIONS
 from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, sqlite_marks
 from stello_graph.checkpoints._shell import FIELDS
@@ -18,7 +18,6 @@ from stello_graph.digest import ROLE_CODE, STATUS_CODE, DigestRow
 from stello_graph.errors import StorageError
 from stello_graph.models import (
     SessionStats,
-    TopologyNode,
 )
 
 if TYPE_CHECKING:
@@ -116,6 +115,3 @@ class SqliteTreeReads:
                 return None  # longer than SQLite's longest value: `topology_parts` then
             raise
         return TopologyText(row[0], row[1])
-
-    def op_all_nodes(self) -> list[TopologyNode]:
-        return built(stored_node, self._fetch(sqlite_marks(ALL_NODES), (self.tree_id,)))

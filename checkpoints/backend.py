@@ -1,14 +1,14 @@
 """The storage backend protocol: the few primitives a new storage implements.
 
 A third-party storage (PostgreSQL, say) does not write the 60-odd methods of `MainStorage`.
-It implements `StorageBackend`: eighteen primitive operations (`op_*`) and the six
+It implements `StorageBackend`: twenty primitive operations (`op_*`) and the six
 `TransactionHooks`, and `BackendStorage` builds the whole `MainStorage` on top of them,
 sync and async: argument validation, one lock with re-entrant transactions and savepoints,
 paging, compare-and-clear of insights, leases, topology rules (cycles, cascades, tree order).
 The same split as LangGraph's `BaseCheckpointSaver` (`get_tuple` / `list` / `put` /
-`put_writes`, the rest built by the library). Eight more (`OptionalPrimitives`: counts,
-point reads of the tree, whole-tree figures, the copy of a fork's records) are the backend's
-to add for speed: one it lacks runs composed of the required ones.
+`put_writes`, the rest built by the library). Six more (`OptionalPrimitives`: a count, a
+turn lookup, whole-tree figures, the copy of a fork's records) are the backend's to add for
+speed: one it lacks runs composed of the required ones.
 
     storage = BackendStorage(MyBackend(dsn), tree_id="alice")   # a full MainStorage
 
@@ -17,7 +17,9 @@ Contract of every primitive (what `BackendStorage` guarantees, and what it relie
 * It is called with the storage's lock held, with arguments already validated (identifiers
   are non-empty strings, values are encoded), and every write runs inside a transaction
   opened with `TransactionHooks.begin` (nested ones as savepoints). A primitive never
-  validates, locks or opens a transaction of its own.
+  validates, locks or opens a transaction of its own, except the three of a turn
+  (`op_lease`, `op_release_lease`, `op_commit_turn`): each is atomic by itself, called in
+  the caller's transaction when one is open, else making its own.
 * It reads and writes only the tree it was made for, the storage's `tree_id` (a backend
   that keeps several trees in one database filters every statement by it, as SQLite does).
 * Reads of something missing return `None`, `()` or `[]`; writes to a session that does not
@@ -175,10 +177,6 @@ class StorageBackend(Protocol):
         """Sessions with that status and role (`None`: any), in creation order."""
         ...
 
-    def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
-        """The named `FIELDS` of the session, in that order, or `None` when it is missing."""
-        ...
-
     def op_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
         """Set the given `FIELDS`; raise `SessionNotFoundError` when the session is missing."""
         ...
@@ -187,9 +185,10 @@ class StorageBackend(Protocol):
         self, session_id: str, names: Sequence[str], records: bool
     ) -> SessionRead | None:
         """The session's meta and its named `FIELDS` (in that order), read together (one
-        statement where the backend can), and with `records` every L3 record as
-        `op_records` returns it (else `()`); `None` when the session is missing. What a turn
-        reads before its model call, and its commit before it writes."""
+        statement where the backend can), and with `records` every L3 record in append
+        order as `op_records` returns them (else `()`);
+        `None` when the session is missing. What a turn reads before its model call, and
+        every read of one session's values."""
         ...
 
     def op_l2s_after(self, after: int, limit: int) -> list[L2Row]:
@@ -243,8 +242,9 @@ class StorageBackend(Protocol):
         an existing one (keeping its place). The caller checked sessions, parents and cycles."""
         ...
 
-    def op_all_nodes(self) -> list[TopologyNode]:
-        """Every node of the tree, in creation order."""
+    def op_nodes(self, node_id: str | None, parent_id: str | None) -> list[TopologyNode]:
+        """The node `node_id` (at most one), else the direct children of `parent_id`, else
+        every node of the tree, in creation order."""
         ...
 
     # -- global key-value -----------------------------------------------------------------
@@ -308,7 +308,7 @@ class StorageBackend(Protocol):
 class OptionalPrimitives(Protocol):
     """Primitives a backend may add to `StorageBackend` for speed. Each one it lacks runs
     composed of the required ones (`_primitives`: a whole session's records read to count
-    them, every node to find one, ...), which suits a small store; the reference backends
+    them, ...), which suits a small store; the reference backends
     implement them all, in one statement each. A native async backend adds the `aop_` twin
     of each one it implements."""
 
@@ -350,14 +350,6 @@ class OptionalPrimitives(Protocol):
         the target must then see them, and no later write to the source may change them."""
         ...
 
-    def op_get_node(self, node_id: str) -> TopologyNode | None:
-        """The node, or `None`."""
-        ...
-
-    def op_children(self, parent_id: str) -> list[TopologyNode]:
-        """Direct children of the node, in creation order."""
-        ...
-
 
 class AsyncStorageBackend(StorageBackend, Protocol):
     """A backend with native async primitives: `BackendStorage`'s async methods await them.
@@ -383,10 +375,6 @@ class AsyncStorageBackend(StorageBackend, Protocol):
         self, status: SessionStatus | None, role: SessionRole | None
     ) -> list[SessionMeta]:
         """Async twin of `op_list_sessions`."""
-        ...
-
-    async def aop_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
-        """Async twin of `op_get_fields`."""
         ...
 
     async def aop_set_fields(self, session_id: str, values: dict[str, Any]) -> None:
@@ -438,8 +426,8 @@ class AsyncStorageBackend(StorageBackend, Protocol):
         """Async twin of `op_put_node`."""
         ...
 
-    async def aop_all_nodes(self) -> list[TopologyNode]:
-        """Async twin of `op_all_nodes`."""
+    async def aop_nodes(self, node_id: str | None, parent_id: str | None) -> list[TopologyNode]:
+        """Async twin of `op_nodes`."""
         ...
 
     async def aop_get_global(self, key: str) -> str | None:

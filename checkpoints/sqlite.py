@@ -25,6 +25,7 @@ from stello_graph.checkpoints._damage import META
 from stello_graph.checkpoints._flows import QUEUE, choose_lease, release_changes
 from stello_graph.checkpoints._primitives import one
 from stello_graph.checkpoints._rows import (
+    ALL_NODES,
     CHILDREN,
     EVENTS_AFTER,
     GET_GLOBAL,
@@ -277,12 +278,6 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         sql, params = listed_sessions(self.tree_id, status, role)
         return built(stored_meta, self._fetch(sqlite_marks(sql), params))
 
-    def op_get_fields(self, session_id: str, names: Sequence[str]) -> tuple[Any, ...] | None:
-        assert FIELDS.issuperset(names)
-        sql = f"SELECT {', '.join(names)} FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
-        row = self._one(sql, (self.tree_id, session_id), session_id)
-        return None if row is None else tuple(row)
-
     def op_read_session(
         self, session_id: str, names: Sequence[str], records: bool
     ) -> SessionRead | None:
@@ -346,10 +341,10 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
 
     def op_release_lease(self, lease: Lease) -> bool:
         with self._alone():
-            row = self.op_get_fields(lease.session_id, QUEUE)
-            if row is None:
+            found = self.op_read_session(lease.session_id, QUEUE, False)
+            if found is None:
                 return False  # the session is gone with its lease
-            held, changes = release_changes(lease, row)
+            held, changes = release_changes(lease, found[1])
             if changes:
                 self.op_set_fields(lease.session_id, changes)
             return held
@@ -490,19 +485,18 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         return self.op_count(target_id)
 
     # -- topology -------------------------------------------------------------------------
-    def op_get_node(self, node_id: str) -> TopologyNode | None:
-        row = self._one(sqlite_marks(GET_NODE), (self.tree_id, node_id), node_id)
-        return None if row is None else stored_node(row)
+    def op_nodes(self, node_id: str | None, parent_id: str | None) -> list[TopologyNode]:
+        if node_id is not None:  # a point read: a damaged row is `DamagedDataError`
+            rows = self._fetch(sqlite_marks(GET_NODE), (self.tree_id, node_id), node_id)
+        elif parent_id is not None:
+            rows = self._fetch(sqlite_marks(CHILDREN), (self.tree_id, parent_id))
+        else:
+            rows = self._fetch(sqlite_marks(ALL_NODES), (self.tree_id,))
+        return built(stored_node, rows)
 
     def op_put_node(self, node: TopologyNode) -> None:
         tree = self.tree_id
         self._q(sqlite_marks(PUT_NODE), (tree, node.id, node.parent_id, node.label, tree))
-
-    def op_children(self, parent_id: str) -> list[TopologyNode]:
-        return [
-            stored_node(row)
-            for row in self._fetch(sqlite_marks(CHILDREN), (self.tree_id, parent_id))
-        ]
 
     def op_delete_sessions(self, session_ids: list[str]) -> None:
         # Sessions that share a prefix of these copy it first (`_shared_l3`); then ON DELETE

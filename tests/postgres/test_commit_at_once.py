@@ -65,8 +65,9 @@ def _commit(storage: MainStorage, how: str, sid: str, case: tuple[Any, ...]) -> 
 
 
 def _stored(storage: Any, sid: str) -> tuple[Any, ...]:
-    fields = storage.op_get_fields(sid, STATE)
-    assert fields is not None
+    found = storage.op_read_session(sid, STATE, False)
+    assert found is not None
+    fields = found[1]
     insight, owner, token, expires, turns = fields
     records = [(type(m).__name__, m.content) for m in storage.list_records(sid)]
     return insight, owner, token, expires > 0, turns, records

@@ -48,8 +48,8 @@ SCRIPT: list[tuple[str, tuple[Any, ...]]] = [
     ("op_append", ("a", _RECORDS, "2024-01-01T00:00:00+00:00", True, [("t1", 0), ("t1", 1)])),
     ("op_append", ("a", _RECORDS[:1], "2024-01-02T00:00:00+00:00", True, [("t2", 0)])),
     ("op_set_fields", ("a", {"memory": "L2 of a", "memory_through": 2, "insight": "\x01x"})),
-    ("op_get_fields", ("a", ("memory", "memory_through", "insight", "forked_from"))),
-    ("op_get_fields", ("missing", ("memory",))),
+    ("op_read_session", ("a", ("memory", "memory_through", "insight", "forked_from"), False)),
+    ("op_read_session", ("missing", ("memory",), False)),
     ("op_read_session", ("a", (), False)),
     ("op_read_session", ("missing", (), False)),
     ("op_read_session", ("b", (), False)),
@@ -66,9 +66,9 @@ SCRIPT: list[tuple[str, tuple[Any, ...]]] = [
     ("op_turns", ("b",)),
     ("op_drop_oldest", ("a", 1)),
     ("op_turns", ("a",)),
-    ("op_get_node", ("b",)),
-    ("op_children", ("main",)),
-    ("op_all_nodes", ()),
+    ("op_nodes", ("b", None)),
+    ("op_nodes", (None, "main")),
+    ("op_nodes", (None, None)),
     ("op_put_global", ("k", '{"v":1}')),
     ("op_get_global", ("k",)),
     ("op_get_global", ("none",)),
@@ -77,7 +77,7 @@ SCRIPT: list[tuple[str, tuple[Any, ...]]] = [
     ("op_events_after", (0, 10)),
     ("op_events_after", (1, 10)),
     ("op_delete_sessions", (["b"],)),
-    ("op_all_nodes", ()),
+    ("op_nodes", (None, None)),
 ]
 """Every primitive, each once or more, in an order that makes each one's result telling."""
 
@@ -120,8 +120,8 @@ async def test_the_sync_script_reads_as_expected(
         with sync.transaction():
             results[index] = getattr(sync, name)(*args)
     by_name = {f"{name}#{i}": results[i] for i, (name, _) in enumerate(SCRIPT)}
-    assert by_name["op_get_fields#9"] == ("L2 of a", 2, "\x01x", None)
-    assert by_name["op_get_fields#10"] is None
+    assert by_name["op_read_session#9"][1] == ("L2 of a", 2, "\x01x", None)
+    assert by_name["op_read_session#10"] is None
     assert by_name["op_read_session#12"] is None
     assert by_name["op_read_session#13"][0].label == "B\x00nul"
     assert by_name["op_copy_records#23"] == 2
@@ -145,7 +145,8 @@ async def test_an_async_savepoint_rolls_back_its_block_only(postgres_dsn: str) -
             await storage.aop_set_fields("missing", {"insight": "x"})
         await hooks.rollback_to(1)
         # a sync primitive from a worker thread runs in the same (async) transaction
-        assert await asyncio.to_thread(storage.op_get_fields, "s", ("insight",)) == ("kept",)
+        found = await asyncio.to_thread(storage.op_read_session, "s", ("insight",), False)
+        assert found is not None and found[1] == ("kept",)
         await hooks.commit()
         assert storage.get_insight("s") == "kept"
         assert await hooks.begin(wait=True)

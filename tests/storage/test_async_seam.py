@@ -66,7 +66,7 @@ async def test_sqlite_runs_no_primitive_on_the_event_loop(tmp_path: Path) -> Non
             async with storage.atransaction():
                 await storage.aclear_insight("s1")
         loop_thread = threading.get_ident()
-        assert len(storage.threads) == 5
+        assert len(storage.threads) == 6
         assert loop_thread not in storage.threads
         assert storage.get_insight("s1") is None
 

@@ -26,7 +26,7 @@ def _members(cls: type) -> set[str]:
 
 def test_a_backend_implements_primitives_only() -> None:
     primitives = _members(StorageBackend)
-    assert len(primitives) == 22  # twenty-one `op_*` and the transaction hooks
+    assert len(primitives) == 21  # twenty `op_*` and the transaction hooks
     assert primitives - {"transaction_hooks"} == {n for n in primitives if n.startswith("op_")}
 
 

@@ -178,4 +178,5 @@ def test_the_reference_storages_hold_lineage_as_fields(main_storage: MainStorage
     storage.put_lineage("s2", "s1", 4)
     backend = storage._backend
     with storage.transaction():
-        assert backend.op_get_fields("s2", ("forked_from", "forked_at_turn")) == ("s1", 4)
+        found = backend.op_read_session("s2", ("forked_from", "forked_at_turn"), False)
+        assert found[1] == ("s1", 4)
