@@ -32,7 +32,6 @@ from stello_graph._threads import CheckpointThreads, arun_held, run_held
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import InvalidInputError
 from stello_graph.lease import Handback, SessionLeases
-from stello_graph.models import Lease
 from stello_graph.nodes._model_call import CANCEL_KEY, CallCancel
 from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.scheduling import aon_switch, on_switch
@@ -208,7 +207,7 @@ class _Turns:
         runs it again."""
         graph, first = self._turn_graph, self._first_round
         kw: dict[str, Any] = {"stream_mode": turn.mode}
-        fresh = self._threads.resolve(sid, fresh=first is not None)
+        fresh = self._threads.resolve(sid, fresh=first is not None, token=turn.token)
         config = turn.config(self.config(sid))
         if first is None or not fresh:
             yield from graph.stream(payload, config, durability=self._durability, **kw)
@@ -222,6 +221,8 @@ class _Turns:
         if turn.handed:
             run(self._threads.seed(sid, payload, turn.went_on()), None)
             yield from graph.stream(None, config, durability=self._durability, **kw)
+        elif turn.token is not None:
+            self._threads.left_empty(sid, turn.token)
 
     async def _aitems(
         self, sid: str, payload: dict[str, Any], turn: _TurnRun
@@ -229,7 +230,7 @@ class _Turns:
         """Async twin of `_items`."""
         graph, first = self._turn_graph, self._first_round
         kw: dict[str, Any] = {"stream_mode": turn.mode}
-        fresh = await self._threads.aresolve(sid, fresh=first is not None)
+        fresh = await self._threads.aresolve(sid, fresh=first is not None, token=turn.token)
         config = turn.config(self.config(sid))
         if first is None or not fresh:
             async for item in graph.astream(payload, config, durability=self._durability, **kw):
@@ -246,6 +247,8 @@ class _Turns:
             await arun(self._threads.seed(sid, payload, turn.went_on()), None)
             async for item in graph.astream(None, config, durability=self._durability, **kw):
                 yield item
+        elif turn.token is not None:
+            self._threads.left_empty(sid, turn.token)
 
     def turn(self, session_id: str, text: str, *, tool_choice: ToolChoice = None) -> TurnResult:
         """Run one turn: the model (and its tools, up to `max_tool_rounds`) until it answers.
@@ -268,7 +271,7 @@ class _Turns:
         back = turn.back
         try:
             # the run's first step takes the read made with the lease (see `_held_run`)
-            with self._held_run(sid, back):
+            with self._held_run(sid, turn):
                 self._switch(sid)
                 out = _output(self._items(sid, payload, turn))
                 return self._finished(sid, self._result(sid, out), turn.on_thread)
@@ -283,7 +286,7 @@ class _Turns:
         turn = _TurnRun()
         back = turn.back
         try:
-            async with self._aheld_run(sid, back):
+            async with self._aheld_run(sid, turn):
                 await self._aswitch(sid)
                 out = _output([item async for item in self._aitems(sid, payload, turn)])
                 return await self._afinished(sid, self._result(sid, out), turn.on_thread)
@@ -311,24 +314,26 @@ class _Turns:
         return self._result(sid, back.committed)
 
     @contextmanager
-    def _held_run(self, sid: str, back: Handback) -> Iterator[Lease]:
+    def _held_run(self, sid: str, turn: _TurnRun) -> Iterator[None]:
         """A turn's run: the lease of an active session, taken with the turn's one read of
         it (a missing or archived session is refused before anything is written), and the
         run watched (its checkpoint thread is looked up in it: `_items`)."""
         with (
-            run_held(self._leases, sid, back, prefetch=True) as lease,
-            self._threads.running(sid, back),
+            run_held(self._leases, sid, turn.back, prefetch=True) as lease,
+            self._threads.running(sid, turn.back),
         ):
-            yield lease
+            turn.token = lease.token
+            yield
 
     @asynccontextmanager
-    async def _aheld_run(self, sid: str, back: Handback) -> AsyncIterator[Lease]:
+    async def _aheld_run(self, sid: str, turn: _TurnRun) -> AsyncIterator[None]:
         """Async twin of `_held_run`."""
         async with (
-            arun_held(self._leases, sid, back, prefetch=True) as lease,
-            self._threads.arunning(sid, back),
+            arun_held(self._leases, sid, turn.back, prefetch=True) as lease,
+            self._threads.arunning(sid, turn.back),
         ):
-            yield lease
+            turn.token = lease.token
+            yield
 
     def resume(self, session_id: str, value: Any = None) -> TurnResult:
         """Continue a turn that waits on an interrupt (with `value`) or that crashed.
@@ -411,7 +416,7 @@ class _Turns:
         turn = _TurnRun(stream_mode, {CANCEL_KEY: cancel})
         back = turn.back
         try:
-            with self._held_run(sid, back):
+            with self._held_run(sid, turn):
                 self._switch(sid)
                 q = self._mux.open()
                 items = stoppable(lambda: self._items(sid, payload, turn), cancel.cancel)
@@ -443,7 +448,7 @@ class _Turns:
         turn = _TurnRun(stream_mode)
         back = turn.back
         try:
-            async with self._aheld_run(sid, back):
+            async with self._aheld_run(sid, turn):
                 q = self._mux.open()
                 try:
                     await self._aswitch(sid)
@@ -491,6 +496,8 @@ class _TurnRun:
     back: Handback = field(default_factory=Handback)
     on_thread: bool = True
     handed: list[dict[str, Any]] = field(default_factory=list)
+    token: int | None = None
+    """The fencing token of the session's lease the turn runs under."""
 
     def config(self, config: RunnableConfig) -> RunnableConfig:
         """The run's config on the session's thread (`config`)."""

@@ -55,6 +55,9 @@ class CheckpointThreads:
         self.graph, self.checkpointer, self.tree_id = graph, checkpointer, tree_id
         self.prune = prune
         self._found: dict[str, str] = {}  # session id -> its checkpoint thread, once looked up
+        self._left_empty: dict[str, int] = {}
+        """Session id -> the token of the lease under which this agent's last turn left the
+        session's thread empty (its first round committed a reply without tools)."""
 
     def config(self, sid: str) -> RunnableConfig:
         return thread_config(self._found.get(sid) or thread_id(self.tree_id, sid))
@@ -62,19 +65,29 @@ class CheckpointThreads:
     def _legacy(self, sid: str) -> RunnableConfig:
         return thread_config(legacy_thread_id(self.tree_id, sid))
 
-    def resolve(self, sid: str, *, fresh: bool = False) -> bool:
+    def resolve(self, sid: str, *, fresh: bool = False, token: int | None = None) -> bool:
         """Look up once which thread `sid`'s turns run on (see `StelloAgent.config`); with
-        `fresh`, read each time whether it holds nothing (no turn in flight): the answer."""
-        return run(self._resolve(sid, fresh), None)
+        `fresh`, read each time whether it holds nothing (no turn in flight): the answer.
+        No read is needed under the lease `token` right after the one under which this agent
+        left the thread empty (`left_empty`): every turn writes the thread under the
+        session's lease, and whoever took it since would have moved the token on."""
+        return run(self._resolve(sid, fresh, token), None)
 
-    async def aresolve(self, sid: str, *, fresh: bool = False) -> bool:
+    async def aresolve(self, sid: str, *, fresh: bool = False, token: int | None = None) -> bool:
         """Async twin of `resolve`."""
-        return await arun(self._resolve(sid, fresh), None)
+        return await arun(self._resolve(sid, fresh, token), None)
 
-    def _resolve(self, sid: str, fresh: bool) -> Flow[bool]:
+    def left_empty(self, sid: str, token: int) -> None:
+        """This agent's turn under the lease `token` left `sid`'s thread empty."""
+        self._left_empty[sid] = token
+
+    def _resolve(self, sid: str, fresh: bool, token: int | None) -> Flow[bool]:
         saver, graph, known = self.checkpointer, self.graph, self._found.get(sid)
         if saver is None or (known is not None and not fresh):
             return saver is None
+        left = self._left_empty.pop(sid, None)
+        if known is not None and token is not None and left == token - 1:
+            return True
         found = known or thread_id(self.tree_id, sid)
         empty = (yield Call(saver.get_tuple, saver.aget_tuple, (thread_config(found),))) is None
         if empty and known is None:

@@ -172,6 +172,41 @@ def _fail(agent: Any, how: str, sid: str, text: str) -> None:
         asyncio.run(read())
 
 
+def test_a_turn_right_after_one_of_its_own_reads_no_checkpoint(
+    on_file: AgentsOnFile, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = on_file(db, ScriptedChatModel(default="ok"))
+    sid = agent.main_session_id
+    agent.turn(sid, "warm up")  # its thread read once: nothing in flight
+    saver, reads = agent.checkpointer, []
+    for name in ("get_tuple", "aget_tuple"):
+        method = getattr(saver, name)
+
+        def counted(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            reads.append(args)
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(saver, name, counted)
+    agent.turn(sid, "again")
+    asyncio.run(agent.aturn(sid, "and again"))
+    assert reads == []  # nobody took the session's lease in between: its thread is still empty
+
+
+def test_a_turn_in_flight_left_by_another_agent_is_found_after_a_turn_of_its_own(
+    on_file: AgentsOnFile, db: Path
+) -> None:
+    agent = on_file(db, ScriptedChatModel(default="ok"))
+    sid = agent.main_session_id
+    agent.turn(sid, "warm up")
+    other = on_file(db, ScriptedChatModel([RuntimeError("provider down")]))
+    with pytest.raises(ModelCallError):
+        other.turn(sid, "lost")  # its input stays on the thread, for resume
+    assert _rows(db, "checkpoints") > 0
+    assert agent.turn(sid, "next").content == "ok"  # run on the thread: it replaces the turn
+    assert _rows(db, "checkpoints") == 0
+    assert [m.text for m in agent.session(sid).messages()][-2:] == ["next", "ok"]
+
+
 @pytest.mark.parametrize("how", ["turn", "aturn", "stream", "astream"])
 def test_a_failed_turn_is_on_disk_and_resumes(on_file: AgentsOnFile, db: Path, how: str) -> None:
     model = ScriptedChatModel([RuntimeError("provider down"), "Back."])

@@ -179,4 +179,4 @@ def test_the_reference_storages_hold_lineage_as_fields(main_storage: MainStorage
     backend = storage._backend
     with storage.transaction():
         found = backend.op_read_session("s2", ("forked_from", "forked_at_turn"), False)
-        assert found[1] == ("s1", 4)
+        assert found is not None and found[1] == ("s1", 4)
