@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:  # no import at run time: the primitive flows name these protocols' methods
     from langchain_core.messages import BaseMessage
 
+    from stello_graph.checkpoints._flows import QUEUE, choose_lease, release_changes
     from stello_graph.checkpoints._serde import (
         EncodedMessage,
         EventRow,
@@ -84,10 +85,13 @@ __all__ = [
     "L2Row",
     "MetaRow",
     "OptionalPrimitives",
+    "QUEUE",
     "RowSink",
     "SessionRead",
     "StorageBackend",
     "TransactionHooks",
+    "choose_lease",
+    "release_changes",
 ]
 
 ExportPart = Literal["nodes", "sessions", "records"]
@@ -280,7 +284,7 @@ class StorageBackend(Protocol):
         read: Sequence[str] | None,
     ) -> tuple[Lease, SessionRead | None] | None:
         """Take, renew or wait in line for the session's lease for `ttl` seconds, by the
-        rules of `_flows.choose_lease` on the session's `_flows.QUEUE` fields, and write
+        rules of `choose_lease` on the session's `QUEUE` fields, and write
         what it decides; the lease taken, or `None`. Raise `SessionNotFoundError` for a
         missing session and, with `refuse` (the operation refused), `SessionArchivedError`
         for an archived one, writing nothing. With `read` (`FIELDS` names), the backend may
@@ -291,7 +295,7 @@ class StorageBackend(Protocol):
 
     def op_release_lease(self, lease: Lease) -> bool:
         """Free the session if `lease` holds it, and the next holder's place if its owner
-        keeps it (`_flows.release_changes`); whether the lease was freed (`False` for a
+        keeps it (`release_changes`); whether the lease was freed (`False` for a
         missing session)."""
         ...
 
@@ -471,6 +475,7 @@ class AsyncStorageBackend(StorageBackend, Protocol):
 
 _REEXPORTED = {
     **dict.fromkeys(("FIELDS", "BackendStorage"), "_shell"),
+    **dict.fromkeys(("QUEUE", "choose_lease", "release_changes"), "_flows"),
     **dict.fromkeys(("EncodedMessage", "EventRow", "MetaRow", "SessionRead"), "_serde"),
 }
 
