@@ -17,7 +17,7 @@ from langchain_core.messages import BaseMessage
 
 import stello_graph.checkpoints._postgres_schema as _schema
 from stello_graph.checkpoints._cache import Lru
-from stello_graph.checkpoints._damage import META
+from stello_graph.checkpoints._damage import META, META_COLUMNS
 from stello_graph.checkpoints._flows import _WAITER_TTL
 from stello_graph.checkpoints._postgres_conn import Query, Steps, tree_lock_key
 from stello_graph.checkpoints._postgres_schema import (
@@ -337,13 +337,16 @@ class Statements(TreeStatements):
         replace: str | None,
         refuse_archived: str | None,
         read: Sequence[str] | None,
-    ) -> Steps[tuple[Lease, None] | None]:
-        """`op_lease`: the decision of `_flows.choose_lease` as one `UPDATE` (in a
-        transaction of its own outside the caller's: one round trip). With `refuse_archived`
-        (the operation refused), an archived session raises `SessionArchivedError` and is
-        left as it was. It never reads the session (`read`): the shell reads it under the
-        lease, in the next round trip."""
+    ) -> Steps[tuple[Lease, SessionRead | None] | None]:
+        """`op_lease`: the decision of `choose_lease` as one `UPDATE` (in a transaction of
+        its own outside the caller's: one round trip). With `refuse_archived` (the operation
+        refused), an archived session raises `SessionArchivedError` and is left as it was.
+        With `read`, the statement also returns the session's meta, those fields and its
+        record stamp: when the record cache holds that stamp, the read is whole in the same
+        round trip; else the shell reads the session under the lease, in the next one."""
         now = time.time()
+        names = (*META_COLUMNS, *checked_fields(read), "records_stamp") if read else ()
+        returned = "".join(f", t.{name}" for name in names)
         # refused: another holds it (not free), or another waits first (queued); a refused
         # owner takes the waiter's place when it is empty, its own, or lapsed
         refused = """(s.lease_owner IS DISTINCT FROM %(owner)s AND (
@@ -376,7 +379,7 @@ class Statements(TreeStatements):
                 {archived} AS archived, {refused} OR {archived} AS kept
             FROM {SESSIONS} s WHERE s.tree_id = %(tree)s AND s.id = %(sid)s) AS d
         WHERE t.tree_id = %(tree)s AND t.id = d.id
-        RETURNING NOT d.kept, t.lease_token, d.archived"""
+        RETURNING NOT d.kept, t.lease_token, d.archived{returned}"""
         params = {
             "owner": owner, "replace": replace, "now": now, "ttl": ttl,
             "active": refuse_archived is not None, "waiter_ttl": _WAITER_TTL,
@@ -385,10 +388,20 @@ class Statements(TreeStatements):
         rows = (yield Query(sql, params, lock=self.key)).rows
         if not rows:
             raise SessionNotFoundError(session_id)
-        taken, token, was_archived = rows[0]
+        taken, token, was_archived = rows[0][:3]
         if was_archived:
             raise SessionArchivedError(session_id, refuse_archived or "this operation")
-        return (Lease(session_id, owner, int(token), now + ttl), None) if taken else None
+        if not taken:
+            return None
+        lease = Lease(session_id, owner, int(token), now + ttl)
+        cached = self.cache.get(session_id) if read else None
+        if cached is None or cached[0] != rows[0][-1]:
+            return lease, None
+        try:
+            meta, values = split_read(rows[0][3:-1])
+        except Exception:  # the shell's read under the lease says what is wrong
+            return lease, None
+        return lease, (meta, values, cached[1])
 
     def commit_turn(self, args: CommitArgs, release: bool) -> Steps[int]:
         """`op_commit_turn` as one statement (in a transaction of its own outside the

@@ -2,7 +2,8 @@
 
 The fixed cost of a turn is its statements (on PostgreSQL each is a round trip): take the
 lease and read the session (`lease_session`, which refuses a missing or archived session
-before writing), commit and free the lease in one transaction (`commit_records`). The turn's
+before writing; one statement on PostgreSQL when the session's records are cached), commit
+and free the lease in one transaction (`commit_records`). The turn's
 checkpoint thread is not read: the agent's own last turn left it empty under the lease token
 just before this one. A change that adds a statement to every turn fails here.
 """
@@ -82,7 +83,7 @@ def test_a_tool_turn_still_prunes_its_checkpoints(tmp_path: Path) -> None:
         assert conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 0
 
 
-def test_a_postgres_turn_is_three_round_trips(
+def test_a_postgres_turn_is_two_round_trips(
     postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[str] = []
@@ -108,12 +109,12 @@ def test_a_postgres_turn_is_three_round_trips(
     storage = [s for s in seen if "checkpoint" not in s]
     transactions = [s for s in storage if s.startswith("BEGIN")]
     assert len(transactions) == 2  # the lease taken; the commit, freeing it (one script each)
-    # the lease (refusing a missing or archived session without writing), the session
-    # read under it, the commit: three round trips
-    assert len(storage) == 3, storage
+    # the lease (refusing a missing or archived session without writing) returning the
+    # session's read (its records cached), the commit: two round trips
+    assert len(storage) == 2, storage
 
 
-async def test_an_async_postgres_turn_is_three_round_trips(
+async def test_an_async_postgres_turn_is_two_round_trips(
     postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[str] = []
@@ -152,6 +153,6 @@ async def test_an_async_postgres_turn_is_three_round_trips(
     assert [s for s in saver if "checkpoint" in s] == []  # the thread is known empty
     storage = [s for s in seen if "checkpoint" not in s]
     assert len([s for s in storage if s.startswith("BEGIN")]) == 2, storage
-    # the lease (refusing a missing or archived session without writing), the session
-    # read under it, the commit: three round trips
-    assert len(storage) == 3, storage
+    # the lease (refusing a missing or archived session without writing) returning the
+    # session's read (its records cached), the commit: two round trips
+    assert len(storage) == 2, storage

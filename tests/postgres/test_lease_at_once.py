@@ -114,7 +114,7 @@ def test_inside_a_transaction_the_lease_commits_with_it(storage: PostgresMainSto
     assert storage.get_lease("fast") is None
 
 
-async def test_lease_session_is_two_statements_and_refuses_an_archived_session(
+async def test_lease_session_is_one_statement_and_refuses_an_archived_session(
     storage: PostgresMainStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[str] = []
@@ -127,14 +127,20 @@ async def test_lease_session_is_two_statements_and_refuses_an_archived_session(
     storage.read_session("fast")  # its records cached, as a turn finds them
     monkeypatch.setattr(psycopg.Cursor, "execute", counting)
     taken = storage.lease_session("fast", "me", 30.0)
-    assert taken is not None and len(sent) == 2  # the lease's UPDATE, the session's read
+    assert taken is not None and len(sent) == 1  # the lease's UPDATE returns the read
     assert taken[0] == storage.get_lease("fast") and taken[1] == storage.read_session("fast")
+    storage.release_lease(taken[0])
+    storage._steps.cache.clear()  # not cached: the session is read under the lease
+    sent.clear()
+    taken = storage.lease_session("fast", "me", 30.0)
+    assert taken is not None and len(sent) == 3  # the lease, the session's read, its records
+    assert taken[1] == storage.read_session("fast")
     storage.release_lease(taken[0])
     for sid in ("fast", "shell"):
         storage.put_session(SessionMeta(id=sid, label=sid, status="archived"))
     with pytest.raises(SessionArchivedError):
         storage.lease_session("fast", "me", 30.0)
-    assert _fields(storage, "fast") == (None, 1, None)  # token kept, nobody queued
+    assert _fields(storage, "fast") == (None, 2, None)  # token kept, nobody queued
     sent.clear()
     with pytest.raises(SessionArchivedError):
         await storage.alease_session("fast", "me", 30.0)
@@ -145,7 +151,8 @@ async def test_lease_session_gives_the_lease_back_when_its_read_finds_the_sessio
     storage: PostgresMainStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Only a storage call that bypassed the lease can archive the session between the
-    lease and the read: the lease taken is freed before the refusal."""
+    lease and a read of its own (its records not cached): the lease taken is freed before
+    the refusal."""
     archived = SessionMeta(id="fast", label="fast", status="archived")
 
     def archive_first(read: Any) -> Any:
@@ -167,6 +174,7 @@ async def test_lease_session_gives_the_lease_back_when_its_read_finds_the_sessio
     with pytest.raises(SessionArchivedError):
         storage.lease_session("fast", "me", 30.0)
     assert storage.get_lease("fast") is None
+    storage._steps.cache.clear()
     with pytest.raises(SessionArchivedError):
         await storage.alease_session("fast", "me", 30.0)
     assert storage.get_lease("fast") is None
