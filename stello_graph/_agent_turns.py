@@ -182,15 +182,19 @@ class _Turns:
             usage=_turn_usage(pending),
         )
 
-    def _finished(self, sid: str, result: TurnResult, on_thread: bool = True) -> TurnResult:
-        if on_thread:
-            self._threads.finished(sid, result.interrupted)
+    def _finished(self, sid: str, result: TurnResult, turn: _TurnRun | None = None) -> TurnResult:
+        if turn is None or turn.on_thread:
+            self._threads.finished(sid, result.interrupted, None if turn is None else turn.token)
         self._recorder.settle()  # a sync turn's events are stored when it returns
         return result
 
-    async def _afinished(self, sid: str, result: TurnResult, on_thread: bool = True) -> TurnResult:
-        if on_thread:
-            await self._threads.afinished(sid, result.interrupted)
+    async def _afinished(
+        self, sid: str, result: TurnResult, turn: _TurnRun | None = None
+    ) -> TurnResult:
+        if turn is None or turn.on_thread:
+            await self._threads.afinished(
+                sid, result.interrupted, None if turn is None else turn.token
+            )
         return result
 
     def _items(self, sid: str, payload: dict[str, Any], turn: _TurnRun) -> Iterator[Any]:
@@ -274,7 +278,7 @@ class _Turns:
             with self._held_run(sid, turn):
                 self._switch(sid)
                 out = _output(self._items(sid, payload, turn))
-                return self._finished(sid, self._result(sid, out), turn.on_thread)
+                return self._finished(sid, self._result(sid, out), turn)
         except Exception as error:
             return self._stored(sid, back, error, settle=True)
 
@@ -289,7 +293,7 @@ class _Turns:
             async with self._aheld_run(sid, turn):
                 await self._aswitch(sid)
                 out = _output([item async for item in self._aitems(sid, payload, turn)])
-                return await self._afinished(sid, self._result(sid, out), turn.on_thread)
+                return await self._afinished(sid, self._result(sid, out), turn)
         except Exception as error:
             return self._stored(sid, back, error)
 
@@ -471,7 +475,7 @@ class _Turns:
         state = (yield self._state(sid)) if read else None
         if state is None or not state.interrupts:
             done = TurnResult(session_id=sid, content="")
-            yield Call(self._finished, self._afinished, (sid, done, turn.on_thread))
+            yield Call(self._finished, self._afinished, (sid, done, turn))
 
 
 def _output(values: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -111,21 +111,24 @@ class CheckpointThreads:
         awrite = partial(CompiledStateGraph.abulk_update_state, graph)
         yield Call(write, awrite, (self.config(sid), steps))
 
-    def finished(self, sid: str, interrupted: bool) -> None:
+    def finished(self, sid: str, interrupted: bool, token: int | None = None) -> None:
         """A turn of `sid` ended on its thread: prune it (if asked); next turns use the new
-        id. A turn that waits on an interrupt keeps its thread."""
-        run(self._finished(sid, interrupted), None)
+        id. A turn that waits on an interrupt keeps its thread. A turn under the lease
+        `token` that pruned its thread left it empty (`left_empty`)."""
+        run(self._finished(sid, interrupted, token), None)
 
-    async def afinished(self, sid: str, interrupted: bool) -> None:
+    async def afinished(self, sid: str, interrupted: bool, token: int | None = None) -> None:
         """Async twin of `finished`."""
-        await arun(self._finished(sid, interrupted), None)
+        await arun(self._finished(sid, interrupted, token), None)
 
-    def _finished(self, sid: str, interrupted: bool) -> Flow[None]:
+    def _finished(self, sid: str, interrupted: bool, token: int | None) -> Flow[None]:
         saver = self.checkpointer
         if saver is not None and not interrupted:
             thread = self.config(sid)["configurable"]["thread_id"]
             if self.prune:
                 yield Call(saver.delete_thread, saver.adelete_thread, (thread,))
+                if token is not None:
+                    self.left_empty(sid, token)
             self._found[sid] = thread_id(self.tree_id, sid)
 
     @contextmanager

@@ -192,6 +192,22 @@ def test_a_turn_right_after_one_of_its_own_reads_no_checkpoint(
     assert reads == []  # nobody took the session's lease in between: its thread is still empty
 
 
+def test_a_turn_right_after_a_tool_turn_of_its_own_reads_no_checkpoint(
+    on_file: AgentsOnFile, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = ScriptedChatModel(
+        ["hi", ScriptedChatModel.tool_call("lookup", {"query": "x"}), "done"], default="ok"
+    )
+    agent = on_file(db, model, tools=[lookup])
+    sid = agent.main_session_id
+    agent.turn(sid, "warm up")
+    assert agent.turn(sid, "look it up").tool_rounds == 1  # on its thread, pruned at its end
+    saver, reads = agent.checkpointer, []
+    monkeypatch.setattr(saver, "get_tuple", lambda *a, **k: reads.append(a))
+    assert agent.turn(sid, "again").content == "ok"
+    assert reads == []
+
+
 def test_a_turn_in_flight_left_by_another_agent_is_found_after_a_turn_of_its_own(
     on_file: AgentsOnFile, db: Path
 ) -> None:
