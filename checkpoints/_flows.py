@@ -35,7 +35,6 @@ from stello_graph.checkpoints._primitives import (
     drive,
     node_by_id,
     one,
-    records,
     values,
 )
 from stello_graph.checkpoints._rows import built, stored_l2
@@ -223,11 +222,11 @@ def main_session() -> Flow[SessionMeta | None]:
 def list_records(
     session_id: str, limit: int | None, offset: int, role: str | None
 ) -> Flow[list[BaseMessage]]:
-    found = yield from records(session_id)
+    records = yield Op(StorageBackend.op_records, session_id)
     if role is not None:
-        found = [record for record in found if message_role(record) == role]
+        records = [record for record in records if message_role(record) == role]
     end = None if limit is None else offset + limit
-    return list(found[offset:end])
+    return list(records[offset:end])
 
 
 def list_turns(
@@ -235,14 +234,14 @@ def list_turns(
 ) -> Flow[list[RecordTurn]]:
     turns = yield Op(StorageBackend.op_turns, session_id)
     if role is not None:
-        found = yield from records(session_id)
-        turns = [t for r, t in zip(found, turns, strict=True) if message_role(r) == role]
+        records = yield Op(StorageBackend.op_records, session_id)
+        turns = [t for r, t in zip(records, turns, strict=True) if message_role(r) == role]
     end = None if limit is None else offset + limit
     return list(turns[offset:end])
 
 
 def shared_records(session_id: str) -> Flow[list[BaseMessage]]:
-    return list((yield from records(session_id)))
+    return list((yield Op(StorageBackend.op_records, session_id)))
 
 
 def trim(session_id: str, keep_last: int) -> Flow[int]:

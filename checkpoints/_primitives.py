@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from stello_graph.digest import DigestRow
     from stello_graph.models import SessionStats, TopologyNode
 
-__all__ = ["DEFAULTS", "Flow", "Op", "adrive", "drive", "node_by_id", "one", "records", "values"]
+__all__ = ["DEFAULTS", "Flow", "Op", "adrive", "drive", "node_by_id", "one", "values"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -90,14 +90,9 @@ def values(session_id: str, names: Sequence[str]) -> Flow[tuple[Any, ...] | None
     return None if found is None else found[1]
 
 
-def records(session_id: str) -> Flow[Sequence[BaseMessage]]:
-    """Every record of the session, shared (empty for a missing session)."""
-    found: Sequence[BaseMessage] = yield Op(StorageBackend.op_records, session_id)
-    return found
-
-
 def count(session_id: str) -> Flow[int]:
-    return len((yield from records(session_id)))
+    records: Sequence[BaseMessage] = yield Op(StorageBackend.op_records, session_id)
+    return len(records)
 
 
 def has_turn(session_id: str, turn_id: str) -> Flow[bool]:
@@ -126,9 +121,9 @@ def copy_records(source_id: str, target_id: str, count: int) -> Flow[int]:
         raise SessionNotFoundError(target_id)
     if (yield Op(StorageBackend.op_read_session, source_id, (), False)) is None:
         raise SessionNotFoundError(source_id)
-    copied_records = (yield from records(source_id))[:count]
+    records = (yield Op(StorageBackend.op_records, source_id))[:count]
     turns = (yield Op(StorageBackend.op_turns, source_id))[:count]
-    encoded = [encode_message(record) for record in copied_records]
+    encoded = [encode_message(record) for record in records]
     at = to_iso(target[0].updated_at)  # the target's own: its `updated_at` stays as it is
     copied: int = yield Op(StorageBackend.op_append, target_id, encoded, at, False, turns)
     return copied
