@@ -126,7 +126,7 @@ class _Tree:
         yield Call(self._recorder.flush, self._recorder.aflush)
         removed: list[str] = yield Storage(MainStorage.remove_node, sid, cascade=cascade)
         for gone in removed:
-            yield Call(self._threads.drop, self._threads.adrop, (gone,))
+            yield from self._threads.drop(gone)
             yield Call(unpublish, aunpublish, (self._runtime, gone))
         return removed
 

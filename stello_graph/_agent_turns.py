@@ -155,7 +155,7 @@ class _Turns:
         sid = yield from self._target(check_id(session_id))
         if self.checkpointer is None:
             raise InvalidInputError("This agent has no checkpointer: turns cannot be resumed.")
-        yield Call(self._threads.resolve, self._threads.aresolve, (sid,))
+        yield from self._threads.resolve(sid)
         yield from self._in_flight(sid, value)
         return sid
 
@@ -184,7 +184,12 @@ class _Turns:
 
     def _finished(self, sid: str, result: TurnResult, turn: _TurnRun | None = None) -> TurnResult:
         if turn is None or turn.on_thread:
-            self._threads.finished(sid, result.interrupted, None if turn is None else turn.token)
+            run(
+                self._threads.finished(
+                    sid, result.interrupted, None if turn is None else turn.token
+                ),
+                None,
+            )
         self._recorder.settle()  # a sync turn's events are stored when it returns
         return result
 
@@ -192,8 +197,11 @@ class _Turns:
         self, sid: str, result: TurnResult, turn: _TurnRun | None = None
     ) -> TurnResult:
         if turn is None or turn.on_thread:
-            await self._threads.afinished(
-                sid, result.interrupted, None if turn is None else turn.token
+            await arun(
+                self._threads.finished(
+                    sid, result.interrupted, None if turn is None else turn.token
+                ),
+                None,
             )
         return result
 
@@ -211,7 +219,7 @@ class _Turns:
         runs it again."""
         graph, first = self._turn_graph, self._first_round
         kw: dict[str, Any] = {"stream_mode": turn.mode}
-        fresh = self._threads.resolve(sid, fresh=first is not None, token=turn.token)
+        fresh = run(self._threads.resolve(sid, fresh=first is not None, token=turn.token), None)
         config = turn.config(self.config(sid))
         if first is None or not fresh:
             yield from graph.stream(payload, config, durability=self._durability, **kw)
@@ -234,7 +242,9 @@ class _Turns:
         """Async twin of `_items`."""
         graph, first = self._turn_graph, self._first_round
         kw: dict[str, Any] = {"stream_mode": turn.mode}
-        fresh = await self._threads.aresolve(sid, fresh=first is not None, token=turn.token)
+        fresh = await arun(
+            self._threads.resolve(sid, fresh=first is not None, token=turn.token), None
+        )
         config = turn.config(self.config(sid))
         if first is None or not fresh:
             async for item in graph.astream(payload, config, durability=self._durability, **kw):

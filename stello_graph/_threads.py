@@ -31,15 +31,6 @@ def thread_config(thread: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread}}
 
 
-def _belongs(state: StateSnapshot, sid: str, *, in_flight: bool) -> bool:
-    """Whether the state of a legacy thread is `sid`'s (a turn still in flight, if asked).
-
-    The legacy id `stello:{tree}:{session}` is ambiguous, but for a given session id it names
-    one tree only, so the session the state holds tells whose thread it is.
-    """
-    return state.values.get("session_id") == sid and (bool(state.next) or not in_flight)
-
-
 class CheckpointThreads:
     """Which thread each session's turns run on; writing a turn to it, pruning and dropping
     them."""
@@ -62,27 +53,27 @@ class CheckpointThreads:
     def config(self, sid: str) -> RunnableConfig:
         return thread_config(self._found.get(sid) or thread_id(self.tree_id, sid))
 
-    def _legacy(self, sid: str) -> RunnableConfig:
-        return thread_config(legacy_thread_id(self.tree_id, sid))
+    def _legacy(self, sid: str, *, in_flight: bool) -> Flow[bool]:
+        """Whether the legacy thread of `sid` is its (holding a turn in flight, if asked).
 
-    def resolve(self, sid: str, *, fresh: bool = False, token: int | None = None) -> bool:
-        """Look up once which thread `sid`'s turns run on (see `StelloAgent.config`); with
-        `fresh`, read each time whether it holds nothing (no turn in flight): the answer.
-        No read is needed under the lease `token` right after the one under which this agent
-        left the thread empty (`left_empty`): every turn writes the thread under the
-        session's lease, and whoever took it since would have moved the token on."""
-        return run(self._resolve(sid, fresh, token), None)
-
-    async def aresolve(self, sid: str, *, fresh: bool = False, token: int | None = None) -> bool:
-        """Async twin of `resolve`."""
-        return await arun(self._resolve(sid, fresh, token), None)
+        The legacy id `stello:{tree}:{session}` is ambiguous, but for a given session id it
+        names one tree only, so the session its state holds tells whose thread it is.
+        """
+        graph, config = self.graph, thread_config(legacy_thread_id(self.tree_id, sid))
+        state: StateSnapshot = yield Call(graph.get_state, graph.aget_state, (config,))
+        return state.values.get("session_id") == sid and (bool(state.next) or not in_flight)
 
     def left_empty(self, sid: str, token: int) -> None:
         """This agent's turn under the lease `token` left `sid`'s thread empty."""
         self._left_empty[sid] = token
 
-    def _resolve(self, sid: str, fresh: bool, token: int | None) -> Flow[bool]:
-        saver, graph, known = self.checkpointer, self.graph, self._found.get(sid)
+    def resolve(self, sid: str, *, fresh: bool = False, token: int | None = None) -> Flow[bool]:
+        """Look up once which thread `sid`'s turns run on (see `StelloAgent.config`); with
+        `fresh`, read each time whether it holds nothing (no turn in flight): the answer.
+        No read is needed under the lease `token` right after the one under which this agent
+        left the thread empty (`left_empty`): every turn writes the thread under the
+        session's lease, and whoever took it since would have moved the token on."""
+        saver, known = self.checkpointer, self._found.get(sid)
         if saver is None or (known is not None and not fresh):
             return saver is None
         left = self._left_empty.pop(sid, None)
@@ -90,10 +81,8 @@ class CheckpointThreads:
             return True
         found = known or thread_id(self.tree_id, sid)
         empty = (yield Call(saver.get_tuple, saver.aget_tuple, (thread_config(found),))) is None
-        if empty and known is None:
-            legacy = yield Call(graph.get_state, graph.aget_state, (self._legacy(sid),))
-            if _belongs(legacy, sid, in_flight=True):
-                found, empty = legacy_thread_id(self.tree_id, sid), False
+        if empty and known is None and (yield from self._legacy(sid, in_flight=True)):
+            found, empty = legacy_thread_id(self.tree_id, sid), False
         self._found[sid] = found
         return empty
 
@@ -111,17 +100,10 @@ class CheckpointThreads:
         awrite = partial(CompiledStateGraph.abulk_update_state, graph)
         yield Call(write, awrite, (self.config(sid), steps))
 
-    def finished(self, sid: str, interrupted: bool, token: int | None = None) -> None:
+    def finished(self, sid: str, interrupted: bool, token: int | None = None) -> Flow[None]:
         """A turn of `sid` ended on its thread: prune it (if asked); next turns use the new
         id. A turn that waits on an interrupt keeps its thread. A turn under the lease
         `token` that pruned its thread left it empty (`left_empty`)."""
-        run(self._finished(sid, interrupted, token), None)
-
-    async def afinished(self, sid: str, interrupted: bool, token: int | None = None) -> None:
-        """Async twin of `finished`."""
-        await arun(self._finished(sid, interrupted, token), None)
-
-    def _finished(self, sid: str, interrupted: bool, token: int | None) -> Flow[None]:
         saver = self.checkpointer
         if saver is not None and not interrupted:
             thread = self.config(sid)["configurable"]["thread_id"]
@@ -143,7 +125,7 @@ class CheckpointThreads:
         except BaseException:
             if back.committed is not None:
                 with suppress(Exception):
-                    self.finished(sid, False)
+                    run(self.finished(sid, False), None)
             raise
 
     @asynccontextmanager
@@ -154,25 +136,17 @@ class CheckpointThreads:
         except BaseException:
             if back.committed is not None:
                 with suppress(Exception):
-                    await self.afinished(sid, False)
+                    await arun(self.finished(sid, False), None)
             raise
 
-    def drop(self, sid: str) -> None:
+    def drop(self, sid: str) -> Flow[None]:
         """Delete the checkpoint threads of a removed session (the legacy one if it is its)."""
-        run(self._drop(sid), None)
-
-    async def adrop(self, sid: str) -> None:
-        """Async twin of `drop`."""
-        await arun(self._drop(sid), None)
-
-    def _drop(self, sid: str) -> Flow[None]:
         self._found.pop(sid, None)
-        saver, graph = self.checkpointer, self.graph
+        saver = self.checkpointer
         if saver is None:
             return
         yield Call(saver.delete_thread, saver.adelete_thread, (thread_id(self.tree_id, sid),))
-        legacy = yield Call(graph.get_state, graph.aget_state, (self._legacy(sid),))
-        if _belongs(legacy, sid, in_flight=False):
+        if (yield from self._legacy(sid, in_flight=False)):
             yield Call(
                 saver.delete_thread, saver.adelete_thread, (legacy_thread_id(self.tree_id, sid),)
             )
