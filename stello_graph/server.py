@@ -353,11 +353,9 @@ def _idle_beyond(limit: int) -> list[_Tree]:
 
 
 def _acquire(key: tuple[str, str], settings: _Settings) -> _Tree:
-    """The tree of `key`, opened if it is not; opening it closes the idle trees beyond
-    `STELLO_MAX_OPEN_TREES` (blocking I/O: never on the event loop)."""
-    found = _take(key)
-    if found is not None:
-        return found
+    """The tree of `key`, opened if it is not (its callers looked first, without the lock);
+    opening it closes the idle trees beyond `STELLO_MAX_OPEN_TREES` (blocking I/O: never on
+    the event loop)."""
     with _opening:
         found = _take(key)
         if found is not None:
