@@ -28,7 +28,7 @@ from stello_graph._events_mux import EventMux
 from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._fork import check_active
 from stello_graph._stream import in_own_context, stoppable
-from stello_graph._threads import CheckpointThreads, arun_held, run_held
+from stello_graph._threads import CheckpointThreads
 from stello_graph._validate import check_id, check_text
 from stello_graph.errors import InvalidInputError
 from stello_graph.lease import Handback, SessionLeases
@@ -328,26 +328,34 @@ class _Turns:
         return self._result(sid, back.committed)
 
     @contextmanager
-    def _held_run(self, sid: str, turn: _TurnRun) -> Iterator[None]:
-        """A turn's run: the lease of an active session, taken with the turn's one read of
-        it (a missing or archived session is refused before anything is written), and the
-        run watched (its checkpoint thread is looked up in it: `_items`)."""
+    def _held_run(self, sid: str, turn: _TurnRun, *, prefetch: bool = True) -> Iterator[None]:
+        """A turn's run: the session's lease, held for the whole run (its checkpoint thread
+        included: pruning it must not race another agent's run) and lent to the graph's
+        nodes, whose commit may free it in its own transaction when `turn.back` allows it
+        (pruning the run will touch nothing on disk); and the run watched (`running`). With
+        `prefetch`, the lease is taken with the turn's one read of an active session (a
+        missing or archived session is refused before anything is written), which the run's
+        first step takes; its checkpoint thread is looked up in it (`_items`)."""
+        leases, back = self._leases, turn.back
         with (
-            run_held(self._leases, sid, turn.back, prefetch=True) as lease,
-            self._threads.running(sid, turn.back),
+            leases.hold(sid, handback=back, prefetch=prefetch) as lease,
+            leases.lending(lease, back),
+            self._threads.running(sid, back),
         ):
             turn.token = lease.token
             yield
 
     @asynccontextmanager
-    async def _aheld_run(self, sid: str, turn: _TurnRun) -> AsyncIterator[None]:
+    async def _aheld_run(
+        self, sid: str, turn: _TurnRun, *, prefetch: bool = True
+    ) -> AsyncIterator[None]:
         """Async twin of `_held_run`."""
-        async with (
-            arun_held(self._leases, sid, turn.back, prefetch=True) as lease,
-            self._threads.arunning(sid, turn.back),
-        ):
-            turn.token = lease.token
-            yield
+        leases, back = self._leases, turn.back
+        async with leases.ahold(sid, handback=back, prefetch=prefetch) as lease:
+            with leases.lending(lease, back):
+                async with self._threads.arunning(sid, back):
+                    turn.token = lease.token
+                    yield
 
     def resume(self, session_id: str, value: Any = None) -> TurnResult:
         """Continue a turn that waits on an interrupt (with `value`) or that crashed.
@@ -360,35 +368,31 @@ class _Turns:
             SessionNotFoundError / SessionArchivedError: no such session, or it is archived.
         """
         sid = run(self._resumable(session_id, value), self.storage)
-        back = Handback()  # carries the read made with the lease; the lease stays held
+        turn = _TurnRun()  # its handback keeps the lease held to the end
         try:
-            with run_held(self._leases, sid, back):
+            with self._held_run(sid, turn, prefetch=False):
                 # read again under the lease: a resume that ended meanwhile left nothing to do
                 payload = run(self._in_flight(sid, value), None)
-                with self._threads.running(sid, back):
-                    # a run that continues a turn looks for it in L3 first, where a crash
-                    # after its commit left it
-                    config = flagged(self.config(sid), RESUMING_KEY)
-                    out = self._turn_graph.invoke(payload, config, durability=self._durability)
-                    return self._finished(sid, self._result(sid, out))
+                # a run that continues a turn looks for it in L3 first, where a crash after
+                # its commit left it
+                config = flagged(self.config(sid), RESUMING_KEY)
+                out = self._turn_graph.invoke(payload, config, durability=self._durability)
+                return self._finished(sid, self._result(sid, out))
         except Exception as error:
-            return self._stored(sid, back, error, settle=True)
+            return self._stored(sid, turn.back, error, settle=True)
 
     async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
         """Async twin of `resume`."""
         sid = await arun(self._resumable(session_id, value), self.storage)
-        back = Handback()  # carries the read made with the lease; the lease stays held
+        turn = _TurnRun()  # its handback keeps the lease held to the end
         try:
-            async with arun_held(self._leases, sid, back):
+            async with self._aheld_run(sid, turn, prefetch=False):
                 payload = await arun(self._in_flight(sid, value), None)
-                async with self._threads.arunning(sid, back):
-                    config = flagged(self.config(sid), RESUMING_KEY)
-                    out = await self._turn_graph.ainvoke(
-                        payload, config, durability=self._durability
-                    )
-                    return await self._afinished(sid, self._result(sid, out))
+                config = flagged(self.config(sid), RESUMING_KEY)
+                out = await self._turn_graph.ainvoke(payload, config, durability=self._durability)
+                return await self._afinished(sid, self._result(sid, out))
         except Exception as error:
-            return self._stored(sid, back, error)
+            return self._stored(sid, turn.back, error)
 
     # -- streaming --------------------------------------------------------------------------
     def stream(

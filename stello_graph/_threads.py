@@ -1,4 +1,4 @@
-"""The checkpoint threads of an agent's turns, and the session lease around a graph run.
+"""The checkpoint threads of an agent's turns.
 
 Each session's turns run on one checkpoint thread, `stello/{tree}/{session}` (escaped, so no
 two trees sharing a checkpointer ever meet). Earlier versions named it
@@ -21,10 +21,9 @@ from langgraph.types import StateSnapshot, StateUpdate
 from stello_graph._compiled import fresh_input
 from stello_graph._flow import Call, Flow, arun, run
 from stello_graph._ids import legacy_thread_id, thread_id
-from stello_graph.lease import Handback, SessionLeases
-from stello_graph.models import Lease
+from stello_graph.lease import Handback
 
-__all__ = ["CheckpointThreads", "arun_held", "run_held"]
+__all__ = ["CheckpointThreads"]
 
 
 def thread_config(thread: str) -> RunnableConfig:
@@ -150,27 +149,3 @@ class CheckpointThreads:
             yield Call(
                 saver.delete_thread, saver.adelete_thread, (legacy_thread_id(self.tree_id, sid),)
             )
-
-
-@contextmanager
-def run_held(
-    leases: SessionLeases, sid: str, handback: Handback | None = None, *, prefetch: bool = False
-) -> Iterator[Lease]:
-    """Hold the session for a whole run (its checkpoint thread included: pruning it must not
-    race another agent's run), lending the lease to the graph's nodes. With `handback`, the
-    turn's commit may free the lease in its own transaction when the handback allows it
-    (pruning the run will touch nothing on disk); with `prefetch` too, the session is read
-    with its lease for the run's opening step, and refused if missing or archived."""
-    hold = leases.hold(sid, handback=handback, prefetch=prefetch)
-    with hold as lease, leases.lending(lease, handback):
-        yield lease
-
-
-@asynccontextmanager
-async def arun_held(
-    leases: SessionLeases, sid: str, handback: Handback | None = None, *, prefetch: bool = False
-) -> AsyncIterator[Lease]:
-    """Async twin of `run_held`."""
-    async with leases.ahold(sid, handback=handback, prefetch=prefetch) as lease:
-        with leases.lending(lease, handback):
-            yield lease
