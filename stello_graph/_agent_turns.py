@@ -184,12 +184,8 @@ class _Turns:
 
     def _finished(self, sid: str, result: TurnResult, turn: _TurnRun | None = None) -> TurnResult:
         if turn is None or turn.on_thread:
-            run(
-                self._threads.finished(
-                    sid, result.interrupted, None if turn is None else turn.token
-                ),
-                None,
-            )
+            token = None if turn is None else turn.token
+            run(self._threads.finished(sid, result.interrupted, token), None)
         self._recorder.settle()  # a sync turn's events are stored when it returns
         return result
 
@@ -197,12 +193,8 @@ class _Turns:
         self, sid: str, result: TurnResult, turn: _TurnRun | None = None
     ) -> TurnResult:
         if turn is None or turn.on_thread:
-            await arun(
-                self._threads.finished(
-                    sid, result.interrupted, None if turn is None else turn.token
-                ),
-                None,
-            )
+            token = None if turn is None else turn.token
+            await arun(self._threads.finished(sid, result.interrupted, token), None)
         return result
 
     def _items(self, sid: str, payload: dict[str, Any], turn: _TurnRun) -> Iterator[Any]:
@@ -219,7 +211,7 @@ class _Turns:
         runs it again."""
         graph, first = self._turn_graph, self._first_round
         kw: dict[str, Any] = {"stream_mode": turn.mode}
-        fresh = run(self._threads.resolve(sid, fresh=first is not None, token=turn.token), None)
+        fresh = run(self._threads.resolve(sid, first is not None, turn.token), None)
         config = turn.config(self.config(sid))
         if first is None or not fresh:
             yield from graph.stream(payload, config, durability=self._durability, **kw)
@@ -242,9 +234,7 @@ class _Turns:
         """Async twin of `_items`."""
         graph, first = self._turn_graph, self._first_round
         kw: dict[str, Any] = {"stream_mode": turn.mode}
-        fresh = await arun(
-            self._threads.resolve(sid, fresh=first is not None, token=turn.token), None
-        )
+        fresh = await arun(self._threads.resolve(sid, first is not None, turn.token), None)
         config = turn.config(self.config(sid))
         if first is None or not fresh:
             async for item in graph.astream(payload, config, durability=self._durability, **kw):

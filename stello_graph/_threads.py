@@ -66,7 +66,7 @@ class CheckpointThreads:
         """This agent's turn under the lease `token` left `sid`'s thread empty."""
         self._left_empty[sid] = token
 
-    def resolve(self, sid: str, *, fresh: bool = False, token: int | None = None) -> Flow[bool]:
+    def resolve(self, sid: str, fresh: bool = False, token: int | None = None) -> Flow[bool]:
         """Look up once which thread `sid`'s turns run on (see `StelloAgent.config`); with
         `fresh`, read each time whether it holds nothing (no turn in flight): the answer.
         No read is needed under the lease `token` right after the one under which this agent
