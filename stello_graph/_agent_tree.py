@@ -122,12 +122,14 @@ class _Tree:
 
     def _remove_flow(self, sid: str, cascade: bool) -> Flow[list[str]]:
         """Under the session's lease: its events queued so far stored (then blanked), the
-        subtree removed with its checkpoint threads and what was published of it."""
+        subtree removed with its checkpoint threads, what was published of it and the
+        runtime's objects of it."""
         yield Call(self._recorder.flush, self._recorder.aflush)
         removed: list[str] = yield Storage(MainStorage.remove_node, sid, cascade=cascade)
         for gone in removed:
             yield from self._threads.drop(gone)
             yield Call(unpublish, aunpublish, (self._runtime, gone))
+            self._runtime.forget(gone)
         return removed
 
     def remove(self, session_id: str, *, cascade: bool = False) -> list[str]:
@@ -145,20 +147,13 @@ class _Tree:
         """
         sid = run(self._removable(session_id, cascade), self.storage)
         with self._leases.hold(sid):
-            removed = run(self._remove_flow(sid, cascade), self.storage)
-        return self._forgotten(removed)
+            return run(self._remove_flow(sid, cascade), self.storage)
 
     async def aremove(self, session_id: str, *, cascade: bool = False) -> list[str]:
         """Async twin of `remove`."""
         sid = await arun(self._removable(session_id, cascade), self.storage)
         async with self._leases.ahold(sid):
-            removed = await arun(self._remove_flow(sid, cascade), self.storage)
-        return self._forgotten(removed)
-
-    def _forgotten(self, removed: list[str]) -> list[str]:
-        for gone in removed:
-            self._runtime.forget(gone)
-        return removed
+            return await arun(self._remove_flow(sid, cascade), self.storage)
 
     # -- lineage and digests ------------------------------------------------------------------
     def lineage(self, session_id: str) -> list[ForkPoint]:
