@@ -134,9 +134,7 @@ class _Memory:
                 (the others' L2 are stored); a note counts the other failures.
         """
         ids, workers = run(_batch(session_ids, concurrency), self.storage)
-        if not ids:
-            return {}
-        with ThreadPoolExecutor(min(workers, len(ids)), thread_name_prefix="stello") as pool:
+        with ThreadPoolExecutor(min(workers, len(ids)) or 1, thread_name_prefix="stello") as pool:
             futures = [pool.submit(consolidate_now, self._runtime, sid) for sid in ids]
         return _batch_result(ids, [f.exception() or f.result() for f in futures])
 

@@ -8,7 +8,6 @@ import contextvars
 import queue
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
-from types import TracebackType
 from typing import Any, TypeVar
 
 from stello_graph.errors import StreamNotFinishedError
@@ -146,12 +145,7 @@ class SessionStream(_Ends, Iterator[str]):
     def __enter__(self) -> SessionStream:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -179,10 +173,5 @@ class AsyncSessionStream(_Ends, AsyncIterator[str]):
     async def __aenter__(self) -> AsyncSessionStream:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
