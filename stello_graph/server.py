@@ -304,11 +304,6 @@ class _Tree:
     holds: int = 0
     """Server runs that entered `amake_graph` for this tree and have not ended."""
 
-    @property
-    def busy(self) -> bool:
-        """Whether a run uses the tree: a server run, or a run of its graph in flight."""
-        return self.holds > 0 or self.runtime.runs > 0
-
 
 _trees: OrderedDict[tuple[str, str], _Tree] = OrderedDict()
 """The open trees by `(uri, tree_id)`, the least recently used first."""
@@ -346,9 +341,11 @@ def _take(key: tuple[str, str], *, hold: bool = False) -> _Tree | None:
 
 
 def _idle_beyond(limit: int) -> list[_Tree]:
-    """Forget the least recently used trees no run uses while more than `limit` are open
-    (the newest is kept); the caller closes them. Called under `_registry`."""
-    idle = [key for key, tree in list(_trees.items())[:-1] if not tree.busy]
+    """Forget the least recently used trees no run uses (no server run holds them, no run
+    of their graph is in flight) while more than `limit` are open (the newest is kept); the
+    caller closes them. Called under `_registry`."""
+    oldest = list(_trees.items())[:-1]
+    idle = [key for key, tree in oldest if tree.holds <= 0 and tree.runtime.runs <= 0]
     return [_trees.pop(key) for key in idle[: max(0, len(_trees) - limit)]]
 
 
