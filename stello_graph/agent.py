@@ -440,9 +440,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
 
     def _archived(self, sid: str) -> SessionMeta:
         with self._leases.hold(sid):
-            session = self.session(sid)
-            assert isinstance(session, Session)
-            return session.archive()
+            return self.child(sid).archive()
 
     async def _aarchived(self, sid: str) -> SessionMeta:
         async with self._leases.ahold(sid):
