@@ -272,7 +272,6 @@ class _Turns:
         """
         sid, payload = run(self._begin(session_id, text, tool_choice), self.storage)
         turn = _TurnRun()
-        back = turn.back
         try:
             # the run's first step takes the read made with the lease (see `_held_run`)
             with self._held_run(sid, turn):
@@ -280,7 +279,7 @@ class _Turns:
                 out = _output(self._items(sid, payload, turn))
                 return self._finished(sid, self._result(sid, out), turn)
         except Exception as error:
-            return self._stored(sid, back, error, settle=True)
+            return self._stored(sid, turn, error, settle=True)
 
     async def aturn(
         self, session_id: str, text: str, *, tool_choice: ToolChoice = None
@@ -288,25 +287,24 @@ class _Turns:
         """Async twin of `turn`."""
         sid, payload = await arun(self._begin(session_id, text, tool_choice), self.storage)
         turn = _TurnRun()
-        back = turn.back
         try:
             async with self._aheld_run(sid, turn):
                 await self._aswitch(sid)
                 out = _output([item async for item in self._aitems(sid, payload, turn)])
                 return await self._afinished(sid, self._result(sid, out), turn)
         except Exception as error:
-            return self._stored(sid, back, error)
+            return self._stored(sid, turn, error)
 
     def _stored(
-        self, sid: str, back: Handback, error: Exception, *, settle: bool = False
+        self, sid: str, turn: _TurnRun, error: Exception, *, settle: bool = False
     ) -> TurnResult:
         """The reply of a turn whose run raised after its commit (a checkpoint write that
         failed, the thread's pruning, the lease's release): the turn is stored, so the call
         answers with it (a caller that retried would store it twice); the failure is logged
         as a warning, and the thread pruned where the saver still could (`running`). A run
-        that raised before its commit (`back.committed` unset) raises `error` again.
+        that raised before its commit (`turn.back.committed` unset) raises `error` again.
         `settle`: a sync call settles the events recorded first."""
-        if back.committed is None:
+        if turn.back.committed is None:
             raise error
         if settle:
             self._recorder.settle()
@@ -315,7 +313,7 @@ class _Turns:
             "its reply is returned: retrying it would store the turn twice.",
             sid, type(error).__name__, error, exc_info=error,
         )  # fmt: skip
-        return self._result(sid, back.committed)
+        return self._result(sid, turn.back.committed)
 
     @contextmanager
     def _held_run(self, sid: str, turn: _TurnRun, *, prefetch: bool = True) -> Iterator[None]:
@@ -369,7 +367,7 @@ class _Turns:
                 out = self._turn_graph.invoke(payload, config, durability=self._durability)
                 return self._finished(sid, self._result(sid, out))
         except Exception as error:
-            return self._stored(sid, turn.back, error, settle=True)
+            return self._stored(sid, turn, error, settle=True)
 
     async def aresume(self, session_id: str, value: Any = None) -> TurnResult:
         """Async twin of `resume`."""
@@ -382,7 +380,7 @@ class _Turns:
                 out = await self._turn_graph.ainvoke(payload, config, durability=self._durability)
                 return await self._afinished(sid, self._result(sid, out))
         except Exception as error:
-            return self._stored(sid, turn.back, error)
+            return self._stored(sid, turn, error)
 
     # -- streaming --------------------------------------------------------------------------
     def stream(
@@ -422,7 +420,6 @@ class _Turns:
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         cancel = CallCancel()  # closing the stream (or Ctrl-C) stops the model call at once
         turn = _TurnRun(stream_mode, {CANCEL_KEY: cancel})
-        back = turn.back
         try:
             with self._held_run(sid, turn):
                 self._switch(sid)
@@ -439,7 +436,7 @@ class _Turns:
                     self._mux.close(q)
                 run(self._stream_end(sid, turn), None)
         except Exception as error:
-            self._stored(sid, back, error)  # the stream ends as the turn did
+            self._stored(sid, turn, error)  # the stream ends as the turn did
 
     async def astream(
         self,
@@ -454,7 +451,6 @@ class _Turns:
         multi = not isinstance(stream_mode, str)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         turn = _TurnRun(stream_mode)
-        back = turn.back
         try:
             async with self._aheld_run(sid, turn):
                 q = self._mux.open()
@@ -471,7 +467,7 @@ class _Turns:
                     self._mux.close(q)
                 await arun(self._stream_end(sid, turn), None)
         except Exception as error:
-            self._stored(sid, back, error)  # the stream ends as the turn did
+            self._stored(sid, turn, error)  # the stream ends as the turn did
 
     def _stream_end(self, sid: str, turn: _TurnRun) -> Flow[None]:
         """A stream's run ended: its turn is finished unless it waits on an interrupt."""
