@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -301,7 +301,7 @@ class _Turns:
         """The reply of a turn whose run raised after its commit (a checkpoint write that
         failed, the thread's pruning, the lease's release): the turn is stored, so the call
         answers with it (a caller that retried would store it twice); the failure is logged
-        as a warning, and the thread pruned where the saver still could (`running`). A run
+        as a warning, and the thread pruned where the saver still could (`_held_run`). A run
         that raised before its commit (`turn.back.committed` unset) raises `error` again.
         `settle`: a sync call settles the events recorded first."""
         if turn.back.committed is None:
@@ -320,18 +320,28 @@ class _Turns:
         """A turn's run: the session's lease, held for the whole run (its checkpoint thread
         included: pruning it must not race another agent's run) and lent to the graph's
         nodes, whose commit may free it in its own transaction when `turn.back` allows it
-        (pruning the run will touch nothing on disk); and the run watched (`running`). With
-        `prefetch`, the lease is taken with the turn's one read of an active session (a
-        missing or archived session is refused before anything is written), which the run's
-        first step takes; its checkpoint thread is looked up in it (`_items`)."""
+        (pruning the run will touch nothing on disk). With `prefetch`, the lease is taken
+        with the turn's one read of an active session (a missing or archived session is
+        refused before anything is written), which the run's first step takes; its
+        checkpoint thread is looked up in it (`_items`).
+
+        A run that raises after its turn's commit (`back.committed`: a checkpoint write that
+        failed) ended a stored turn, whose thread is pruned as `finished` prunes it, as far
+        as the saver still can (what it leaves is a turn in flight that a resume finds
+        stored, and that the session's next turn replaces)."""
         leases, back = self._leases, turn.back
         with (
             leases.hold(sid, handback=back, prefetch=prefetch) as lease,
             leases.lending(lease, back),
-            self._threads.running(sid, back),
         ):
             turn.token = lease.token
-            yield
+            try:
+                yield
+            except BaseException:
+                if back.committed is not None:
+                    with suppress(Exception):
+                        run(self._threads.finished(sid, False), None)
+                raise
 
     @asynccontextmanager
     async def _aheld_run(
@@ -341,9 +351,14 @@ class _Turns:
         leases, back = self._leases, turn.back
         async with leases.ahold(sid, handback=back, prefetch=prefetch) as lease:
             with leases.lending(lease, back):
-                async with self._threads.arunning(sid, back):
-                    turn.token = lease.token
+                turn.token = lease.token
+                try:
                     yield
+                except BaseException:
+                    if back.committed is not None:
+                        with suppress(Exception):
+                            await arun(self._threads.finished(sid, False), None)
+                    raise
 
     def resume(self, session_id: str, value: Any = None) -> TurnResult:
         """Continue a turn that waits on an interrupt (with `value`) or that crashed.

@@ -7,8 +7,6 @@ two trees sharing a checkpointer ever meet). Earlier versions named it
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
 from functools import partial
 from typing import Any
 
@@ -19,9 +17,8 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot, StateUpdate
 
 from stello_graph._compiled import fresh_input
-from stello_graph._flow import Call, Flow, arun, run
+from stello_graph._flow import Call, Flow
 from stello_graph._ids import legacy_thread_id, thread_id
-from stello_graph.lease import Handback
 
 __all__ = ["CheckpointThreads"]
 
@@ -111,32 +108,6 @@ class CheckpointThreads:
                 if token is not None:
                     self.left_empty(sid, token)
             self._found[sid] = thread_id(self.tree_id, sid)
-
-    @contextmanager
-    def running(self, sid: str, back: Handback) -> Iterator[None]:
-        """Around a graph run (of `sid`, lent its lease with `back`): one that raises after
-        its turn's commit (`back.committed`: a checkpoint write that failed) ended a stored
-        turn, whose thread is pruned as `finished` prunes it, as far as the saver still can
-        (what it leaves is a turn in flight that a resume finds stored, and that the
-        session's next turn replaces)."""
-        try:
-            yield
-        except BaseException:
-            if back.committed is not None:
-                with suppress(Exception):
-                    run(self.finished(sid, False), None)
-            raise
-
-    @asynccontextmanager
-    async def arunning(self, sid: str, back: Handback) -> AsyncIterator[None]:
-        """Async twin of `running`."""
-        try:
-            yield
-        except BaseException:
-            if back.committed is not None:
-                with suppress(Exception):
-                    await arun(self.finished(sid, False), None)
-            raise
 
     def drop(self, sid: str) -> Flow[None]:
         """Delete the checkpoint threads of a removed session (the legacy one if it is its)."""
