@@ -28,15 +28,15 @@ Example:
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from stello_graph._ids import add_live, discard_live, new_owner, owner_is_dead
-from stello_graph.lease import DEFAULT_LEASE_TTL, check_lease_ttl
+from stello_graph.lease import DEFAULT_LEASE_TTL, check_lease_ttl, renewing
 from stello_graph.storage import MainStorage
 
 __all__ = ["CLAIMS_KEY", "Claim", "JobClaims"]
@@ -140,23 +140,9 @@ class JobClaims:
         if claim is None:
             yield None
             return
-        done = threading.Event()
-        keeper = threading.Thread(
-            target=self._keep, args=(claim, done), name="stello-claim", daemon=True
-        )
-        keeper.start()
         try:
-            yield claim
+            with renewing(partial(self.renew, claim), self.ttl):
+                yield claim
         finally:
-            done.set()
-            keeper.join()
             with suppress(Exception):  # a closed or failing storage: the claim lapses
                 self.release(claim)
-
-    def _keep(self, claim: Claim, done: threading.Event) -> None:
-        current: Claim | None = claim
-        while current is not None and not done.wait(self.ttl / 3):
-            try:
-                current = self.renew(current)
-            except Exception:  # a failing storage: the claim lapses, another may take over
-                return

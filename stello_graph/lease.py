@@ -33,7 +33,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -131,8 +131,8 @@ def _scope(storage: SessionStorage) -> str:
 
 @dataclass(slots=True)
 class _Kept:
-    storage: SessionStorage
-    lease: Lease
+    renew: Callable[[], object]
+    """Renews the lease (or claim): `None`, or an error, when it was lost."""
     ttl: float
     due: float
     lost: bool = False
@@ -140,17 +140,18 @@ class _Kept:
 
 @dataclass
 class _Keeper:
-    """One daemon thread per process renewing the leases of running turns."""
+    """One daemon thread per process renewing the leases of running turns and the claims of
+    running jobs (`stello_graph._claims`)."""
 
     kept: dict[int, _Kept] = field(default_factory=dict)
     cond: threading.Condition = field(default_factory=threading.Condition)
     pid: int = 0
     counter: int = 0
 
-    def add(self, storage: SessionStorage, lease: Lease, ttl: float) -> int:
+    def add(self, renew: Callable[[], object], ttl: float) -> int:
         with self.cond:
             self.counter += 1
-            self.kept[self.counter] = _Kept(storage, lease, ttl, time.monotonic() + ttl / 3)
+            self.kept[self.counter] = _Kept(renew, ttl, time.monotonic() + ttl / 3)
             if self.pid != os.getpid():  # first use, or a forked child: no thread yet
                 self.pid = os.getpid()
                 threading.Thread(target=self._run, name="stello-lease", daemon=True).start()
@@ -172,7 +173,7 @@ class _Keeper:
                     continue
             for kept in due:
                 try:
-                    renewed = kept.storage.renew_lease(kept.lease, kept.ttl)
+                    renewed = kept.renew()
                 except Exception:  # a closed or failing storage: the commit's check will tell
                     renewed = None
                 kept.lost = renewed is None
@@ -180,6 +181,17 @@ class _Keeper:
 
 
 _keeper = _Keeper()
+
+
+@contextmanager
+def renewing(renew: Callable[[], object], ttl: float) -> Iterator[None]:
+    """Call `renew` every third of `ttl` seconds (in the keeper's thread) while the block runs,
+    until it returns `None` or fails (what it renews was lost)."""
+    key = _keeper.add(renew, ttl)
+    try:
+        yield
+    finally:
+        _keeper.drop(key)
 
 
 class SessionLeases:
@@ -405,14 +417,9 @@ class SessionLeases:
         """Wake local waiters after `lease` was released inside a caller's transaction."""
         _released_by(lease.owner)
 
-    @contextmanager
-    def keep(self, lease: Lease) -> Iterator[None]:
+    def keep(self, lease: Lease) -> AbstractContextManager[None]:
         """Renew `lease` in the background while the block runs."""
-        key = _keeper.add(self.storage, lease, self.ttl)
-        try:
-            yield
-        finally:
-            _keeper.drop(key)
+        return renewing(partial(self.storage.renew_lease, lease, self.ttl), self.ttl)
 
     @contextmanager
     def hold(
