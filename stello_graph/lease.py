@@ -285,9 +285,8 @@ class SessionLeases:
             )
             return lease
         taken = yield Storage(
-            SessionStorage.lease_session, session_id, owner, self.ttl, replace=replace,
-            operation=_TURN,
-        )  # fmt: skip
+            SessionStorage.lease_session, session_id, owner, self.ttl, replace=replace
+        )  # refusing "a turn" of a missing or archived session
         if taken is None:
             return None
         lease, into.prefetched = taken
@@ -494,9 +493,6 @@ def _prefetch_into(handback: Handback | None, prefetch: bool) -> Handback | None
     if prefetch and handback is None:
         raise InvalidInputError("prefetch needs a handback to leave the session's read in.")
     return handback if prefetch else None
-
-
-_TURN = "a turn"
 
 
 def _released_by(owner: str) -> None:
