@@ -400,17 +400,11 @@ class SessionLeases:
 
     def release(self, lease: Lease) -> None:
         """Free the session (if `lease` still holds it) and wake local waiters."""
-        try:
-            self.storage.release_lease(lease)
-        finally:
-            _released_by(lease.owner)
+        run(_releasing(lease), self.storage)
 
     async def arelease(self, lease: Lease) -> None:
         """Async twin of `release`."""
-        try:
-            await self.storage.arelease_lease(lease)
-        finally:
-            _released_by(lease.owner)
+        await arun(_releasing(lease), self.storage)
 
     def forget(self, lease: Lease) -> None:
         """Wake local waiters after `lease` was released inside a caller's transaction."""
@@ -437,10 +431,7 @@ class SessionLeases:
             with self.keep(lease), self.busy(lease):
                 yield lease
         finally:
-            if handback is not None and handback.released:
-                _released_by(lease.owner)
-            else:
-                self.release(lease)
+            run(_releasing(lease, handback), self.storage)
 
     @asynccontextmanager
     async def ahold(
@@ -452,10 +443,17 @@ class SessionLeases:
             with self.keep(lease), self.busy(lease):
                 yield lease
         finally:
-            if handback is not None and handback.released:
-                _released_by(lease.owner)
-            else:
-                await self.arelease(lease)
+            await arun(_releasing(lease, handback), self.storage)
+
+
+def _releasing(lease: Lease, handback: Handback | None = None) -> Flow[None]:
+    """Free the session, unless the run it was lent to freed it (`handback.released`), and
+    wake local waiters."""
+    try:
+        if handback is None or not handback.released:
+            yield Storage(SessionStorage.release_lease, lease)
+    finally:
+        _released_by(lease.owner)
 
 
 def _never_held(session_id: str, owner: str) -> Lease:
