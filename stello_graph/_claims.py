@@ -55,11 +55,6 @@ class Claim:
     expires_at: float
 
 
-def claim_key(kind: str, session_id: str | None) -> str:
-    """A job's key in `stello:jobs` (the session id last, so any id is unambiguous)."""
-    return f"{kind}:{session_id or ''}"
-
-
 def _free(stored: Any, now: float) -> bool:
     if not isinstance(stored, dict):
         return True  # never claimed, released, or written by something else
@@ -93,7 +88,8 @@ class JobClaims:
 
     def claim(self, kind: str, session_id: str | None) -> Claim | None:
         """Claim the job; `None` while another scheduler holds its claim."""
-        key, owner = claim_key(kind, session_id), new_owner()
+        # the session id last, so any id is unambiguous
+        key, owner = f"{kind}:{session_id or ''}", new_owner()
         add_live(owner)
         claimed: Claim | None = None
         try:
