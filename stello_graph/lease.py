@@ -174,7 +174,7 @@ class _Keeper:
             for kept in due:
                 try:
                     renewed = kept.renew()
-                except Exception:  # a closed or failing storage: the commit's check will tell
+                except Exception:  # a closed or failing storage: it lapses, as a lost one
                     renewed = None
                 kept.lost = renewed is None
                 kept.due = time.monotonic() + kept.ttl / 3
