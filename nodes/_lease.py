@@ -15,12 +15,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from typing_extensions import TypedDict
 
+from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph.lease import Handback, SessionLeases
 from stello_graph.models import Lease, SessionSnapshot
+from stello_graph.storage import SessionStorage
 
 __all__ = [
     "LEASE_KEY",
@@ -28,7 +31,6 @@ __all__ = [
     "TurnLease",
     "apark",
     "aturn_lease",
-    "lease_state",
     "park",
     "turn_lease",
 ]
@@ -87,11 +89,8 @@ class TurnLease:
 
     def update(self) -> LeaseUpdate:
         """The state update that hands the lease to the turn's next node."""
-        return {"lease": lease_state(self.lease) if self.owned else None}
-
-
-def lease_state(lease: Lease) -> dict[str, Any]:
-    return {"owner": lease.owner, "token": lease.token}
+        own = {"owner": self.lease.owner, "token": self.lease.token}
+        return {"lease": own if self.owned else None}
 
 
 def _stored(session_id: str, state: Mapping[str, Any], fresh: bool) -> Lease | None:
@@ -101,20 +100,18 @@ def _stored(session_id: str, state: Mapping[str, Any], fresh: bool) -> Lease | N
     return Lease(session_id, found["owner"], int(found.get("token") or 0), 0.0)
 
 
-def _take(leases: SessionLeases, session_id: str, stored: Lease | None) -> Lease:
+def _take(leases: SessionLeases, session_id: str, stored: Lease | None) -> Flow[Lease]:
+    """Renew the lease `stored` in the state, else take the session's lease (again, with its
+    owner, when it lapsed meanwhile)."""
     if stored is not None:
-        renewed = leases.storage.renew_lease(stored, leases.ttl)
+        renewed: Lease | None = yield Storage(SessionStorage.renew_lease, stored, leases.ttl)
         if renewed is not None:
             return renewed
-    return leases.acquire(session_id, owner=stored.owner if stored is not None else None)
-
-
-async def _atake(leases: SessionLeases, session_id: str, stored: Lease | None) -> Lease:
-    if stored is not None:
-        renewed = await leases.storage.arenew_lease(stored, leases.ttl)
-        if renewed is not None:
-            return renewed
-    return await leases.aacquire(session_id, owner=stored.owner if stored is not None else None)
+    owner = stored.owner if stored is not None else None
+    lease: Lease = yield Call(
+        partial(leases.acquire, owner=owner), partial(leases.aacquire, owner=owner), (session_id,)
+    )
+    return lease
 
 
 @contextmanager
@@ -138,7 +135,7 @@ def turn_lease(
     if lent is not None:
         yield TurnLease(lent, owned=False, handback=leases.handback(session_id))
         return
-    lease = _take(leases, session_id, _stored(session_id, state, fresh))
+    lease = run(_take(leases, session_id, _stored(session_id, state, fresh)), leases.storage)
     try:
         with leases.keep(lease):
             yield TurnLease(lease, owned=True)
@@ -163,7 +160,7 @@ async def aturn_lease(
     if lent is not None:
         yield TurnLease(lent, owned=False, handback=leases.handback(session_id))
         return
-    lease = await _atake(leases, session_id, _stored(session_id, state, fresh))
+    lease = await arun(_take(leases, session_id, _stored(session_id, state, fresh)), leases.storage)
     try:
         with leases.keep(lease):
             yield TurnLease(lease, owned=True)

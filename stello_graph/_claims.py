@@ -28,15 +28,15 @@ Example:
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from stello_graph._ids import add_live, discard_live, new_owner, owner_is_dead
-from stello_graph.lease import DEFAULT_LEASE_TTL, check_lease_ttl
+from stello_graph.lease import DEFAULT_LEASE_TTL, check_lease_ttl, renewing
 from stello_graph.storage import MainStorage
 
 __all__ = ["CLAIMS_KEY", "Claim", "JobClaims"]
@@ -53,11 +53,6 @@ class Claim:
     key: str
     owner: str
     expires_at: float
-
-
-def claim_key(kind: str, session_id: str | None) -> str:
-    """A job's key in `stello:jobs` (the session id last, so any id is unambiguous)."""
-    return f"{kind}:{session_id or ''}"
 
 
 def _free(stored: Any, now: float) -> bool:
@@ -93,7 +88,8 @@ class JobClaims:
 
     def claim(self, kind: str, session_id: str | None) -> Claim | None:
         """Claim the job; `None` while another scheduler holds its claim."""
-        key, owner = claim_key(kind, session_id), new_owner()
+        # the session id last, so any id is unambiguous
+        key, owner = f"{kind}:{session_id or ''}", new_owner()
         add_live(owner)
         claimed: Claim | None = None
         try:
@@ -140,23 +136,9 @@ class JobClaims:
         if claim is None:
             yield None
             return
-        done = threading.Event()
-        keeper = threading.Thread(
-            target=self._keep, args=(claim, done), name="stello-claim", daemon=True
-        )
-        keeper.start()
         try:
-            yield claim
+            with renewing(partial(self.renew, claim), self.ttl):
+                yield claim
         finally:
-            done.set()
-            keeper.join()
             with suppress(Exception):  # a closed or failing storage: the claim lapses
                 self.release(claim)
-
-    def _keep(self, claim: Claim, done: threading.Event) -> None:
-        current: Claim | None = claim
-        while current is not None and not done.wait(self.ttl / 3):
-            try:
-                current = self.renew(current)
-            except Exception:  # a failing storage: the claim lapses, another may take over
-                return

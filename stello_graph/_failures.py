@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from functools import partial
 from typing import Any, Literal, Protocol
@@ -37,15 +37,7 @@ class BackgroundFailure:
     def as_dict(self, *, traceback_chars: int | None = None) -> dict[str, Any]:
         """The failure as JSON-ready data (the traceback's last `traceback_chars`, if given)."""
         tail = self.traceback if traceback_chars is None else self.traceback[-traceback_chars:]
-        return {
-            "kind": self.kind,
-            "session_id": self.session_id,
-            "error_type": self.error_type,
-            "message": self.message,
-            "attempts": self.attempts,
-            "at": self.at.isoformat(),
-            "traceback": tail,
-        }
+        return {**asdict(self), "at": self.at.isoformat(), "traceback": tail}
 
 
 FAILURES_KEY = "stello:background_failures"

@@ -33,7 +33,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -131,8 +131,8 @@ def _scope(storage: SessionStorage) -> str:
 
 @dataclass(slots=True)
 class _Kept:
-    storage: SessionStorage
-    lease: Lease
+    renew: Callable[[], object]
+    """Renews the lease (or claim): `None`, or an error, when it was lost."""
     ttl: float
     due: float
     lost: bool = False
@@ -140,17 +140,18 @@ class _Kept:
 
 @dataclass
 class _Keeper:
-    """One daemon thread per process renewing the leases of running turns."""
+    """One daemon thread per process renewing the leases of running turns and the claims of
+    running jobs (`stello_graph._claims`)."""
 
     kept: dict[int, _Kept] = field(default_factory=dict)
     cond: threading.Condition = field(default_factory=threading.Condition)
     pid: int = 0
     counter: int = 0
 
-    def add(self, storage: SessionStorage, lease: Lease, ttl: float) -> int:
+    def add(self, renew: Callable[[], object], ttl: float) -> int:
         with self.cond:
             self.counter += 1
-            self.kept[self.counter] = _Kept(storage, lease, ttl, time.monotonic() + ttl / 3)
+            self.kept[self.counter] = _Kept(renew, ttl, time.monotonic() + ttl / 3)
             if self.pid != os.getpid():  # first use, or a forked child: no thread yet
                 self.pid = os.getpid()
                 threading.Thread(target=self._run, name="stello-lease", daemon=True).start()
@@ -172,14 +173,25 @@ class _Keeper:
                     continue
             for kept in due:
                 try:
-                    renewed = kept.storage.renew_lease(kept.lease, kept.ttl)
-                except Exception:  # a closed or failing storage: the commit's check will tell
+                    renewed = kept.renew()
+                except Exception:  # a closed or failing storage: it lapses, as a lost one
                     renewed = None
                 kept.lost = renewed is None
                 kept.due = time.monotonic() + kept.ttl / 3
 
 
 _keeper = _Keeper()
+
+
+@contextmanager
+def renewing(renew: Callable[[], object], ttl: float) -> Iterator[None]:
+    """Call `renew` every third of `ttl` seconds (in the keeper's thread) while the block runs,
+    until it returns `None` or fails (what it renews was lost)."""
+    key = _keeper.add(renew, ttl)
+    try:
+        yield
+    finally:
+        _keeper.drop(key)
 
 
 class SessionLeases:
@@ -273,9 +285,8 @@ class SessionLeases:
             )
             return lease
         taken = yield Storage(
-            SessionStorage.lease_session, session_id, owner, self.ttl, replace=replace,
-            operation=_TURN,
-        )  # fmt: skip
+            SessionStorage.lease_session, session_id, owner, self.ttl, replace=replace
+        )  # refusing "a turn" of a missing or archived session
         if taken is None:
             return None
         lease, into.prefetched = taken
@@ -389,30 +400,19 @@ class SessionLeases:
 
     def release(self, lease: Lease) -> None:
         """Free the session (if `lease` still holds it) and wake local waiters."""
-        try:
-            self.storage.release_lease(lease)
-        finally:
-            _released_by(lease.owner)
+        run(_releasing(lease), self.storage)
 
     async def arelease(self, lease: Lease) -> None:
         """Async twin of `release`."""
-        try:
-            await self.storage.arelease_lease(lease)
-        finally:
-            _released_by(lease.owner)
+        await arun(_releasing(lease), self.storage)
 
     def forget(self, lease: Lease) -> None:
         """Wake local waiters after `lease` was released inside a caller's transaction."""
         _released_by(lease.owner)
 
-    @contextmanager
-    def keep(self, lease: Lease) -> Iterator[None]:
+    def keep(self, lease: Lease) -> AbstractContextManager[None]:
         """Renew `lease` in the background while the block runs."""
-        key = _keeper.add(self.storage, lease, self.ttl)
-        try:
-            yield
-        finally:
-            _keeper.drop(key)
+        return renewing(partial(self.storage.renew_lease, lease, self.ttl), self.ttl)
 
     @contextmanager
     def hold(
@@ -431,10 +431,7 @@ class SessionLeases:
             with self.keep(lease), self.busy(lease):
                 yield lease
         finally:
-            if handback is not None and handback.released:
-                _released_by(lease.owner)
-            else:
-                self.release(lease)
+            run(_releasing(lease, handback), self.storage)
 
     @asynccontextmanager
     async def ahold(
@@ -446,10 +443,17 @@ class SessionLeases:
             with self.keep(lease), self.busy(lease):
                 yield lease
         finally:
-            if handback is not None and handback.released:
-                _released_by(lease.owner)
-            else:
-                await self.arelease(lease)
+            await arun(_releasing(lease, handback), self.storage)
+
+
+def _releasing(lease: Lease, handback: Handback | None = None) -> Flow[None]:
+    """Free the session, unless the run it was lent to freed it (`handback.released`), and
+    wake local waiters."""
+    try:
+        if handback is None or not handback.released:
+            yield Storage(SessionStorage.release_lease, lease)
+    finally:
+        _released_by(lease.owner)
 
 
 def _never_held(session_id: str, owner: str) -> Lease:
@@ -487,9 +491,6 @@ def _prefetch_into(handback: Handback | None, prefetch: bool) -> Handback | None
     if prefetch and handback is None:
         raise InvalidInputError("prefetch needs a handback to leave the session's read in.")
     return handback if prefetch else None
-
-
-_TURN = "a turn"
 
 
 def _released_by(owner: str) -> None:
