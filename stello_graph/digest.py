@@ -26,13 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stello_graph.checkpoints._damage import UNDECODABLE, shown, undecodable
 from stello_graph.models import SessionRole, SessionStatus
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["DigestRow", "SessionDigest", "digest_from_row"]
 
