@@ -45,7 +45,6 @@ from stello_graph.errors import (
     DuplicateLabelError,
     DuplicateSessionError,
     FunctionCallError,
-    FunctionNotConfiguredError,
     InvalidInputError,
     NodeNotFoundError,
     SessionArchivedError,
@@ -127,7 +126,8 @@ class ForkRequest:
     metadata: dict[str, Any] | None = None
     id: str | None = None
     compress_fn: CompressFn | None = None
-    """Summarises the source's history for `context="compress"`."""
+    """Summarises the source's history for `context="compress"` (its callers find one, or
+    raise `FunctionNotConfiguredError`)."""
     settings: dict[str, Any] | None = None
     """Orchestration settings of the child (skills allow-list, profile), written with it."""
     at_turn: int | None = None
@@ -168,11 +168,6 @@ class ForkRequest:
             raise InvalidInputError(
                 f"at_turn={turn} cuts the history the child inherits, but context='none' "
                 "inherits nothing: pass context='inherit' (or 'compress', or a function)."
-            )
-        if context == "compress" and compress_fn is None:
-            raise FunctionNotConfiguredError(
-                "A fork with context='compress' needs a compress function: pass compress_fn= "
-                "(e.g. llm_compressor(model)) or give the session a model."
             )
         return cls(
             source_id=source_id,
@@ -345,7 +340,7 @@ def _fork_flow(req: ForkRequest) -> Flow[SessionMeta]:
     ):
         if callable(req.context):
             selected = yield Call(call_sync, call_async, (req.context, list(records)))
-        elif req.context == "compress" and req.compress_fn is not None:
+        else:  # "compress": every caller gives it the function (or refuses, having none)
             older = sanitize_history(records)
             result = yield Call(call_sync, call_async, (req.compress_fn, None, older))
             if not isinstance(result, str) or not result.strip():
