@@ -322,31 +322,32 @@ async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMet
 
 
 def _fork_flow(req: ForkRequest) -> Flow[SessionMeta]:
-    if req.context in ("none", "inherit"):  # no function runs: all of it in one transaction
-        return (yield Atomic(_write_flow(req, _child_records(req, []))))
-    # refuse early, before any function runs (and again in the write's transaction)
-    yield from _checks_flow(req)
-    # the source's L3 (copies), up to at_turn, for the function
-    records: list[BaseMessage] = yield Storage(MainStorage.list_records, req.source_id)
-    end, turn = turn_cut(records, req.at_turn, req.source_id)
-    records = records[:end]
     selected: object = []
-    compression = None
-    what = "context" if callable(req.context) else "compress"
-    with failing_as(
-        lambda exc: FunctionCallError(
-            f"The fork's {what} function failed: {type(exc).__name__}: {exc}"
-        )
-    ):
-        if callable(req.context):
-            selected = yield Call(call_sync, call_async, (req.context, list(records)))
-        else:  # "compress": every caller gives it the function (or refuses, having none)
-            older = sanitize_history(records)
-            result = yield Call(call_sync, call_async, (req.compress_fn, None, older))
-            if not isinstance(result, str) or not result.strip():
-                raise FunctionCallError(
-                    f"The compress function returned {result!r:.60}, expected a non-empty summary."
-                )
-            compression = Compression(summary=storable(result), through=0)
+    compression, turn = None, 0
+    if req.context not in ("none", "inherit"):  # else no function runs: one transaction
+        # refuse early, before the function runs (and again in the write's transaction)
+        yield from _checks_flow(req)
+        # the source's L3 (copies), up to at_turn, for the function
+        records: list[BaseMessage] = yield Storage(MainStorage.list_records, req.source_id)
+        end, turn = turn_cut(records, req.at_turn, req.source_id)
+        records = records[:end]
+        what = "context" if callable(req.context) else "compress"
+        with failing_as(
+            lambda exc: FunctionCallError(
+                f"The fork's {what} function failed: {type(exc).__name__}: {exc}"
+            )
+        ):
+            if callable(req.context):
+                selected = yield Call(call_sync, call_async, (req.context, list(records)))
+            else:  # "compress": every caller gives it the function (or refuses, having none)
+                older = sanitize_history(records)
+                result = yield Call(call_sync, call_async, (req.compress_fn, None, older))
+                if not isinstance(result, str) or not result.strip():
+                    raise FunctionCallError(
+                        f"The compress function returned {result!r:.60}, expected a "
+                        "non-empty summary."
+                    )
+                compression = Compression(summary=storable(result), through=0)
     child = _child_records(req, selected)
-    return (yield Atomic(_write_flow(req, child, compression, turn or None)))
+    meta: SessionMeta = yield Atomic(_write_flow(req, child, compression, turn or None))
+    return meta
