@@ -45,7 +45,6 @@ from stello_graph.errors import (
     DuplicateLabelError,
     DuplicateSessionError,
     FunctionCallError,
-    FunctionNotConfiguredError,
     InvalidInputError,
     NodeNotFoundError,
     SessionArchivedError,
@@ -127,7 +126,8 @@ class ForkRequest:
     metadata: dict[str, Any] | None = None
     id: str | None = None
     compress_fn: CompressFn | None = None
-    """Summarises the source's history for `context="compress"`."""
+    """Summarises the source's history for `context="compress"` (its callers find one, or
+    raise `FunctionNotConfiguredError`)."""
     settings: dict[str, Any] | None = None
     """Orchestration settings of the child (skills allow-list, profile), written with it."""
     at_turn: int | None = None
@@ -169,11 +169,6 @@ class ForkRequest:
                 f"at_turn={turn} cuts the history the child inherits, but context='none' "
                 "inherits nothing: pass context='inherit' (or 'compress', or a function)."
             )
-        if context == "compress" and compress_fn is None:
-            raise FunctionNotConfiguredError(
-                "A fork with context='compress' needs a compress function: pass compress_fn= "
-                "(e.g. llm_compressor(model)) or give the session a model."
-            )
         return cls(
             source_id=source_id,
             label=check_label(label),
@@ -200,20 +195,6 @@ class ForkRequest:
         return source_prompt if inherit else None
 
 
-@dataclass(frozen=True, slots=True)
-class _Child:
-    """Everything a fork writes."""
-
-    meta: SessionMeta
-    system_prompt: str | None
-    records: list[BaseMessage]
-    """The records to write (re-encoded), after the copied ones."""
-    compression: Compression | None
-    forked_at_turn: int | None = None
-    """The source's user turn the child's context ends at (see `ForkPoint.at_turn`); for
-    `context="inherit"` the write finds it as it cuts the source's records."""
-
-
 def check_active(meta: SessionMeta | None, session_id: str, operation: str) -> SessionMeta:
     """`meta`, refused when missing or archived (`SessionArchivedError` names `operation`)."""
     if meta is None:
@@ -221,26 +202,6 @@ def check_active(meta: SessionMeta | None, session_id: str, operation: str) -> S
     if meta.status == "archived":
         raise SessionArchivedError(session_id, operation)
     return meta
-
-
-def _node_flow(source_id: str) -> Flow[bool]:
-    """Whether the child gets a node (its source has one); refuse a source outside the tree.
-
-    Raises:
-        NodeNotFoundError: the storage keeps a tree (it has a main session) and the source
-            has no node in it.
-    """
-    node = yield Storage(MainStorage.get_node, source_id)
-    if node is not None:
-        return True
-    if (yield Storage(MainStorage.get_main_session)) is not None:
-        raise NodeNotFoundError(
-            source_id,
-            message=f"Session {source_id!r} has no topology node in this tree, so a fork of it "
-            "would be a session outside the tree: fork a session of the tree (the main session "
-            "or one made by a fork), or give it a node first with put_node(TopologyNode(...)).",
-        )
-    return False
 
 
 def _child_records(req: ForkRequest, selected: object) -> list[BaseMessage]:
@@ -252,21 +213,6 @@ def _child_records(req: ForkRequest, selected: object) -> list[BaseMessage]:
     if req.prompt:
         records.append(AIMessage(content=req.prompt))
     return [m.model_copy() for m in records]
-
-
-def _child(
-    req: ForkRequest,
-    source: SessionMeta,
-    source_prompt: str | None,
-    selected: object,
-    compression: Compression | None,
-    forked_at_turn: int | None,
-) -> _Child:
-    meta = SessionMeta(
-        id=req.id or new_id(), label=req.label, tags=req.tags, metadata=req.metadata or {}
-    )
-    prompt = req.child_prompt(source, source_prompt)
-    return _Child(meta, prompt, _child_records(req, selected), compression, forked_at_turn)
 
 
 def _inherit_flow(req: ForkRequest, child_id: str) -> Flow[int | None]:
@@ -292,11 +238,25 @@ def _inherit_flow(req: ForkRequest, child_id: str) -> Flow[int | None]:
 
 
 def _checks_flow(req: ForkRequest) -> Flow[tuple[SessionMeta, bool]]:
-    """The source (refused when missing or archived) and whether the child gets a node
-    (refused outside the tree, or for a label a sibling has with `unique_label`)."""
+    """The source (refused when missing or archived) and whether the child gets a node (its
+    source has one); refused outside the tree, or for a label a sibling has with
+    `unique_label`.
+
+    Raises:
+        NodeNotFoundError: the storage keeps a tree (it has a main session) and the source
+            has no node in it.
+    """
     meta = yield Storage(MainStorage.get_session, req.source_id)
     source = check_active(meta, req.source_id, "a fork")
-    with_node = yield from _node_flow(req.source_id)
+    with_node = (yield Storage(MainStorage.get_node, req.source_id)) is not None
+    if not with_node and (yield Storage(MainStorage.get_main_session)) is not None:
+        raise NodeNotFoundError(
+            req.source_id,
+            message=f"Session {req.source_id!r} has no topology node in this tree, so a fork of "
+            "it would be a session outside the tree: fork a session of the tree (the main "
+            "session or one made by a fork), or give it a node first with "
+            "put_node(TopologyNode(...)).",
+        )
     if with_node and req.unique_label:
         children: list[TopologyNode] = yield Storage(MainStorage.get_children, req.source_id)
         wanted = req.label.strip().casefold()
@@ -306,30 +266,34 @@ def _checks_flow(req: ForkRequest) -> Flow[tuple[SessionMeta, bool]]:
     return source, with_node
 
 
-def _write_flow(req: ForkRequest, made: _Child | None) -> Flow[_Child]:
+def _write_flow(
+    req: ForkRequest,
+    records: list[BaseMessage],
+    compression: Compression | None = None,
+    at_turn: int | None = None,
+) -> Flow[SessionMeta]:
     """The writes of a fork, run in one transaction, with its checks made again there.
 
-    `made` is the child a context or compress function's result made before the
-    transaction; `None` when no function runs: the child is then made here, from the source
-    as this transaction reads it, so a fork takes one transaction and no read before it."""
+    `records` (and `compression`, `at_turn`) are what a context or compress function's result
+    made before the transaction (just the opening line when no function runs); the child's
+    meta and system prompt are made here, from the source as this transaction reads it, so a
+    fork without a function takes one transaction and no read before it."""
     source, with_node = yield from _checks_flow(req)
-    child = made
-    if child is None:
-        source_prompt = yield Storage(MainStorage.get_system_prompt, req.source_id)
-        child = _child(req, source, source_prompt, [], None, None)
-    meta = child.meta
+    source_prompt = yield Storage(MainStorage.get_system_prompt, req.source_id)
+    meta = SessionMeta(
+        id=req.id or new_id(), label=req.label, tags=req.tags, metadata=req.metadata or {}
+    )
     if (yield Storage(MainStorage.get_session, meta.id)) is not None:
         raise DuplicateSessionError(meta.id)
     yield Storage(MainStorage.put_session, meta)
-    if child.system_prompt:
-        yield Storage(MainStorage.put_system_prompt, meta.id, child.system_prompt)
-    at_turn = child.forked_at_turn
+    if system_prompt := req.child_prompt(source, source_prompt):
+        yield Storage(MainStorage.put_system_prompt, meta.id, system_prompt)
     if req.context == "inherit":
         at_turn = yield from _inherit_flow(req, meta.id)
-    if child.records:
-        yield Storage(MainStorage.append_records, meta.id, child.records)
-    if child.compression is not None:
-        yield Storage(MainStorage.put_compression, meta.id, child.compression)
+    if records:
+        yield Storage(MainStorage.append_records, meta.id, records)
+    if compression is not None:
+        yield Storage(MainStorage.put_compression, meta.id, compression)
     if req.settings:
         yield Storage(MainStorage.put_settings, meta.id, req.settings)
     yield Storage(MainStorage.put_lineage, meta.id, req.source_id, at_turn)
@@ -338,7 +302,7 @@ def _write_flow(req: ForkRequest, made: _Child | None) -> Flow[_Child]:
             MainStorage.put_node,
             TopologyNode(id=meta.id, parent_id=req.source_id, label=meta.label),
         )
-    return child
+    return meta
 
 
 def fork_session(storage: SessionStorage, req: ForkRequest) -> SessionMeta:
@@ -358,34 +322,32 @@ async def afork_session(storage: SessionStorage, req: ForkRequest) -> SessionMet
 
 
 def _fork_flow(req: ForkRequest) -> Flow[SessionMeta]:
-    if req.context in ("none", "inherit"):  # no function runs: all of it in one transaction
-        made: _Child = yield Atomic(_write_flow(req, None))
-        return made.meta
-    # refuse early, before any function runs (and again in the write's transaction)
-    source, _ = yield from _checks_flow(req)
-    source_prompt = yield Storage(MainStorage.get_system_prompt, req.source_id)
-    # the source's L3 (copies), up to at_turn, for the function
-    records: list[BaseMessage] = yield Storage(MainStorage.list_records, req.source_id)
-    end, turn = turn_cut(records, req.at_turn, req.source_id)
-    records = records[:end]
     selected: object = []
-    compression = None
-    what = "context" if callable(req.context) else "compress"
-    with failing_as(
-        lambda exc: FunctionCallError(
-            f"The fork's {what} function failed: {type(exc).__name__}: {exc}"
-        )
-    ):
-        if callable(req.context):
-            selected = yield Call(call_sync, call_async, (req.context, list(records)))
-        elif req.context == "compress" and req.compress_fn is not None:
-            older = sanitize_history(records)
-            result = yield Call(call_sync, call_async, (req.compress_fn, None, older))
-            if not isinstance(result, str) or not result.strip():
-                raise FunctionCallError(
-                    f"The compress function returned {result!r:.60}, expected a non-empty summary."
-                )
-            compression = Compression(summary=storable(result), through=0)
-    child = _child(req, source, source_prompt, selected, compression, turn or None)
-    yield Atomic(_write_flow(req, child))
-    return child.meta
+    compression, turn = None, 0
+    if req.context not in ("none", "inherit"):  # else no function runs: one transaction
+        # refuse early, before the function runs (and again in the write's transaction)
+        yield from _checks_flow(req)
+        # the source's L3 (copies), up to at_turn, for the function
+        records: list[BaseMessage] = yield Storage(MainStorage.list_records, req.source_id)
+        end, turn = turn_cut(records, req.at_turn, req.source_id)
+        records = records[:end]
+        what = "context" if callable(req.context) else "compress"
+        with failing_as(
+            lambda exc: FunctionCallError(
+                f"The fork's {what} function failed: {type(exc).__name__}: {exc}"
+            )
+        ):
+            if callable(req.context):
+                selected = yield Call(call_sync, call_async, (req.context, list(records)))
+            else:  # "compress": every caller gives it the function (or refuses, having none)
+                older = sanitize_history(records)
+                result = yield Call(call_sync, call_async, (req.compress_fn, None, older))
+                if not isinstance(result, str) or not result.strip():
+                    raise FunctionCallError(
+                        f"The compress function returned {result!r:.60}, expected a "
+                        "non-empty summary."
+                    )
+                compression = Compression(summary=storable(result), through=0)
+    child = _child_records(req, selected)
+    meta: SessionMeta = yield Atomic(_write_flow(req, child, compression, turn or None))
+    return meta

@@ -170,7 +170,7 @@ def build_view(
     nodes: list[TopologyNode], archived: set[str], session_id: str
 ) -> TopologyView | None:
     """The view of `session_id` in the tree `nodes` (`None` when it has no node there)."""
-    by_id = {node.id: node for node in nodes}
+    by_id: dict[str | None, TopologyNode] = {node.id: node for node in nodes}
     me = by_id.get(session_id)
     if me is None:
         return None
@@ -180,10 +180,7 @@ def build_view(
 
     ancestors: list[SlotEntry] = []
     seen, current = {me.id}, me
-    while current.parent_id is not None and current.parent_id not in seen:
-        parent = by_id.get(current.parent_id)
-        if parent is None:
-            break
+    while (parent := by_id.get(current.parent_id)) is not None and parent.id not in seen:
         ancestors.append(entry(parent))
         seen.add(parent.id)
         current = parent

@@ -94,13 +94,11 @@ def _plan_flow(tree: str) -> Flow[TreePlan]:
     for node in nodes:  # pre-order: parents come before their children
         if node.parent_id is not None and node.id in active and node.parent_id in active:
             kids[node.parent_id].append(node.id)
-    depth, frontier, by_depth = 0, [root.id], defaultdict(list)
-    while frontier:
-        internal = [n for n in frontier if kids.get(n)]
-        by_depth[depth].extend(internal)
+    levels, frontier = [], [root.id]  # levels from the root down, then turned deepest first
+    while internal := [n for n in frontier if kids.get(n)]:
+        levels.append(internal)
         frontier = [c for n in internal for c in kids[n]]
-        depth += 1
-    levels = [by_depth[d] for d in sorted(by_depth, reverse=True) if by_depth[d]]
+    levels.reverse()
     labels = {node.id: node.label for node in nodes if node.id in active}
     children = {n: kids[n] for level in levels for n in level}
     return TreePlan(root.id, levels, children, labels, version, archived)

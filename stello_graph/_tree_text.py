@@ -70,13 +70,13 @@ class TopologyText(NamedTuple):
 N = TypeVar("N", bound=_Node)
 
 
-def tree_order(nodes: Sequence[N], detached: set[str] | None = None) -> list[N]:
+def tree_order(nodes: Sequence[N], detached: set[str]) -> list[N]:
     """`nodes` (in creation order) in depth-first pre-order, siblings in creation order; a
     node whose parent is not among them is a root.
 
     Every node is in the result: those no root reaches (their parents make a cycle: a
     damaged tree) come last, each cycle walked from its first-created node as if that were
-    a root; their ids go to `detached`, when given."""
+    a root; their ids go to `detached`."""
     ids = {node.id for node in nodes}
     roots: list[N] = []
     children: dict[str, list[N]] = {}
@@ -94,8 +94,7 @@ def tree_order(nodes: Sequence[N], detached: set[str] | None = None) -> list[N]:
         seen = {node.id for node in ordered}
         for start in nodes:
             if start.id not in seen:
-                if detached is not None:
-                    detached.add(start.id)
+                detached.add(start.id)
                 _walk([start], children, ordered, seen)
     return ordered
 
@@ -149,7 +148,7 @@ def tree_text(
     nodes: Sequence[_Node],
     archived: Collection[str],
     lineage: Mapping[str, ForkPoint],
-    damaged: Mapping[str, Sequence[str]] | None = None,
+    damaged: Mapping[str, Sequence[str]],
 ) -> str:
     """The tree as indented text, one session per line (`Topology.render_text`).
 
@@ -160,7 +159,6 @@ def tree_text(
         damaged: the columns of each damaged session that do not decode (`parent_id`: its
             node was detached from a cycle, and is shown as a root).
     """
-    damaged = damaged or {}
     by_id = {node.id: node for node in nodes}
     children: dict[str | None, list[_Node]] = {}
     for node in nodes:

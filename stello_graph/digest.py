@@ -26,13 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stello_graph.checkpoints._damage import UNDECODABLE, shown, undecodable
 from stello_graph.models import SessionRole, SessionStatus
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["DigestRow", "SessionDigest", "digest_from_row"]
 
@@ -145,26 +142,23 @@ def _stand_ins(row: DigestRow, at: datetime | None) -> tuple[Any, ...]:
     stand-in for each that does not decode, and the columns of those."""
     sid, label, role, status, _, parent_id, _, memory, _, insight = row
     role, status = _ROLE.get(role, role), _STATUS.get(status, status)
-    damaged = [
-        name
-        for name, bad in (
-            *((name, undecodable(v)) for name, v in (("id", sid), ("label", label))),
-            ("role", role not in _ROLES),
-            ("status", status not in _STATUSES),
-            ("updated_at", at is None),
-            ("parent_id", undecodable(parent_id)),
-            ("memory", undecodable(memory)),
-            ("insight", undecodable(insight)),
-        )
-        if bad
-    ]
+    bad = {
+        "id": undecodable(sid),
+        "label": undecodable(label),
+        "role": role not in _ROLES,
+        "status": status not in _STATUSES,
+        "updated_at": at is None,
+        "parent_id": undecodable(parent_id),
+        "memory": undecodable(memory),
+        "insight": undecodable(insight),
+    }
     return (
         shown(sid),
-        UNDECODABLE if undecodable(label) else label,
-        role if role in _ROLES else "standard",
-        status if status in _STATUSES else "active",
+        UNDECODABLE if bad["label"] else label,
+        "standard" if bad["role"] else role,
+        "active" if bad["status"] else status,
         None if parent_id is None else shown(parent_id),
-        UNDECODABLE if undecodable(memory) else memory,
-        UNDECODABLE if undecodable(insight) else insight,
-        tuple(damaged),
+        UNDECODABLE if bad["memory"] else memory,
+        UNDECODABLE if bad["insight"] else insight,
+        tuple(name for name, wrong in bad.items() if wrong),
     )

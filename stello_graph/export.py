@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import Any, TextIO, cast
 
 from stello_graph._export_rows import (
     EXPORT_FORMAT,
@@ -40,9 +40,6 @@ from stello_graph._export_rows import (
     write_entries,
 )
 from stello_graph.storage import MainStorage
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["EXPORT_FORMAT", "export_tree", "write_export"]
 
