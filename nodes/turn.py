@@ -45,7 +45,7 @@ from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_canc
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.entry import _records, turn_output, under_parent
-from stello_graph.nodes.scheduling import TREE_TURNS_KEY, aforget_insight, forget_insight
+from stello_graph.nodes.scheduling import TREE_TURNS_KEY
 from stello_graph.nodes.state import TurnState
 from stello_graph.storage import MainStorage, SessionSnapshot
 
@@ -284,9 +284,7 @@ def _model_flow(
         stored = _stored_turn((yield Call(session.messages, session.amessages)), turn)
         if _answered(state, opens, stored):
             counts = yield from _commit_steps(deps, session, held, None, False)
-            done = _done(deps, session, held, state, stored, counts, True, forget=False)
-            yield Call(forget_insight, aforget_insight, (deps, sid, state.get("insight")))
-            return done
+            return (yield from _done(deps, session, held, state, stored, counts, True))
         turn = _human_id(config)
     shown = {"turn_id": turn, "snapshot": snap, **_shown(state, opens)}
     ctx: TurnContext = yield Call(
@@ -306,8 +304,7 @@ def _model_flow(
         return handed
     commit = (records, view.get("insight"), turn)
     counts = yield from _commit_steps(deps, session, held, commit, opens)
-    done = _done(deps, session, held, view, records, counts, forget=False)
-    yield Call(forget_insight, aforget_insight, (deps, sid, view.get("insight")))
+    done = yield from _done(deps, session, held, view, records, counts)
     return {**update, **done}
 
 
