@@ -97,26 +97,32 @@ def _start(state: State, insight: str | None, human_id: str) -> State:
     return {"pending": Overwrite([human]), **_fresh(state, insight)}  # type: ignore[typeddict-item]
 
 
+def _checked(state: State) -> str:
+    """The session of a turn's input, the input checked."""
+    check_text(state.get("input"), "input")
+    return check_id(state.get("session_id"))
+
+
+def _assemble_flow(
+    deps: StelloDeps, state: State, config: RunnableConfig, held: TurnLease
+) -> Flow[State]:
+    # the stored settings, read under the lease
+    session = yield Call(deps.turn_session, deps.aturn_session, (held.lease.session_id,))
+    insight = yield Call(session.open_turn, session.aopen_turn)
+    emit(deps.bus, "turn_started", session.id)
+    return {**_start(state, insight, _human_id(config)), **held.update()}
+
+
 def make_assemble_node(deps: StelloDeps) -> StelloNode:
     """Node `assemble`: check the input and the session, open the turn's records."""
 
     def assemble(state: State, config: RunnableConfig) -> State:
-        check_text(state.get("input"), "input")
-        sid = check_id(state.get("session_id"))
-        with turn_lease(deps.leases, sid, state, fresh=True) as held:
-            session = deps.turn_session(sid)  # the stored settings, read under the lease
-            insight = session.open_turn()
-        emit(deps.bus, "turn_started", session.id)
-        return {**_start(state, insight, _human_id(config)), **held.update()}
+        with turn_lease(deps.leases, _checked(state), state, fresh=True) as held:
+            return run(_assemble_flow(deps, state, config, held), deps.storage)
 
     async def aassemble(state: State, config: RunnableConfig) -> State:
-        check_text(state.get("input"), "input")
-        sid = check_id(state.get("session_id"))
-        async with aturn_lease(deps.leases, sid, state, fresh=True) as held:
-            session = await deps.aturn_session(sid)
-            insight = await session.aopen_turn()
-        emit(deps.bus, "turn_started", session.id)
-        return {**_start(state, insight, _human_id(config)), **held.update()}
+        async with aturn_lease(deps.leases, _checked(state), state, fresh=True) as held:
+            return await arun(_assemble_flow(deps, state, config, held), deps.storage)
 
     return StelloNode("assemble", assemble, aassemble)
 
@@ -154,8 +160,7 @@ def _begin(state: State) -> tuple[bool, str]:
         or not records
         or (isinstance(records[-1], AIMessage) and not _asks_for_tools(records[-1]))
     ):
-        check_text(state.get("input"), "input")
-        return True, check_id(state.get("session_id"))
+        return True, _checked(state)
     return False, state["session_id"]
 
 
