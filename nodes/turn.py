@@ -91,12 +91,6 @@ def _fresh(state: State, insight: str | None) -> State:
     }
 
 
-def _start(state: State, insight: str | None, human_id: str) -> State:
-    human = HumanMessage(content=state["input"], id=human_id)
-    # `Overwrite`: not a stream token
-    return {"pending": Overwrite([human]), **_fresh(state, insight)}  # type: ignore[typeddict-item]
-
-
 def _checked(state: State) -> str:
     """The session of a turn's input, the input checked."""
     check_text(state.get("input"), "input")
@@ -110,7 +104,10 @@ def _assemble_flow(
     session = yield Call(deps.turn_session, deps.aturn_session, (held.lease.session_id,))
     insight = yield Call(session.open_turn, session.aopen_turn)
     emit(deps.bus, "turn_started", session.id)
-    return {**_start(state, insight, _human_id(config)), **held.update()}
+    human = HumanMessage(content=state["input"], id=_human_id(config))
+    # `Overwrite`: not a stream token
+    opened: State = {"pending": Overwrite([human]), **_fresh(state, insight)}  # type: ignore[typeddict-item]
+    return {**opened, **held.update()}
 
 
 def make_assemble_node(deps: StelloDeps) -> StelloNode:
