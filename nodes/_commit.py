@@ -11,7 +11,7 @@ from langgraph.types import Overwrite
 
 from stello_graph._base import SessionBase
 from stello_graph._context import message_text
-from stello_graph._flow import Atomic, Flow, Storage, arun, run
+from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph.events import emit
 from stello_graph.nodes._lease import TurnLease, aturn_lease, turn_lease
 from stello_graph.nodes._runnable import StelloNode
@@ -40,34 +40,17 @@ Commit = tuple[list[BaseMessage], str | None, str | None]
 """What a turn commits: its records, the insight it showed, its id."""
 
 
-def _commit(
-    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None
-) -> tuple[int, int]:
-    """Write `turn` (unless `None`: already stored) in one transaction under the turn's lease
-    and release the lease there when it is the turn's own; `(user turns of the session,
-    turns of the tree)`.
-
-    The caller checked, under the same lease, that the turn is not in L3 yet (`has_turn`):
-    only a run of the same step could store it, and that one would have to hold the lease.
-    A lent lease is not freed here (see `_commit_steps`).
-    """
-    return run(_commit_steps(deps, session, held, turn, False), deps.storage)
-
-
-async def _acommit(
-    deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None
-) -> tuple[int, int]:
-    """Async twin of `_commit`."""
-    return await arun(_commit_steps(deps, session, held, turn, False), deps.storage)
-
-
 def _commit_steps(
     deps: StelloDeps, session: SessionBase, held: TurnLease, turn: Commit | None, lent: bool
 ) -> Flow[tuple[int, int]]:
-    """`_commit`'s steps, written once for both drivers. A turn to commit whose tree turns
-    are not counted is one storage call (`commit_records`: one read, the append, one
-    write); otherwise the commit and the tree's count share one transaction. A commit that
-    freed the lease then wakes local waiters, or tells the lender.
+    """Write `turn` (unless `None`: already stored) in one transaction under the turn's lease
+    and release the lease there when it is the turn's own; `(user turns of the session,
+    turns of the tree)`. The caller checked, under the same lease, that the turn is not in
+    L3 yet (`has_turn`): only a run of the same step could store it, and that one would
+    have to hold the lease. A turn to commit whose tree turns are not counted is one
+    storage call (`commit_records`: one read, the append, one write); otherwise the commit
+    and the tree's count share one transaction. A commit that freed the lease then wakes
+    local waiters, or tells the lender.
 
     A lent lease is freed only with `lent` (the `model` round that opened the turn commits
     it: no step of the run came before it whose checkpoint could still be on its way to
@@ -114,13 +97,11 @@ def _done(
     records: Sequence[BaseMessage],
     counts: tuple[int, int],
     replace: bool = False,
-    *,
-    forget: bool = True,
-) -> State:
+) -> Flow[State]:
     """The state of a committed turn (its lender told first: `TurnLease.committed`); its
-    events and the schedule's reaction. `replace`: the turn's records become `pending` (a
-    step that found its turn already in L3). `forget`: delete the insight shown from the
-    store (`_adone` does it with the store's async API)."""
+    events and the schedule's reaction; then the insight shown is deleted from the store
+    (driven async, with the store's async API). `replace`: the turn's records become
+    `pending` (a step that found its turn already in L3)."""
     turns, tree = counts
     final = records[-1] if records else None
     update: State = {
@@ -136,26 +117,22 @@ def _done(
     insight = state.get("insight")
     if insight:
         emit(deps.bus, "insight_delivered", session.id, insight=insight)
-        if forget:
-            forget_insight(deps, session.id, insight)
     emit(deps.bus, "turn_committed", session.id, turn_count=turns)
     after_turn(deps, session.id, session.role, turns, tree)
+    yield Call(forget_insight, aforget_insight, (deps, session.id, insight))
     return update
 
 
-async def _adone(
-    deps: StelloDeps,
-    session: SessionBase,
-    held: TurnLease,
-    state: State,
-    records: Sequence[BaseMessage],
-    counts: tuple[int, int],
-    replace: bool = False,
-) -> State:
-    """Async twin of `_done`: no store call runs on the event loop."""
-    update = _done(deps, session, held, state, records, counts, replace, forget=False)
-    await aforget_insight(deps, session.id, state.get("insight"))
-    return update
+def _commit_flow(
+    deps: StelloDeps, session: SessionBase, held: TurnLease, state: State
+) -> Flow[State]:
+    """`commit`'s work under the turn's lease, written once for both drivers."""
+    records = _records(state)
+    turn = _turn_id(records)
+    stored = turn is not None and (yield Storage(MainStorage.has_turn, session.id, turn))
+    todo = None if stored else (records, state.get("insight"), turn)
+    counts = yield from _commit_steps(deps, session, held, todo, False)
+    return (yield from _done(deps, session, held, state, records, counts))
 
 
 def make_commit_node(deps: StelloDeps) -> StelloNode:
@@ -167,21 +144,13 @@ def make_commit_node(deps: StelloDeps) -> StelloNode:
     """
 
     def commit(state: State) -> State:
-        session, records = deps.session(state["session_id"]), _records(state)
-        turn = _turn_id(records)
+        session = deps.session(state["session_id"])
         with turn_lease(deps.leases, session.id, state, park=False) as held:
-            stored = turn is not None and deps.storage.has_turn(session.id, turn)
-            todo = None if stored else (records, state.get("insight"), turn)
-            counts = _commit(deps, session, held, todo)
-        return _done(deps, session, held, state, records, counts)
+            return run(_commit_flow(deps, session, held, state), deps.storage)
 
     async def acommit(state: State) -> State:
-        session, records = await deps.asession(state["session_id"]), _records(state)
-        turn = _turn_id(records)
+        session = await deps.asession(state["session_id"])
         async with aturn_lease(deps.leases, session.id, state, park=False) as held:
-            stored = turn is not None and await deps.storage.ahas_turn(session.id, turn)
-            todo = None if stored else (records, state.get("insight"), turn)
-            counts = await _acommit(deps, session, held, todo)
-        return await _adone(deps, session, held, state, records, counts)
+            return await arun(_commit_flow(deps, session, held, state), deps.storage)
 
     return StelloNode("commit", commit, acommit)

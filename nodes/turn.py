@@ -45,7 +45,7 @@ from stello_graph.nodes._model_call import ainvoke_model, invoke_model, run_canc
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes.deps import StelloDeps
 from stello_graph.nodes.entry import _records, turn_output, under_parent
-from stello_graph.nodes.scheduling import TREE_TURNS_KEY, aforget_insight, forget_insight
+from stello_graph.nodes.scheduling import TREE_TURNS_KEY
 from stello_graph.nodes.state import TurnState
 from stello_graph.storage import MainStorage, SessionSnapshot
 
@@ -91,32 +91,35 @@ def _fresh(state: State, insight: str | None) -> State:
     }
 
 
-def _start(state: State, insight: str | None, human_id: str) -> State:
-    human = HumanMessage(content=state["input"], id=human_id)
+def _checked(state: State) -> str:
+    """The session of a turn's input, the input checked."""
+    check_text(state.get("input"), "input")
+    return check_id(state.get("session_id"))
+
+
+def _assemble_flow(
+    deps: StelloDeps, state: State, config: RunnableConfig, held: TurnLease
+) -> Flow[State]:
+    # the stored settings, read under the lease
+    session = yield Call(deps.turn_session, deps.aturn_session, (held.lease.session_id,))
+    insight = yield Call(session.open_turn, session.aopen_turn)
+    emit(deps.bus, "turn_started", session.id)
+    human = HumanMessage(content=state["input"], id=_human_id(config))
     # `Overwrite`: not a stream token
-    return {"pending": Overwrite([human]), **_fresh(state, insight)}  # type: ignore[typeddict-item]
+    opened: State = {"pending": Overwrite([human]), **_fresh(state, insight)}  # type: ignore[typeddict-item]
+    return {**opened, **held.update()}
 
 
 def make_assemble_node(deps: StelloDeps) -> StelloNode:
     """Node `assemble`: check the input and the session, open the turn's records."""
 
     def assemble(state: State, config: RunnableConfig) -> State:
-        check_text(state.get("input"), "input")
-        sid = check_id(state.get("session_id"))
-        with turn_lease(deps.leases, sid, state, fresh=True) as held:
-            session = deps.turn_session(sid)  # the stored settings, read under the lease
-            insight = session.open_turn()
-        emit(deps.bus, "turn_started", session.id)
-        return {**_start(state, insight, _human_id(config)), **held.update()}
+        with turn_lease(deps.leases, _checked(state), state, fresh=True) as held:
+            return run(_assemble_flow(deps, state, config, held), deps.storage)
 
     async def aassemble(state: State, config: RunnableConfig) -> State:
-        check_text(state.get("input"), "input")
-        sid = check_id(state.get("session_id"))
-        async with aturn_lease(deps.leases, sid, state, fresh=True) as held:
-            session = await deps.aturn_session(sid)
-            insight = await session.aopen_turn()
-        emit(deps.bus, "turn_started", session.id)
-        return {**_start(state, insight, _human_id(config)), **held.update()}
+        async with aturn_lease(deps.leases, _checked(state), state, fresh=True) as held:
+            return await arun(_assemble_flow(deps, state, config, held), deps.storage)
 
     return StelloNode("assemble", assemble, aassemble)
 
@@ -154,8 +157,7 @@ def _begin(state: State) -> tuple[bool, str]:
         or not records
         or (isinstance(records[-1], AIMessage) and not _asks_for_tools(records[-1]))
     ):
-        check_text(state.get("input"), "input")
-        return True, check_id(state.get("session_id"))
+        return True, _checked(state)
     return False, state["session_id"]
 
 
@@ -284,9 +286,7 @@ def _model_flow(
         stored = _stored_turn((yield Call(session.messages, session.amessages)), turn)
         if _answered(state, opens, stored):
             counts = yield from _commit_steps(deps, session, held, None, False)
-            done = _done(deps, session, held, state, stored, counts, True, forget=False)
-            yield Call(forget_insight, aforget_insight, (deps, sid, state.get("insight")))
-            return done
+            return (yield from _done(deps, session, held, state, stored, counts, True))
         turn = _human_id(config)
     shown = {"turn_id": turn, "snapshot": snap, **_shown(state, opens)}
     ctx: TurnContext = yield Call(
@@ -306,8 +306,7 @@ def _model_flow(
         return handed
     commit = (records, view.get("insight"), turn)
     counts = yield from _commit_steps(deps, session, held, commit, opens)
-    done = _done(deps, session, held, view, records, counts, forget=False)
-    yield Call(forget_insight, aforget_insight, (deps, sid, view.get("insight")))
+    done = yield from _done(deps, session, held, view, records, counts)
     return {**update, **done}
 
 
