@@ -65,15 +65,13 @@ class Query:
     lock: int | None = None
     """With the advisory lock key of a tree, the statement runs in the open transaction, or
     outside one in a write transaction of its own holding that lock, in one round trip
-    (`Link.atomic`)."""
+    (`Link.execute`)."""
 
     def run(self, link: Link) -> Result:
-        alone = self.lock is not None and link.txn is None and link.atxn is None
-        return link.atomic(self) if alone else link.execute(self)
+        return link.execute(self)
 
     async def arun(self, link: Link) -> Result:
-        alone = self.lock is not None and link.txn is None and link.atxn is None
-        return await (link.aatomic(self) if alone else link.aexecute(self))
+        return await link.aexecute(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +291,9 @@ class Link:
         self, conn: Any, execute: Any, query: Query, *, script: bool = False
     ) -> Generator[Call, Any, Result]:
         """The steps of `query` run by `execute` (a method of `conn`, either side's, or of
-        a client-side cursor of it); as a `script`, `atomic`'s: `BEGIN`, the lock of
-        `query.lock`, the statement and `COMMIT`, rolled back if it fails."""
+        a client-side cursor of it); as a `script` (a locked statement outside a
+        transaction): `BEGIN`, the lock of `query.lock`, the statement and `COMMIT`, rolled
+        back if it fails."""
         sql = query.sql
         if script:
             assert query.lock is not None
@@ -311,7 +310,14 @@ class Link:
             raise self.error(conn, exc) from exc
 
     def execute(self, query: Query) -> Result:
-        """Run a statement: in the open transaction (either side's), else on its own."""
+        """Run a statement: in the open transaction (either side's), else on its own; one
+        with a `lock`, outside a transaction, in a write transaction of its own holding that
+        lock, in one round trip: `BEGIN`, the lock, the statement and `COMMIT` are sent as
+        one script, its parameters bound on the client.
+
+        A statement that fails leaves the transaction aborted: it is rolled back, nothing of
+        it is stored, and the error is raised typed.
+        """
         if self.atxn is not None:
             loop, aconn = self.atxn
             if running_loop() is loop:
@@ -324,12 +330,15 @@ class Link:
             return self.run(self.txn, query)
         conn = self.acquire()
         try:
-            return self.run(conn, query)
+            if query.lock is None:
+                return self.run(conn, query)
+            with psycopg.ClientCursor(conn) as cur:
+                return run(self._ran(conn, cur.execute, query, script=True), self)
         finally:
             self.release(conn)
 
     async def aexecute(self, query: Query) -> Result:
-        """The async twin of `execute`."""
+        """The async twin of `execute`, on the running loop's connection."""
         if self.txn is not None:  # a sync transaction of this thread, under a nested loop
             return self.run(self.txn, query)
         if self.atxn is not None:
@@ -339,41 +348,13 @@ class Link:
             future = asyncio.run_coroutine_threadsafe(self.arun(aconn, query), loop)
             return await asyncio.wrap_future(future)
         own = await self._aconnect() if self._closed else None  # a call after `close()`
-        try:
-            return await self.arun(own if own is not None else await self.aacquire(), query)
-        finally:
-            if own is not None:
-                await own.close()
-
-    def atomic(self, query: Query) -> Result:
-        """Run `query` in a write transaction of its own (the advisory lock `query.lock`
-        held), in one round trip: `BEGIN`, the lock, the statement and `COMMIT` are sent as
-        one script, its parameters bound on the client. Only outside a transaction.
-
-        A statement that fails leaves the transaction aborted: it is rolled back, nothing of
-        it is stored, and the error is raised as `run` raises it.
-        """
-        assert self.txn is None and self.atxn is None, "atomic() inside a transaction"
-        conn = self.acquire()
-        try:
-            cur = psycopg.ClientCursor(conn)
-            try:
-                return run(self._ran(conn, cur.execute, query, script=True), self)
-            finally:
-                cur.close()
-        finally:
-            self.release(conn)
-
-    async def aatomic(self, query: Query) -> Result:
-        """The async twin of `atomic`, on the running loop's connection."""
-        assert self.txn is None and self.atxn is None, "aatomic() inside a transaction"
-        own = await self._aconnect() if self._closed else None  # a call after `close()`
         conn = own if own is not None else await self.aacquire()
-        cur = psycopg.AsyncClientCursor(conn)
         try:
-            return await arun(self._ran(conn, cur.execute, query, script=True), self)
+            if query.lock is None:
+                return await self.arun(conn, query)
+            async with psycopg.AsyncClientCursor(conn) as cur:
+                return await arun(self._ran(conn, cur.execute, query, script=True), self)
         finally:
-            await cur.close()
             if own is not None:
                 await own.close()
 
