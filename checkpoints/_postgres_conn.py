@@ -281,26 +281,27 @@ class Link:
             )
         return StorageError(f"PostgreSQL failed at {self.where}: {exc}")
 
-    def run(self, conn: psycopg.Connection[Any], query: Query) -> Result:
-        return run(self._ran(conn, conn.execute, query), self)
+    def run(self, conn: psycopg.Connection[Any], query: Query, skip: int = 0) -> Result:
+        return run(self._ran(conn, conn.execute, query, skip=skip), self)
 
-    async def arun(self, conn: psycopg.AsyncConnection[Any], query: Query) -> Result:
-        return await arun(self._ran(conn, conn.execute, query), self)
+    async def arun(self, conn: psycopg.AsyncConnection[Any], query: Query, skip: int = 0) -> Result:
+        return await arun(self._ran(conn, conn.execute, query, skip=skip), self)
 
     def _ran(
-        self, conn: Any, execute: Any, query: Query, *, script: bool = False
+        self, conn: Any, execute: Any, query: Query, *, script: bool = False, skip: int = 0
     ) -> Generator[Call, Any, Result]:
         """The steps of `query` run by `execute` (a method of `conn`, either side's, or of
-        a client-side cursor of it); as a `script` (a locked statement outside a
-        transaction): `BEGIN`, the lock of `query.lock`, the statement and `COMMIT`, rolled
-        back if it fails."""
+        a client-side cursor of it), the rows of its result after the first `skip` of a
+        multi-statement one; as a `script` (a locked statement outside a transaction):
+        `BEGIN`, the lock of `query.lock`, the statement and `COMMIT`, rolled back if it
+        fails."""
         sql = query.sql
         if script:
             assert query.lock is not None
-            sql = f"{self.begin_sql(query.lock, wait=True)}; {sql}; COMMIT"
+            sql, skip = f"{self.begin_sql(query.lock, wait=True)}; {sql}; COMMIT", 3
         try:
             cur = yield Call(execute, execute, (sql, _params(query.params)))
-            for _ in range(3 if script else 0):  # BEGIN, SET LOCAL, the lock: then the result
+            for _ in range(skip):  # BEGIN, SET LOCAL, the lock of `begin_sql`: then the result
                 cur.nextset()
             rows = _rows((yield Call(cur.fetchall, cur.fetchall))) if cur.description else []
             return Result(rows, cur.rowcount)
@@ -418,16 +419,6 @@ def _rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _begun(conn: Any, sql: str) -> Generator[Call, Any, bool]:
-    """The steps of a hook's `begin` on `conn`, either side's: run the multi-statement `sql`
-    and return the first value of its last result (whether the lock was taken)."""
-    cur = yield Call(conn.execute, conn.execute, (sql,))
-    while cur.nextset():
-        pass
-    row = yield Call(cur.fetchone, cur.fetchone)
-    return bool(row[0])
-
-
 def _rolled_back(conn: Any) -> Generator[Call, Any, None]:
     """The steps that roll back the transaction of `conn`, either side's; not on a lost
     connection (the server ended its transaction), and a failure is ignored."""
@@ -450,14 +441,12 @@ class SyncHooks(_Hooks):
         link = self._link
         conn = link.acquire()
         try:
-            # the waiting lock returns void
-            if run(_begun(conn, link.begin_sql(self._key, wait=wait)), link) or wait:
+            begun = link.run(conn, Query(link.begin_sql(self._key, wait=wait)), 2)
+            if begun.rows[0][0] or wait:  # the lock taken (the waiting lock returns void)
                 link.txn = conn
                 return True
-        except BaseException as exc:
+        except BaseException:
             self._abandon(conn)
-            if isinstance(exc, psycopg.Error):
-                raise link.error(conn, exc) from exc
             raise
         self._abandon(conn)
         return False
@@ -502,13 +491,12 @@ class AsyncHooks(_Hooks):
         link = self._link
         conn = await link.aacquire()
         try:
-            if await arun(_begun(conn, link.begin_sql(self._key, wait=wait)), link) or wait:
+            begun = await link.arun(conn, Query(link.begin_sql(self._key, wait=wait)), 2)
+            if begun.rows[0][0] or wait:
                 link.atxn = (asyncio.get_running_loop(), conn)
                 return True
-        except BaseException as exc:
+        except BaseException:
             await self._abandon(conn)
-            if isinstance(exc, psycopg.Error):
-                raise link.error(conn, exc) from exc
             raise
         await self._abandon(conn)
         return False
