@@ -164,7 +164,7 @@ class Link:
         self._kwargs = kwargs
         self.lock_ms = max(1, int(lock_timeout * 1000))
         self._own: psycopg.Connection[Any] | None = None
-        self._closed = False
+        self.closed = False
         """Set by `close()`: a call made afterwards runs on a connection of its own, closed
         when it returns (nothing is left open by a storage used after `close()`)."""
         self._aconns: dict[int, tuple[asyncio.AbstractEventLoop, psycopg.AsyncConnection[Any]]] = {}
@@ -181,7 +181,7 @@ class Link:
             if conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit:
                 conn.autocommit = True
             return conn
-        if self._closed:
+        if self.closed:
             return self._connect()
         if self._own is None or hung_up(self._own):
             if self._own is not None:
@@ -255,7 +255,7 @@ class Link:
 
     def close(self) -> None:
         """Close the connections the storage opened (not the pool given)."""
-        self._closed = True
+        self.closed = True
         if self._own is not None:
             self._own.close()
             self._own = None
@@ -348,7 +348,7 @@ class Link:
                 return await self.arun(aconn, query)
             future = asyncio.run_coroutine_threadsafe(self.arun(aconn, query), loop)
             return await asyncio.wrap_future(future)
-        own = await self._aconnect() if self._closed else None  # a call after `close()`
+        own = await self._aconnect() if self.closed else None  # a call after `close()`
         conn = own if own is not None else await self.aacquire()
         try:
             if query.lock is None:
