@@ -427,6 +427,10 @@ def _rolled_back(conn: Any) -> Generator[Call, Any, None]:
             yield Call(conn.execute, conn.execute, ("ROLLBACK",))
 
 
+_ROLLBACK_TO = "ROLLBACK TO SAVEPOINT stello_{0}; RELEASE SAVEPOINT stello_{0}"
+"""Undo a savepoint's work and drop it, in one round trip."""
+
+
 class _Hooks:
     """The transaction hooks of one tree (its advisory lock `key`) on a `Link`."""
 
@@ -480,8 +484,7 @@ class SyncHooks(_Hooks):
     def rollback_to(self, depth: int) -> None:
         link = self._link
         if link.atxn is not None or (link.txn is not None and _usable(link.txn)):
-            link.execute(Query(f"ROLLBACK TO SAVEPOINT stello_{int(depth)}"))
-            link.execute(Query(f"RELEASE SAVEPOINT stello_{int(depth)}"))
+            link.execute(Query(_ROLLBACK_TO.format(int(depth))))
 
 
 class AsyncHooks(_Hooks):
@@ -496,13 +499,10 @@ class AsyncHooks(_Hooks):
                 link.atxn = (asyncio.get_running_loop(), conn)
                 return True
         except BaseException:
-            await self._abandon(conn)
+            await arun(_rolled_back(conn), link)
             raise
-        await self._abandon(conn)
+        await arun(_rolled_back(conn), link)
         return False
-
-    async def _abandon(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        await arun(_rolled_back(conn), self._link)
 
     async def commit(self) -> None:
         link = self._link
@@ -514,7 +514,7 @@ class AsyncHooks(_Hooks):
         link = self._link
         found, link.atxn = link.atxn, None
         if found is not None:
-            await self._abandon(found[1])
+            await arun(_rolled_back(found[1]), link)
 
     async def savepoint(self, depth: int) -> None:
         await self._link.aexecute(Query(f"SAVEPOINT stello_{int(depth)}"))
@@ -525,8 +525,7 @@ class AsyncHooks(_Hooks):
     async def rollback_to(self, depth: int) -> None:
         link = self._link
         if link.txn is not None or (link.atxn is not None and _usable(link.atxn[1])):
-            await link.aexecute(Query(f"ROLLBACK TO SAVEPOINT stello_{int(depth)}"))
-            await link.aexecute(Query(f"RELEASE SAVEPOINT stello_{int(depth)}"))
+            await link.aexecute(Query(_ROLLBACK_TO.format(int(depth))))
 
 
 def _usable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
