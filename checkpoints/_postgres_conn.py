@@ -65,15 +65,13 @@ class Query:
     lock: int | None = None
     """With the advisory lock key of a tree, the statement runs in the open transaction, or
     outside one in a write transaction of its own holding that lock, in one round trip
-    (`Link.atomic`)."""
+    (`Link.execute`)."""
 
     def run(self, link: Link) -> Result:
-        alone = self.lock is not None and link.txn is None and link.atxn is None
-        return link.atomic(self) if alone else link.execute(self)
+        return link.execute(self)
 
     async def arun(self, link: Link) -> Result:
-        alone = self.lock is not None and link.txn is None and link.atxn is None
-        return await (link.aatomic(self) if alone else link.aexecute(self))
+        return await link.aexecute(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +164,7 @@ class Link:
         self._kwargs = kwargs
         self.lock_ms = max(1, int(lock_timeout * 1000))
         self._own: psycopg.Connection[Any] | None = None
-        self._closed = False
+        self.closed = False
         """Set by `close()`: a call made afterwards runs on a connection of its own, closed
         when it returns (nothing is left open by a storage used after `close()`)."""
         self._aconns: dict[int, tuple[asyncio.AbstractEventLoop, psycopg.AsyncConnection[Any]]] = {}
@@ -183,7 +181,7 @@ class Link:
             if conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit:
                 conn.autocommit = True
             return conn
-        if self._closed:
+        if self.closed:
             return self._connect()
         if self._own is None or hung_up(self._own):
             if self._own is not None:
@@ -257,7 +255,7 @@ class Link:
 
     def close(self) -> None:
         """Close the connections the storage opened (not the pool given)."""
-        self._closed = True
+        self.closed = True
         if self._own is not None:
             self._own.close()
             self._own = None
@@ -283,25 +281,27 @@ class Link:
             )
         return StorageError(f"PostgreSQL failed at {self.where}: {exc}")
 
-    def run(self, conn: psycopg.Connection[Any], query: Query) -> Result:
-        return run(self._ran(conn, conn.execute, query), self)
+    def run(self, conn: psycopg.Connection[Any], query: Query, skip: int = 0) -> Result:
+        return run(self._ran(conn, conn.execute, query, skip=skip), self)
 
-    async def arun(self, conn: psycopg.AsyncConnection[Any], query: Query) -> Result:
-        return await arun(self._ran(conn, conn.execute, query), self)
+    async def arun(self, conn: psycopg.AsyncConnection[Any], query: Query, skip: int = 0) -> Result:
+        return await arun(self._ran(conn, conn.execute, query, skip=skip), self)
 
     def _ran(
-        self, conn: Any, execute: Any, query: Query, *, script: bool = False
+        self, conn: Any, execute: Any, query: Query, *, script: bool = False, skip: int = 0
     ) -> Generator[Call, Any, Result]:
         """The steps of `query` run by `execute` (a method of `conn`, either side's, or of
-        a client-side cursor of it); as a `script`, `atomic`'s: `BEGIN`, the lock of
-        `query.lock`, the statement and `COMMIT`, rolled back if it fails."""
+        a client-side cursor of it), the rows of its result after the first `skip` of a
+        multi-statement one; as a `script` (a locked statement outside a transaction):
+        `BEGIN`, the lock of `query.lock`, the statement and `COMMIT`, rolled back if it
+        fails."""
         sql = query.sql
         if script:
             assert query.lock is not None
-            sql = f"{self.begin_sql(query.lock, wait=True)}; {sql}; COMMIT"
+            sql, skip = f"{self.begin_sql(query.lock, wait=True)}; {sql}; COMMIT", 3
         try:
             cur = yield Call(execute, execute, (sql, _params(query.params)))
-            for _ in range(3 if script else 0):  # BEGIN, SET LOCAL, the lock: then the result
+            for _ in range(skip):  # BEGIN, SET LOCAL, the lock of `begin_sql`: then the result
                 cur.nextset()
             rows = _rows((yield Call(cur.fetchall, cur.fetchall))) if cur.description else []
             return Result(rows, cur.rowcount)
@@ -311,7 +311,14 @@ class Link:
             raise self.error(conn, exc) from exc
 
     def execute(self, query: Query) -> Result:
-        """Run a statement: in the open transaction (either side's), else on its own."""
+        """Run a statement: in the open transaction (either side's), else on its own; one
+        with a `lock`, outside a transaction, in a write transaction of its own holding that
+        lock, in one round trip: `BEGIN`, the lock, the statement and `COMMIT` are sent as
+        one script, its parameters bound on the client.
+
+        A statement that fails leaves the transaction aborted: it is rolled back, nothing of
+        it is stored, and the error is raised typed.
+        """
         if self.atxn is not None:
             loop, aconn = self.atxn
             if running_loop() is loop:
@@ -324,12 +331,15 @@ class Link:
             return self.run(self.txn, query)
         conn = self.acquire()
         try:
-            return self.run(conn, query)
+            if query.lock is None:
+                return self.run(conn, query)
+            with psycopg.ClientCursor(conn) as cur:
+                return run(self._ran(conn, cur.execute, query, script=True), self)
         finally:
             self.release(conn)
 
     async def aexecute(self, query: Query) -> Result:
-        """The async twin of `execute`."""
+        """The async twin of `execute`, on the running loop's connection."""
         if self.txn is not None:  # a sync transaction of this thread, under a nested loop
             return self.run(self.txn, query)
         if self.atxn is not None:
@@ -338,42 +348,14 @@ class Link:
                 return await self.arun(aconn, query)
             future = asyncio.run_coroutine_threadsafe(self.arun(aconn, query), loop)
             return await asyncio.wrap_future(future)
-        own = await self._aconnect() if self._closed else None  # a call after `close()`
-        try:
-            return await self.arun(own if own is not None else await self.aacquire(), query)
-        finally:
-            if own is not None:
-                await own.close()
-
-    def atomic(self, query: Query) -> Result:
-        """Run `query` in a write transaction of its own (the advisory lock `query.lock`
-        held), in one round trip: `BEGIN`, the lock, the statement and `COMMIT` are sent as
-        one script, its parameters bound on the client. Only outside a transaction.
-
-        A statement that fails leaves the transaction aborted: it is rolled back, nothing of
-        it is stored, and the error is raised as `run` raises it.
-        """
-        assert self.txn is None and self.atxn is None, "atomic() inside a transaction"
-        conn = self.acquire()
-        try:
-            cur = psycopg.ClientCursor(conn)
-            try:
-                return run(self._ran(conn, cur.execute, query, script=True), self)
-            finally:
-                cur.close()
-        finally:
-            self.release(conn)
-
-    async def aatomic(self, query: Query) -> Result:
-        """The async twin of `atomic`, on the running loop's connection."""
-        assert self.txn is None and self.atxn is None, "aatomic() inside a transaction"
-        own = await self._aconnect() if self._closed else None  # a call after `close()`
+        own = await self._aconnect() if self.closed else None  # a call after `close()`
         conn = own if own is not None else await self.aacquire()
-        cur = psycopg.AsyncClientCursor(conn)
         try:
-            return await arun(self._ran(conn, cur.execute, query, script=True), self)
+            if query.lock is None:
+                return await self.arun(conn, query)
+            async with psycopg.AsyncClientCursor(conn) as cur:
+                return await arun(self._ran(conn, cur.execute, query, script=True), self)
         finally:
-            await cur.close()
             if own is not None:
                 await own.close()
 
@@ -437,22 +419,16 @@ def _rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _begun(conn: Any, sql: str) -> Generator[Call, Any, bool]:
-    """The steps of a hook's `begin` on `conn`, either side's: run the multi-statement `sql`
-    and return the first value of its last result (whether the lock was taken)."""
-    cur = yield Call(conn.execute, conn.execute, (sql,))
-    while cur.nextset():
-        pass
-    row = yield Call(cur.fetchone, cur.fetchone)
-    return bool(row[0])
-
-
 def _rolled_back(conn: Any) -> Generator[Call, Any, None]:
     """The steps that roll back the transaction of `conn`, either side's; not on a lost
     connection (the server ended its transaction), and a failure is ignored."""
     if not (conn.broken or conn.closed):
         with contextlib.suppress(psycopg.Error):
             yield Call(conn.execute, conn.execute, ("ROLLBACK",))
+
+
+_ROLLBACK_TO = "ROLLBACK TO SAVEPOINT stello_{0}; RELEASE SAVEPOINT stello_{0}"
+"""Undo a savepoint's work and drop it, in one round trip."""
 
 
 class _Hooks:
@@ -469,14 +445,12 @@ class SyncHooks(_Hooks):
         link = self._link
         conn = link.acquire()
         try:
-            # the waiting lock returns void
-            if run(_begun(conn, link.begin_sql(self._key, wait=wait)), link) or wait:
+            begun = link.run(conn, Query(link.begin_sql(self._key, wait=wait)), 2)
+            if begun.rows[0][0] or wait:  # the lock taken (the waiting lock returns void)
                 link.txn = conn
                 return True
-        except BaseException as exc:
+        except BaseException:
             self._abandon(conn)
-            if isinstance(exc, psycopg.Error):
-                raise link.error(conn, exc) from exc
             raise
         self._abandon(conn)
         return False
@@ -510,8 +484,7 @@ class SyncHooks(_Hooks):
     def rollback_to(self, depth: int) -> None:
         link = self._link
         if link.atxn is not None or (link.txn is not None and _usable(link.txn)):
-            link.execute(Query(f"ROLLBACK TO SAVEPOINT stello_{int(depth)}"))
-            link.execute(Query(f"RELEASE SAVEPOINT stello_{int(depth)}"))
+            link.execute(Query(_ROLLBACK_TO.format(int(depth))))
 
 
 class AsyncHooks(_Hooks):
@@ -521,19 +494,15 @@ class AsyncHooks(_Hooks):
         link = self._link
         conn = await link.aacquire()
         try:
-            if await arun(_begun(conn, link.begin_sql(self._key, wait=wait)), link) or wait:
+            begun = await link.arun(conn, Query(link.begin_sql(self._key, wait=wait)), 2)
+            if begun.rows[0][0] or wait:
                 link.atxn = (asyncio.get_running_loop(), conn)
                 return True
-        except BaseException as exc:
-            await self._abandon(conn)
-            if isinstance(exc, psycopg.Error):
-                raise link.error(conn, exc) from exc
+        except BaseException:
+            await arun(_rolled_back(conn), link)
             raise
-        await self._abandon(conn)
+        await arun(_rolled_back(conn), link)
         return False
-
-    async def _abandon(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        await arun(_rolled_back(conn), self._link)
 
     async def commit(self) -> None:
         link = self._link
@@ -545,7 +514,7 @@ class AsyncHooks(_Hooks):
         link = self._link
         found, link.atxn = link.atxn, None
         if found is not None:
-            await self._abandon(found[1])
+            await arun(_rolled_back(found[1]), link)
 
     async def savepoint(self, depth: int) -> None:
         await self._link.aexecute(Query(f"SAVEPOINT stello_{int(depth)}"))
@@ -556,8 +525,7 @@ class AsyncHooks(_Hooks):
     async def rollback_to(self, depth: int) -> None:
         link = self._link
         if link.txn is not None or (link.atxn is not None and _usable(link.atxn[1])):
-            await link.aexecute(Query(f"ROLLBACK TO SAVEPOINT stello_{int(depth)}"))
-            await link.aexecute(Query(f"RELEASE SAVEPOINT stello_{int(depth)}"))
+            await link.aexecute(Query(_ROLLBACK_TO.format(int(depth))))
 
 
 def _usable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

@@ -50,23 +50,6 @@ _PART = f"({_CHARACTER})+".replace("%", "%%")
 any other thread id (which a stello session cannot have) is not decoded, and written."""
 
 
-def _lost_or_failed(exc: BaseException, where: str) -> StorageError:
-    """The typed error of a failure outside a `Link` (a checkpointer's pool): a connection
-    lost, refused or not given in time is `StorageUnavailableError`, anything else of the
-    database `StorageError`."""
-    state = getattr(exc, "sqlstate", None)
-    lost = isinstance(exc, psycopg.InterfaceError | psycopg_pool.PoolTimeout) or (
-        isinstance(exc, psycopg.OperationalError)
-        and (state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03"))
-    )
-    if lost:
-        return StorageUnavailableError(
-            f"The connection to PostgreSQL at {where} was lost or refused ({exc}). Nothing of "
-            "the unfinished operation was stored; retry it once the server is back."
-        )
-    return StorageError(f"PostgreSQL failed at {where}: {exc}")
-
-
 def _decoded(part: str) -> str:
     """SQL: the text `part` (an SQL expression, a part of `_ids.compose`) percent-decoded."""
     return f"""(SELECT convert_from(string_agg(CASE WHEN left(m[1], 1) = '%%'
@@ -134,19 +117,12 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
     statement, and the removal deletes the session's threads in its own transaction.
     """
 
-    def _guard_sessions(self) -> None:
-        """Write nothing of a stello turn thread whose session is gone from the database's
-        storage (its `stello_sessions` table must exist): LangGraph's inserts, guarded."""
-        self.UPSERT_CHECKPOINT_BLOBS_SQL = _BLOBS
-        self.UPSERT_CHECKPOINTS_SQL = _CHECKPOINTS
-        self.UPSERT_CHECKPOINT_WRITES_SQL = _UPSERT_WRITES
-        self.INSERT_CHECKPOINT_WRITES_SQL = _INSERT_WRITES
-
     @contextmanager
     def _errors(self) -> Iterator[None]:
-        """A failure of the database in the block, raised as `StorageUnavailableError` (the
-        server went away: the pool replaces the connection for the next call) or
-        `StorageError`, the original its `__cause__`."""
+        """A failure of the database in the block, raised as `StorageUnavailableError` (a
+        connection lost, refused or not given in time: the pool replaces it for the next
+        call) or `StorageError` (anything else of the database), the original its
+        `__cause__`."""
         try:
             yield
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
@@ -155,13 +131,24 @@ class StelloPostgresSaver(AsyncInThreads, PostgresSaver):
                 where = describe(conninfo) if isinstance(conninfo, str) else "its database"
             except InvalidInputError:
                 where = "its database"
-            error = _lost_or_failed(exc, where)
-            if isinstance(error, StorageUnavailableError) and isinstance(self.conn, ConnectionPool):
-                # the pool's other connections died with this one: the next call gets a
-                # new one (once the server is back), not the next dead one
-                with suppress(psycopg.Error, psycopg_pool.PoolTimeout):
-                    self.conn.check()
-            raise error from exc
+            state = getattr(exc, "sqlstate", None)
+            if isinstance(exc, psycopg.InterfaceError | psycopg_pool.PoolTimeout) or (
+                isinstance(exc, psycopg.OperationalError)
+                and (
+                    state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+                )
+            ):
+                if isinstance(self.conn, ConnectionPool):
+                    # the pool's other connections died with this one: the next call gets a
+                    # new one (once the server is back), not the next dead one
+                    with suppress(psycopg.Error, psycopg_pool.PoolTimeout):
+                        self.conn.check()
+                raise StorageUnavailableError(
+                    f"The connection to PostgreSQL at {where} was lost or refused ({exc}). "
+                    "Nothing of the unfinished operation was stored; retry it once the server "
+                    "is back."
+                ) from exc
+            raise StorageError(f"PostgreSQL failed at {where}: {exc}") from exc
 
 
 def postgres_saver(conninfo: str, *, connect_timeout: float = 10.0) -> StelloPostgresSaver:
@@ -193,7 +180,12 @@ def postgres_saver(conninfo: str, *, connect_timeout: float = 10.0) -> StelloPos
                 conn.execute(f"SELECT pg_advisory_unlock({SETUP_LOCK})")
             stored = conn.execute("SELECT to_regclass(%s) AS found", (SESSIONS,)).fetchone()
         if stored is not None and stored["found"] is not None:  # the storage is on it
-            saver._guard_sessions()
+            # write nothing of a stello turn thread whose session is gone: LangGraph's
+            # inserts, guarded (they need the `stello_sessions` table)
+            saver.UPSERT_CHECKPOINT_BLOBS_SQL = _BLOBS
+            saver.UPSERT_CHECKPOINTS_SQL = _CHECKPOINTS
+            saver.UPSERT_CHECKPOINT_WRITES_SQL = _UPSERT_WRITES
+            saver.INSERT_CHECKPOINT_WRITES_SQL = _INSERT_WRITES
     except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
         pool.close()
         raise StorageUnavailableError(

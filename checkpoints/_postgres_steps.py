@@ -152,11 +152,7 @@ class Statements(TreeStatements):
         (meta, values), stamp = split_read(rows[0][:-1]), rows[0][-1]
         if not records:
             return meta, values, ()
-        cached = self.cache.get(session_id)
-        if cached is not None and cached[0] == stamp:
-            return meta, values, cached[1]
-        found: list[BaseMessage] = yield from self._load_records(session_id)
-        return meta, values, found
+        return meta, values, (yield from self._records_at(session_id, stamp))
 
     def set_fields(self, session_id: str, values: dict[str, Any]) -> Steps[None]:
         columns = ", ".join(f"{name} = %s" for name in checked_fields(values))
@@ -175,11 +171,6 @@ class Statements(TreeStatements):
         yield Query(sql, (self.tree_id, list(session_ids)))
         sql = f"UPDATE {EVENTS} SET payload = %s WHERE tree_id = %s AND session_id = ANY(%s)"
         yield Query(sql, (REMOVED_PAYLOAD, self.tree_id, list(session_ids)))
-        yield from self._delete_threads(session_ids)
-        for session_id in session_ids:
-            self.cache.pop(session_id)
-
-    def _delete_threads(self, session_ids: list[str]) -> Steps[None]:
         # The sessions' turn threads in LangGraph's tables on this database (the stello
         # saver's), in this transaction and after the sessions' rows: a kill leaves none of
         # them, and a checkpoint write of the saver, which writes nothing of a thread whose
@@ -190,6 +181,8 @@ class Statements(TreeStatements):
         threads = session_threads(self.tree_id, session_ids)
         for (table,) in found:
             yield Query(f"DELETE FROM {table} WHERE thread_id = ANY(%s)", (threads,))
+        for session_id in session_ids:
+            self.cache.pop(session_id)
 
     def append(
         self,
@@ -237,15 +230,19 @@ class Statements(TreeStatements):
         return read_turns((yield from self.run(self.shared.rows(session_id, "turn_id, turn_seq"))))
 
     def records(self, session_id: str) -> Steps[list[BaseMessage]]:
-        key = (self.tree_id, session_id)
-        cached = self.cache.get(session_id)
-        if cached is not None:
+        stamp = None  # the session's, read only when the cache holds records of it
+        if self.cache.get(session_id) is not None:
             sql = f"SELECT records_stamp FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
-            found = (yield Query(sql, key)).rows
-            if found and found[0][0] == cached[0]:
-                return cached[1]
-        loaded: list[BaseMessage] = yield from self._load_records(session_id)
-        return loaded
+            found = (yield Query(sql, (self.tree_id, session_id))).rows
+            stamp = found[0][0] if found else None
+        return (yield from self._records_at(session_id, stamp))
+
+    def _records_at(self, session_id: str, stamp: int | None) -> Steps[list[BaseMessage]]:
+        """The session's records: the cache's when it holds them at `stamp`, else read."""
+        cached = self.cache.get(session_id)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        return (yield from self._load_records(session_id))
 
     def _load_records(self, session_id: str) -> Steps[list[BaseMessage]]:
         key = (self.tree_id, session_id)

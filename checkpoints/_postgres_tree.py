@@ -102,12 +102,11 @@ class TreeStatements:
         # every placeholder of the walk and of the part is the tree's id
         rows = [tuple(row) for row in (yield Query(sql, (self.tree_id,) * sql.count("%s"))).rows]
         bases = (yield from self.run(self.shared.bases())) if part != "nodes" else {}
-        inherited: dict[str, list[tuple[Any, ...]]] = {}
+        inherited: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
         if part == "records":  # read here: the rows are handed over after the steps end
-            for sid, base in bases.items():
-                inherited[sid] = yield from self.run(self.shared.inherited(base, "data"))
-        by_base = {base: inherited.get(sid, []) for sid, base in bases.items()}
-        rows = list(export_with_prefixes(part, rows, bases, lambda base: by_base[base]))
+            for base in bases.values():
+                inherited[base] = yield from self.run(self.shared.inherited(base, "data"))
+        rows = list(export_with_prefixes(part, rows, bases, inherited.__getitem__))
         for row in rows:
             sink(row)
         return len(rows)

@@ -117,22 +117,19 @@ class PostgresMainStorage(BackendStorage):
         self._ahooks = AsyncHooks(self._link, self._steps.key)
         self.conninfo = self._link.conninfo
         """The connection string the storage (and `open_checkpointer`) connects with."""
-        self._closed = False
         super().__init__(self, tree_id=tree_id)  # its own `StorageBackend`
         try:
             _schema.migrate(self._link)
         except BaseException:
             self._link.close()
-            self._closed = True
             raise
 
     def close(self) -> None:
         """Close the connections the storage opened (waits for a running transaction)."""
-        if not self._closed:
+        if not self._link.closed:
             self._txn.close(self._release)
 
     def _release(self) -> None:
-        self._closed = True
         self._steps.cache.clear()
         self._link.close()
 
