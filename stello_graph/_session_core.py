@@ -1,7 +1,6 @@
 """The session's own state and its plain storage members (meta, records, system prompt).
 
-`SessionBase` (`_base`) builds the turn on top of this layer and the context layer
-(`_session_context`).
+`SessionBase` (`_base`) builds the turn's context and the turn on top of this layer.
 """
 
 from __future__ import annotations
