@@ -41,12 +41,6 @@ __all__ = ["SessionCore"]
 T = TypeVar("T")
 
 
-def atomic(flow: Flow[T]) -> Flow[T]:
-    """`flow`, run in one storage transaction."""
-    result: T = yield Atomic(flow)
-    return result
-
-
 def chosen_fn(fn: T | None, configured: T | None, missing: str) -> T:
     """The memory function of a call: `fn` if given, else the session's `configured` one
     (`FunctionNotConfiguredError` with `missing` when neither is there)."""
@@ -191,20 +185,20 @@ class SessionCore:
         The status check and the write are one transaction: a session archived meanwhile
         refuses the change with `SessionArchivedError`.
         """
-        run(self._prompt_write(prompt), self._storage)
+        self._prompt_write(prompt).run(self._storage)
 
     async def aset_system_prompt(self, prompt: str | None) -> None:
         """Async twin of `set_system_prompt`."""
-        await arun(self._prompt_write(prompt), self._storage)
+        await self._prompt_write(prompt).arun(self._storage)
 
-    def _prompt_write(self, prompt: str | None) -> Flow[None]:
+    def _prompt_write(self, prompt: str | None) -> Atomic:
         prompt = check_optional_text(prompt, "system_prompt")  # checked before the transaction
         step = Storage(MainStorage.put_system_prompt, self._id, prompt)
-        return atomic(self._active_write("a system prompt change", step))
+        return Atomic(self._active_write("a system prompt change", step))
 
     def _active_write(self, operation: str, step: Storage) -> Flow[None]:
-        """The meta read and refused if archived (`operation` names the write), then `step`:
-        run in one transaction, so a session archived meanwhile refuses the write."""
+        """The meta read and refused if archived (`operation` names the write), then `step`;
+        its callers run it in one transaction, so a session archived meanwhile refuses it."""
         self._active((yield from self._meta_flow()), operation)
         yield step
 

@@ -35,7 +35,7 @@ from stello_graph._context import (
 )
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
-from stello_graph._session_core import atomic, chosen_fn
+from stello_graph._session_core import chosen_fn
 from stello_graph._text import storable
 from stello_graph._topology_slot import TopologySlot, check_topology_slot
 from stello_graph._turn_parts import ContextParts, check_loaded, new_meta
@@ -232,15 +232,15 @@ class Session(SessionBase):
         The status check and the write are one transaction: a session archived meanwhile
         refuses the insight with `SessionArchivedError`.
         """
-        run(self._insight_write(insight), self._storage)
+        self._insight_write(insight).run(self._storage)
 
     async def aset_insight(self, insight: str) -> None:
         """Async twin of `set_insight`."""
-        await arun(self._insight_write(insight), self._storage)
+        await self._insight_write(insight).arun(self._storage)
 
-    def _insight_write(self, insight: str) -> Flow[None]:
+    def _insight_write(self, insight: str) -> Atomic:
         step = Storage(MainStorage.put_insight, self._id, check_text(insight, "insight"))
-        return atomic(self._active_write("an insight", step))
+        return Atomic(self._active_write("an insight", step))
 
     def memory(self) -> str | None:
         """The session's L2: its outward summary, as the main session sees it."""
