@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import replace
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -383,10 +383,9 @@ class SessionBase(SessionCore):
         """Async twin of `send`."""
         return await self._asend(HumanMessage(content=check_text(content)), tool_choice)
 
+    @cached_property
     def _leases(self) -> SessionLeases:
-        if self._lease_keeper is None:
-            self._lease_keeper = SessionLeases(self._storage)
-        return self._lease_keeper
+        return SessionLeases(self._storage)
 
     def send_tool_results(self, results: Sequence[ToolMessage] | ToolMessage) -> SendResult:
         """Continue a turn whose reply asked for tools: one model call with their results.
@@ -413,7 +412,7 @@ class SessionBase(SessionCore):
     def _send(self, new: HumanMessage | list[ToolMessage], tool_choice: ToolChoice) -> SendResult:
         """A turn of one model call under the session's lease, which its commit frees."""
         back = _freed_by_commit()
-        with self._leases().hold(self._id, handback=back) as lease:
+        with self._leases.hold(self._id, handback=back) as lease:
             reply = run(self._send_flow(new, tool_choice, lease), self._storage)
             back.released = True
         return to_send_result(reply)
@@ -423,7 +422,7 @@ class SessionBase(SessionCore):
     ) -> SendResult:
         """Async twin of `_send`."""
         back = _freed_by_commit()
-        async with self._leases().ahold(self._id, handback=back) as lease:
+        async with self._leases.ahold(self._id, handback=back) as lease:
             reply = await arun(self._send_flow(new, tool_choice, lease), self._storage)
             back.released = True
         return to_send_result(reply)
@@ -463,7 +462,7 @@ class SessionBase(SessionCore):
 
     def _stream_turn(self, human: HumanMessage) -> Generator[str | SendResult, None, None]:
         back = _freed_by_commit()  # the commit frees the lease
-        with self._leases().hold(self._id, handback=back) as lease:
+        with self._leases.hold(self._id, handback=back) as lease:
             ctx = self.turn_context()
             runnable = self._runnable()
             total: AIMessageChunk | None = None
@@ -484,7 +483,7 @@ class SessionBase(SessionCore):
 
     async def _astream_turn(self, human: HumanMessage) -> AsyncGenerator[str | SendResult, None]:
         back = _freed_by_commit()  # the commit frees the lease
-        async with self._leases().ahold(self._id, handback=back) as lease:
+        async with self._leases.ahold(self._id, handback=back) as lease:
             ctx = await self.aturn_context()
             runnable = self._runnable()
             total: AIMessageChunk | None = None

@@ -32,7 +32,6 @@ from stello_graph.errors import (
     SessionArchivedError,
     SessionNotFoundError,
 )
-from stello_graph.lease import SessionLeases
 from stello_graph.models import Compression, SessionMeta, SessionRole, utcnow
 from stello_graph.storage import MainStorage, SessionStorage
 
@@ -78,7 +77,6 @@ class SessionCore:
         self._tools: list[Any] = list(tools) if tools else []
         self._bound: Runnable[ModelInput, Any] | None = None
         self._history = SanitizedHistory()  # the history shown at the last model call
-        self._lease_keeper: SessionLeases | None = None
         # The last cut this object made, and how many records L3 held then: the replies
         # among those predate the cut (see `_plan`).
         self._cut: tuple[Compression, int] | None = None
