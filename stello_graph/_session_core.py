@@ -13,6 +13,7 @@ from langchain_core.messages import (
     BaseMessage,
 )
 from langchain_core.runnables import Runnable
+from typing_extensions import TypedDict
 
 from stello_graph._context import SanitizedHistory
 from stello_graph._flow import Atomic, Flow, Storage, arun, run
@@ -35,7 +36,7 @@ from stello_graph.errors import (
 from stello_graph.models import Compression, SessionMeta, SessionRole, utcnow
 from stello_graph.storage import MainStorage, SessionStorage
 
-__all__ = ["SessionCore"]
+__all__ = ["CoreOptions", "SessionCore"]
 
 T = TypeVar("T")
 
@@ -49,6 +50,15 @@ def chosen_fn(fn: T | None, configured: T | None, missing: str) -> T:
     if not callable(chosen):
         raise InvalidInputError(f"fn must be callable, got {type(chosen).__name__}.")
     return chosen
+
+
+class CoreOptions(TypedDict, total=False):
+    """The options every session object runs with (`SessionOptions` and `MainOptions` add
+    their own): as `SessionCore.__init__` takes them."""
+
+    model: BaseChatModel | str | None
+    tools: Sequence[Any] | None
+    compression: CompressionPolicy | None
 
 
 class SessionCore:
