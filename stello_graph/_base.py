@@ -74,11 +74,6 @@ __all__ = [
 ]
 
 
-def _freed_by_commit() -> Handback:
-    """A turn's hold whose commit frees the lease in its own transaction."""
-    return Handback(allowed=True)
-
-
 class SessionBase(SessionCore):
     """Shared machinery of `Session` and `MainSession`; not instantiated directly.
 
@@ -411,7 +406,7 @@ class SessionBase(SessionCore):
 
     def _send(self, new: HumanMessage | list[ToolMessage], tool_choice: ToolChoice) -> SendResult:
         """A turn of one model call under the session's lease, which its commit frees."""
-        back = _freed_by_commit()
+        back = Handback(allowed=True)  # the commit frees the lease
         with self._leases.hold(self._id, handback=back) as lease:
             reply = run(self._send_flow(new, tool_choice, lease), self._storage)
             back.released = True
@@ -421,7 +416,7 @@ class SessionBase(SessionCore):
         self, new: HumanMessage | list[ToolMessage], tool_choice: ToolChoice
     ) -> SendResult:
         """Async twin of `_send`."""
-        back = _freed_by_commit()
+        back = Handback(allowed=True)  # the commit frees the lease
         async with self._leases.ahold(self._id, handback=back) as lease:
             reply = await arun(self._send_flow(new, tool_choice, lease), self._storage)
             back.released = True
@@ -461,7 +456,7 @@ class SessionBase(SessionCore):
         return SessionStream(self._stream_turn(human))
 
     def _stream_turn(self, human: HumanMessage) -> Generator[str | SendResult, None, None]:
-        back = _freed_by_commit()  # the commit frees the lease
+        back = Handback(allowed=True)  # the commit frees the lease
         with self._leases.hold(self._id, handback=back) as lease:
             ctx = self.turn_context()
             runnable = self._runnable()
@@ -482,7 +477,7 @@ class SessionBase(SessionCore):
         return AsyncSessionStream(self._astream_turn(human))
 
     async def _astream_turn(self, human: HumanMessage) -> AsyncGenerator[str | SendResult, None]:
-        back = _freed_by_commit()  # the commit frees the lease
+        back = Handback(allowed=True)  # the commit frees the lease
         async with self._leases.ahold(self._id, handback=back) as lease:
             ctx = await self.aturn_context()
             runnable = self._runnable()
