@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import replace
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -25,18 +25,21 @@ from langchain_core.messages import (
     AIMessageChunk,
     BaseMessage,
     HumanMessage,
+    SystemMessage,
     ToolMessage,
 )
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from stello_graph._calls import failing_as
-from stello_graph._context import message_text
+from stello_graph._calls import call_async, call_sync, failing_as
+from stello_graph._context import message_text, summary_block, system_message
+from stello_graph._copies import detached_all
 from stello_graph._flow import Call, Flow, Storage, arun, run
-from stello_graph._session_context import SessionContext
+from stello_graph._session_core import SessionCore
 from stello_graph._stream import AsyncSessionStream, SessionStream
-from stello_graph._text import storable_message
+from stello_graph._text import storable, storable_message
 from stello_graph._turn_parts import (
     _READ,
+    ContextParts,
     ModelInput,
     ToolChoice,
     TurnContext,
@@ -44,20 +47,24 @@ from stello_graph._turn_parts import (
     _check_tool_results,
     _chunk_to_message,
     _continue_history,
+    _opt_str,
     check_tool_choice,
     to_send_result,
 )
-from stello_graph._validate import (
-    check_text,
-)
+from stello_graph._validate import check_text
+from stello_graph.compression import plan_cut
 from stello_graph.errors import (
+    FunctionCallError,
+    FunctionNotConfiguredError,
     InvalidInputError,
     ModelCallError,
     ModelNotConfiguredError,
+    SessionNotFoundError,
 )
 from stello_graph.lease import Handback, SessionLeases
-from stello_graph.models import Lease, SendResult
-from stello_graph.storage import MainStorage
+from stello_graph.memory import CompressFn, llm_compressor
+from stello_graph.models import Compression, Lease, SendResult, SessionMeta
+from stello_graph.storage import MainStorage, SessionSnapshot
 
 __all__ = [
     "SessionBase",
@@ -67,18 +74,166 @@ __all__ = [
 ]
 
 
-def _freed_by_commit() -> Handback:
-    """A turn's hold whose commit frees the lease in its own transaction."""
-    return Handback(allowed=True)
-
-
-class SessionBase(SessionContext):
+class SessionBase(SessionCore):
     """Shared machinery of `Session` and `MainSession`; not instantiated directly.
 
-    Its layers: `SessionCore` (identity, meta, records, system prompt), `SessionContext`
-    (the turn's context and compression), and here the model call, the commit, `send` and
+    On top of `SessionCore` (identity, meta, records, system prompt): the turn's context
+    and its compression (`CompressionPolicy`), the model call, the commit, `send` and
     `stream`.
     """
+
+    # -- the turn's context ----------------------------------------------------------------
+    def open_turn(self, *, operation: str = "a turn") -> str | None:
+        """Refuse a turn on an archived session; return the insight the turn will show.
+
+        A cheap check for the start of a turn: the history is read by `turn_context`.
+        """
+        return run(self._open_flow(operation), self._storage)
+
+    async def aopen_turn(self, *, operation: str = "a turn") -> str | None:
+        """Async twin of `open_turn`."""
+        return await arun(self._open_flow(operation), self._storage)
+
+    def _open_flow(self, operation: str) -> Flow[str | None]:
+        self._active((yield from self._meta_flow()), operation)
+        if self.role == "main":
+            return None
+        insight: str | None = yield Storage(MainStorage.get_insight, self._id)
+        return insight
+
+    def turn_context(
+        self,
+        *,
+        operation: str = "a turn",
+        insight: object = _READ,
+        turn_id: str | None = None,
+        snapshot: SessionSnapshot | None = None,
+    ) -> TurnContext:
+        """Read everything a turn shows the model; refuse if the session is archived.
+
+        `insight` replaces the stored insight (a multi-round turn keeps showing the insight
+        it started with, even if a newer one arrives meanwhile). When the prompt would
+        outgrow the model's context window, the oldest records are summarised (see
+        `CompressionPolicy`); that may call the compress function.
+
+        With the `turn_id` of a turn of several model calls, its later calls get the context
+        its first one read (L3 changes only when a turn commits), unless the session's L3
+        changed meanwhile: a turn reads its context once.
+
+        The session is read in one storage read (`SessionStorage.read_session`), or not at
+        all when the caller already read it under the turn's lease and passes its `snapshot`.
+        """
+        flow = self._context_flow(operation, insight, turn_id, snapshot)
+        return run(flow, self._storage)
+
+    async def aturn_context(
+        self,
+        *,
+        operation: str = "a turn",
+        insight: object = _READ,
+        turn_id: str | None = None,
+        snapshot: SessionSnapshot | None = None,
+    ) -> TurnContext:
+        """Async twin of `turn_context`."""
+        flow = self._context_flow(operation, insight, turn_id, snapshot)
+        return await arun(flow, self._storage)
+
+    def _context_flow(
+        self,
+        operation: str,
+        insight: object,
+        turn_id: str | None,
+        snapshot: SessionSnapshot | None = None,
+    ) -> Flow[TurnContext]:
+        sid, kept = self._id, self._turn
+        held = turn_id is not None and kept is not None and kept[0] == turn_id
+        if held and kept is not None and (yield Storage(MainStorage.count_records, sid)) == kept[1]:
+            return kept[2]
+        snap: SessionSnapshot | None = snapshot or (yield Storage(MainStorage.read_session, sid))
+        if snap is None:
+            raise SessionNotFoundError(sid)
+        meta = self._active(snap.meta, operation)
+        parts = ContextParts(prompt=snap.system_prompt, compression=snap.compression)
+        if self.role == "main":
+            parts.extra = snap.memory
+        else:
+            parts.extra = snap.insight if insight is _READ else _opt_str(insight)
+            parts.branch = snap.subtree_synthesis
+            if self._topology_slot is not None:
+                parts.topology = yield from self._topology_slot.flow(sid)
+        records = list(snap.records)
+        system = self._system(meta, parts)
+        cut = self._plan(system, parts, records)
+        if cut is not None:
+            parts.compression = yield from self._compress_flow(parts.compression, records, cut)
+            system = self._system(meta, parts)
+        through = parts.compression.through if parts.compression is not None else 0
+        insight = None if self.role == "main" else parts.extra
+        ctx = TurnContext(sid, system, self._history(records[through:]), insight, parts.compression)
+        self._turn = None if turn_id is None else (turn_id, len(records), ctx)
+        return ctx
+
+    def _system(self, meta: SessionMeta, parts: ContextParts) -> SystemMessage | None:
+        summary = parts.compression.summary if parts.compression is not None else None
+        blocks = self._blocks(meta, parts)
+        return system_message([parts.prompt, *blocks, summary_block(summary) if summary else None])
+
+    def _blocks(self, meta: SessionMeta, parts: ContextParts) -> list[str | None]:
+        """The system message's parts between the session's own prompt and the summary."""
+        raise NotImplementedError
+
+    # -- automatic compression --------------------------------------------------------------
+    def _plan(
+        self, system: SystemMessage | None, parts: ContextParts, records: list[BaseMessage]
+    ) -> int | None:
+        policy = self._compression
+        if policy is None:
+            return None
+        window = policy.limit(self._model)
+        head = [system] if system is not None else []
+        # The usage figures of replies older than the summary in use measured a prompt that
+        # still held the records it now covers: a tool round of the turn that cut (its own
+        # replies are not in L3 yet), or the turn after one that failed, must not judge the
+        # shorter history by them, or it cuts again and keeps less than the budget allows.
+        cut = self._cut
+        fresh = cut[1] if cut is not None and cut[0] == parts.compression else 0
+        return plan_cut(policy, window, head, records, parts.compression, measured_from=fresh)
+
+    def _compressor(self) -> CompressFn:
+        policy = self._compression
+        if policy is not None and policy.compress_fn is not None:
+            return policy.compress_fn
+        if self._model is None:
+            raise FunctionNotConfiguredError(
+                f"Session {self._id!r} has no compress function and no model to build one: "
+                "pass CompressionPolicy(compress_fn=...) or a model."
+            )
+        return llm_compressor(self._model)
+
+    def _compress_flow(
+        self, current: Compression | None, records: list[BaseMessage], cut: int
+    ) -> Flow[Compression]:
+        start = current.through if current is not None else 0
+        previous = current.summary if current is not None else None
+        with failing_as(self._compress_error):
+            older = detached_all(records[start:cut])
+            result = yield Call(call_sync, call_async, (self._compressor(), previous, older))
+        if not isinstance(result, str) or not result.strip():
+            raise FunctionCallError(
+                f"The compress function of session {self._id!r} returned {result!r:.60}, "
+                "expected a non-empty summary.",
+                session_id=self._id,
+            )
+        compression = Compression(summary=storable(result), through=cut)
+        yield Storage(MainStorage.put_compression, self._id, compression)
+        self._cut = compression, len(records)
+        return compression
+
+    def _compress_error(self, exc: Exception) -> FunctionCallError:
+        return FunctionCallError(
+            f"Compressing the context of session {self._id!r} failed: {type(exc).__name__}: {exc}",
+            session_id=self._id,
+        )
 
     # -- the model call ---------------------------------------------------------------------
     def _bind(self, model: BaseChatModel, tool_choice: ToolChoice) -> Runnable[ModelInput, Any]:
@@ -223,10 +378,9 @@ class SessionBase(SessionContext):
         """Async twin of `send`."""
         return await self._asend(HumanMessage(content=check_text(content)), tool_choice)
 
+    @cached_property
     def _leases(self) -> SessionLeases:
-        if self._lease_keeper is None:
-            self._lease_keeper = SessionLeases(self._storage)
-        return self._lease_keeper
+        return SessionLeases(self._storage)
 
     def send_tool_results(self, results: Sequence[ToolMessage] | ToolMessage) -> SendResult:
         """Continue a turn whose reply asked for tools: one model call with their results.
@@ -252,8 +406,8 @@ class SessionBase(SessionContext):
 
     def _send(self, new: HumanMessage | list[ToolMessage], tool_choice: ToolChoice) -> SendResult:
         """A turn of one model call under the session's lease, which its commit frees."""
-        back = _freed_by_commit()
-        with self._leases().hold(self._id, handback=back) as lease:
+        back = Handback(allowed=True)  # the commit frees the lease
+        with self._leases.hold(self._id, handback=back) as lease:
             reply = run(self._send_flow(new, tool_choice, lease), self._storage)
             back.released = True
         return to_send_result(reply)
@@ -262,8 +416,8 @@ class SessionBase(SessionContext):
         self, new: HumanMessage | list[ToolMessage], tool_choice: ToolChoice
     ) -> SendResult:
         """Async twin of `_send`."""
-        back = _freed_by_commit()
-        async with self._leases().ahold(self._id, handback=back) as lease:
+        back = Handback(allowed=True)  # the commit frees the lease
+        async with self._leases.ahold(self._id, handback=back) as lease:
             reply = await arun(self._send_flow(new, tool_choice, lease), self._storage)
             back.released = True
         return to_send_result(reply)
@@ -302,8 +456,8 @@ class SessionBase(SessionContext):
         return SessionStream(self._stream_turn(human))
 
     def _stream_turn(self, human: HumanMessage) -> Generator[str | SendResult, None, None]:
-        back = _freed_by_commit()  # the commit frees the lease
-        with self._leases().hold(self._id, handback=back) as lease:
+        back = Handback(allowed=True)  # the commit frees the lease
+        with self._leases.hold(self._id, handback=back) as lease:
             ctx = self.turn_context()
             runnable = self._runnable()
             total: AIMessageChunk | None = None
@@ -323,8 +477,8 @@ class SessionBase(SessionContext):
         return AsyncSessionStream(self._astream_turn(human))
 
     async def _astream_turn(self, human: HumanMessage) -> AsyncGenerator[str | SendResult, None]:
-        back = _freed_by_commit()  # the commit frees the lease
-        async with self._leases().ahold(self._id, handback=back) as lease:
+        back = Handback(allowed=True)  # the commit frees the lease
+        async with self._leases.ahold(self._id, handback=back) as lease:
             ctx = await self.aturn_context()
             runnable = self._runnable()
             total: AIMessageChunk | None = None

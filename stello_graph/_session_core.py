@@ -1,7 +1,6 @@
 """The session's own state and its plain storage members (meta, records, system prompt).
 
-`SessionBase` (`_base`) builds the turn on top of this layer and the context layer
-(`_session_context`).
+`SessionBase` (`_base`) builds the turn's context and the turn on top of this layer.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from langchain_core.messages import (
     BaseMessage,
 )
 from langchain_core.runnables import Runnable
+from typing_extensions import TypedDict
 
 from stello_graph._context import SanitizedHistory
 from stello_graph._flow import Atomic, Flow, Storage, arun, run
@@ -33,19 +33,12 @@ from stello_graph.errors import (
     SessionArchivedError,
     SessionNotFoundError,
 )
-from stello_graph.lease import SessionLeases
 from stello_graph.models import Compression, SessionMeta, SessionRole, utcnow
 from stello_graph.storage import MainStorage, SessionStorage
 
-__all__ = ["SessionCore"]
+__all__ = ["CoreOptions", "SessionCore"]
 
 T = TypeVar("T")
-
-
-def atomic(flow: Flow[T]) -> Flow[T]:
-    """`flow`, run in one storage transaction."""
-    result: T = yield Atomic(flow)
-    return result
 
 
 def chosen_fn(fn: T | None, configured: T | None, missing: str) -> T:
@@ -57,6 +50,15 @@ def chosen_fn(fn: T | None, configured: T | None, missing: str) -> T:
     if not callable(chosen):
         raise InvalidInputError(f"fn must be callable, got {type(chosen).__name__}.")
     return chosen
+
+
+class CoreOptions(TypedDict, total=False):
+    """The options every session object runs with (`SessionOptions` and `MainOptions` add
+    their own): as `SessionCore.__init__` takes them."""
+
+    model: BaseChatModel | str | None
+    tools: Sequence[Any] | None
+    compression: CompressionPolicy | None
 
 
 class SessionCore:
@@ -85,7 +87,6 @@ class SessionCore:
         self._tools: list[Any] = list(tools) if tools else []
         self._bound: Runnable[ModelInput, Any] | None = None
         self._history = SanitizedHistory()  # the history shown at the last model call
-        self._lease_keeper: SessionLeases | None = None
         # The last cut this object made, and how many records L3 held then: the replies
         # among those predate the cut (see `_plan`).
         self._cut: tuple[Compression, int] | None = None
@@ -192,20 +193,20 @@ class SessionCore:
         The status check and the write are one transaction: a session archived meanwhile
         refuses the change with `SessionArchivedError`.
         """
-        run(self._prompt_write(prompt), self._storage)
+        self._prompt_write(prompt).run(self._storage)
 
     async def aset_system_prompt(self, prompt: str | None) -> None:
         """Async twin of `set_system_prompt`."""
-        await arun(self._prompt_write(prompt), self._storage)
+        await self._prompt_write(prompt).arun(self._storage)
 
-    def _prompt_write(self, prompt: str | None) -> Flow[None]:
+    def _prompt_write(self, prompt: str | None) -> Atomic:
         prompt = check_optional_text(prompt, "system_prompt")  # checked before the transaction
         step = Storage(MainStorage.put_system_prompt, self._id, prompt)
-        return atomic(self._active_write("a system prompt change", step))
+        return Atomic(self._active_write("a system prompt change", step))
 
     def _active_write(self, operation: str, step: Storage) -> Flow[None]:
-        """The meta read and refused if archived (`operation` names the write), then `step`:
-        run in one transaction, so a session archived meanwhile refuses the write."""
+        """The meta read and refused if archived (`operation` names the write), then `step`;
+        its callers run it in one transaction, so a session archived meanwhile refuses it."""
         self._active((yield from self._meta_flow()), operation)
         yield step
 

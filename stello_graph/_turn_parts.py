@@ -1,7 +1,7 @@
 """The plain pieces a session's turn is made of: its context, its records, the checks on them.
 
-Module-level helpers shared by the session layers (`_session_core`, `_session_context`,
-`_base`) and the nodes: no storage I/O happens here.
+Module-level helpers shared by the session layers (`_session_core`, `_base`) and the
+nodes: no storage I/O happens here.
 """
 
 from __future__ import annotations

@@ -25,18 +25,16 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from langchain_core.language_models import BaseChatModel
-from typing_extensions import TypedDict, Unpack
+from typing_extensions import Unpack
 
 from stello_graph._base import SessionBase
 from stello_graph._calls import call_async, call_sync, failing_as
 from stello_graph._context import synthesis_block
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
-from stello_graph._session_core import chosen_fn
+from stello_graph._session_core import CoreOptions, chosen_fn
 from stello_graph._text import storable
 from stello_graph._turn_parts import ContextParts, check_loaded, new_meta
 from stello_graph._validate import check_id
-from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     IntegrationError,
     IntegrationSupersededError,
@@ -166,7 +164,7 @@ def _archived_ids(value: Iterable[str]) -> list[str]:
     return [check_id(sid) for sid in value]  # `archived_l2s` reads each once
 
 
-class MainOptions(TypedDict, total=False):
+class MainOptions(CoreOptions, total=False):
     """How a `MainSession` object runs (nothing of it is stored): the options of `create`
     and `load`.
 
@@ -178,10 +176,7 @@ class MainOptions(TypedDict, total=False):
         compression: when and how a long history is summarised in prompts.
     """
 
-    model: BaseChatModel | str | None
-    tools: Sequence[Any] | None
     integrate_fn: IntegrateFn | None
-    compression: CompressionPolicy | None
 
 
 def _load_flow(storage: MainStorage, session_id: str | None) -> Flow[SessionMeta]:
@@ -205,12 +200,10 @@ class MainSession(SessionBase):
         meta: SessionMeta,
         storage: MainStorage,
         *,
-        model: BaseChatModel | str | None = None,
-        tools: Sequence[Any] | None = None,
         integrate_fn: IntegrateFn | None = None,
-        compression: CompressionPolicy | None = None,
+        **options: Unpack[CoreOptions],
     ) -> None:
-        super().__init__(meta, storage, model=model, tools=tools, compression=compression)
+        super().__init__(meta, storage, **options)
         self._main_storage = storage
         self._integrate_fn = integrate_fn
 

@@ -35,7 +35,7 @@ from stello_graph._context import (
 )
 from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkContext, ForkRequest, afork_session, fork_session
-from stello_graph._session_core import atomic, chosen_fn
+from stello_graph._session_core import CoreOptions, chosen_fn
 from stello_graph._text import storable
 from stello_graph._topology_slot import TopologySlot, check_topology_slot
 from stello_graph._turn_parts import ContextParts, check_loaded, new_meta
@@ -45,7 +45,6 @@ from stello_graph._validate import (
     check_text,
     check_tools,
 )
-from stello_graph.compression import CompressionPolicy
 from stello_graph.errors import (
     ConsolidationError,
     DuplicateSessionError,
@@ -73,7 +72,7 @@ def _consolidated(result: object, session_id: str) -> str:
     return storable(result)  # a lone surrogate in it is not the user's fault
 
 
-class SessionOptions(TypedDict, total=False):
+class SessionOptions(CoreOptions, total=False):
     """How a `Session` object runs (nothing of it is stored): the options of `create`, `load`.
 
     Attributes:
@@ -86,10 +85,7 @@ class SessionOptions(TypedDict, total=False):
             line (`TopologySlot`; needs a storage with a tree).
     """
 
-    model: BaseChatModel | str | None
-    tools: Sequence[Any] | None
     consolidate_fn: ConsolidateFn | None
-    compression: CompressionPolicy | None
     topology_slot: TopologySlot | bool | None
 
 
@@ -137,13 +133,11 @@ class Session(SessionBase):
         meta: SessionMeta,
         storage: SessionStorage,
         *,
-        model: BaseChatModel | str | None = None,
-        tools: Sequence[Any] | None = None,
         consolidate_fn: ConsolidateFn | None = None,
-        compression: CompressionPolicy | None = None,
         topology_slot: TopologySlot | bool | None = None,
+        **options: Unpack[CoreOptions],
     ) -> None:
-        super().__init__(meta, storage, model=model, tools=tools, compression=compression)
+        super().__init__(meta, storage, **options)
         self._consolidate_fn = consolidate_fn
         self._topology_slot = check_topology_slot(topology_slot)
 
@@ -232,15 +226,15 @@ class Session(SessionBase):
         The status check and the write are one transaction: a session archived meanwhile
         refuses the insight with `SessionArchivedError`.
         """
-        run(self._insight_write(insight), self._storage)
+        self._insight_write(insight).run(self._storage)
 
     async def aset_insight(self, insight: str) -> None:
         """Async twin of `set_insight`."""
-        await arun(self._insight_write(insight), self._storage)
+        await self._insight_write(insight).arun(self._storage)
 
-    def _insight_write(self, insight: str) -> Flow[None]:
+    def _insight_write(self, insight: str) -> Atomic:
         step = Storage(MainStorage.put_insight, self._id, check_text(insight, "insight"))
-        return atomic(self._active_write("an insight", step))
+        return Atomic(self._active_write("an insight", step))
 
     def memory(self) -> str | None:
         """The session's L2: its outward summary, as the main session sees it."""
