@@ -26,7 +26,6 @@ __all__ = [
     "connect",
     "connect_read_only",
     "failure",
-    "fetch_rows",
     "quick_check",
     "stream_rows",
 ]
@@ -163,17 +162,6 @@ def failure(exc: sqlite3.Error, where: str) -> StorageError:
             "`.recover` command (sqlite3 FILE .recover) saves what can still be read."
         )
     return StorageError(f"SQLite failed on {where}: {exc}")
-
-
-def fetch_rows(
-    conn: sqlite3.Connection,
-    sql: str,
-    params: Sequence[Any] | Mapping[str, Any],
-    where: str,
-    session_id: str | None = None,
-) -> list[Any]:
-    """Every row of a statement, as `stream_rows` reads them."""
-    return list(stream_rows(conn, sql, params, where, session_id))
 
 
 def stream_rows(

@@ -50,10 +50,6 @@ class SqliteTreeReads:
 
     if TYPE_CHECKING:
 
-        def _q(
-            self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
-        ) -> sqlite3.Cursor: ...
-
         def _fetch(
             self,
             sql: str,

@@ -71,8 +71,8 @@ from stello_graph.checkpoints._sqlite_conn import (
     SqliteHooks,
     connect,
     failure,
-    fetch_rows,
     quick_check,
+    stream_rows,
 )
 from stello_graph.checkpoints._sqlite_tree import SqliteTreeReads
 from stello_graph.checkpoints._validate import CommitArgs, check_non_negative, check_tree_id
@@ -235,8 +235,8 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
     ) -> list[Any]:
         """The rows of a read of `session_id` (its damaged row: `DamagedDataError`), or of a
         whole-tree read (no `session_id`: damaged rows come back to be marked, see
-        `fetch_rows`). A statement that reads only numbers may use `_q` itself."""
-        return fetch_rows(self._conn, sql, params, repr(self.path), session_id)
+        `stream_rows`). A statement that reads only numbers may use `_q` itself."""
+        return list(stream_rows(self._conn, sql, params, repr(self.path), session_id))
 
     def _one(self, sql: str, params: Sequence[Any], session_id: str) -> Any:
         """The first row of a read of `session_id` (see `_fetch`), or `None`."""
