@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from stello_graph._ids import legacy_thread_id, thread_id
-from stello_graph._validate import check_depth
+from stello_graph._validate import _check_encodable, check_depth
 from stello_graph.checkpoints._damage import (
     META_COLUMNS,
     ROLES,
@@ -104,11 +104,8 @@ def dumps(value: Any, *, what: str) -> str:
 
 def check_encodable(text: str, *, what: str) -> str:
     """`text` unchanged, once it is known to encode as UTF-8 (no lone surrogates)."""
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidInputError(f"{what} holds text that is not valid unicode: {exc}") from exc
+    if not text.isascii():  # an ASCII text needs no look
+        _check_encodable(text, what)
     return text
 
 
