@@ -23,7 +23,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from stello_graph._ids import session_of_thread
 from stello_graph.checkpoints._schema import SESSIONS
-from stello_graph.checkpoints._threaded_saver import AsyncInThreads, thread_of
+from stello_graph.checkpoints._threaded_saver import AsyncInThreads
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
 from stello_graph.errors import StorageError
 
@@ -80,7 +80,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
 
     @contextmanager
     def _writing(self, config: RunnableConfig) -> Iterator[None]:
-        reset = _WRITING.set(thread_of(config))
+        reset = _WRITING.set(str(config["configurable"]["thread_id"]))  # as SqliteSaver reads it
         try:
             yield
         finally:
