@@ -116,23 +116,18 @@ def _messages() -> ModuleType:
     return importlib.import_module("langchain_core.messages")
 
 
+_CHUNK_ROLES = {
+    "HumanMessageChunk": "human",
+    "AIMessageChunk": "ai",
+    "ToolMessageChunk": "tool",
+    "SystemMessageChunk": "system",
+}
+"""The types of LangChain's chunks of the four roles (a message of a role has it as its type)."""
+
+
 def message_role(message: BaseMessage) -> str:
     """The role a record is filtered by: `human`, `ai`, `tool`, `system` (chunks included)."""
-    for cls, role in _role_of_class():
-        if isinstance(message, cls):
-            return role
-    return message.type
-
-
-@functools.cache
-def _role_of_class() -> tuple[tuple[type[BaseMessage], str], ...]:
-    lc = _messages()
-    return (
-        (lc.HumanMessage, "human"),
-        (lc.AIMessage, "ai"),
-        (lc.ToolMessage, "tool"),
-        (lc.SystemMessage, "system"),
-    )
+    return _CHUNK_ROLES.get(message.type, message.type)
 
 
 _OMITTABLE = (
