@@ -316,13 +316,11 @@ def event_args(
     """`(kind, session_id, payload, at)` of `append_event`, encoded for the backend."""
     checked_kind = check_identifier(kind, "kind")
     sid = None if session_id is None else check_identifier(session_id)
-    if data is not None and (
-        not isinstance(data, Mapping) or not all(isinstance(k, str) for k in data)
-    ):
-        raise InvalidInputError(f"event data must be a mapping with str keys, got {data!r:.80}.")
+    given = dict(data) if isinstance(data, Mapping) else {} if data is None else data
+    fields = check_mapping(given, "event data")
     if at is not None and not isinstance(at, datetime):
         raise InvalidInputError(f"at must be a datetime or None, got {type(at).__name__}.")
-    payload = dumps(dict(data or {}), what="The event data")
+    payload = dumps(fields, what="The event data")
     return checked_kind, sid, payload, to_iso(at if at is not None else utcnow())
 
 
