@@ -269,13 +269,10 @@ def compression_values(compression: object) -> dict[str, Any]:
     """The fields `put_compression` sets (`None` drops the summary)."""
     if compression is None:
         return {"compression": None, "compression_through": 0}
-    if not isinstance(compression, Compression):
-        raise InvalidInputError(
-            f"compression must be a Compression or None, got {type(compression).__name__}."
-        )
+    checked = check_instance(compression, Compression, "compression")
     return {
-        "compression": check_text(compression.summary, "compression summary"),
-        "compression_through": check_non_negative(compression.through, "through"),
+        "compression": check_text(checked.summary, "compression summary"),
+        "compression_through": check_non_negative(checked.through, "through"),
     }
 
 
@@ -300,10 +297,9 @@ def lease_args(
 
 
 def checked_lease(lease: object) -> Lease:
-    if not isinstance(lease, Lease):
-        raise InvalidInputError(f"Expected a Lease, got {type(lease).__name__}.")
-    check_identifier(lease.session_id)
-    return lease
+    checked = check_instance(lease, Lease, "lease")
+    check_identifier(checked.session_id)
+    return checked
 
 
 MAX_EVENTS_PAGE = 10_000
