@@ -29,8 +29,6 @@ from stello_graph.errors import StorageError
 
 __all__ = ["StelloSqliteSaver", "open_sqlite", "sqlite_saver"]
 
-BUSY_TIMEOUT_MS = 30_000
-
 _SESSION = (
     f"SELECT EXISTS (SELECT 1 FROM {SESSIONS} WHERE tree_id = ?1 AND id = ?2),"
     f" EXISTS (SELECT 1 FROM {SESSIONS} WHERE tree_id = ?1)"
@@ -147,8 +145,7 @@ def _file_of(conn: sqlite3.Connection) -> str:
 
 def sqlite_saver(path: str | os.PathLike[str]) -> StelloSqliteSaver:
     """A `StelloSqliteSaver` on its own connection to `path` (WAL, busy timeout)."""
-    conn = sqlite3.connect(os.fspath(path), check_same_thread=False)
-    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    conn = sqlite3.connect(os.fspath(path), timeout=30.0, check_same_thread=False)
     conn.execute("PRAGMA synchronous=NORMAL")
     return StelloSqliteSaver(conn)
 
