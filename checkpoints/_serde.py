@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from stello_graph._ids import legacy_thread_id, thread_id
-from stello_graph._validate import check_depth
+from stello_graph._validate import _check_encodable, check_depth
 from stello_graph.checkpoints._damage import (
     META_COLUMNS,
     ROLES,
@@ -104,11 +104,8 @@ def dumps(value: Any, *, what: str) -> str:
 
 def check_encodable(text: str, *, what: str) -> str:
     """`text` unchanged, once it is known to encode as UTF-8 (no lone surrogates)."""
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidInputError(f"{what} holds text that is not valid unicode: {exc}") from exc
+    if not text.isascii():  # an ASCII text needs no look
+        _check_encodable(text, what)
     return text
 
 
@@ -119,23 +116,18 @@ def _messages() -> ModuleType:
     return importlib.import_module("langchain_core.messages")
 
 
+_CHUNK_ROLES = {
+    "HumanMessageChunk": "human",
+    "AIMessageChunk": "ai",
+    "ToolMessageChunk": "tool",
+    "SystemMessageChunk": "system",
+}
+"""The types of LangChain's chunks of the four roles (a message of a role has it as its type)."""
+
+
 def message_role(message: BaseMessage) -> str:
     """The role a record is filtered by: `human`, `ai`, `tool`, `system` (chunks included)."""
-    for cls, role in _role_of_class():
-        if isinstance(message, cls):
-            return role
-    return message.type
-
-
-@functools.cache
-def _role_of_class() -> tuple[tuple[type[BaseMessage], str], ...]:
-    lc = _messages()
-    return (
-        (lc.HumanMessage, "human"),
-        (lc.AIMessage, "ai"),
-        (lc.ToolMessage, "tool"),
-        (lc.SystemMessage, "system"),
-    )
+    return _CHUNK_ROLES.get(message.type, message.type)
 
 
 _OMITTABLE = (

@@ -26,7 +26,6 @@ __all__ = [
     "connect",
     "connect_read_only",
     "failure",
-    "fetch_rows",
     "quick_check",
     "stream_rows",
 ]
@@ -158,22 +157,15 @@ def failure(exc: sqlite3.Error, where: str) -> StorageError:
     not read (`database disk image is malformed`) is `DamagedDataError`."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None and code & 0xFF in _DAMAGED_CODES:
-        return DamagedDataError(
-            f"The database {where} is damaged: {exc}. Restore it from a backup; SQLite's "
-            "`.recover` command (sqlite3 FILE .recover) saves what can still be read."
-        )
+        return _damaged(where, exc)
     return StorageError(f"SQLite failed on {where}: {exc}")
 
 
-def fetch_rows(
-    conn: sqlite3.Connection,
-    sql: str,
-    params: Sequence[Any] | Mapping[str, Any],
-    where: str,
-    session_id: str | None = None,
-) -> list[Any]:
-    """Every row of a statement, as `stream_rows` reads them."""
-    return list(stream_rows(conn, sql, params, where, session_id))
+def _damaged(where: str, found: object) -> DamagedDataError:
+    return DamagedDataError(
+        f"The database {where} is damaged: {found}. Restore it from a backup; SQLite's "
+        "`.recover` command (sqlite3 FILE .recover) saves what can still be read."
+    )
 
 
 def stream_rows(
@@ -225,11 +217,7 @@ def quick_check(conn: sqlite3.Connection, where: str) -> None:
         found = [str(exc)]
     if found != ["ok"]:
         lines = [line for text in found for line in text.splitlines() if "***" not in line]
-        raise DamagedDataError(
-            f"The database {where} is damaged: PRAGMA quick_check found: "
-            f"{'; '.join(lines[:5])}. Restore it from a backup; SQLite's `.recover` command "
-            "(sqlite3 FILE .recover) saves what can still be read."
-        )
+        raise _damaged(where, f"PRAGMA quick_check found: {'; '.join(lines[:5])}")
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:

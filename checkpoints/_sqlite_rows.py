@@ -13,7 +13,6 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping, Sequence
 from contextlib import closing
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,6 @@ from stello_graph.checkpoints._shared_l3 import (
 )
 from stello_graph.checkpoints._sqlite_conn import (
     connect_read_only,
-    fetch_rows,
     quick_check,
     stream_rows,
 )
@@ -63,7 +61,10 @@ def export_rows(
     One statement steps through the rows as the sink takes them: only SQLite's sorter
     (bounded, spilling to a temporary file) holds the whole order. Shared fork prefixes are
     resolved (`export_with_prefixes`)."""
-    query = partial(fetch_rows, conn, where=where)  # a whole-tree read: see `fetch_rows`
+
+    def query(sql: str, params: Sequence[Any]) -> list[Any]:  # a whole-tree read
+        return list(stream_rows(conn, sql, params, where))
+
     bases = drive_sqlite(shared.bases(), query) if part != "nodes" else {}
     count = 0
     with closing(stream_rows(conn, EXPORT[part], {"tree": shared.tree_id}, where)) as rows:
@@ -134,7 +135,7 @@ class TreeRows:
         self.close()
 
     def _query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
-        return fetch_rows(self._conn, sql, params, self._where)
+        return list(stream_rows(self._conn, sql, params, self._where))
 
     def check(self) -> None:
         """SQLite's `PRAGMA quick_check` of the file.

@@ -28,13 +28,7 @@ from langgraph.checkpoint.base import CheckpointTuple as _CheckpointTuple
 
 from stello_graph.checkpoints._queue import CallQueue
 
-__all__ = ["AsyncInThreads", "thread_of"]
-
-
-def thread_of(config: RunnableConfig | None) -> str | None:
-    """The thread id of `config`, if it names one."""
-    found = ((config or {}).get("configurable") or {}).get("thread_id")
-    return None if found is None else str(found)
+__all__ = ["AsyncInThreads"]
 
 
 class AsyncInThreads(BaseCheckpointSaver[str]):

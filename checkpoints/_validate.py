@@ -269,13 +269,10 @@ def compression_values(compression: object) -> dict[str, Any]:
     """The fields `put_compression` sets (`None` drops the summary)."""
     if compression is None:
         return {"compression": None, "compression_through": 0}
-    if not isinstance(compression, Compression):
-        raise InvalidInputError(
-            f"compression must be a Compression or None, got {type(compression).__name__}."
-        )
+    checked = check_instance(compression, Compression, "compression")
     return {
-        "compression": check_text(compression.summary, "compression summary"),
-        "compression_through": check_non_negative(compression.through, "through"),
+        "compression": check_text(checked.summary, "compression summary"),
+        "compression_through": check_non_negative(checked.through, "through"),
     }
 
 
@@ -300,10 +297,9 @@ def lease_args(
 
 
 def checked_lease(lease: object) -> Lease:
-    if not isinstance(lease, Lease):
-        raise InvalidInputError(f"Expected a Lease, got {type(lease).__name__}.")
-    check_identifier(lease.session_id)
-    return lease
+    checked = check_instance(lease, Lease, "lease")
+    check_identifier(checked.session_id)
+    return checked
 
 
 MAX_EVENTS_PAGE = 10_000
@@ -316,13 +312,11 @@ def event_args(
     """`(kind, session_id, payload, at)` of `append_event`, encoded for the backend."""
     checked_kind = check_identifier(kind, "kind")
     sid = None if session_id is None else check_identifier(session_id)
-    if data is not None and (
-        not isinstance(data, Mapping) or not all(isinstance(k, str) for k in data)
-    ):
-        raise InvalidInputError(f"event data must be a mapping with str keys, got {data!r:.80}.")
+    given = dict(data) if isinstance(data, Mapping) else {} if data is None else data
+    fields = check_mapping(given, "event data")
     if at is not None and not isinstance(at, datetime):
         raise InvalidInputError(f"at must be a datetime or None, got {type(at).__name__}.")
-    payload = dumps(dict(data or {}), what="The event data")
+    payload = dumps(fields, what="The event data")
     return checked_kind, sid, payload, to_iso(at if at is not None else utcnow())
 
 

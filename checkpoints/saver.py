@@ -23,13 +23,11 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from stello_graph._ids import session_of_thread
 from stello_graph.checkpoints._schema import SESSIONS
-from stello_graph.checkpoints._threaded_saver import AsyncInThreads, thread_of
+from stello_graph.checkpoints._threaded_saver import AsyncInThreads
 from stello_graph.checkpoints.sqlite import SqliteMainStorage
 from stello_graph.errors import StorageError
 
 __all__ = ["StelloSqliteSaver", "open_sqlite", "sqlite_saver"]
-
-BUSY_TIMEOUT_MS = 30_000
 
 _SESSION = (
     f"SELECT EXISTS (SELECT 1 FROM {SESSIONS} WHERE tree_id = ?1 AND id = ?2),"
@@ -80,7 +78,7 @@ class StelloSqliteSaver(AsyncInThreads, SqliteSaver):
 
     @contextmanager
     def _writing(self, config: RunnableConfig) -> Iterator[None]:
-        reset = _WRITING.set(thread_of(config))
+        reset = _WRITING.set(str(config["configurable"]["thread_id"]))  # as SqliteSaver reads it
         try:
             yield
         finally:
@@ -147,8 +145,7 @@ def _file_of(conn: sqlite3.Connection) -> str:
 
 def sqlite_saver(path: str | os.PathLike[str]) -> StelloSqliteSaver:
     """A `StelloSqliteSaver` on its own connection to `path` (WAL, busy timeout)."""
-    conn = sqlite3.connect(os.fspath(path), check_same_thread=False)
-    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    conn = sqlite3.connect(os.fspath(path), timeout=30.0, check_same_thread=False)
     conn.execute("PRAGMA synchronous=NORMAL")
     return StelloSqliteSaver(conn)
 
