@@ -23,12 +23,11 @@ from langgraph.types import Send
 
 from stello_graph._flow import Atomic, Call, Flow, arun, run
 from stello_graph._tree import TreePlan, node_flow, plan_flow, tree_writes
-from stello_graph.events import emit
 from stello_graph.models import IntegrationResult
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes._store import StoreWrite, awrite_store, write_store
 from stello_graph.nodes.deps import StelloRuntime
-from stello_graph.nodes.scheduling import published
+from stello_graph.nodes.scheduling import announce_integration
 from stello_graph.nodes.state import IntegrateState, SubtreeTask, TreeState, merge_results
 
 __all__ = [
@@ -87,23 +86,6 @@ def route_level(state: TreeState) -> list[Send] | Literal["finish_tree"]:
     ]
 
 
-def _announce(
-    deps: StelloRuntime, plan: TreePlan, node_id: str, result: IntegrationResult
-) -> list[tuple[StoreWrite, str]]:
-    """Emit a node's events; the store writes that mirror its result, each with the session
-    a failure of it is reported for."""
-    root = node_id == plan.root_id
-    emit(deps.bus, "integrated", node_id, synthesis=result.synthesis,
-         insights=len(result.insights), mode="tree")  # fmt: skip
-    kind = "synthesis" if root else "subtree"
-    writes = [(published(deps, (kind,), node_id, {"synthesis": result.synthesis}), node_id)]
-    for session_id, insight in result.insights.items():
-        emit(deps.bus, "insight_pushed", session_id, insight=insight, by=node_id)
-        mirrored = published(deps, ("insights",), session_id, {"insight": insight})
-        writes.append((mirrored, session_id))
-    return writes
-
-
 def _result(node_id: str, result: IntegrationResult | None) -> TreeState:
     return {} if result is None else {"tree_results": {node_id: result.model_dump()}}
 
@@ -141,13 +123,14 @@ def _results(state: TreeState) -> dict[str, IntegrationResult]:
 
 def _announced(
     deps: StelloRuntime, plan: TreePlan, results: dict[str, IntegrationResult]
-) -> list[tuple[StoreWrite, str]]:
+) -> list[StoreWrite]:
     """Every node's events, bottom-up as the results were made; their store writes."""
-    writes: list[tuple[StoreWrite, str]] = []
+    writes: list[StoreWrite] = []
     for level in plan.levels:
         for node_id in level:
             if node_id in results:
-                writes += _announce(deps, plan, node_id, results[node_id])
+                kind = "synthesis" if node_id == plan.root_id else "subtree"
+                writes += announce_integration(deps, node_id, results[node_id], kind, tree=True)
     return writes
 
 
@@ -169,8 +152,8 @@ def _finish(
     """Write every node's result in one transaction, announce them, mirror them to the store
     (driven async, no store call runs on the event loop)."""
     yield Atomic(tree_writes(plan, results))
-    for write, key in _announced(deps, plan, results):
-        yield Call(write_store, awrite_store, (deps, [write], key))
+    for write in _announced(deps, plan, results):  # a failure is reported for its session
+        yield Call(write_store, awrite_store, (deps, [write], write[1]))
     return _integration(plan, results)
 
 
