@@ -109,13 +109,12 @@ def node_flow(
     Writes nothing: a child's subtree synthesis is taken from `made` (what this run made of
     it) before storage, and `tree_writes` stores the results of the whole run.
     """
-    inputs = []
+    children = []
     for child in plan.children.get(node_id, []):
         if l2 := (yield from _child_l2_flow(plan, child, made)):
-            inputs.append(ChildL2(session_id=child, label=plan.labels.get(child, ""), l2=l2))
-    targets = [c.session_id for c in inputs]
-    if node_id == plan.root_id:
-        inputs += yield from archived_l2s(plan.archived)
+            children.append(ChildL2(session_id=child, label=plan.labels.get(child, ""), l2=l2))
+    archived = yield from archived_l2s(plan.archived if node_id == plan.root_id else [])
+    inputs = [*children, *archived]
     if not inputs:
         return None
     own = MainStorage.get_memory if node_id == plan.root_id else MainStorage.get_subtree_synthesis
@@ -127,7 +126,7 @@ def node_flow(
         )
     ):
         raw = yield Call(call_sync, call_async, (fn, inputs, current))
-    return check_integration(raw, inputs, node_id, targets=targets)
+    return check_integration(raw, children, node_id)  # no insight to an archived session
 
 
 def tree_writes(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flow[None]:
