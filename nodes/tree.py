@@ -102,10 +102,8 @@ def make_integrate_subtree_node(deps: StelloRuntime) -> StelloNode:
 
     def flow(task: SubtreeTask) -> Flow[TreeState]:
         plan, node_id = _as_plan(task["tree_plan"]), task["node_id"]
-        made = task.get("made") or {}
-        return _result(
-            node_id, (yield from node_flow(plan, node_id, deps.integrate_function(), made))
-        )
+        fn, made = deps.integrate_function(), task.get("made") or {}
+        return _result(node_id, (yield from node_flow(plan, node_id, fn, made)))
 
     def integrate(task: SubtreeTask) -> TreeState:
         return run(flow(task), deps.storage)
