@@ -149,17 +149,24 @@ def _consolidate(deps: StelloDeps, session_id: str, archived_ok: bool) -> Flow[s
 
 
 def announce_integration(
-    deps: StelloDeps, main_id: str, result: IntegrationResult
+    deps: StelloDeps,
+    node_id: str,
+    result: IntegrationResult,
+    kind: str = "synthesis",
+    *,
+    tree: bool = False,
 ) -> list[StoreWrite]:
-    """Emit an integration's events; return what it publishes to the store."""
-    emit(deps.bus, "integrated", main_id, synthesis=result.synthesis,
-         insights=len(result.insights))  # fmt: skip
-    writes: list[StoreWrite] = [
-        (store_namespace(deps, "synthesis"), main_id, {"synthesis": result.synthesis})
-    ]
+    """Emit an integration's events; return what it publishes to the store, each write keyed
+    by the session it is for. `tree`: one node's result in a tree integration (its events
+    say so, and who pushed each insight); `kind`: what its synthesis is published as."""
+    mode: dict[str, Any] = {"mode": "tree"} if tree else {}
+    by: dict[str, Any] = {"by": node_id} if tree else {}
+    emit(deps.bus, "integrated", node_id, synthesis=result.synthesis,
+         insights=len(result.insights), **mode)  # fmt: skip
+    writes = [published(deps, (kind,), node_id, {"synthesis": result.synthesis})]
     for session_id, insight in result.insights.items():
-        emit(deps.bus, "insight_pushed", session_id, insight=insight)
-        writes.append((store_namespace(deps, "insights"), session_id, {"insight": insight}))
+        emit(deps.bus, "insight_pushed", session_id, insight=insight, **by)
+        writes.append(published(deps, ("insights",), session_id, {"insight": insight}))
     return writes
 
 

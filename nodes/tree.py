@@ -21,22 +21,13 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 from langgraph.types import Send
 
-from stello_graph._flow import Call, Flow, arun, run
-from stello_graph._tree import (
-    TreePlan,
-    aintegrate_node,
-    aplan_tree,
-    awrite_tree,
-    integrate_node,
-    plan_tree,
-    write_tree,
-)
-from stello_graph.events import emit
+from stello_graph._flow import Atomic, Call, Flow, arun, run
+from stello_graph._tree import TreePlan, node_flow, plan_flow, tree_writes
 from stello_graph.models import IntegrationResult
 from stello_graph.nodes._runnable import StelloNode
 from stello_graph.nodes._store import StoreWrite, awrite_store, write_store
 from stello_graph.nodes.deps import StelloRuntime
-from stello_graph.nodes.scheduling import published
+from stello_graph.nodes.scheduling import announce_integration
 from stello_graph.nodes.state import IntegrateState, SubtreeTask, TreeState, merge_results
 
 __all__ = [
@@ -59,10 +50,10 @@ def make_plan_tree_node(deps: StelloRuntime) -> StelloNode:
     """Node `plan_tree`: read the active tree and group its internal nodes by level."""
 
     def plan(state: TreeState) -> TreeState:
-        return _plan_state(plan_tree(deps.storage))
+        return _plan_state(run(plan_flow(deps.storage.tree_id), deps.storage))
 
     async def aplan(state: TreeState) -> TreeState:
-        return _plan_state(await aplan_tree(deps.storage))
+        return _plan_state(await arun(plan_flow(deps.storage.tree_id), deps.storage))
 
     return StelloNode("plan_tree", plan, aplan)
 
@@ -95,23 +86,6 @@ def route_level(state: TreeState) -> list[Send] | Literal["finish_tree"]:
     ]
 
 
-def _announce(
-    deps: StelloRuntime, plan: TreePlan, node_id: str, result: IntegrationResult
-) -> list[tuple[StoreWrite, str]]:
-    """Emit a node's events; the store writes that mirror its result, each with the session
-    a failure of it is reported for."""
-    root = node_id == plan.root_id
-    emit(deps.bus, "integrated", node_id, synthesis=result.synthesis,
-         insights=len(result.insights), mode="tree")  # fmt: skip
-    kind = "synthesis" if root else "subtree"
-    writes = [(published(deps, (kind,), node_id, {"synthesis": result.synthesis}), node_id)]
-    for session_id, insight in result.insights.items():
-        emit(deps.bus, "insight_pushed", session_id, insight=insight, by=node_id)
-        mirrored = published(deps, ("insights",), session_id, {"insight": insight})
-        writes.append((mirrored, session_id))
-    return writes
-
-
 def _result(node_id: str, result: IntegrationResult | None) -> TreeState:
     return {} if result is None else {"tree_results": {node_id: result.model_dump()}}
 
@@ -126,16 +100,16 @@ def make_integrate_subtree_node(deps: StelloRuntime) -> StelloNode:
     Writes nothing; its result joins `tree_results`, which `finish_tree` writes.
     """
 
-    def integrate(task: SubtreeTask) -> TreeState:
+    def flow(task: SubtreeTask) -> Flow[TreeState]:
         plan, node_id = _as_plan(task["tree_plan"]), task["node_id"]
-        fn = deps.integrate_function()
-        return _result(node_id, integrate_node(deps.storage, plan, node_id, fn, task.get("made")))
+        fn, made = deps.integrate_function(), task.get("made") or {}
+        return _result(node_id, (yield from node_flow(plan, node_id, fn, made)))
+
+    def integrate(task: SubtreeTask) -> TreeState:
+        return run(flow(task), deps.storage)
 
     async def aintegrate(task: SubtreeTask) -> TreeState:
-        plan, node_id = _as_plan(task["tree_plan"]), task["node_id"]
-        fn = deps.integrate_function()
-        made = task.get("made")
-        return _result(node_id, await aintegrate_node(deps.storage, plan, node_id, fn, made))
+        return await arun(flow(task), deps.storage)
 
     return StelloNode("integrate_subtree", integrate, aintegrate)
 
@@ -147,13 +121,14 @@ def _results(state: TreeState) -> dict[str, IntegrationResult]:
 
 def _announced(
     deps: StelloRuntime, plan: TreePlan, results: dict[str, IntegrationResult]
-) -> list[tuple[StoreWrite, str]]:
+) -> list[StoreWrite]:
     """Every node's events, bottom-up as the results were made; their store writes."""
-    writes: list[tuple[StoreWrite, str]] = []
+    writes: list[StoreWrite] = []
     for level in plan.levels:
         for node_id in level:
             if node_id in results:
-                writes += _announce(deps, plan, node_id, results[node_id])
+                kind = "synthesis" if node_id == plan.root_id else "subtree"
+                writes += announce_integration(deps, node_id, results[node_id], kind, tree=True)
     return writes
 
 
@@ -174,9 +149,9 @@ def _finish(
 ) -> Flow[IntegrateState]:
     """Write every node's result in one transaction, announce them, mirror them to the store
     (driven async, no store call runs on the event loop)."""
-    yield Call(write_tree, awrite_tree, (deps.storage, plan, results))
-    for write, key in _announced(deps, plan, results):
-        yield Call(write_store, awrite_store, (deps, [write], key))
+    yield Atomic(tree_writes(plan, results))
+    for write in _announced(deps, plan, results):  # a failure is reported for its session
+        yield Call(write_store, awrite_store, (deps, [write], write[1]))
     return _integration(plan, results)
 
 
@@ -220,13 +195,13 @@ def _in_context(func: Callable[P, R]) -> Callable[P, R]:
 
 def run_tree(deps: StelloRuntime) -> IntegrateState:
     """The tree `integrate` operation: level by level, bottom-up; written once at the end."""
-    plan, fn = plan_tree(deps.storage), deps.integrate_function()
+    plan, fn = run(plan_flow(deps.storage.tree_id), deps.storage), deps.integrate_function()
     results: dict[str, IntegrationResult] = {}
     with ThreadPoolExecutor(_PARALLEL, thread_name_prefix="stello-tree") as pool:
         for level in plan.levels:
             made = _made(results)
-            futures = [(n, pool.submit(_in_context(integrate_node), deps.storage, plan, n,
-                                       fn, made)) for n in level]  # fmt: skip
+            futures = [(n, pool.submit(_in_context(run), node_flow(plan, n, fn, made),
+                                       deps.storage)) for n in level]  # fmt: skip
             for node_id, future in futures:
                 found = future.result()
                 if found is not None:
@@ -236,13 +211,13 @@ def run_tree(deps: StelloRuntime) -> IntegrateState:
 
 async def arun_tree(deps: StelloRuntime) -> IntegrateState:
     """Async twin of `run_tree`."""
-    plan, fn = await aplan_tree(deps.storage), deps.integrate_function()
+    plan, fn = await arun(plan_flow(deps.storage.tree_id), deps.storage), deps.integrate_function()
     results: dict[str, IntegrationResult] = {}
     gate = asyncio.Semaphore(_PARALLEL)
 
     async def one(node_id: str, made: dict[str, str]) -> IntegrationResult | None:
         async with gate:
-            return await aintegrate_node(deps.storage, plan, node_id, fn, made)
+            return await arun(node_flow(plan, node_id, fn, made), deps.storage)
 
     for level in plan.levels:
         made = _made(results)

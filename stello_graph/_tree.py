@@ -12,10 +12,10 @@ Archived sessions, and everything under them, take no part, except the final L2 
 archived since the last integration (`FINAL_L2S_KEY`), which the root reads as flat integration
 does. Of overlapping integrations only one is stored (`integration_stored`).
 
-A run is all or nothing, like flat integration: `integrate_node` only reads and calls the
+A run is all or nothing, like flat integration: `node_flow` only reads and calls the
 integrate function (the subtree syntheses made lower down in the same run are handed to it in
-memory), and `write_tree` stores every node's result in one transaction at the end. A failure
-at any level therefore leaves the stored syntheses and insights as they were.
+memory), and `tree_writes` stores every node's result, run in one transaction (`Atomic`) at
+the end. A failure at any level therefore leaves the stored syntheses and insights as they were.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from stello_graph._calls import call_async, call_sync, failing_as
-from stello_graph._flow import Atomic, Call, Flow, Storage, arun, run
+from stello_graph._flow import Call, Flow, Storage
 from stello_graph.errors import IntegrationError, MainSessionNotFoundError
 from stello_graph.main_session import (
     archived_l2s,
@@ -37,15 +37,7 @@ from stello_graph.memory import IntegrateFn
 from stello_graph.models import ChildL2, IntegrationResult, SessionMeta, TopologyNode
 from stello_graph.storage import MainStorage
 
-__all__ = [
-    "TreePlan",
-    "aintegrate_node",
-    "aplan_tree",
-    "awrite_tree",
-    "integrate_node",
-    "plan_tree",
-    "write_tree",
-]
+__all__ = ["TreePlan", "node_flow", "plan_flow", "tree_writes"]
 
 Summaries = Mapping[str, str]
 """The subtree syntheses a run has made so far, by node: they stand in for the stored ones."""
@@ -72,17 +64,8 @@ class TreePlan:
     archived: list[str] = field(default_factory=list)
 
 
-def plan_tree(storage: MainStorage) -> TreePlan:
-    """Read the active tree of `storage` and group its internal nodes by level."""
-    return run(_plan_flow(storage.tree_id), storage)
-
-
-async def aplan_tree(storage: MainStorage) -> TreePlan:
-    """Async twin of `plan_tree`."""
-    return await arun(_plan_flow(storage.tree_id), storage)
-
-
-def _plan_flow(tree: str) -> Flow[TreePlan]:
+def plan_flow(tree: str) -> Flow[TreePlan]:
+    """Read the active tree (`tree`: its id) and group its internal nodes by level."""
     root = yield Storage(MainStorage.get_main_session)
     if root is None:
         raise MainSessionNotFoundError(tree)
@@ -118,42 +101,20 @@ def _child_l2_flow(plan: TreePlan, child: str, made: Summaries) -> Flow[str | No
     return branch_l2((yield Storage(MainStorage.get_memory, child)), summary)
 
 
-def integrate_node(
-    storage: MainStorage,
-    plan: TreePlan,
-    node_id: str,
-    fn: IntegrateFn,
-    made: Summaries | None = None,
-) -> IntegrationResult | None:
+def node_flow(
+    plan: TreePlan, node_id: str, fn: IntegrateFn, made: Summaries
+) -> Flow[IntegrationResult | None]:
     """Integrate the direct children of one node; `None` (no call) if none has an L2 yet.
 
     Writes nothing: a child's subtree synthesis is taken from `made` (what this run made of
-    it) before storage, and `write_tree` stores the results of the whole run.
+    it) before storage, and `tree_writes` stores the results of the whole run.
     """
-    return run(_node_flow(plan, node_id, fn, made or {}), storage)
-
-
-async def aintegrate_node(
-    storage: MainStorage,
-    plan: TreePlan,
-    node_id: str,
-    fn: IntegrateFn,
-    made: Summaries | None = None,
-) -> IntegrationResult | None:
-    """Async twin of `integrate_node`."""
-    return await arun(_node_flow(plan, node_id, fn, made or {}), storage)
-
-
-def _node_flow(
-    plan: TreePlan, node_id: str, fn: IntegrateFn, made: Summaries
-) -> Flow[IntegrationResult | None]:
-    inputs = []
+    children = []
     for child in plan.children.get(node_id, []):
         if l2 := (yield from _child_l2_flow(plan, child, made)):
-            inputs.append(ChildL2(session_id=child, label=plan.labels.get(child, ""), l2=l2))
-    targets = [c.session_id for c in inputs]
-    if node_id == plan.root_id:
-        inputs += yield from archived_l2s(plan.archived)
+            children.append(ChildL2(session_id=child, label=plan.labels.get(child, ""), l2=l2))
+    archived = yield from archived_l2s(plan.archived if node_id == plan.root_id else [])
+    inputs = [*children, *archived]
     if not inputs:
         return None
     own = MainStorage.get_memory if node_id == plan.root_id else MainStorage.get_subtree_synthesis
@@ -165,25 +126,12 @@ def _node_flow(
         )
     ):
         raw = yield Call(call_sync, call_async, (fn, inputs, current))
-    return check_integration(raw, inputs, node_id, targets=targets)
+    return check_integration(raw, children, node_id)  # no insight to an archived session
 
 
-def write_tree(
-    storage: MainStorage, plan: TreePlan, results: Mapping[str, IntegrationResult]
-) -> None:
-    """Store a run's results in one transaction: each node's subtree synthesis (the main
-    session's synthesis, for the root) and the insights to its children."""
-    Atomic(_writes(plan, results)).run(storage)
-
-
-async def awrite_tree(
-    storage: MainStorage, plan: TreePlan, results: Mapping[str, IntegrationResult]
-) -> None:
-    """Async twin of `write_tree`."""
-    await Atomic(_writes(plan, results)).arun(storage)
-
-
-def _writes(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flow[None]:
+def tree_writes(plan: TreePlan, results: Mapping[str, IntegrationResult]) -> Flow[None]:
+    """Store a run's results (to run in one transaction, `Atomic`): each node's subtree
+    synthesis (the main session's synthesis, for the root) and the insights to its children."""
     if results:  # the root brought the pending final L2s if it ran
         brought = plan.archived if plan.root_id in results else []
         yield from integration_stored(plan.root_id, plan.version, brought)

@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from typing_extensions import Unpack
@@ -125,11 +125,8 @@ def check_integration(
     result: object,
     children: Sequence[ChildL2],
     main_id: str,
-    *,
-    targets: Collection[str] | None = None,
 ) -> IntegrationResult:
-    """Validate an integrate function's answer and keep only insights for the given children
-    (for those of them in `targets`, when given)."""
+    """Validate an integrate function's answer and keep only insights for the given children."""
     if isinstance(result, Mapping):
         try:
             result = IntegrationResult.model_validate(dict(result))
@@ -146,8 +143,6 @@ def check_integration(
     if not result.synthesis.strip():
         raise IntegrationError("The integrate function returned an empty synthesis.")
     allowed = {c.session_id for c in children}
-    if targets is not None:
-        allowed &= set(targets)
     insights = {
         sid: storable(text)
         for sid, text in result.insights.items()
