@@ -11,15 +11,8 @@ from typing import TYPE_CHECKING, Any
 from stello_graph._tree_text import TOPOLOGY_SESSION_COLUMNS, TopologyText
 from stello_graph.checkpoints._rows import L2S_AFTER, stats_from_row
 from stello_graph.checkpoints._schema import NODES, ROWS, SESSIONS
-from stello_graph.checkpoints._shared_l3 import (
-    Lookup,
-    SharedPrefixes,
-    T,
-    drive_sqlite,
-    sqlite_marks,
-)
+from stello_graph.checkpoints._shared_l3 import Lookup, SharedPrefixes, T, sqlite_marks
 from stello_graph.checkpoints._shell import FIELDS
-from stello_graph.checkpoints._sqlite_conn import stream_rows
 from stello_graph.checkpoints._sqlite_rows import export_rows
 from stello_graph.digest import ROLE_CODE, STATUS_CODE, DigestRow
 from stello_graph.errors import StorageError
@@ -48,29 +41,23 @@ take `next_seq` on, a trim drops the oldest), so those from MIN(seq) + memory_th
 
 
 class SqliteTreeReads:
-    """The whole-tree read primitives of `SqliteMainStorage` (a base of it), and the reads
-    of rows they share with it."""
+    """The whole-tree read primitives of `SqliteMainStorage` (a base of it)."""
 
     tree_id: str
     path: str
     _shared: SharedPrefixes
     _conn: sqlite3.Connection
 
-    def _fetch(
-        self,
-        sql: str,
-        params: Sequence[Any] | Mapping[str, Any] = (),
-        session_id: str | None = None,
-    ) -> list[Any]:
-        """The rows of a read of `session_id` (its damaged row: `DamagedDataError`), or of a
-        whole-tree read (no `session_id`: damaged rows come back to be marked, see
-        `stream_rows`). A statement that reads only numbers may use `_q` itself."""
-        return list(stream_rows(self._conn, sql, params, repr(self.path), session_id))
+    if TYPE_CHECKING:
 
-    def _run(self, steps: Lookup[T], session_id: str | None = None) -> T:
-        """Run shared-prefix statements (`_shared_l3`) on the connection: for a read of
-        `session_id`, or of the whole tree (see `_fetch`)."""
-        return drive_sqlite(steps, lambda sql, params: self._fetch(sql, params, session_id))
+        def _fetch(
+            self,
+            sql: str,
+            params: Sequence[Any] | Mapping[str, Any] = (),
+            session_id: str | None = None,
+        ) -> list[Any]: ...
+
+        def _run(self, steps: Lookup[T], session_id: str | None = None) -> T: ...
 
     def op_session_stats(self) -> list[SessionStats]:
         # Per session, through the records' primary key.

@@ -60,7 +60,10 @@ from stello_graph.checkpoints._serde import (
     split_read,
 )
 from stello_graph.checkpoints._shared_l3 import (
+    Lookup,
     SharedPrefixes,
+    T,
+    drive_sqlite,
     sqlite_marks,
 )
 from stello_graph.checkpoints._shell import FIELDS, BackendStorage
@@ -69,6 +72,7 @@ from stello_graph.checkpoints._sqlite_conn import (
     connect,
     failure,
     quick_check,
+    stream_rows,
 )
 from stello_graph.checkpoints._sqlite_tree import SqliteTreeReads
 from stello_graph.checkpoints._validate import CommitArgs, check_non_negative, check_tree_id
@@ -223,6 +227,17 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         except sqlite3.Error as exc:
             raise failure(exc, repr(self.path)) from exc
 
+    def _fetch(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] = (),
+        session_id: str | None = None,
+    ) -> list[Any]:
+        """The rows of a read of `session_id` (its damaged row: `DamagedDataError`), or of a
+        whole-tree read (no `session_id`: damaged rows come back to be marked, see
+        `stream_rows`). A statement that reads only numbers may use `_q` itself."""
+        return list(stream_rows(self._conn, sql, params, repr(self.path), session_id))
+
     def _one(self, sql: str, params: Sequence[Any], session_id: str) -> Any:
         """The first row of a read of `session_id` (see `_fetch`), or `None`."""
         rows = self._fetch(sql, params, session_id)
@@ -233,6 +248,11 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
             self._conn.executemany(sql, rows)
         except sqlite3.Error as exc:
             raise failure(exc, repr(self.path)) from exc
+
+    def _run(self, steps: Lookup[T], session_id: str | None = None) -> T:
+        """Run shared-prefix statements (`_shared_l3`) on the connection: for a read of
+        `session_id`, or of the whole tree (see `_fetch`)."""
+        return drive_sqlite(steps, lambda sql, params: self._fetch(sql, params, session_id))
 
     # -- sessions -------------------------------------------------------------------------
     def op_put_session(self, row: MetaRow) -> None:
