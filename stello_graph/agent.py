@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
+    contextmanager,
 )
 from typing import Any
 
@@ -88,6 +89,30 @@ def _main_id(storage: MainStorage, cfg: StelloConfig) -> str:
     if found is not None:
         return found.id
     return MainSession.create(storage, label=cfg.main_label, system_prompt=cfg.system_prompt).id
+
+
+@contextmanager
+def _open_tree(
+    storage: MainStorage | str | os.PathLike[str] | None,
+    cfg: StelloConfig,
+    tree_id: str | None = None,
+) -> Iterator[tuple[StelloRuntime, str]]:
+    """Open a tree (default: `cfg.tree_id`) of `storage` (a path or URL opens one), its main
+    session (created when it has none) and a runtime on them; the block gets the runtime and
+    the main session's id. When opening or the block fails, what was opened here is closed:
+    the runtime's scheduler, and the storage unless it was given open."""
+    opened = _open_storage(storage, tree_id or cfg.tree_id)
+    runtime: StelloRuntime | None = None
+    try:
+        main = _main_id(opened, cfg)
+        runtime = StelloRuntime(opened, cfg)
+        yield runtime, main
+    except BaseException:
+        if runtime is not None:
+            runtime.close(storage=False)
+        if opened is not storage:  # a bad argument must not leave the file open
+            opened.close()
+        raise
 
 
 def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
@@ -168,11 +193,11 @@ class StelloAgent(_Turns, _Memory, _Tree):
         cfg = StelloConfig.merge(config, settings)  # before anything is opened or created
         check_chat_model(cfg.model)
         self._owns_storage = not hasattr(storage, "get_tree")
-        self.storage: MainStorage = _open_storage(storage, cfg.tree_id)
-        try:
-            self._runtime = StelloRuntime(self.storage, cfg)
+        with _open_tree(storage, cfg) as (runtime, main_id):
+            self._runtime = runtime
             """The runtime the graph's nodes share (read it; configure through `config`)."""
-            main = self._runtime.session(_main_id(self.storage, cfg))
+            self.storage: MainStorage = runtime.storage
+            main = runtime.session(main_id)
             assert isinstance(main, MainSession)
             self.main: MainSession = main
             """The main session, with the agent's model, tools and integrate function."""
@@ -183,26 +208,22 @@ class StelloAgent(_Turns, _Memory, _Tree):
             self._prune = self._owns_saver if prune is None else prune
             kept = self.checkpointer is not None and not self._prune
             self._durability: Durability = cfg.durability or ("exit" if kept else "async")
-            self.graph: CompiledStateGraph[Any, Any, Any, Any] = build_graph(self._runtime).compile(
+            self.graph: CompiledStateGraph[Any, Any, Any, Any] = build_graph(runtime).compile(
                 checkpointer=self.checkpointer, store=cfg.store
             )
             """The compiled graph of every operation (the agent runs fork, consolidate and
             integrate without it, and its turns on the same nodes without the operations'
             state: `build_turn_graph`)."""
             self._turn_graph: CompiledStateGraph[Any, Any, Any, Any] = build_turn_graph(
-                self._runtime
+                runtime
             ).compile(checkpointer=self.checkpointer, store=cfg.store)
             self._first_round: CompiledStateGraph[Any, Any, Any, Any] | None = None
             """The turn graph's first round without the checkpointer (see `_Turns._items`): on
             pruned threads, unless every step must be on disk first (`"sync"`)."""
             if self._prune and self.checkpointer is not None and self._durability != "sync":
-                first = build_turn_graph(self._runtime, first_round=True)
+                first = build_turn_graph(runtime, first_round=True)
                 self._first_round = first.compile(store=cfg.store)
             self._tool_graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
-        except BaseException:
-            if self._owns_storage:  # a bad argument must not leave the file open
-                self.storage.close()
-            raise
         self._leases = self._runtime.leases
         self._threads = CheckpointThreads(
             self._turn_graph, self.checkpointer, self.storage.tree_id, prune=self._prune
@@ -323,8 +344,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
 
     def close(self) -> None:
         """Finish background work and close what the agent opened."""
-        if self._runtime.scheduler is not None:
-            self._runtime.scheduler.close(wait=True)
+        self._runtime.close(storage=False)
         self._recorder.close()  # the events of the work just finished, before the storage
         close_saver = getattr(self.checkpointer, "close", None)
         try:
