@@ -58,7 +58,7 @@ from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.ops import arun_fork, run_fork
 from stello_graph.nodes.scheduling import on_archive
 from stello_graph.nodes.state import ForkState
-from stello_graph.schedule import BackgroundFailure, StorageFailureLog
+from stello_graph.schedule import BackgroundFailure, clear_kept_failures, kept_failures
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage
 from stello_graph.topology import Topology
@@ -303,31 +303,19 @@ class StelloAgent(_Turns, _Memory, _Tree):
         They are stored with the tree (the newest 200), so an agent opened later, or in
         another process, still reads them; `clear_failures` forgets them.
         """
-        scheduler = self._runtime.scheduler
-        if scheduler is not None:
-            return scheduler.failures(session_id)
-        return StorageFailureLog(self.storage).read(session_id)
+        return run(kept_failures(self._runtime.scheduler, session_id), self.storage)
 
     async def afailures(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Async twin of `failures`."""
-        scheduler = self._runtime.scheduler
-        if scheduler is not None:
-            return await scheduler.afailures(session_id)
-        return await StorageFailureLog(self.storage).aread(session_id)
+        return await arun(kept_failures(self._runtime.scheduler, session_id), self.storage)
 
     def clear_failures(self, session_id: str | None = None) -> int:
         """Forget the kept background failures (of one session, when given); return how many."""
-        scheduler = self._runtime.scheduler
-        if scheduler is not None:
-            return scheduler.clear_failures(session_id)
-        return StorageFailureLog(self.storage).clear(session_id)
+        return run(clear_kept_failures(self._runtime.scheduler, session_id), self.storage)
 
     async def aclear_failures(self, session_id: str | None = None) -> int:
         """Async twin of `clear_failures`."""
-        scheduler = self._runtime.scheduler
-        if scheduler is not None:
-            return await scheduler.aclear_failures(session_id)
-        return await StorageFailureLog(self.storage).aclear(session_id)
+        return await arun(clear_kept_failures(self._runtime.scheduler, session_id), self.storage)
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for background work and for its events to be stored; False on timeout.

@@ -61,7 +61,7 @@ from stello_graph.nodes.builtin_tools import CreateSessionArgs, _description
 from stello_graph.nodes.deps import StelloRuntime, tool_error_message
 from stello_graph.nodes.ops import arun_fork, run_fork
 from stello_graph.nodes.state import StelloContext
-from stello_graph.schedule import BackgroundFailure, StorageFailureLog
+from stello_graph.schedule import BackgroundFailure, kept_failures
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage
 
@@ -161,9 +161,7 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
     def failures(self, tree_id: str | None = None) -> list[BackgroundFailure]:
         """The schedule's failures kept so far in a tree (default: the middleware's)."""
         runtime = self._tree(tree_id)[0]
-        if runtime.scheduler is not None:
-            return runtime.scheduler.failures()
-        return StorageFailureLog(runtime.storage).read()
+        return run(kept_failures(runtime.scheduler), runtime.storage)
 
     def close(self) -> None:
         """Finish background work; close the storages opened from a path or URL."""
