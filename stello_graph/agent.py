@@ -69,9 +69,11 @@ DEFAULT_DB = "stello.db"
 """The embedded SQLite file used when no storage is given."""
 
 
-def _open_storage(
-    storage: MainStorage | str | os.PathLike[str] | None, tree_id: str
-) -> MainStorage:
+_Where = MainStorage | str | os.PathLike[str] | None
+"""A storage, or where to open one: a SQLite path (default `stello.db`) or a PostgreSQL URL."""
+
+
+def _open_storage(storage: _Where, tree_id: str) -> MainStorage:
     if isinstance(storage, str) and storage.startswith(("postgresql://", "postgres://")):
         from stello_graph.checkpoints import PostgresMainStorage
 
@@ -93,9 +95,7 @@ def _main_id(storage: MainStorage, cfg: StelloConfig) -> str:
 
 @contextmanager
 def _open_tree(
-    storage: MainStorage | str | os.PathLike[str] | None,
-    cfg: StelloConfig,
-    tree_id: str | None = None,
+    storage: _Where, cfg: StelloConfig, tree_id: str | None = None
 ) -> Iterator[tuple[StelloRuntime, str]]:
     """Open a tree (default: `cfg.tree_id`) of `storage` (a path or URL opens one), its main
     session (created when it has none) and a runtime on them; the block gets the runtime and
@@ -197,7 +197,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
             self._runtime = runtime
             """The runtime the graph's nodes share (read it; configure through `config`)."""
             self.storage: MainStorage = runtime.storage
-            main = runtime.session(main_id)
+            main = self._runtime.session(main_id)
             assert isinstance(main, MainSession)
             self.main: MainSession = main
             """The main session, with the agent's model, tools and integrate function."""
@@ -208,20 +208,20 @@ class StelloAgent(_Turns, _Memory, _Tree):
             self._prune = self._owns_saver if prune is None else prune
             kept = self.checkpointer is not None and not self._prune
             self._durability: Durability = cfg.durability or ("exit" if kept else "async")
-            self.graph: CompiledStateGraph[Any, Any, Any, Any] = build_graph(runtime).compile(
+            self.graph: CompiledStateGraph[Any, Any, Any, Any] = build_graph(self._runtime).compile(
                 checkpointer=self.checkpointer, store=cfg.store
             )
             """The compiled graph of every operation (the agent runs fork, consolidate and
             integrate without it, and its turns on the same nodes without the operations'
             state: `build_turn_graph`)."""
             self._turn_graph: CompiledStateGraph[Any, Any, Any, Any] = build_turn_graph(
-                runtime
+                self._runtime
             ).compile(checkpointer=self.checkpointer, store=cfg.store)
             self._first_round: CompiledStateGraph[Any, Any, Any, Any] | None = None
             """The turn graph's first round without the checkpointer (see `_Turns._items`): on
             pruned threads, unless every step must be on disk first (`"sync"`)."""
             if self._prune and self.checkpointer is not None and self._durability != "sync":
-                first = build_turn_graph(runtime, first_round=True)
+                first = build_turn_graph(self._runtime, first_round=True)
                 self._first_round = first.compile(store=cfg.store)
             self._tool_graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         self._leases = self._runtime.leases
