@@ -99,17 +99,13 @@ def _open_tree(
 ) -> Iterator[tuple[StelloRuntime, str]]:
     """Open a tree (default: `cfg.tree_id`) of `storage` (a path or URL opens one), its main
     session (created when it has none) and a runtime on them; the block gets the runtime and
-    the main session's id. When opening or the block fails, what was opened here is closed:
-    the runtime's scheduler, and the storage unless it was given open."""
+    the main session's id. When opening or the block fails, a storage opened here is closed
+    again."""
     opened = _open_storage(storage, tree_id or cfg.tree_id)
-    runtime: StelloRuntime | None = None
     try:
         main = _main_id(opened, cfg)
-        runtime = StelloRuntime(opened, cfg)
-        yield runtime, main
+        yield StelloRuntime(opened, cfg), main
     except BaseException:
-        if runtime is not None:
-            runtime.close(storage=False)
         if opened is not storage:  # a bad argument must not leave the file open
             opened.close()
         raise
