@@ -206,6 +206,14 @@ class StelloRuntime:
     def scheduler(self) -> Scheduler | None:
         return self._scheduler
 
+    def close(self, *, storage: bool = True) -> None:
+        """Finish the scheduler's queued background jobs and stop it, then close the storage
+        (`storage=False`: leave it open, for whoever opened it)."""
+        if self._scheduler is not None:
+            self._scheduler.close(wait=True)
+        if storage:
+            self.storage.close()
+
     def hold_final_l2(self, session_id: str) -> None:
         """Have the next integration (scheduled or called, flat or tree, in any process) bring
         this archived session's final L2 (see `on_archive`). Kept with the tree, so a process that

@@ -102,11 +102,11 @@ class StorageFailureLog:
         return await arun(_read(session_id), self._storage)
 
     def clear(self, session_id: str | None = None) -> int:
-        return int(Atomic(_clear(session_id)).run(self._storage))
+        return run(_cleared(session_id), self._storage)
 
     async def aclear(self, session_id: str | None = None) -> int:
         """Async twin of `clear`."""
-        return int(await Atomic(_clear(session_id)).arun(self._storage))
+        return await arun(_cleared(session_id), self._storage)
 
 
 def _stored() -> Flow[list[Any]]:
@@ -132,6 +132,11 @@ def _clear(session_id: str | None) -> Flow[int]:
     if len(kept) != len(stored):
         yield Storage(MainStorage.put_global, FAILURES_KEY, kept)
     return len(stored) - len(kept)
+
+
+def _cleared(session_id: str | None) -> Flow[int]:
+    """`clear`: its steps in one transaction."""
+    return int((yield Atomic(_clear(session_id))))
 
 
 def log_call(log: FailureLog, name: str, *args: Any) -> Call:

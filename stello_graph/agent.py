@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
+    contextmanager,
 )
 from typing import Any
 
@@ -57,7 +58,7 @@ from stello_graph.nodes.deps import StelloRuntime
 from stello_graph.nodes.ops import arun_fork, run_fork
 from stello_graph.nodes.scheduling import on_archive
 from stello_graph.nodes.state import ForkState
-from stello_graph.schedule import BackgroundFailure, StorageFailureLog
+from stello_graph.schedule import BackgroundFailure, clear_kept_failures, kept_failures
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage
 from stello_graph.topology import Topology
@@ -68,9 +69,11 @@ DEFAULT_DB = "stello.db"
 """The embedded SQLite file used when no storage is given."""
 
 
-def _open_storage(
-    storage: MainStorage | str | os.PathLike[str] | None, tree_id: str
-) -> MainStorage:
+_Where = MainStorage | str | os.PathLike[str] | None
+"""A storage, or where to open one: a SQLite path (default `stello.db`) or a PostgreSQL URL."""
+
+
+def _open_storage(storage: _Where, tree_id: str) -> MainStorage:
     if isinstance(storage, str) and storage.startswith(("postgresql://", "postgres://")):
         from stello_graph.checkpoints import PostgresMainStorage
 
@@ -88,6 +91,24 @@ def _main_id(storage: MainStorage, cfg: StelloConfig) -> str:
     if found is not None:
         return found.id
     return MainSession.create(storage, label=cfg.main_label, system_prompt=cfg.system_prompt).id
+
+
+@contextmanager
+def _open_tree(
+    storage: _Where, cfg: StelloConfig, tree_id: str | None = None
+) -> Iterator[tuple[StelloRuntime, str]]:
+    """Open a tree (default: `cfg.tree_id`) of `storage` (a path or URL opens one), its main
+    session (created when it has none) and a runtime on them; the block gets the runtime and
+    the main session's id. When opening or the block fails, a storage opened here is closed
+    again."""
+    opened = _open_storage(storage, tree_id or cfg.tree_id)
+    try:
+        main = _main_id(opened, cfg)
+        yield StelloRuntime(opened, cfg), main
+    except BaseException:
+        if opened is not storage:  # a bad argument must not leave the file open
+            opened.close()
+        raise
 
 
 def _default_saver(storage: MainStorage) -> BaseCheckpointSaver[Any]:
@@ -168,11 +189,11 @@ class StelloAgent(_Turns, _Memory, _Tree):
         cfg = StelloConfig.merge(config, settings)  # before anything is opened or created
         check_chat_model(cfg.model)
         self._owns_storage = not hasattr(storage, "get_tree")
-        self.storage: MainStorage = _open_storage(storage, cfg.tree_id)
-        try:
-            self._runtime = StelloRuntime(self.storage, cfg)
+        with _open_tree(storage, cfg) as (runtime, main_id):
+            self._runtime = runtime
             """The runtime the graph's nodes share (read it; configure through `config`)."""
-            main = self._runtime.session(_main_id(self.storage, cfg))
+            self.storage: MainStorage = runtime.storage
+            main = self._runtime.session(main_id)
             assert isinstance(main, MainSession)
             self.main: MainSession = main
             """The main session, with the agent's model, tools and integrate function."""
@@ -199,10 +220,6 @@ class StelloAgent(_Turns, _Memory, _Tree):
                 first = build_turn_graph(self._runtime, first_round=True)
                 self._first_round = first.compile(store=cfg.store)
             self._tool_graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
-        except BaseException:
-            if self._owns_storage:  # a bad argument must not leave the file open
-                self.storage.close()
-            raise
         self._leases = self._runtime.leases
         self._threads = CheckpointThreads(
             self._turn_graph, self.checkpointer, self.storage.tree_id, prune=self._prune
@@ -282,31 +299,19 @@ class StelloAgent(_Turns, _Memory, _Tree):
         They are stored with the tree (the newest 200), so an agent opened later, or in
         another process, still reads them; `clear_failures` forgets them.
         """
-        scheduler = self._runtime.scheduler
-        if scheduler is not None:
-            return scheduler.failures(session_id)
-        return StorageFailureLog(self.storage).read(session_id)
+        return run(kept_failures(self._runtime.scheduler, session_id), self.storage)
 
     async def afailures(self, session_id: str | None = None) -> list[BackgroundFailure]:
         """Async twin of `failures`."""
-        scheduler = self._runtime.scheduler
-        if scheduler is not None:
-            return await scheduler.afailures(session_id)
-        return await StorageFailureLog(self.storage).aread(session_id)
+        return await arun(kept_failures(self._runtime.scheduler, session_id), self.storage)
 
     def clear_failures(self, session_id: str | None = None) -> int:
         """Forget the kept background failures (of one session, when given); return how many."""
-        scheduler = self._runtime.scheduler
-        if scheduler is not None:
-            return scheduler.clear_failures(session_id)
-        return StorageFailureLog(self.storage).clear(session_id)
+        return run(clear_kept_failures(self._runtime.scheduler, session_id), self.storage)
 
     async def aclear_failures(self, session_id: str | None = None) -> int:
         """Async twin of `clear_failures`."""
-        scheduler = self._runtime.scheduler
-        if scheduler is not None:
-            return await scheduler.aclear_failures(session_id)
-        return await StorageFailureLog(self.storage).aclear(session_id)
+        return await arun(clear_kept_failures(self._runtime.scheduler, session_id), self.storage)
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for background work and for its events to be stored; False on timeout.
@@ -323,8 +328,7 @@ class StelloAgent(_Turns, _Memory, _Tree):
 
     def close(self) -> None:
         """Finish background work and close what the agent opened."""
-        if self._runtime.scheduler is not None:
-            self._runtime.scheduler.close(wait=True)
+        self._runtime.close(storage=False)
         self._recorder.close()  # the events of the work just finished, before the storage
         close_saver = getattr(self.checkpointer, "close", None)
         try:

@@ -61,7 +61,7 @@ from stello_graph.nodes.builtin_tools import CreateSessionArgs, _description
 from stello_graph.nodes.deps import StelloRuntime, tool_error_message
 from stello_graph.nodes.ops import arun_fork, run_fork
 from stello_graph.nodes.state import StelloContext
-from stello_graph.schedule import BackgroundFailure, StorageFailureLog
+from stello_graph.schedule import BackgroundFailure, kept_failures
 from stello_graph.session import Session
 from stello_graph.storage import MainStorage
 
@@ -141,21 +141,16 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
 
     def _open(self, tree: str) -> tuple[StelloRuntime, str]:
         """Open a tree of the storage, creating its main session if it has none."""
-        from stello_graph.agent import _main_id, _open_storage
+        from stello_graph.agent import _open_tree
 
-        storage = _open_storage(self._storage, tree)
-        try:
-            if storage.tree_id != tree:
-                raise InvalidInputError(
-                    f"StelloContext names tree {tree!r}, but the middleware's storage holds "
-                    f"tree {storage.tree_id!r}: pass a path or URL to open any tree."
-                )
-            main = _main_id(storage, self._config)
-            return StelloRuntime(storage, self._config), main
-        except BaseException:
-            if storage is not self._storage:  # opened here, from a path or URL
-                storage.close()
-            raise
+        given = self._storage
+        if not isinstance(given, str | os.PathLike | None) and given.tree_id != tree:
+            raise InvalidInputError(
+                f"StelloContext names tree {tree!r}, but the middleware's storage holds "
+                f"tree {given.tree_id!r}: pass a path or URL to open any tree."
+            )
+        with _open_tree(given, self._config, tree) as opened:
+            return opened
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for the schedule's background work; False on timeout."""
@@ -166,17 +161,12 @@ class StelloMiddleware(AgentMiddleware[AgentState[Any], Any]):
     def failures(self, tree_id: str | None = None) -> list[BackgroundFailure]:
         """The schedule's failures kept so far in a tree (default: the middleware's)."""
         runtime = self._tree(tree_id)[0]
-        if runtime.scheduler is not None:
-            return runtime.scheduler.failures()
-        return StorageFailureLog(runtime.storage).read()
+        return run(kept_failures(runtime.scheduler), runtime.storage)
 
     def close(self) -> None:
         """Finish background work; close the storages opened from a path or URL."""
         for runtime, _ in self._runtimes.values():
-            if runtime.scheduler is not None:
-                runtime.scheduler.close(wait=True)
-            if not hasattr(self._storage, "get_tree"):
-                runtime.storage.close()
+            runtime.close(storage=not hasattr(self._storage, "get_tree"))
         self._runtimes.clear()
 
     def __enter__(self) -> StelloMiddleware:

@@ -33,7 +33,9 @@ from stello_graph._failures import (
     FailureLog,
     JobKind,
     StorageFailureLog,
+    _cleared,
     _of,
+    _read,
     log_call,
 )
 from stello_graph._flow import Flow, arun, run
@@ -336,3 +338,16 @@ class Scheduler:
             scanner.join()
         if pool is not None:
             pool.shutdown(wait=wait)
+
+
+def kept_failures(
+    scheduler: Scheduler | None, session_id: str | None = None
+) -> Flow[list[BackgroundFailure]]:
+    """The kept failures (driven with the tree's storage): the scheduler's, else the tree's
+    stored ones (`StorageFailureLog`)."""
+    return _read(session_id) if scheduler is None else scheduler._read_failures(session_id)
+
+
+def clear_kept_failures(scheduler: Scheduler | None, session_id: str | None = None) -> Flow[int]:
+    """Forget the kept failures (driven with the tree's storage), as `kept_failures` reads them."""
+    return _cleared(session_id) if scheduler is None else scheduler._clear_failures(session_id)

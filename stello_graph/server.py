@@ -97,7 +97,7 @@ from stello_graph._validate import (
     check_tree_id,
     model_provider,
 )
-from stello_graph.agent import DEFAULT_DB, _main_id, _open_storage
+from stello_graph.agent import DEFAULT_DB, _open_tree
 from stello_graph.config import StelloConfig
 from stello_graph.errors import InvalidInputError, ModelNotConfiguredError
 from stello_graph.graph import StelloGraph, build_graph
@@ -312,21 +312,8 @@ _opening = threading.Lock()  # one opening at a time, so a tree is opened once
 
 
 def _open(uri: str, tree_id: str, config: StelloConfig) -> _Tree:
-    storage = _open_storage(uri, tree_id)
-    try:
-        _main_id(storage, config)  # created on first use
-        runtime = StelloRuntime(storage, config)
+    with _open_tree(uri, config, tree_id) as (runtime, _):  # the main session: on first use
         return _Tree(runtime, build_graph(runtime))
-    except BaseException:
-        storage.close()
-        raise
-
-
-def _close(tree: _Tree) -> None:
-    """Finish the tree's queued background jobs, stop its scheduler, close its storage."""
-    if tree.runtime.scheduler is not None:
-        tree.runtime.scheduler.close(wait=True)
-    tree.runtime.storage.close()
 
 
 def _take(key: tuple[str, str], *, hold: bool = False) -> _Tree | None:
@@ -362,7 +349,7 @@ def _acquire(key: tuple[str, str], settings: _Settings) -> _Tree:
             _trees[key] = opened
             closing = _idle_beyond(settings.max_open)
     for tree in closing:
-        _close(tree)
+        tree.runtime.close()  # its queued background jobs first
     return opened
 
 
@@ -471,7 +458,7 @@ def close_trees() -> None:
         with _lock:
             _settings = None
     for tree in trees:
-        _close(tree)
+        tree.runtime.close()  # its queued background jobs first
 
 
 atexit.register(close_trees)

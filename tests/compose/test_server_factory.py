@@ -15,6 +15,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
+from stello_graph import agent as agent_module
 from stello_graph import server
 from stello_graph.checkpoints import SqliteMainStorage
 from stello_graph.errors import InvalidInputError, ModelNotConfiguredError
@@ -223,7 +224,7 @@ def test_postgres_dsns_go_to_the_storage_factory(
         seen.append((uri, tree_id))
         return SqliteMainStorage(":memory:", tree_id=tree_id)
 
-    monkeypatch.setattr(server, "_open_storage", factory)
+    monkeypatch.setattr(agent_module, "_open_storage", factory)
     monkeypatch.setenv(server.DATABASE_ENV, "postgresql://stello@127.0.0.1/stello")
     server.close_trees()
     server.make_graph(tree("pg"))

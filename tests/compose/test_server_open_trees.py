@@ -23,6 +23,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from stello_graph import server
 from stello_graph.checkpoints import SqliteMainStorage
 from stello_graph.errors import InvalidInputError
+from stello_graph.nodes.deps import StelloRuntime
 
 ENTERED, RELEASE = threading.Event(), threading.Event()
 
@@ -153,13 +154,13 @@ async def test_trees_are_closed_off_the_event_loop(
     env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     closed_in: list[str] = []
-    real = server._close
+    real = StelloRuntime.close
 
-    def spy(found: Any) -> None:
+    def spy(runtime: StelloRuntime, **options: Any) -> None:
         closed_in.append(threading.current_thread().name)
-        real(found)
+        real(runtime, **options)
 
-    monkeypatch.setattr(server, "_close", spy)
+    monkeypatch.setattr(StelloRuntime, "close", spy)
     for name in ("a", "b", "c", "d"):
         async with server.amake_graph(tree(name)) as graph:
             await graph.compile().ainvoke(ask("hi"), tree(name))
