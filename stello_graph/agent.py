@@ -99,13 +99,17 @@ def _open_tree(
 ) -> Iterator[tuple[StelloRuntime, str]]:
     """Open a tree (default: `cfg.tree_id`) of `storage` (a path or URL opens one), its main
     session (created when it has none) and a runtime on them; the block gets the runtime and
-    the main session's id. When opening or the block fails, a storage opened here is closed
-    again."""
+    the main session's id. When opening or the block fails, the runtime's scheduler is
+    stopped and a storage opened here closed again."""
     opened = _open_storage(storage, tree_id or cfg.tree_id)
+    runtime = None
     try:
         main = _main_id(opened, cfg)
-        yield StelloRuntime(opened, cfg), main
+        runtime = StelloRuntime(opened, cfg)
+        yield runtime, main
     except BaseException:
+        if runtime is not None:  # its scheduler's threads would outlive the failed setup
+            runtime.close(storage=False)
         if opened is not storage:  # a bad argument must not leave the file open
             opened.close()
         raise

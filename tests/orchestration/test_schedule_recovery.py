@@ -245,3 +245,22 @@ def test_an_asked_for_integration_runs_after_a_restart(tmp_path: Path) -> None:
     with SqliteMainStorage(path) as storage:
         state = storage.get_global(INTEGRATION_KEY)
         assert state["done"] == state["requested"] and state["tree_turns"] == 2
+
+
+def test_an_agent_whose_setup_fails_leaves_no_scheduler_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler starts with the runtime, before the agent builds its graphs: when a
+    later step of the setup fails, its threads stop with it."""
+    import stello_graph.agent as agent_module
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("graph build failed")
+
+    monkeypatch.setattr(agent_module, "build_graph", broken)
+    before = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="graph build failed"):
+        StelloAgent(model=ScriptedChatModel(default="r"), storage=tmp_path / "t.db",
+                    schedule=Schedule(recover_every=60))  # fmt: skip
+    left = [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert not [t.name for t in left if t.name.startswith("stello")]
