@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from stello_graph._events_mux import EventMux
-from stello_graph.cli._common import Console
+from stello_graph.cli._common import Console, clip
 from stello_graph.errors import NothingToIntegrateError, StelloError
 from stello_graph.events import StelloEvent
 
@@ -47,11 +47,6 @@ _BACKGROUND = ("consolidated", "integrated", "background_error")
 
 class CommandError(Exception):
     """A command the REPL cannot run as typed; the message says what to type instead."""
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 class ChatRepl:
@@ -328,8 +323,8 @@ def _history_line(message: BaseMessage) -> str:
         text = message.text + (f" ↳ {calls}" if calls else "")
         return f"model › {text.strip()}"
     if isinstance(message, ToolMessage):
-        return f"tool  › {message.name or 'tool'}: {_clip(message.text)}"
-    return f"{message.type} › {_clip(message.text)}"
+        return f"tool  › {message.name or 'tool'}: {clip(message.text, 300)}"
+    return f"{message.type} › {clip(message.text, 300)}"
 
 
 def _args(args: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ __all__ = [
     "Console",
     "DbKind",
     "check_tree",
+    "clip",
     "is_dsn",
     "open_storage",
     "open_tree",
@@ -124,6 +125,12 @@ def _isatty(stream: TextIO) -> bool:
 
 # -- databases ------------------------------------------------------------------------------
 DbKind = Literal["missing", "directory", "empty", "not-sqlite", "locked", "sqlite", "stello"]
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` on one line, cut to `limit` characters (the last one `…` when cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def probe_database(path: Path, *, timeout: float = 5.0) -> tuple[DbKind, list[str]]:

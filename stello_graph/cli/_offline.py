@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from langchain_core.messages import BaseMessage, SystemMessage
 
+from stello_graph.cli._common import clip
 from stello_graph.models import ChildL2, IntegrationResult
 from stello_graph.testing import ScriptedChatModel
 
@@ -16,13 +17,8 @@ __all__ = ["echo_model", "integrate", "summarise"]
 _L2_CHARS = 400
 
 
-def _clip(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
 def _echo(messages: list[BaseMessage]) -> str:
-    said = _clip(messages[-1].text, 200)
+    said = clip(messages[-1].text, 200)
     system = " ".join(m.text for m in messages if isinstance(m, SystemMessage))
     if "<insight>" in system:
         return f"(scripted) Noted, with the main session's insight in mind: {said}"
@@ -36,7 +32,7 @@ def echo_model() -> ScriptedChatModel:
 
 def summarise(current: str | None, records: list[BaseMessage]) -> str:
     """A `ConsolidateFn`: the L2 lists what the user brought up (the newest part kept)."""
-    said = [_clip(m.text, 60) for m in records if m.type == "human" and m.text.strip()]
+    said = [clip(m.text, 60) for m in records if m.type == "human" and m.text.strip()]
     if not said:
         return current or "Nothing discussed yet."
     summary = f"{current} " if current else ""
