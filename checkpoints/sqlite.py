@@ -41,7 +41,6 @@ from stello_graph.checkpoints._schema import (
     EVENTS,
     LANGGRAPH_TABLES,
     NODES,
-    RECORDS,
     ROWS,
     SESSIONS,
 )
@@ -159,7 +158,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         have the same."""
         busy_ms = max(0, int(busy_timeout * 1000))
         self._hooks = SqliteHooks(self._conn, self._cache, busy_ms, tree_id)
-        self._shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
+        self._shared = SharedPrefixes(tree_id)
         super().__init__(self, tree_id=tree_id)  # its own `StorageBackend`
         self._closed = False
         try:
