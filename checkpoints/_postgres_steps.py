@@ -114,7 +114,7 @@ class Statements(TreeStatements):
         """The tree's advisory lock key, held by its write transactions."""
         self.cache: Lru[tuple[int, list[BaseMessage]]] = Lru(cache_size)
         """Decoded records by session, with the `records_stamp` they were read at."""
-        self.shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
+        self.shared = SharedPrefixes(tree_id)
         """The statements of shared L3 prefixes (`_shared_l3`)."""
 
     def put_session(self, row: MetaRow) -> Steps[None]:

@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from stello_graph._ids import legacy_thread_id, thread_id
-from stello_graph._validate import _check_encodable, check_depth
+from stello_graph._validate import check_depth, check_encodable
 from stello_graph.checkpoints._damage import (
     META_COLUMNS,
     ROLES,
@@ -99,14 +99,7 @@ def dumps(value: Any, *, what: str) -> str:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} must be JSON-serialisable: {exc}") from exc
-    return check_encodable(text, what=what)
-
-
-def check_encodable(text: str, *, what: str) -> str:
-    """`text` unchanged, once it is known to encode as UTF-8 (no lone surrogates)."""
-    if not text.isascii():  # an ASCII text needs no look
-        _check_encodable(text, what)
-    return text
+    return check_encodable(text, what)
 
 
 @functools.cache
@@ -364,7 +357,7 @@ def meta_to_row(meta: SessionMeta) -> MetaRow:
     """The columns of a session's meta, validated for storage."""
     return (
         meta.id,
-        check_encodable(meta.label, what="The session label"),
+        check_encodable(meta.label, "The session label"),
         meta.role,
         meta.status,
         dumps(list(meta.tags), what="The session tags"),

@@ -33,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
+from stello_graph.checkpoints._schema import RECORDS, SESSIONS
+
 __all__ = [
     "Lookup",
     "drive_sqlite",
@@ -56,16 +58,14 @@ Segment = tuple[str, int | None]
 
 
 class SharedPrefixes:
-    """The shared-prefix statements of one tree, for a `sessions` and a `records` table."""
+    """The shared-prefix statements of one tree (both backends name their tables alike)."""
 
-    def __init__(self, tree_id: str, sessions: str, records: str) -> None:
+    def __init__(self, tree_id: str) -> None:
         self.tree_id = tree_id
-        self.sessions = sessions
-        self.records = records
 
     def base(self, session_id: str) -> Lookup[tuple[str | None, int] | None]:
         """`(base_id, base_count)` of the session, or `None` when it is missing."""
-        sql = f"SELECT base_id, base_count FROM {self.sessions} WHERE tree_id = %s AND id = %s"
+        sql = f"SELECT base_id, base_count FROM {SESSIONS} WHERE tree_id = %s AND id = %s"
         rows = yield sql, (self.tree_id, session_id)
         return None if not rows else (rows[0][0], int(rows[0][1] or 0))
 
@@ -114,7 +114,7 @@ class SharedPrefixes:
         if empty:
             holder, _ = yield from self.holder(source_id, count)
             yield (
-                f"""UPDATE {self.sessions} SET base_id = %s, base_count = %s, next_seq = %s
+                f"""UPDATE {SESSIONS} SET base_id = %s, base_count = %s, next_seq = %s
                 WHERE tree_id = %s AND id = %s""",
                 (holder, count, count, self.tree_id, target_id),
             )
@@ -122,7 +122,7 @@ class SharedPrefixes:
         segments = yield from self.prefix(source_id, count)
         copied = yield from self.copy_rows(target_id, segments, first)
         yield (
-            f"UPDATE {self.sessions} SET next_seq = %s WHERE tree_id = %s AND id = %s",
+            f"UPDATE {SESSIONS} SET next_seq = %s WHERE tree_id = %s AND id = %s",
             (first + copied, self.tree_id, target_id),
         )
 
@@ -132,7 +132,7 @@ class SharedPrefixes:
         for holder, count in segments:
             cut, bound = ("", ()) if count is None else (" LIMIT %s", (count,))
             found = yield (
-                f"""SELECT {columns} FROM {self.records}
+                f"""SELECT {columns} FROM {RECORDS}
                 WHERE tree_id = %s AND session_id = %s ORDER BY seq{cut}""",
                 (self.tree_id, holder, *bound),
             )
@@ -149,7 +149,7 @@ class SharedPrefixes:
     def bases(self) -> Lookup[dict[str, tuple[str, int]]]:
         """`(base_id, base_count)` of every session of the tree that shares a prefix."""
         rows = yield (
-            f"""SELECT id, base_id, base_count FROM {self.sessions}
+            f"""SELECT id, base_id, base_count FROM {SESSIONS}
             WHERE tree_id = %s AND base_id IS NOT NULL""",
             (self.tree_id,),
         )
@@ -171,7 +171,7 @@ class SharedPrefixes:
         """The `FROM ... WHERE` of a segment's rows `r` (`m.low`: the holder's first seq), and
         its parameters."""
         cut, bound = ("", ()) if count is None else (" AND r.seq < m.low + %s", (count,))
-        sql = f"""FROM {self.records} r, (SELECT MIN(seq) AS low FROM {self.records}
+        sql = f"""FROM {RECORDS} r, (SELECT MIN(seq) AS low FROM {RECORDS}
             WHERE tree_id = %s AND session_id = %s) m
             WHERE r.tree_id = %s AND r.session_id = %s{cut}"""
         return sql, (self.tree_id, holder, self.tree_id, holder, *bound)
@@ -203,20 +203,19 @@ class SharedPrefixes:
         One statement covers every session whose prefix is held by an unshared session (one
         generation: the usual case, since a cut inside a shared prefix points at its holder);
         deeper chains are counted segment by segment."""
-        r, s_ = self.records, self.sessions
         shared = yield (
             f"""SELECT s.id, b.base_id IS NULL, s.memory_through,
-                s.base_count + (SELECT COUNT(*) FROM {r} o
+                s.base_count + (SELECT COUNT(*) FROM {RECORDS} o
                     WHERE o.tree_id = s.tree_id AND o.session_id = s.id),
-                (SELECT COUNT(*) FROM {r} o
+                (SELECT COUNT(*) FROM {RECORDS} o
                     WHERE o.tree_id = s.tree_id AND o.session_id = s.id AND o.type = 'human'
                     AND o.seq >= COALESCE(s.memory_through, 0))
-                + (SELECT COUNT(*) FROM {r} h, (SELECT MIN(f.seq) AS low FROM {r} f
+                + (SELECT COUNT(*) FROM {RECORDS} h, (SELECT MIN(f.seq) AS low FROM {RECORDS} f
                         WHERE f.tree_id = s.tree_id AND f.session_id = s.base_id) m
                     WHERE h.tree_id = s.tree_id AND h.session_id = s.base_id
                     AND h.type = 'human' AND h.seq >= m.low + COALESCE(s.memory_through, 0)
                     AND h.seq < m.low + s.base_count)
-            FROM {s_} s LEFT JOIN {s_} b ON b.tree_id = s.tree_id AND b.id = s.base_id
+            FROM {SESSIONS} s LEFT JOIN {SESSIONS} b ON b.tree_id = s.tree_id AND b.id = s.base_id
             WHERE s.tree_id = %s AND s.base_id IS NOT NULL""",
             (self.tree_id,),
         )
@@ -247,7 +246,7 @@ class SharedPrefixes:
             chunk = session_ids[start : start + _CHUNK]
             marks = ", ".join(["%s"] * len(chunk))
             rows = yield (
-                f"""SELECT id FROM {self.sessions}
+                f"""SELECT id FROM {SESSIONS}
                 WHERE tree_id = %s AND base_id IN ({marks})""",
                 (self.tree_id, *chunk),
             )
@@ -261,14 +260,14 @@ class SharedPrefixes:
         for holder, count in segments:
             segment, params = self._segment(holder, count)
             yield (
-                f"""INSERT INTO {self.records}
+                f"""INSERT INTO {RECORDS}
                     (tree_id, session_id, seq, type, data, created_at, turn_id, turn_seq)
                 SELECT r.tree_id, %s, %s + r.seq - m.low, r.type, r.data, r.created_at,
                     r.turn_id, r.turn_seq {segment}""",
                 (target_id, offset, *params),
             )
             counted = yield (
-                f"SELECT COUNT(*) FROM {self.records} WHERE tree_id = %s AND session_id = %s",
+                f"SELECT COUNT(*) FROM {RECORDS} WHERE tree_id = %s AND session_id = %s",
                 (self.tree_id, holder),
             )
             offset += int(counted[0][0]) if count is None else count
@@ -282,7 +281,7 @@ class SharedPrefixes:
             return
         yield from self.copy_rows(session_id, (yield from self.prefix(base_id, base_count)), 0)
         yield (
-            f"""UPDATE {self.sessions} SET base_id = NULL, base_count = 0
+            f"""UPDATE {SESSIONS} SET base_id = NULL, base_count = 0
             WHERE tree_id = %s AND id = %s""",
             (self.tree_id, session_id),
         )

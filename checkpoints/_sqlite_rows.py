@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from stello_graph.checkpoints import _schema
 from stello_graph.checkpoints._damage import META, row_damage
-from stello_graph.checkpoints._schema import RECORDS, ROWS, SESSIONS, read_version
+from stello_graph.checkpoints._schema import ROWS, SESSIONS, read_version
 from stello_graph.checkpoints._shared_l3 import (
     SharedPrefixes,
     drive_sqlite,
@@ -98,7 +98,7 @@ class TreeRows:
 
     def __init__(self, conn: sqlite3.Connection, tree_id: str, where: str) -> None:
         self._conn = conn
-        self._shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
+        self._shared = SharedPrefixes(tree_id)
         self._where = where
 
     @classmethod

@@ -10,12 +10,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from stello_graph._validate import check_depth, check_tree_id
+from stello_graph._validate import check_depth, check_encodable, check_tree_id
 from stello_graph.checkpoints._damage import ROLES, STATUSES
 from stello_graph.checkpoints._serde import (
     EncodedMessage,
     RecordTurn,
-    check_encodable,
     dumps,
     encode_message,
     to_iso,
@@ -100,7 +99,7 @@ def check_text(value: object, name: str) -> str:
     """Any string (possibly empty) that can be stored."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{name} must be a string, got {type(value).__name__}.")
-    return check_encodable(value, what=name)
+    return check_encodable(value, name)
 
 
 def check_optional_text(value: object, name: str) -> str | None:

@@ -41,7 +41,6 @@ from stello_graph.checkpoints._schema import (
     EVENTS,
     LANGGRAPH_TABLES,
     NODES,
-    RECORDS,
     ROWS,
     SESSIONS,
 )
@@ -159,7 +158,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         have the same."""
         busy_ms = max(0, int(busy_timeout * 1000))
         self._hooks = SqliteHooks(self._conn, self._cache, busy_ms, tree_id)
-        self._shared = SharedPrefixes(tree_id, SESSIONS, RECORDS)
+        self._shared = SharedPrefixes(tree_id)
         super().__init__(self, tree_id=tree_id)  # its own `StorageBackend`
         self._closed = False
         try:
@@ -360,7 +359,8 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
                 raise LeaseLostError(session_id)
             if meta.status == "archived":
                 raise SessionArchivedError(session_id, "a turn's records")
-            self.op_append(session_id, records, at, user_turn, turns)
+            self.op_append(session_id, records, at, user_turn, turns, counted=False)
+            self._hooks.sync()  # a savepoint may have begun this transaction unsynced
             values: dict[str, Any] = {}
             if insight is not None and current == insight:
                 values["insight"] = None
@@ -378,7 +378,10 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
         at: str,
         user_turn: bool,
         turns: list[RecordTurn],
+        counted: bool = True,
     ) -> int:
+        """See `StorageBackend.op_append`; `counted=False` (a turn's commit, which needs no
+        count) returns 0 instead, sparing a COUNT when the record cache is cold."""
         tree = self.tree_id
         sql = f"SELECT next_seq, l3_key FROM {SESSIONS} WHERE tree_id = ? AND id = ?"
         found = self._q(sql, (tree, session_id)).fetchone()
@@ -402,7 +405,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
             (first + len(records), int(user_turn), at if records else None, tree, session_id),
         )
         self._cache.extend(session_id, lambda: [decode_message(data) for _, data in records])
-        return self.op_count(session_id)
+        return self.op_count(session_id) if counted else 0
 
     def op_records(self, session_id: str) -> Sequence[BaseMessage]:
         self._hooks.sync()

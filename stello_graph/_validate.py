@@ -20,6 +20,7 @@ __all__ = [
     "MODEL_PROVIDERS",
     "check_chat_model",
     "check_depth",
+    "check_encodable",
     "check_id",
     "check_label",
     "check_metadata",
@@ -67,13 +68,17 @@ def _type_name(value: object) -> str:
     return type(value).__name__
 
 
-def _check_encodable(value: str, what: str) -> None:
+def check_encodable(value: str, what: str) -> str:
+    """`value` unchanged, once it is known to encode as UTF-8 (no lone surrogates)."""
+    if value.isascii():  # an ASCII text needs no look
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidInputError(
             f"{what} contains a lone surrogate at position {exc.start}; it cannot be stored."
         ) from None
+    return value
 
 
 def too_deep(value: object, limit: int = MAX_DEPTH) -> bool:
@@ -121,8 +126,7 @@ def _check_str(
     bad = None if multiline else next((ch for ch in value if ch < " "), None)
     if bad is not None:
         raise InvalidInputError(f"{what} {value!r} contains the control character {bad!r}.")
-    _check_encodable(value, what)
-    return value
+    return check_encodable(value, what)
 
 
 def check_text(value: object, what: str = "content") -> str:
@@ -174,8 +178,7 @@ def check_tree_id(value: object) -> str:
             f"tree_id {_shown(value)} contains the control character {bad!r}: a tree id is "
             "one line of printable text."
         )
-    _check_encodable(value, "tree_id")
-    return value
+    return check_encodable(value, "tree_id")
 
 
 def check_tags(value: object) -> tuple[str, ...]:
@@ -206,8 +209,7 @@ def check_metadata(value: object) -> dict[str, Any]:
         raise InvalidInputError(
             f"metadata is {len(encoded):,} characters as JSON; the limit is {MAX_INPUT_CHARS:,}."
         )
-    _check_encodable(encoded, "metadata")
-    return dict(json.loads(encoded))
+    return dict(json.loads(check_encodable(encoded, "metadata")))
 
 
 def check_chat_model(value: object, what: str = "model") -> Any:
