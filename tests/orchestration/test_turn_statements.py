@@ -19,6 +19,7 @@ import pytest
 from langchain_core.tools import tool
 
 from stello_graph import StelloAgent
+from stello_graph.checkpoints import SqliteMainStorage
 from stello_graph.testing import ScriptedChatModel
 
 
@@ -66,6 +67,23 @@ def test_a_sqlite_turn_takes_two_write_transactions(tmp_path: Path) -> None:
     assert [s for s in storage if "data_version" in s] == ["PRAGMA data_version"] * 2, storage
     assert len(_own(storage)) <= 19, storage
     assert saver == []  # the thread is known empty: the agent's own last turn left it so
+
+
+def test_a_turn_with_its_records_not_cached_counts_none(tmp_path: Path) -> None:
+    """A session whose records left the cache (or a cache of size 0) reads them once, with
+    its lease: the commit appends without counting them again."""
+    storage = SqliteMainStorage(tmp_path / "a.db", record_cache_size=0)
+    agent = StelloAgent(model=ScriptedChatModel(default="ok"), storage=storage)
+    try:
+        sid = _warm(agent)
+        seen: list[str] = []
+        _trace(storage._conn, seen)
+        agent.turn(sid, "counted")
+        _trace(storage._conn, [])
+    finally:
+        agent.close()
+    assert not [s for s in seen if "COUNT(" in s.upper()], seen
+    assert len([s for s in seen if "FROM stello_records" in s]) == 1, seen
 
 
 def test_a_tool_turn_still_prunes_its_checkpoints(tmp_path: Path) -> None:
