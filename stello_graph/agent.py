@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
@@ -73,8 +74,14 @@ _Where = MainStorage | str | os.PathLike[str] | None
 """A storage, or where to open one: a SQLite path (default `stello.db`) or a PostgreSQL URL."""
 
 
+_CONNINFO = re.compile(r"\s*(host|hostaddr|port|dbname|user|password|service)\s*=")
+"""How a libpq `key=value` connection string begins (a path never does in practice)."""
+
+
 def _open_storage(storage: _Where, tree_id: str) -> MainStorage:
-    if isinstance(storage, str) and storage.startswith(("postgresql://", "postgres://")):
+    if isinstance(storage, str) and (
+        storage.startswith(("postgresql://", "postgres://")) or _CONNINFO.match(storage)
+    ):
         from stello_graph.checkpoints import PostgresMainStorage
 
         return PostgresMainStorage(storage, tree_id=tree_id)
@@ -172,8 +179,9 @@ class StelloAgent(_Turns, _Memory, _Tree):
         storage: a `MainStorage`, or the path of a SQLite file (default `stello.db`). A
             file holding another application's tables is refused (`ForeignDatabaseError`);
             to share one, pass `SqliteMainStorage(path, allow_foreign_tables=True)`. A
-            `postgresql://` URL opens a `PostgresMainStorage` and a LangGraph
-            `PostgresSaver` on that database (the `postgres` extra).
+            `postgresql://` URL (or a libpq `"host=... dbname=..."` string) opens a
+            `PostgresMainStorage` and a LangGraph `PostgresSaver` on that database (the
+            `postgres` extra).
         config: the settings (`StelloConfig`, each field documented there); `model` is
             required: a chat model, or its name as LangChain's `init_chat_model` takes it
             (`"openai:gpt-4o-mini"`), built before anything is opened.

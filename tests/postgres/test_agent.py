@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from stello_graph import StelloAgent
 from stello_graph.checkpoints import (
@@ -36,6 +39,20 @@ def test_an_agent_on_a_url_turns_and_prunes_its_checkpoints(postgres_dsn: str) -
         agent.turn(sid, "again")
         assert _checkpoint_rows(postgres_dsn) > 0
         assert [m.content for m in agent.session(sid).messages()] == ["hi", "ok", "again", "ok"]
+
+
+def test_an_agent_on_a_key_value_connection_string_opens_postgresql(
+    postgres_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libpq's other form (`host=... dbname=...`) is PostgreSQL too, not a SQLite file
+    named by that text."""
+    conninfo = make_conninfo("", **conninfo_to_dict(postgres_dsn))
+    assert "://" not in conninfo, conninfo
+    monkeypatch.chdir(tmp_path)
+    with StelloAgent(model=ScriptedChatModel(default="ok"), storage=conninfo) as agent:
+        assert isinstance(agent.storage, PostgresMainStorage)
+        assert agent.turn(agent.main_session_id, "hi").content == "ok"
+    assert list(tmp_path.iterdir()) == []
 
 
 async def test_an_async_agent_on_a_url(postgres_dsn: str) -> None:
