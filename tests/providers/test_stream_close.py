@@ -14,7 +14,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -71,6 +71,18 @@ def test_closing_an_agent_stream_stops_the_call(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # a quiet stop
 
 
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """Ctrl-C raises `KeyboardInterrupt` during the test, as in a terminal: a run started in
+    the background by a non-interactive shell inherits SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_in_an_agent_stream_stops_the_call(
     slow_agent: Callable[..., StelloAgent], server: FakeOpenAI
 ) -> None:
