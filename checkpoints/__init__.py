@@ -22,6 +22,7 @@ needs: `stello-graph tree` and `export` read a SQLite file without pydantic or L
 from __future__ import annotations
 
 import importlib
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -67,7 +68,17 @@ _LAZY = {
     "StelloPostgresSaver": "stello_graph.checkpoints._postgres_saver",
     "open_postgres": "stello_graph.checkpoints.postgres",
 }
-__all__ = list(_LAZY)
+__all__ = list(_LAZY)  # and `is_postgres_dsn`, a helper of the library's own openers
+
+_CONNINFO = re.compile(r"\s*(host|hostaddr|port|dbname|user|password|service)\s*=")
+"""How a libpq `key=value` connection string begins (a file path never does in practice)."""
+
+
+def is_postgres_dsn(where: str) -> bool:
+    """Whether `where` names a PostgreSQL database, a `postgresql://` URL or a libpq
+    `key=value` connection string (`"host=db dbname=app"`), rather than a SQLite file: how
+    `StelloAgent(storage=...)`, the server and the command line choose between the two."""
+    return where.startswith(("postgresql://", "postgres://")) or bool(_CONNINFO.match(where))
 
 
 def __getattr__(name: str) -> Any:

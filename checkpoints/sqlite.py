@@ -360,7 +360,6 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
             if meta.status == "archived":
                 raise SessionArchivedError(session_id, "a turn's records")
             self.op_append(session_id, records, at, user_turn, turns, counted=False)
-            self._hooks.sync()  # a savepoint may have begun this transaction unsynced
             values: dict[str, Any] = {}
             if insight is not None and current == insight:
                 values["insight"] = None
@@ -404,6 +403,7 @@ class SqliteMainStorage(SqliteTreeReads, BackendStorage):
             WHERE tree_id = ? AND id = ?""",
             (first + len(records), int(user_turn), at if records else None, tree, session_id),
         )
+        self._hooks.sync()  # the cache up to date before it is extended
         self._cache.extend(session_id, lambda: [decode_message(data) for _, data in records])
         return self.op_count(session_id) if counted else 0
 

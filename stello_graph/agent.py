@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
@@ -42,6 +41,7 @@ from stello_graph._flow import Call, Flow, Storage, arun, run
 from stello_graph._fork import ForkContext
 from stello_graph._threads import CheckpointThreads
 from stello_graph._validate import check_chat_model, check_id, check_tools
+from stello_graph.checkpoints import is_postgres_dsn
 from stello_graph.config import StelloConfig, StelloSettings
 from stello_graph.errors import (
     InvalidInputError,
@@ -74,14 +74,8 @@ _Where = MainStorage | str | os.PathLike[str] | None
 """A storage, or where to open one: a SQLite path (default `stello.db`) or a PostgreSQL URL."""
 
 
-_CONNINFO = re.compile(r"\s*(host|hostaddr|port|dbname|user|password|service)\s*=")
-"""How a libpq `key=value` connection string begins (a path never does in practice)."""
-
-
 def _open_storage(storage: _Where, tree_id: str) -> MainStorage:
-    if isinstance(storage, str) and (
-        storage.startswith(("postgresql://", "postgres://")) or _CONNINFO.match(storage)
-    ):
+    if isinstance(storage, str) and is_postgres_dsn(storage):
         from stello_graph.checkpoints import PostgresMainStorage
 
         return PostgresMainStorage(storage, tree_id=tree_id)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
+from stello_graph.checkpoints import is_postgres_dsn
+
 if TYPE_CHECKING:
     from stello_graph.checkpoints import BackendStorage, SqliteMainStorage
 
@@ -23,7 +25,6 @@ __all__ = [
     "DbKind",
     "check_tree",
     "clip",
-    "is_dsn",
     "open_storage",
     "open_tree",
     "probe_database",
@@ -214,11 +215,6 @@ def open_tree(path: Path, tree_id: str) -> SqliteMainStorage:
         raise CliError(f"{str(path)!r}: {exc}") from exc
 
 
-def is_dsn(db: str) -> bool:
-    """Whether `--db` names a PostgreSQL database (a `postgresql://` URL), not a SQLite file."""
-    return db.startswith(("postgresql://", "postgres://"))
-
-
 def open_storage(
     db: str, tree_id: str, *, create: bool = False, allow_foreign_tables: bool = False
 ) -> tuple[BackendStorage, str]:
@@ -238,7 +234,7 @@ def open_storage(
         CliError: the database cannot be opened, or holds no tree `tree_id` (without
             `create`); the message says what to pass instead.
     """
-    if is_dsn(db):
+    if is_postgres_dsn(db):
         return _open_postgres(db, tree_id, create=create)
     path = Path(db)
     if not create:

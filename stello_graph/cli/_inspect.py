@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from stello_graph._export_rows import EXPORT_FORMAT, write_export_rows
 from stello_graph._tree_text import NodeRow, marked_rows, tree_order, tree_text
+from stello_graph.checkpoints import is_postgres_dsn
 from stello_graph.checkpoints._damage import shown, undecodable
 from stello_graph.checkpoints._sqlite_rows import TreeRows
-from stello_graph.cli._common import CliError, Console, check_tree, is_dsn, open_storage
+from stello_graph.cli._common import CliError, Console, check_tree, open_storage
 from stello_graph.lineage import ForkPoint
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def _warn_damaged(console: Console, damaged: Mapping[str, Sequence[str]], how: s
 def _rows(args: argparse.Namespace) -> TreeRows | None:
     """The fast reader of a SQLite file at the current schema version (`None`: read it
     through the storage); checks first that the file holds the tree."""
-    if is_dsn(args.db):
+    if is_postgres_dsn(args.db):
         return None
     path = Path(args.db)
     check_tree(path, args.tree_id)

@@ -139,9 +139,10 @@ def run(
         InvalidInputError: `db` exists and was not made by the demo, or the tree of a
             PostgreSQL database already holds sessions.
     """
-    from stello_graph.cli._common import is_dsn, open_storage
+    from stello_graph.checkpoints import is_postgres_dsn
+    from stello_graph.cli._common import open_storage
 
-    target, dsn = os.fspath(db), is_dsn(os.fspath(db))
+    target, dsn = os.fspath(db), is_postgres_dsn(os.fspath(db))
     if not dsn:
         _fresh(Path(target), tree_id)
     storage, shown = open_storage(target, tree_id, create=True)

@@ -132,6 +132,20 @@ def test_demo_tree_export_and_chat_on_postgresql(
     )
 
 
+def test_a_key_value_connection_string_is_postgresql_too(
+    cli: RunCli, postgres_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libpq's `host=... dbname=...` form names the same database as its URL, not a file."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    monkeypatch.chdir(tmp_path)  # the demo's star map goes to the current directory
+    _demo(cli, make_conninfo("", **conninfo_to_dict(postgres_dsn)))
+    tree = cli("tree", "--db", postgres_dsn)
+    assert tree.code == 0, tree.err
+    assert tree.out.splitlines()[-1] == "4 session(s), 0 archived, 5 turn(s)"
+    assert [p.name for p in tmp_path.iterdir()] == ["stello-demo.svg"]  # no SQLite file
+
+
 def test_an_unknown_tree_on_postgresql(cli: RunCli, postgres_dsn: str) -> None:
     _demo(cli, postgres_dsn, "--tree", "alice")
     for command in ("tree", "export"):
